@@ -1,0 +1,115 @@
+// idem's error hierarchy. Decisions (duplicate, in progress, mismatch) are values
+// (see deduplicator.h); only bad configuration, bad input and failing backends throw.
+//
+//   idem::Error (std::runtime_error)
+//   ├── ConfigError          invalid options, detected once in a constructor
+//   ├── InvalidRequestId     a request ID or Idempotency-Key that fails validation (HTTP 400)
+//   ├── InvalidKey           an idempotency-key component that is empty or otherwise unusable
+//   ├── PayloadError         a payload that cannot be fingerprinted (byte offset when known)
+//   ├── MissingKey           a request with nothing to deduplicate on, under the reject policy
+//   ├── ClockMovedBackwards  a Snowflake generator whose clock stepped back too far
+//   ├── Cancelled            thrown by a handler to signal cancellation (claim is kept)
+//   └── BackendError         a backend failed; retryable() says if the same call may succeed
+//       ├── RedisError
+//       └── PostgresError    with sqlstate() when the server sent one
+//
+// All are safe to copy and to catch by const reference.
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace idem {
+
+/// Base of every exception idem throws.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// Options that cannot work (negative lease, pool size 0, malformed URL, ...).
+class ConfigError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// A request ID or Idempotency-Key value that fails validation. Maps to HTTP 400.
+class InvalidRequestId : public Error {
+ public:
+  using Error::Error;
+};
+
+/// An idempotency-key component that is empty (or otherwise cannot form a key).
+class InvalidKey : public Error {
+ public:
+  using Error::Error;
+};
+
+/// A payload that cannot be canonicalized: invalid JSON or UTF-8, duplicate member
+/// names, nesting or size over the limit.
+class PayloadError : public Error {
+ public:
+  /// `offset` is the byte offset into the payload where the problem was found, if known.
+  explicit PayloadError(const std::string& what, std::optional<std::size_t> offset = std::nullopt)
+      : Error(what), offset_(offset) {}
+  /// Byte offset into the input of the offending byte, when the parser knows it.
+  [[nodiscard]] std::optional<std::size_t> offset() const noexcept { return offset_; }
+
+ private:
+  std::optional<std::size_t> offset_;
+};
+
+/// A request with no request ID, no business key and no payload, under the reject policy.
+class MissingKey : public Error {
+ public:
+  using Error::Error;
+};
+
+/// A Snowflake generator's clock went back further than its configured tolerance.
+class ClockMovedBackwards : public Error {
+ public:
+  using Error::Error;
+};
+
+/// Thrown by (or on behalf of) a handler that was cancelled. The Deduplicator rolls back and
+/// keeps the claim until its lease ends; it never releases on cancellation.
+class Cancelled : public Error {
+ public:
+  Cancelled() : Error("idem: handler cancelled") {}
+  using Error::Error;
+};
+
+/// A backend (Redis or PostgreSQL) failed.
+class BackendError : public Error {
+ public:
+  BackendError(const std::string& what, bool retryable) : Error(what), retryable_(retryable) {}
+  /// True when the same call may succeed if repeated (timeout, connection loss, failover,
+  /// serialization failure, deadlock); false for errors a retry cannot fix.
+  [[nodiscard]] bool retryable() const noexcept { return retryable_; }
+
+ private:
+  bool retryable_;
+};
+
+/// Redis failed: unreachable, timed out, protocol error, or a script error.
+class RedisError : public BackendError {
+ public:
+  using BackendError::BackendError;
+};
+
+/// PostgreSQL failed. `sqlstate()` is the five-character SQLSTATE when the server sent one.
+class PostgresError : public BackendError {
+ public:
+  PostgresError(const std::string& what, bool retryable, std::string sqlstate = {})
+      : BackendError(what, retryable), sqlstate_(std::move(sqlstate)) {}
+  /// SQLSTATE code (e.g. "40001"), or empty when the error did not come from the server.
+  [[nodiscard]] const std::string& sqlstate() const noexcept { return sqlstate_; }
+
+ private:
+  std::string sqlstate_;
+};
+
+}  // namespace idem

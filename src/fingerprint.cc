@@ -1,0 +1,1 @@
+#include "idem/fingerprint.h"

@@ -1,0 +1,1 @@
+#include "idem/pg_sink.h"

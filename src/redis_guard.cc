@@ -1,0 +1,1 @@
+#include "idem/redis_guard.h"

@@ -1,0 +1,1 @@
+#include "idem/request_id.h"
