@@ -60,6 +60,9 @@ struct DeduplicatorOptions {
   /// Layer 1: remember up to this many request IDs completed in this process and answer their
   /// repeats without a network round trip. 0 turns the layer off.
   std::size_t local_cache_capacity = 10000;
+  /// How long layer 1 remembers a completed request, in milliseconds. Keep it no longer than
+  /// the guard's retention, so a repeat after the retention reaches the sink.
+  std::chrono::milliseconds local_cache_ttl{std::chrono::seconds(30)};
   /// Layer 2. Shared so several deduplicators can use one pool.
   std::shared_ptr<RedisGuard> guard;
   /// Layer 3: fingerprint the payload (mismatch detection and fallback key).

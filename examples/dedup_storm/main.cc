@@ -1,0 +1,339 @@
+// idem-storm: the duplicate-storm demo. Replays a refund workload with duplicates from every
+// source through four configurations of idem and counts, from the Postgres ledger, how many
+// duplicate effects got through each.
+//
+//   idem-storm --redis-url redis://127.0.0.1:6379/0 --pg-url postgresql://... [options]
+//
+// Run it through `scripts/dev demo`, which starts throwaway servers and passes their URLs.
+#include <pqxx/pqxx>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "idem/deduplicator.h"
+#include "idem/errors.h"
+#include "workload.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Settings {
+  std::uint64_t seed = 42;
+  std::size_t requests = 20000;
+  std::size_t workers = 8;
+  std::int64_t accounts = 1000;
+  std::chrono::milliseconds retention{2000};
+  std::string redis_url;
+  std::string pg_url;
+  std::string report_json;
+  std::vector<std::string> configs = {"none", "request-id", "redis", "all"};
+};
+
+struct ConfigResult {
+  std::size_t deliveries = 0;
+  std::size_t duplicates_injected = 0;
+  std::int64_t duplicate_effects = 0;
+  std::int64_t lost_requests = 0;
+  std::map<std::string, std::size_t> stopped_by_layer;
+  std::map<std::string, std::size_t> outcomes;
+  double deliveries_per_s = 0;
+  double p50_us = 0;
+  double p99_us = 0;
+};
+
+[[noreturn]] void usage(const std::string& error) {
+  std::cerr << "idem-storm: " << error << "\n"
+            << "usage: idem-storm --redis-url URL --pg-url URL [--seed N] [--requests N]\n"
+            << "                  [--workers N] [--retention-ms N] [--configs none,request-id,redis,all]\n"
+            << "                  [--report-json PATH]\n";
+  std::exit(2);
+}
+
+std::size_t parse_count(const std::string& flag, const std::string& text) {
+  try {
+    std::size_t used = 0;
+    const unsigned long long value = std::stoull(text, &used);
+    if (used == text.size() && value > 0) return static_cast<std::size_t>(value);
+  } catch (const std::exception&) {
+  }
+  usage(flag + " needs a positive integer, got '" + text + "'");
+}
+
+Settings parse_settings(int argc, char** argv) {
+  Settings s;
+  if (const char* url = std::getenv("IDEM_TEST_REDIS_URL")) s.redis_url = url;
+  if (const char* url = std::getenv("IDEM_TEST_PG_URL")) s.pg_url = url;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "--help" || flag == "-h") usage("help");
+    if (i + 1 >= argc) usage(flag + " needs a value");
+    const std::string value = argv[++i];
+    if (flag == "--seed") s.seed = parse_count(flag, value);
+    else if (flag == "--requests") s.requests = parse_count(flag, value);
+    else if (flag == "--workers") s.workers = parse_count(flag, value);
+    else if (flag == "--retention-ms") s.retention = std::chrono::milliseconds(parse_count(flag, value));
+    else if (flag == "--redis-url") s.redis_url = value;
+    else if (flag == "--pg-url") s.pg_url = value;
+    else if (flag == "--report-json") s.report_json = value;
+    else if (flag == "--configs") {
+      s.configs.clear();
+      for (std::size_t start = 0; start <= value.size();) {
+        const std::size_t end = std::min(value.find(',', start), value.size());
+        s.configs.push_back(value.substr(start, end - start));
+        start = end + 1;
+      }
+      for (const auto& c : s.configs) {
+        if (c != "none" && c != "request-id" && c != "redis" && c != "all") usage("unknown config '" + c + "'");
+      }
+    } else {
+      usage("unknown flag " + flag);
+    }
+  }
+  if (s.redis_url.empty() || s.pg_url.empty()) usage("--redis-url and --pg-url are required");
+  return s;
+}
+
+constexpr const char* kSchema = "idem_storm";
+
+// Fresh business tables: accounts and a refund ledger with no unique constraint of its own, so
+// that duplicate effects can be counted.
+void reset_business_tables(const Settings& s) {
+  pqxx::connection conn(s.pg_url);
+  pqxx::work tx(conn);
+  tx.exec0(std::string("DROP SCHEMA IF EXISTS ") + kSchema + " CASCADE");
+  tx.exec0(std::string("CREATE SCHEMA ") + kSchema);
+  tx.exec0(std::string("CREATE TABLE ") + kSchema +
+           ".accounts (id bigint PRIMARY KEY, balance_cents bigint NOT NULL)");
+  tx.exec0(std::string("CREATE TABLE ") + kSchema +
+           ".refund_records (id bigserial PRIMARY KEY, order_id text NOT NULL, request_id text NOT NULL,"
+           " account bigint NOT NULL, amount_cents bigint NOT NULL, created_at timestamptz DEFAULT now())");
+  tx.exec_params0(std::string("INSERT INTO ") + kSchema +
+                      ".accounts SELECT g, 100000000 FROM generate_series(0, $1 - 1) g",
+                  s.accounts);
+  tx.commit();
+}
+
+// The business effect: one ledger row and one balance update, in the caller's transaction.
+std::string apply_refund(pqxx::transaction_base& tx, const storm::Delivery& d) {
+  tx.exec_params0(std::string("INSERT INTO ") + kSchema +
+                      ".refund_records (order_id, request_id, account, amount_cents) VALUES ($1, $2, $3, $4)",
+                  d.order_id, d.request_id, d.account, d.amount_cents);
+  tx.exec_params0(std::string("UPDATE ") + kSchema +
+                      ".accounts SET balance_cents = balance_cents - $1 WHERE id = $2",
+                  d.amount_cents, d.account);
+  return R"({"status":"refunded","order_id":")" + d.order_id + R"(","amount_cents":)" +
+         std::to_string(d.amount_cents) + "}";
+}
+
+std::unique_ptr<idem::Deduplicator> make_deduplicator(const Settings& s, const std::string& config) {
+  if (config == "none") return nullptr;
+  idem::DeduplicatorOptions options;
+  options.local_cache_capacity = 100000;
+  options.local_cache_ttl = s.retention;
+  options.fingerprint = config == "all";
+  if (config == "redis" || config == "all") {
+    idem::RedisGuardOptions guard;
+    guard.redis.url = s.redis_url;
+    guard.redis.pool_size = s.workers;
+    guard.prefix = "idem-storm";
+    guard.ns = config + "-" + std::to_string(::getpid()) + "-" +
+               std::to_string(Clock::now().time_since_epoch().count());
+    guard.retention = s.retention;
+    options.guard = std::make_shared<idem::RedisGuard>(guard);
+  }
+  if (config == "all") {
+    idem::PgSinkOptions sink;
+    sink.conninfo = s.pg_url;
+    sink.schema = kSchema;
+    sink.pool_size = s.workers;
+    options.sink = std::make_shared<idem::PgSink>(sink);
+    options.sink->migrate();
+  }
+  return std::make_unique<idem::Deduplicator>(std::move(options));
+}
+
+idem::Request request_for(const std::string& config, const storm::Delivery& d) {
+  idem::Request request;
+  request.request_id = d.request_id;
+  request.user = d.user;
+  request.intent = "refund";
+  if (config != "request-id") request.biz_key = d.order_id;  // request-id: layer 1 keys on the ID
+  if (config == "all") request.payload = d.payload;
+  return request;
+}
+
+std::string outcome_name(idem::Outcome::Kind kind) {
+  switch (kind) {
+    case idem::Outcome::Kind::kExecuted: return "executed";
+    case idem::Outcome::Kind::kDuplicate: return "duplicate";
+    case idem::Outcome::Kind::kInProgress: return "in_progress";
+    case idem::Outcome::Kind::kMismatch: return "mismatch";
+    case idem::Outcome::Kind::kUnavailable: return "unavailable";
+  }
+  return "unknown";
+}
+
+// Runs `deliveries` on `workers` threads; appends latencies (µs) and counts outcomes.
+void deliver(const Settings& s, const std::string& config, idem::Deduplicator* dedup,
+             const std::vector<storm::Delivery>& deliveries, std::vector<double>& latencies_us,
+             ConfigResult& result) {
+  std::atomic<std::size_t> next{0};
+  std::mutex merge_mutex;
+  std::vector<std::thread> threads;
+  for (std::size_t w = 0; w < s.workers; ++w) {
+    threads.emplace_back([&] {
+      pqxx::connection conn(s.pg_url);
+      std::vector<double> local_latencies;
+      std::map<std::string, std::size_t> local_outcomes, local_stopped;
+      for (std::size_t i = next++; i < deliveries.size(); i = next++) {
+        const storm::Delivery& d = deliveries[i];
+        const auto start = Clock::now();
+        idem::Outcome outcome;
+        if (dedup == nullptr) {
+          pqxx::work tx(conn);
+          apply_refund(tx, d);
+          tx.commit();
+        } else if (config == "all") {
+          outcome = dedup->run_transactional(request_for(config, d),
+                                             [&](pqxx::transaction_base& tx) { return apply_refund(tx, d); });
+        } else {
+          outcome = dedup->run(request_for(config, d), [&] {
+            pqxx::work tx(conn);
+            std::string response = apply_refund(tx, d);
+            tx.commit();
+            return response;
+          });
+        }
+        local_latencies.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count());
+        ++local_outcomes[outcome_name(outcome.kind)];
+        if (outcome.kind != idem::Outcome::Kind::kExecuted) ++local_stopped[std::string(to_string(outcome.layer))];
+      }
+      std::lock_guard lock(merge_mutex);
+      latencies_us.insert(latencies_us.end(), local_latencies.begin(), local_latencies.end());
+      for (const auto& [k, v] : local_outcomes) result.outcomes[k] += v;
+      for (const auto& [k, v] : local_stopped) result.stopped_by_layer[k] += v;
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+double percentile(std::vector<double>& values, double p) {
+  if (values.empty()) return 0;
+  const auto n = static_cast<std::size_t>(p * static_cast<double>(values.size() - 1));
+  std::nth_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(n), values.end());
+  return values[n];
+}
+
+ConfigResult run_config(const Settings& s, const std::string& config, const storm::Workload& workload) {
+  reset_business_tables(s);
+  auto dedup = make_deduplicator(s, config);
+  ConfigResult result;
+  result.deliveries = workload.deliveries.size() + workload.late_deliveries.size();
+  result.duplicates_injected = workload.duplicates;
+
+  std::vector<double> latencies_us;
+  latencies_us.reserve(result.deliveries);
+  std::atomic<bool> done{false};
+  std::thread progress([&] {
+    while (!done) {
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+      std::cerr << "\r[" << config << "] running ..." << std::flush;
+    }
+  });
+  const auto start = Clock::now();
+  deliver(s, config, dedup.get(), workload.deliveries, latencies_us, result);
+  const double main_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  // Late redeliveries arrive after every record of the main phase has outlived its retention.
+  std::this_thread::sleep_for(s.retention + std::chrono::milliseconds(500));
+  deliver(s, config, dedup.get(), workload.late_deliveries, latencies_us, result);
+  done = true;
+  progress.join();
+  std::cerr << "\r[" << config << "] done in " << main_seconds << " s\n";
+
+  result.deliveries_per_s = static_cast<double>(workload.deliveries.size()) / main_seconds;
+  result.p50_us = percentile(latencies_us, 0.50);
+  result.p99_us = percentile(latencies_us, 0.99);
+
+  pqxx::connection conn(s.pg_url);
+  pqxx::work tx(conn);
+  const pqxx::row ledger = tx.exec1(std::string("SELECT count(*), count(DISTINCT order_id) FROM ") +
+                                    kSchema + ".refund_records");
+  const auto effects = ledger[0].as<std::int64_t>();
+  const auto distinct = ledger[1].as<std::int64_t>();
+  result.duplicate_effects = effects - distinct;
+  result.lost_requests = static_cast<std::int64_t>(workload.logical_requests) - distinct;
+  return result;
+}
+
+void print_table(const Settings& s, const std::map<std::string, ConfigResult>& results) {
+  std::printf("\n%-11s %10s %10s %10s %6s  %-44s %12s %9s %9s\n", "config", "deliveries", "dups_in",
+              "dup_effects", "lost", "stopped by layer", "deliveries/s", "p50_us", "p99_us");
+  for (const auto& config : s.configs) {
+    const ConfigResult& r = results.at(config);
+    std::string stopped;
+    for (const auto& [layer, n] : r.stopped_by_layer) {
+      stopped += (stopped.empty() ? "" : " ") + layer + "=" + std::to_string(n);
+    }
+    std::printf("%-11s %10zu %10zu %10lld %6lld  %-44s %12.0f %9.0f %9.0f\n", config.c_str(), r.deliveries,
+                r.duplicates_injected, static_cast<long long>(r.duplicate_effects),
+                static_cast<long long>(r.lost_requests), stopped.empty() ? "-" : stopped.c_str(),
+                r.deliveries_per_s, r.p50_us, r.p99_us);
+  }
+}
+
+void write_report(const std::string& path, const std::map<std::string, ConfigResult>& results) {
+  nlohmann::json configs = nlohmann::json::object();
+  for (const auto& [name, r] : results) {
+    configs[name] = {{"deliveries", r.deliveries},
+                     {"duplicates_injected", r.duplicates_injected},
+                     {"duplicate_effects", r.duplicate_effects},
+                     {"lost_requests", r.lost_requests},
+                     {"stopped_by_layer", r.stopped_by_layer},
+                     {"outcomes", r.outcomes},
+                     {"deliveries_per_s", r.deliveries_per_s},
+                     {"p50_us", r.p50_us},
+                     {"p99_us", r.p99_us}};
+  }
+  std::ofstream out(path);
+  out << nlohmann::json{{"configs", configs}}.dump(2) << "\n";
+  if (!out) throw std::runtime_error("cannot write " + path);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Settings settings = parse_settings(argc, argv);
+  try {
+    const storm::Workload workload = storm::make_workload(settings.seed, settings.requests, settings.accounts);
+    std::cerr << "idem-storm: " << workload.logical_requests << " logical requests, "
+              << workload.deliveries.size() + workload.late_deliveries.size() << " deliveries ("
+              << workload.duplicates << " duplicates), " << settings.workers << " workers, seed "
+              << settings.seed << "\n";
+    std::map<std::string, ConfigResult> results;
+    for (const auto& config : settings.configs) results[config] = run_config(settings, config, workload);
+    print_table(settings, results);
+    if (!settings.report_json.empty()) write_report(settings.report_json, results);
+    const auto all = results.find("all");
+    if (all != results.end() && (all->second.duplicate_effects != 0 || all->second.lost_requests != 0)) {
+      std::cerr << "idem-storm: FAILED: the all-layer configuration let duplicates through or lost requests\n";
+      return 1;
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "idem-storm: error: " << e.what() << "\n";
+    return 1;
+  }
+}

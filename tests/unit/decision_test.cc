@@ -1,0 +1,72 @@
+// The facade's decision rules, exhaustively, without servers.
+#include <gtest/gtest.h>
+
+#include "decision.h"
+
+namespace idem::detail {
+namespace {
+
+TEST(Decision, GuardFirstGoesOn) {
+  ClaimResult claim;
+  claim.status = ClaimStatus::kFirst;
+  claim.owner_token = "t";
+  EXPECT_FALSE(decide_on_guard(claim).has_value());
+}
+
+TEST(Decision, SinkClaimedGoesOn) {
+  EXPECT_FALSE(decide_on_sink(SinkClaim{}).has_value());
+}
+
+struct RepeatCase {
+  RecordState state;
+  bool fingerprint_matches;
+  std::optional<std::string> response;
+  Outcome::Kind expected_kind;
+  std::optional<std::string> expected_response;
+};
+
+class DecisionRepeat : public ::testing::TestWithParam<RepeatCase> {};
+
+TEST_P(DecisionRepeat, GuardAndSinkAgreeOnEveryRepeat) {
+  const RepeatCase& c = GetParam();
+  for (const ClaimStatus status : {ClaimStatus::kRepeatSame, ClaimStatus::kRepeatOther}) {
+    ClaimResult claim;
+    claim.status = status;
+    claim.state = c.state;
+    claim.fingerprint_matches = c.fingerprint_matches;
+    claim.response = c.response;
+    const auto outcome = decide_on_guard(claim);
+    ASSERT_TRUE(outcome.has_value());
+    EXPECT_EQ(outcome->kind, c.expected_kind);
+    EXPECT_EQ(outcome->layer, Layer::kRedisGuard);
+    EXPECT_EQ(outcome->response, c.expected_response);
+  }
+  SinkClaim sink;
+  sink.status = SinkStatus::kDuplicate;
+  sink.state = c.state;
+  sink.fingerprint_matches = c.fingerprint_matches;
+  sink.response = c.response;
+  const auto outcome = decide_on_sink(sink);
+  ASSERT_TRUE(outcome.has_value());
+  EXPECT_EQ(outcome->kind, c.expected_kind);
+  EXPECT_EQ(outcome->layer, Layer::kPgSink);
+  EXPECT_EQ(outcome->response, c.expected_response);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllStates, DecisionRepeat,
+    ::testing::Values(
+        RepeatCase{RecordState::kCompleted, true, "r", Outcome::Kind::kDuplicate, "r"},
+        RepeatCase{RecordState::kCompleted, true, std::nullopt, Outcome::Kind::kDuplicate, std::nullopt},
+        RepeatCase{RecordState::kCompleted, false, "r", Outcome::Kind::kMismatch, std::nullopt},
+        RepeatCase{RecordState::kInProgress, true, std::nullopt, Outcome::Kind::kInProgress, std::nullopt},
+        RepeatCase{RecordState::kInProgress, false, std::nullopt, Outcome::Kind::kMismatch, std::nullopt}));
+
+TEST(Decision, ReplayedOnlyForDuplicateWithResponse) {
+  EXPECT_TRUE(decide_repeat(Layer::kPgSink, RecordState::kCompleted, true, "r").replayed());
+  EXPECT_FALSE(decide_repeat(Layer::kPgSink, RecordState::kCompleted, true, std::nullopt).replayed());
+  EXPECT_FALSE(decide_repeat(Layer::kPgSink, RecordState::kCompleted, false, "r").replayed());
+}
+
+}  // namespace
+}  // namespace idem::detail
