@@ -42,6 +42,12 @@ class Uuid7Generator {
   std::unique_ptr<State> state_;
 };
 
+/// Parses an RFC 8941 §3.3.3 sf-string (a double-quoted string whose only escapes are `\"` and
+/// `\\`; bytes 0x20–0x7E only), with the leading and trailing spaces RFC 8941 §4.2 discards.
+/// Returns the unescaped content, or std::nullopt when `value` is not exactly one sf-string.
+/// Thread-safe; does not throw except std::bad_alloc.
+[[nodiscard]] std::optional<std::string> parse_sf_string(std::string_view value);
+
 /// Inbound or outbound header list: (name, value) pairs in wire order. Names compare
 /// case-insensitively (RFC 9110 §5.1).
 using Headers = std::vector<std::pair<std::string, std::string>>;
@@ -49,7 +55,8 @@ using Headers = std::vector<std::pair<std::string, std::string>>;
 /// Reads the request ID from inbound headers, in this precedence: `Idempotency-Key` (IETF
 /// draft-ietf-httpapi-idempotency-key-header, an RFC 8941 sf-string), then `X-Request-ID`.
 /// Returns std::nullopt when neither is present. Throws idem::InvalidRequestId when the chosen
-/// header's value is not a valid request ID.
+/// header's value is not a valid request ID, or when more than one `Idempotency-Key` is present.
+/// Thread-safe.
 [[nodiscard]] std::optional<std::string> request_id_from_headers(const Headers& headers);
 
 }  // namespace idem
