@@ -1,1 +1,133 @@
 #include "idem/fingerprint.h"
+
+#include <simdjson.h>
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "fingerprint/canonical_writer.h"
+#include "fingerprint/digest.h"
+#include "idem/errors.h"
+
+namespace idem {
+namespace {
+
+constexpr std::size_t kMaxDepthLimit = 1024;  // simdjson's default maximum depth
+constexpr std::size_t kMaxBytesLimit = std::size_t{64} << 20;
+
+// Everything a thread reuses between payloads: parser, padded input copy, writer, buffers.
+struct ThreadState {
+  simdjson::dom::parser parser;
+  std::unique_ptr<char[]> padded;
+  std::size_t padded_capacity = 0;
+  detail::CanonicalWriter writer;
+  std::string canonical;
+  detail::Digest digest;
+};
+
+ThreadState& thread_state() {
+  thread_local ThreadState state;
+  return state;
+}
+
+simdjson::dom::element parse(ThreadState& state, std::string_view json, const FingerprintOptions& options) {
+  if (json.size() > options.max_bytes) {
+    throw PayloadError("idem: payload of " + std::to_string(json.size()) + " bytes is over the limit of " +
+                           std::to_string(options.max_bytes),
+                       options.max_bytes);
+  }
+  if (state.padded_capacity < json.size() + simdjson::SIMDJSON_PADDING) {
+    state.padded_capacity = std::max(json.size(), std::size_t{4096}) * 2 + simdjson::SIMDJSON_PADDING;
+    state.padded = std::make_unique<char[]>(state.padded_capacity);
+  }
+  std::memcpy(state.padded.get(), json.data(), json.size());
+  simdjson::dom::element root;
+  const auto error = state.parser.parse(state.padded.get(), json.size(), false).get(root);
+  if (error != simdjson::SUCCESS) {
+    throw PayloadError(std::string("idem: invalid JSON payload: ") + simdjson::error_message(error));
+  }
+  return root;
+}
+
+// Canonical bytes of `json` in state.canonical.
+void canonicalize_into(ThreadState& state, std::string_view json, const FingerprintOptions& options) {
+  const simdjson::dom::element root = parse(state, json, options);
+  state.canonical.clear();
+  state.writer.write(root, options.form, options.max_depth, state.canonical);
+}
+
+// Adds `field` to the digest as an 8-byte big-endian length followed by its bytes.
+void update_length_prefixed(detail::Digest& digest, std::string_view field) {
+  char length[8];
+  std::uint64_t size = field.size();
+  for (int i = 7; i >= 0; --i, size >>= 8) length[i] = static_cast<char>(size & 0xFF);
+  digest.update(std::string_view(length, sizeof length));
+  digest.update(field);
+}
+
+std::string_view version_tag(CanonicalForm form) {
+  return form == CanonicalForm::kRfc8785 ? "idem.fingerprint.v1/rfc8785" : "idem.fingerprint.v1/python_json_dumps";
+}
+
+// "width:index" of the bucket holding `at`, or empty without buckets.
+std::string bucket_label(const FingerprintOptions& options, std::optional<std::chrono::system_clock::time_point> at) {
+  if (options.time_bucket.count() == 0) return {};
+  if (!at) throw ConfigError("idem: fingerprint options have a time bucket but no time was given");
+  const auto seconds = std::chrono::floor<std::chrono::seconds>(at->time_since_epoch()).count();
+  const auto width = options.time_bucket.count();
+  const auto index = seconds / width - (seconds % width < 0 ? 1 : 0);  // floor division
+  return std::to_string(width) + ":" + std::to_string(index);
+}
+
+}  // namespace
+
+Fingerprinter::Fingerprinter(FingerprintOptions options) : options_(std::move(options)) {
+  const std::size_t digest_hex = options_.hash == HashAlgorithm::kSha256 ? 64 : 32;
+  if (options_.hex_length < 1 || options_.hex_length > digest_hex) {
+    throw ConfigError("idem: fingerprint hex_length must be 1.." + std::to_string(digest_hex));
+  }
+  if (options_.time_bucket.count() < 0) throw ConfigError("idem: fingerprint time_bucket must not be negative");
+  if (!options_.domain_separated && options_.time_bucket.count() != 0) {
+    throw ConfigError("idem: a time bucket needs domain_separated fingerprints");
+  }
+  if (options_.max_depth < 1 || options_.max_depth > kMaxDepthLimit) {
+    throw ConfigError("idem: fingerprint max_depth must be 1.." + std::to_string(kMaxDepthLimit));
+  }
+  if (options_.max_bytes < 1 || options_.max_bytes > kMaxBytesLimit) {
+    throw ConfigError("idem: fingerprint max_bytes must be 1.." + std::to_string(kMaxBytesLimit));
+  }
+}
+
+std::string Fingerprinter::canonicalize(std::string_view json) const {
+  ThreadState& state = thread_state();
+  canonicalize_into(state, json, options_);
+  return state.canonical;
+}
+
+std::string Fingerprinter::fingerprint(std::string_view json, std::string_view scope,
+                                       std::optional<std::chrono::system_clock::time_point> at) const {
+  ThreadState& state = thread_state();
+  const std::string bucket = bucket_label(options_, at);
+  if (!options_.domain_separated && !scope.empty()) {
+    throw ConfigError("idem: a fingerprint scope needs domain_separated fingerprints");
+  }
+  canonicalize_into(state, json, options_);
+  state.digest.begin(options_.hash);
+  if (options_.domain_separated) {
+    update_length_prefixed(state.digest, version_tag(options_.form));
+    update_length_prefixed(state.digest, scope);
+    update_length_prefixed(state.digest, bucket);
+    update_length_prefixed(state.digest, state.canonical);
+  } else {
+    state.digest.update(state.canonical);
+  }
+  return state.digest.finish_hex(options_.hex_length);
+}
+
+std::string canonicalize_json(std::string_view json) { return Fingerprinter{}.canonicalize(json); }
+
+std::string fingerprint(std::string_view json) { return Fingerprinter{}.fingerprint(json); }
+
+}  // namespace idem

@@ -1,17 +1,92 @@
-// Layer 3, the payload fingerprint: canonical JSON and its hash.
+// Layer 3, the payload fingerprint: canonical JSON (RFC 8785), field selection (RFC 6901),
+// scope and time bucket, hashed with SHA-256 (or MD5 in seed-compatible mode).
 #pragma once
 
+#include <chrono>
+#include <cstddef>
+#include <optional>
 #include <string>
 #include <string_view>
 
 namespace idem {
 
-/// Canonical form of a JSON text: object members sorted, no insignificant whitespace, minimal
-/// string escaping (RFC 8785 style). Throws idem::PayloadError on invalid JSON.
+/// The canonical JSON form a payload is serialized to before hashing.
+enum class CanonicalForm {
+  /// RFC 8785 (JCS): members sorted by UTF-16 code units, no insignificant whitespace, minimal
+  /// string escapes, ECMAScript number form. Deviation: an integer literal outside ±2^53 keeps
+  /// its exact digits (order numbers never collapse).
+  kRfc8785,
+  /// Byte-for-byte Python `json.dumps(obj, sort_keys=True, separators=(",", ":"))` with its
+  /// defaults (ensure_ascii `\uXXXX` escapes, float repr, code-point key order): the seed's
+  /// services' form, so C++ and Python services share fingerprints.
+  kPythonJsonDumps,
+};
+
+/// The digest of a fingerprint.
+enum class HashAlgorithm {
+  kSha256,  ///< SHA-256 (FIPS 180-4), the default.
+  kMd5,     ///< MD5 (RFC 1321), only for compatibility with the seed's fingerprints.
+};
+
+/// How a payload becomes a fingerprint. Plain struct; validated by the Fingerprinter constructor
+/// (throws idem::ConfigError).
+struct FingerprintOptions {
+  /// Canonical form of the selected payload. Default RFC 8785.
+  CanonicalForm form = CanonicalForm::kRfc8785;
+  /// Digest algorithm. Default SHA-256.
+  HashAlgorithm hash = HashAlgorithm::kSha256;
+  /// True (default): the digest covers a version tag, the scope, the time bucket and the
+  /// canonical bytes, each length-prefixed, so no two different inputs share a digest input.
+  /// False: the digest covers the canonical bytes only, exactly as the seed's
+  /// `md5(json.dumps(...))`; scope and time bucket must then be unused.
+  bool domain_separated = true;
+  /// Width of a time bucket; 0 (default) means no bucket. The same content in another bucket is
+  /// another fingerprint. Whole seconds, at least 1 when set.
+  std::chrono::seconds time_bucket{0};
+  /// Hex digits kept of the digest (a prefix), 1..64 for SHA-256 and 1..32 for MD5. Default 32
+  /// (128 bits); the seed used 16.
+  std::size_t hex_length = 32;
+  /// Deepest nesting of arrays and objects accepted (a scalar is depth 0, `[]` depth 1),
+  /// 1..1024. Default 128. Deeper input is an idem::PayloadError, never a stack overflow.
+  std::size_t max_depth = 128;
+  /// Largest payload accepted, in bytes, 1..64 MiB. Default 1 MiB.
+  std::size_t max_bytes = std::size_t{1} << 20;
+};
+
+/// Canonicalizes and fingerprints JSON payloads under fixed options.
+/// Thread safety: all const member functions may be called concurrently (each thread reuses its
+/// own parser and buffers).
+class Fingerprinter {
+ public:
+  /// Throws idem::ConfigError when `options` cannot work.
+  explicit Fingerprinter(FingerprintOptions options = {});
+
+  /// The canonical bytes of `json` (UTF-8). Throws idem::PayloadError, with the byte offset
+  /// where it applies, on invalid JSON or UTF-8, a lone surrogate escape, a duplicate member
+  /// name, nesting deeper than max_depth or input longer than max_bytes.
+  [[nodiscard]] std::string canonicalize(std::string_view json) const;
+
+  /// Lowercase hex digest (hex_length digits) of `json` for `scope` (e.g. the user ID; may be
+  /// empty) at time `at` (required when time_bucket is set, ignored otherwise). Throws
+  /// idem::PayloadError as canonicalize(); idem::ConfigError when time_bucket is set and `at`
+  /// is missing, or when domain_separated is false and a scope or bucket would be dropped.
+  [[nodiscard]] std::string fingerprint(
+      std::string_view json, std::string_view scope = {},
+      std::optional<std::chrono::system_clock::time_point> at = std::nullopt) const;
+
+  /// The options in force.
+  [[nodiscard]] const FingerprintOptions& options() const noexcept { return options_; }
+
+ private:
+  FingerprintOptions options_;
+};
+
+/// RFC 8785 canonical form of `json` under default options. Throws idem::PayloadError.
+/// Thread-safe.
 [[nodiscard]] std::string canonicalize_json(std::string_view json);
 
-/// Lowercase hex SHA-256 (64 hex digits) of the canonical form of `json`.
-/// Throws idem::PayloadError on invalid JSON. Thread-safe.
+/// Fingerprinter{}.fingerprint(json): 32 lowercase hex digits of the domain-separated SHA-256
+/// of the RFC 8785 form, empty scope, no time bucket. Throws idem::PayloadError. Thread-safe.
 [[nodiscard]] std::string fingerprint(std::string_view json);
 
 }  // namespace idem

@@ -1,0 +1,92 @@
+// RFC 8785 canonical form and the fingerprint digest: the rules of issue #5, one test each.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "idem/errors.h"
+#include "idem/fingerprint.h"
+
+namespace idem {
+namespace {
+
+TEST(Canonicalize, RemovesWhitespaceAndSortsMembers) {
+  EXPECT_EQ(canonicalize_json(" { \"b\" : [ 1 , true , null ] ,\n\t\"a\" : { \"d\" : \"x\" , \"c\" : false } } "),
+            R"({"a":{"c":false,"d":"x"},"b":[1,true,null]})");
+}
+
+TEST(Canonicalize, ArraysKeepTheirOrder) { EXPECT_EQ(canonicalize_json("[3, 1, 2]"), "[3,1,2]"); }
+
+TEST(Canonicalize, ScalarsAtTopLevel) {
+  EXPECT_EQ(canonicalize_json(" \"x\" "), "\"x\"");
+  EXPECT_EQ(canonicalize_json("null"), "null");
+  EXPECT_EQ(canonicalize_json("-0"), "0");
+}
+
+TEST(Canonicalize, SortsMembersByUtf16CodeUnitsNotUtf8Bytes) {
+  // U+1F600 (lead surrogate D83D) sorts before U+FB33; by UTF-8 bytes it would come after.
+  EXPECT_EQ(canonicalize_json(R"({"\uFB33":1,"\uD83D\uDE00":2})"), "{\"\xF0\x9F\x98\x80\":2,\"\xEF\xAC\xB3\":1}");
+  // Within the BMP and by prefix: plain code point order, shorter first.
+  EXPECT_EQ(canonicalize_json(R"({"b":1,"a":2,"ab":3,"\u00e9":4,"A":5})"),
+            "{\"A\":5,\"a\":2,\"ab\":3,\"b\":1,\"\xC3\xA9\":4}");
+}
+
+TEST(Canonicalize, EscapesOnlyWhatTheRfcRequires) {
+  EXPECT_EQ(canonicalize_json(R"("\u0041\/\u00e9\u2028\u007f\"\\\b\f\n\r\t\u0001\u001F")"),
+            "\"A/\xC3\xA9\xE2\x80\xA8\x7F\\\"\\\\\\b\\f\\n\\r\\t\\u0001\\u001f\"");
+}
+
+TEST(Canonicalize, NumbersInEcmaScriptForm) {
+  EXPECT_EQ(canonicalize_json("[1.0, 1e2, -0.0, 0.5e-6, 1e21, 1e20, 123.456e1, 4.50]"),
+            "[1,100,0,5e-7,1e+21,100000000000000000000,1234.56,4.5]");
+}
+
+TEST(Canonicalize, IntegersBeyondTwoToThe53KeepTheirDigits) {
+  EXPECT_EQ(canonicalize_json("[9007199254740993, -9223372036854775808, 18446744073709551615]"),
+            "[9007199254740993,-9223372036854775808,18446744073709551615]");
+}
+
+TEST(Canonicalize, DuplicateMemberIsPayloadError) {
+  EXPECT_THROW((void)canonicalize_json(R"({"a":1,"b":2,"a":3})"), PayloadError);
+  // Duplicates are compared after unescaping.
+  EXPECT_THROW((void)canonicalize_json(R"({"a":1,"\u0061":3})"), PayloadError);
+}
+
+TEST(Canonicalize, InvalidJsonIsPayloadError) {
+  for (const char* bad : {"", "{", "[1,]", "{\"a\" 1}", "tru", "01", "\"\\uD800\"", "1 2", "\xFF"}) {
+    EXPECT_THROW((void)canonicalize_json(bad), PayloadError) << bad;
+  }
+}
+
+TEST(Fingerprint, DefaultIsDomainSeparatedSha256Prefix) {
+  // sha256(len8("idem.fingerprint.v1/rfc8785") || len8("") || len8("") || len8(canonical)), 32 digits.
+  EXPECT_EQ(fingerprint(R"({"b":[true,null],"a":1})"), "46c82667060c577ba5730a012d402b18");
+}
+
+TEST(Fingerprint, CanonicalOnlySha256MatchesPlainDigest) {
+  const Fingerprinter fp({.domain_separated = false, .hex_length = 64});
+  EXPECT_EQ(fp.fingerprint(" { } "), "44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a");
+}
+
+TEST(Fingerprint, SeedCompatibleMd5) {
+  const Fingerprinter fp({.form = CanonicalForm::kPythonJsonDumps, .hash = HashAlgorithm::kMd5,
+                          .domain_separated = false});
+  EXPECT_EQ(fp.fingerprint(R"({ "a": 1.0 })"), "e47e54c5e61e4f0a318e2f1a9296c49f");
+}
+
+TEST(Fingerprint, ScopeChangesTheFingerprint) {
+  const Fingerprinter fp;
+  EXPECT_NE(fp.fingerprint("{}", "u1"), fp.fingerprint("{}", "u2"));
+  EXPECT_EQ(fp.fingerprint("{}", "u1"), fp.fingerprint(" {} ", "u1"));
+}
+
+TEST(Fingerprint, InvalidOptionsAreConfigErrors) {
+  EXPECT_THROW(Fingerprinter({.hex_length = 0}), ConfigError);
+  EXPECT_THROW(Fingerprinter({.hex_length = 65}), ConfigError);
+  EXPECT_THROW(Fingerprinter({.hash = HashAlgorithm::kMd5, .hex_length = 33}), ConfigError);
+  EXPECT_THROW(Fingerprinter({.max_depth = 0}), ConfigError);
+  EXPECT_THROW(Fingerprinter({.max_bytes = 0}), ConfigError);
+  EXPECT_THROW(Fingerprinter({.domain_separated = false, .time_bucket = std::chrono::seconds(60)}), ConfigError);
+}
+
+}  // namespace
+}  // namespace idem
