@@ -1,5 +1,6 @@
 #include "idem/deduplicator.h"
 
+#include <chrono>
 #include <list>
 #include <mutex>
 #include <unordered_map>
@@ -12,17 +13,6 @@
 #include "idem/request_id.h"
 
 namespace idem {
-
-std::string_view to_string(Layer layer) noexcept {
-  switch (layer) {
-    case Layer::kHandler: return "handler";
-    case Layer::kRequestId: return "request_id";
-    case Layer::kRedisGuard: return "redis_guard";
-    case Layer::kFingerprint: return "fingerprint";
-    case Layer::kPgSink: return "pg_sink";
-  }
-  return "unknown";
-}
 
 namespace {
 
@@ -138,6 +128,7 @@ struct Deduplicator::Impl {
       call.owner_token = claim.owner_token;
       return detail::decide_on_guard(std::move(claim));
     } catch (const RedisError&) {
+      record_backend_error(Layer::kRedisGuard);
       if (!options.sink) throw;
       return std::nullopt;  // fail open: the sink still stands.
     }
@@ -145,6 +136,7 @@ struct Deduplicator::Impl {
 
   void release_claim(const Call& call) noexcept {
     if (call.owner_token.empty()) return;
+    if (options.metrics) options.metrics->record_release();
     try {
       (void)options.guard->release(call.key, call.owner_token);
     } catch (const Error&) {
@@ -162,9 +154,36 @@ struct Deduplicator::Impl {
     }
   }
 
+  void report(const Request& request, const Call& call, const Outcome& outcome,
+              std::chrono::steady_clock::time_point start) const noexcept {
+    if (!options.metrics && !options.on_decision) return;
+    DecisionEvent event;
+    event.request_id = call.request_id;
+    event.key = call.key;
+    event.fingerprint = call.fingerprint;
+    event.layer = outcome.layer;
+    event.outcome = outcome.kind;
+    event.latency = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start);
+    event.attempt = request.attempt;
+    if (options.metrics) options.metrics->record_decision(event);
+    if (options.on_decision) options.on_decision(event);
+  }
+
+  void record_backend_error(Layer layer) const noexcept {
+    if (options.metrics) options.metrics->record_backend_error(layer);
+  }
+
   template <class Body>
   Outcome guarded(const Request& request, Body&& body) {
+    const auto start = std::chrono::steady_clock::now();
     Call call = prepare(request);
+    Outcome outcome = decide(call, std::forward<Body>(body));
+    report(request, call, outcome, start);
+    return outcome;
+  }
+
+  template <class Body>
+  Outcome decide(Call& call, Body&& body) {
     if (auto stopped = claim_before_handler(call)) return *std::move(stopped);
     try {
       Outcome outcome = body(call);
@@ -202,6 +221,7 @@ struct Deduplicator::Impl {
         outcome = executed(std::move(response));
       });
     } catch (const PostgresError&) {
+      record_backend_error(Layer::kPgSink);
       if (handler_started) throw;
       return unavailable(Layer::kPgSink);
     }

@@ -9,23 +9,12 @@
 #include <string>
 #include <string_view>
 
+#include "idem/metrics.h"
+#include "idem/outcome.h"
 #include "idem/pg_sink.h"
 #include "idem/redis_guard.h"
 
 namespace idem {
-
-/// The layer that decided an outcome.
-enum class Layer {
-  kHandler,     ///< No layer stopped the request: the handler ran (Outcome::Kind::kExecuted).
-  kRequestId,   ///< Layer 1: a repeat of a request ID completed earlier in this process.
-  kRedisGuard,  ///< Layer 2: the Redis claim.
-  kFingerprint, ///< Layer 3: the payload fingerprint (fallback key or mismatch).
-  kPgSink,      ///< Layer 4: the Postgres unique index.
-};
-
-/// Stable lowercase name of a layer ("handler", "request_id", "redis_guard", "fingerprint",
-/// "pg_sink"), for metrics labels and logs.
-[[nodiscard]] std::string_view to_string(Layer layer) noexcept;
 
 /// One inbound request as the facade sees it. The idempotency key is taken, in this order, from
 /// (user, intent, biz_key) when biz_key is set, else from the request ID, else from the payload
@@ -36,23 +25,7 @@ struct Request {
   std::string intent;      ///< Operation name, e.g. "refund"; required.
   std::string biz_key;     ///< Business identity, e.g. "order-7"; empty when none.
   std::string payload;     ///< JSON payload to fingerprint; empty when none.
-};
-
-/// The result of Deduplicator::run(). A value, not an exception: duplicates are normal.
-struct Outcome {
-  enum class Kind {
-    kExecuted,    ///< First time: the handler ran and committed; `response` is its result.
-    kDuplicate,   ///< Repeat of a completed request; `response` is the stored one, if kept.
-    kInProgress,  ///< Repeat while the first execution is still running (HTTP 409).
-    kMismatch,    ///< Same key, different payload fingerprint (HTTP 422).
-    kUnavailable, ///< A required backend was unreachable; nothing was executed.
-  };
-  Kind kind = Kind::kExecuted;
-  Layer layer = Layer::kHandler;        ///< Which layer decided.
-  std::optional<std::string> response;  ///< Handler's or replayed response.
-
-  /// True when `response` is a replay of an earlier execution's response.
-  [[nodiscard]] bool replayed() const noexcept { return kind == Kind::kDuplicate && response.has_value(); }
+  int attempt = 1;         ///< Delivery count reported by the caller (MQ, FC retry); for logs.
 };
 
 /// Options of a Deduplicator. Every layer is optional; a null pointer leaves it out.
@@ -69,6 +42,11 @@ struct DeduplicatorOptions {
   bool fingerprint = true;
   /// Layer 4. Shared so several deduplicators can use one pool.
   std::shared_ptr<PgSink> sink;
+  /// Counters and histograms (e.g. an InProcessMetrics); null for none.
+  std::shared_ptr<Metrics> metrics;
+  /// Called once per decision with the request ID, key, fingerprint, layer, outcome, latency and
+  /// attempt. Must not throw; nothing is logged when empty.
+  std::function<void(const DecisionEvent&)> on_decision;
 };
 
 /// The idempotency facade. Thread-safe: one instance serves all threads.
