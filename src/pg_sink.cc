@@ -1,1 +1,301 @@
 #include "idem/pg_sink.h"
+
+#include <openssl/evp.h>
+
+#include <pqxx/pqxx>
+
+#include <array>
+#include <utility>
+
+#include "idem/errors.h"
+#include "idem/pg_sql.h"  // generated from src/pg/schema.sql: kSchemaScript
+#include "pg/errors.h"
+#include "pg/pool.h"
+#include "pg/sql.h"
+
+namespace idem {
+namespace {
+
+constexpr std::size_t kMaxRequestIdBytes = 64;  // request_id varchar(64)
+constexpr int kClaimAttempts = 3;  // an expired or vanished row is retried, not looped on
+constexpr const char* kLockNotAvailable = "55P03";
+constexpr const char* kSavepoint = "SAVEPOINT idem_business_write";
+
+// Prepared statements of every pooled connection.
+constexpr const char* kClaim = "idem_claim";
+constexpr const char* kLookup = "idem_lookup";
+constexpr const char* kTakeOver = "idem_take_over";
+constexpr const char* kComplete = "idem_complete";
+constexpr const char* kRelease = "idem_release";
+constexpr const char* kPurge = "idem_purge";
+
+std::string sha256_hex(std::string_view data) {
+  std::array<unsigned char, EVP_MAX_MD_SIZE> digest{};
+  unsigned int size = 0;
+  if (EVP_Digest(data.data(), data.size(), digest.data(), &size, EVP_sha256(), nullptr) != 1) {
+    throw Error("idem: SHA-256 failed");
+  }
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string hex;
+  for (unsigned int i = 0; i < size; ++i) {
+    hex += kHex[digest[i] >> 4];
+    hex += kHex[digest[i] & 0xf];
+  }
+  return hex;
+}
+
+double to_ms(std::chrono::milliseconds duration) { return static_cast<double>(duration.count()); }
+
+void validate(const PgSinkOptions& options) {
+  if (options.conninfo.empty()) throw ConfigError("idem: PgSinkOptions::conninfo is empty");
+  if (options.ns.empty()) throw ConfigError("idem: PgSinkOptions::ns is empty");
+  if (options.pool_size == 0) throw ConfigError("idem: PgSinkOptions::pool_size must be >= 1");
+  if (options.borrow_timeout.count() < 0 || options.statement_timeout.count() < 0 ||
+      options.lock_timeout.count() < 0) {
+    throw ConfigError("idem: PgSinkOptions timeouts must not be negative");
+  }
+  if (options.lease.count() <= 0) throw ConfigError("idem: PgSinkOptions::lease must be > 0");
+  if (options.retention.count() <= 0) {
+    throw ConfigError("idem: PgSinkOptions::retention must be > 0");
+  }
+  (void)detail::quote_identifier(options.schema);  // throws ConfigError
+  (void)detail::quote_identifier(options.table);
+}
+
+}  // namespace
+
+struct PgSink::Impl {
+  explicit Impl(PgSinkOptions opts)
+      : options((validate(opts), std::move(opts))),
+        names(detail::SchemaNames::for_table(options.schema, options.table)),
+        pool(options.conninfo, options.pool_size, options.borrow_timeout,
+             [this](pqxx::connection& conn) { setup(conn); }) {}
+
+  // Session settings and prepared statements of a new pooled connection.
+  void setup(pqxx::connection& conn) const {
+    // set_variable settings survive libpqxx's transparent reconnects.
+    conn.set_variable("statement_timeout", std::to_string(options.statement_timeout.count()));
+    conn.set_variable("lock_timeout", std::to_string(options.lock_timeout.count()));
+    const std::string table =
+        detail::quote_identifier(options.schema) + "." + detail::quote_identifier(options.table);
+    conn.prepare(kClaim, "INSERT INTO " + table +
+                             " (ns, key, request_id, fingerprint, expires_at)"
+                             " VALUES ($1, $2, $3, $4, now() + $5::float8 * interval '1 ms')"
+                             " ON CONFLICT (ns, key) DO NOTHING RETURNING 1");
+    conn.prepare(kLookup,
+                 "SELECT state, fingerprint, request_id, response, response_sha256,"
+                 " expires_at <= now() FROM " +
+                     table + " WHERE ns = $1 AND key = $2");
+    conn.prepare(kTakeOver,
+                 "DELETE FROM " + table + " WHERE ns = $1 AND key = $2 AND expires_at <= now()");
+    // $6: the owner's request ID in non-transactional mode; NULL inside the claiming transaction.
+    conn.prepare(kComplete, "UPDATE " + table +
+                                " SET state = 'completed', response = $3, response_sha256 = $4,"
+                                " expires_at = now() + $5::float8 * interval '1 ms'"
+                                " WHERE ns = $1 AND key = $2 AND state = 'in_progress'"
+                                " AND request_id = coalesce($6, request_id)");
+    conn.prepare(kRelease, "DELETE FROM " + table +
+                               " WHERE ns = $1 AND key = $2 AND request_id = $3"
+                               " AND state = 'in_progress'");
+    conn.prepare(kPurge, "DELETE FROM " + table + " WHERE ctid = ANY (ARRAY(SELECT ctid FROM " +
+                             table +
+                             " WHERE expires_at <= now() ORDER BY expires_at LIMIT $1"
+                             " FOR UPDATE SKIP LOCKED))");
+  }
+
+  // Borrows a connection and runs fn(connection), translating libpqxx errors; a connection
+  // that was lost is destroyed, never returned to the pool.
+  template <typename F>
+  decltype(auto) with_connection(F&& fn) {
+    auto lease = pool.borrow();
+    try {
+      return detail::translating([&]() -> decltype(auto) { return fn(*lease); });
+    } catch (const PostgresError& error) {
+      if (detail::is_connection_loss(error.sqlstate())) lease.discard();
+      throw;
+    }
+  }
+
+  SinkClaim claim(pqxx::transaction_base& tx, std::string_view key, std::string_view request_id,
+                  std::string_view fingerprint, std::chrono::milliseconds expiry) const {
+    if (request_id.size() > kMaxRequestIdBytes) {
+      throw InvalidRequestId("idem: request ID longer than 64 bytes");
+    }
+    const std::string k(key);
+    const std::string rid(request_id);
+    const std::string fp(fingerprint);
+    return detail::translating([&] {
+      try {
+        for (int attempt = 0; attempt < kClaimAttempts; ++attempt) {
+          if (!tx.exec_prepared(kClaim, options.ns, k, rid, fp, to_ms(expiry)).empty()) {
+            return SinkClaim{};
+          }
+          const pqxx::result found = tx.exec_prepared(kLookup, options.ns, k);
+          if (found.empty()) continue;  // released or purged since the insert
+          if (found[0][5].as<bool>()) {  // expired: take the key over
+            tx.exec_prepared(kTakeOver, options.ns, k);
+            continue;
+          }
+          return existing(found[0], request_id, fingerprint);
+        }
+      } catch (const pqxx::sql_error& error) {
+        if (error.sqlstate() != kLockNotAvailable) throw;
+        SinkClaim open;
+        open.status = SinkStatus::kInProgress;
+        open.same_request = false;
+        return open;
+      }
+      throw PostgresError("idem: postgres: the row of the key kept changing during claim", true);
+    });
+  }
+
+  static SinkClaim existing(const pqxx::row& row, std::string_view request_id,
+                            std::string_view fingerprint) {
+    SinkClaim answer;
+    answer.status = SinkStatus::kDuplicate;
+    answer.state = row[0].as<std::string>() == "completed" ? RecordState::kCompleted
+                                                           : RecordState::kInProgress;
+    const auto stored_fingerprint = row[1].as<std::string>();
+    answer.fingerprint_matches =
+        fingerprint.empty() || stored_fingerprint.empty() || stored_fingerprint == fingerprint;
+    answer.same_request = row[2].as<std::string>() == request_id;
+    if (!row[3].is_null()) answer.response = pqxx::binarystring(row[3]).str();
+    if (!row[4].is_null()) answer.response_sha256 = row[4].as<std::string>();
+    return answer;
+  }
+
+  // Runs the complete statement; `owner` is the request ID in non-transactional mode.
+  bool complete(pqxx::transaction_base& tx, std::string_view key, std::string_view response,
+                const std::optional<std::string>& owner) const {
+    const std::string k(key);
+    const double keep = to_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
+        std::chrono::seconds(options.retention)));
+    const auto run = [&](const auto& body, const auto& sha) {
+      const pqxx::result updated =
+          owner ? tx.exec_prepared(kComplete, options.ns, k, body, sha, keep, *owner)
+                : tx.exec_prepared(kComplete, options.ns, k, body, sha, keep, nullptr);
+      return updated.affected_rows() == 1;
+    };
+    return detail::translating([&] {
+      if (response.size() > options.max_response_bytes) return run(nullptr, sha256_hex(response));
+      return run(pqxx::binarystring(response.data(), response.size()), nullptr);
+    });
+  }
+
+  PgSinkOptions options;
+  detail::SchemaNames names;
+  detail::PgPool pool;
+};
+
+PgSink::PgSink(PgSinkOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
+
+PgSink::~PgSink() = default;
+
+void PgSink::migrate() {
+  const detail::MigrationScript script =
+      detail::split_migrations(detail::substitute_names(detail::kSchemaScript, impl_->names));
+  const std::string versions = detail::quote_identifier(impl_->names.schema) + "." +
+                               detail::quote_identifier(impl_->names.versions);
+  impl_->with_connection([&](pqxx::connection& conn) {
+    pqxx::work tx(conn);
+    tx.exec_params("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
+                   "idem.migrate:" + impl_->names.schema + "." + impl_->names.table);
+    tx.exec(script.preamble);
+    const int current = tx.exec1("SELECT coalesce(max(version), 0) FROM " + versions)[0].as<int>();
+    for (const auto& step : script.steps) {
+      if (step.version > current) tx.exec(step.sql);
+    }
+    tx.commit();
+  });
+}
+
+bool PgSink::transact_if(const std::function<bool(pqxx::transaction_base&)>& body) {
+  return impl_->with_connection([&](pqxx::connection& conn) {
+    pqxx::work tx(conn);
+    if (!body(tx)) {
+      tx.abort();
+      return false;
+    }
+    tx.commit();
+    return true;
+  });
+}
+
+void PgSink::transact(const std::function<void(pqxx::transaction_base&)>& body) {
+  (void)transact_if([&](pqxx::transaction_base& tx) {
+    body(tx);
+    return true;
+  });
+}
+
+SinkClaim PgSink::claim(pqxx::transaction_base& tx, std::string_view key,
+                        std::string_view request_id, std::string_view fingerprint) {
+  // The row commits only with the business write, so it is as good as done: keep it for the
+  // whole retention even if complete() is never called.
+  return impl_->claim(tx, key, request_id, fingerprint,
+                      std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::chrono::seconds(impl_->options.retention)));
+}
+
+void PgSink::complete(pqxx::transaction_base& tx, std::string_view key,
+                      std::string_view response) {
+  if (!impl_->complete(tx, key, response, std::nullopt)) {
+    throw Error("idem: complete() without an in-progress claim of the key in this transaction");
+  }
+}
+
+bool PgSink::run_business_write(pqxx::transaction_base& tx,
+                                 const std::function<void(pqxx::transaction_base&)>& write) {
+  return detail::translating([&] {
+    tx.exec0(kSavepoint);
+    try {
+      write(tx);
+    } catch (const pqxx::unique_violation& error) {
+      if (!detail::names_constraint(error.what(), impl_->options.business_constraints)) throw;
+      tx.exec0("ROLLBACK TO SAVEPOINT idem_business_write");
+      tx.exec0("RELEASE SAVEPOINT idem_business_write");
+      return false;
+    }
+    tx.exec0("RELEASE SAVEPOINT idem_business_write");
+    return true;
+  });
+}
+
+SinkClaim PgSink::claim(std::string_view key, std::string_view request_id,
+                        std::string_view fingerprint) {
+  return impl_->with_connection([&](pqxx::connection& conn) {
+    pqxx::nontransaction tx(conn);
+    return impl_->claim(tx, key, request_id, fingerprint, impl_->options.lease);
+  });
+}
+
+bool PgSink::complete(std::string_view key, std::string_view request_id,
+                      std::string_view response) {
+  return impl_->with_connection([&](pqxx::connection& conn) {
+    pqxx::nontransaction tx(conn);
+    return impl_->complete(tx, key, response, std::string(request_id));
+  });
+}
+
+bool PgSink::release(std::string_view key, std::string_view request_id) {
+  return impl_->with_connection([&](pqxx::connection& conn) {
+    pqxx::nontransaction tx(conn);
+    return tx.exec_prepared(kRelease, impl_->options.ns, std::string(key), std::string(request_id))
+               .affected_rows() == 1;
+  });
+}
+
+std::size_t PgSink::purge_expired(std::size_t batch_size) {
+  if (batch_size == 0) throw ConfigError("idem: purge_expired batch_size must be >= 1");
+  std::size_t total = 0;
+  for (;;) {
+    const std::size_t deleted = impl_->with_connection([&](pqxx::connection& conn) {
+      pqxx::nontransaction tx(conn);
+      return static_cast<std::size_t>(tx.exec_prepared(kPurge, batch_size).affected_rows());
+    });
+    total += deleted;
+    if (deleted < batch_size) return total;
+  }
+}
+
+}  // namespace idem

@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "idem/record.h"
 
@@ -18,40 +19,77 @@ class transaction_base;  // libpqxx's transaction; include <pqxx/pqxx> to use it
 
 namespace idem {
 
-/// Options of a PgSink.
+/// Options of a PgSink. Validated once by the PgSink constructor (idem::ConfigError).
 struct PgSinkOptions {
   /// libpq connection string: a `postgresql://` URL or `key=value` keywords. Required.
   std::string conninfo;
-  /// Schema and table of the records; quoted as identifiers, so any name is safe.
+  /// Schema and table of the records. Quoted as identifiers, so any non-empty name without a
+  /// NUL byte is safe. migrate() creates them.
   std::string schema = "public";
   std::string table = "idem_records";
-  /// Namespace (service or tenant) stored with each row; part of the unique key.
+  /// Namespace (service or tenant) stored with each row; part of the unique key. Non-empty.
   std::string ns = "default";
   /// Most connections open at once. Must be ≥ 1.
   std::size_t pool_size = 8;
-  /// How long a completed row is kept before purge, in seconds.
+  /// How long a call waits for a free pooled connection, in ms, before it throws a retryable
+  /// idem::PostgresError. 0 means fail at once when every connection is busy.
+  std::chrono::milliseconds borrow_timeout{5000};
+  /// Server-side `statement_timeout` of the sink's connections, in ms (a statement running longer
+  /// is cancelled: retryable idem::PostgresError, SQLSTATE 57014). 0 means no limit.
+  std::chrono::milliseconds statement_timeout{5000};
+  /// Server-side `lock_timeout` of the sink's connections, in ms. Bounds how long a claim waits
+  /// for another transaction that holds an uncommitted claim of the same key; when it runs out the
+  /// claim answers SinkStatus::kInProgress. It applies to every statement on the sink's
+  /// connections, business writes included (those throw a retryable idem::PostgresError,
+  /// SQLSTATE 55P03). 0 means wait without limit (not recommended: a stuck transaction then
+  /// blocks its duplicates).
+  std::chrono::milliseconds lock_timeout{1000};
+  /// How long an IN_PROGRESS row committed by the non-transactional claim() lives, in ms, before
+  /// another claim may take the key over (the owner crashed). Must be > 0.
+  std::chrono::milliseconds lease{30000};
+  /// How long a row committed by a transactional claim or completed is kept, in seconds, before
+  /// purge_expired() may delete it and a new claim may take the key. Must be > 0.
   std::chrono::seconds retention{std::chrono::hours(24)};
+  /// Largest response stored as is, in bytes. A larger response is not stored: only its SHA-256
+  /// is kept, and a duplicate gets no body (SinkClaim::response_sha256 set instead).
+  std::size_t max_response_bytes = 64 * 1024;
+  /// Names of UNIQUE constraints on the caller's own business tables whose violation (SQLSTATE
+  /// 23505) means "this operation was already done", e.g. the seed's
+  /// `refund_records_idem_key_key`. See run_business_write(). Any other 23505 is an error.
+  std::vector<std::string> business_constraints;
 };
 
 /// What a sink claim found.
 enum class SinkStatus {
-  kClaimed,    ///< The row was inserted in the caller's transaction: go on with the business write.
-  kDuplicate,  ///< A committed row already holds the key.
+  kClaimed,     ///< The row was inserted in the caller's transaction: go on with the business write.
+  kDuplicate,   ///< A committed row already holds the key (see SinkClaim::state).
+  kInProgress,  ///< Another transaction holds an uncommitted claim of the key and did not finish
+                ///< within PgSinkOptions::lock_timeout. The caller's transaction is aborted by
+                ///< the cancelled wait: roll it back (transact() does so by itself).
 };
 
 /// Answer of PgSink::claim().
 struct SinkClaim {
   SinkStatus status = SinkStatus::kClaimed;
-  /// State of the existing row (kInProgress for a fresh claim).
+  /// State of the existing row (kInProgress for a fresh claim or an open competitor).
   RecordState state = RecordState::kInProgress;
-  /// Whether the stored fingerprint equals the caller's.
+  /// Whether the stored fingerprint equals the caller's. An empty fingerprint (on either side)
+  /// carries no information and matches.
   bool fingerprint_matches = true;
-  /// Stored response of a COMPLETED row.
+  /// Whether the existing row was claimed by the same request ID (a retry or redelivery).
+  bool same_request = true;
+  /// Stored response of a COMPLETED row, when it was within PgSinkOptions::max_response_bytes.
   std::optional<std::string> response;
+  /// Lowercase hex SHA-256 of a COMPLETED row's response that was over the size cap; empty
+  /// otherwise.
+  std::string response_sha256;
 };
 
-/// The Postgres sink. Thread-safe: one instance serves all threads through its connection
-/// pool. Methods throw idem::PostgresError when PostgreSQL fails.
+/// The Postgres sink. Thread-safe: one instance serves all threads through its bounded
+/// connection pool; a pqxx transaction handed to a body belongs to that body's thread only.
+/// Every method throws idem::PostgresError when PostgreSQL fails (retryable() for connection
+/// loss, serialization failure, deadlock, lock or statement timeout); connections that broke or
+/// were left in a failed transaction are never handed out again.
 class PgSink {
  public:
   /// Throws idem::ConfigError on invalid options. Does not connect until first use.
@@ -60,20 +98,62 @@ class PgSink {
   PgSink(const PgSink&) = delete;
   PgSink& operator=(const PgSink&) = delete;
 
-  /// Creates the schema objects if missing. Idempotent.
+  /// Creates or upgrades the schema objects (src/pg/schema.sql) to the current version.
+  /// Idempotent, and safe to run concurrently from many processes (advisory lock).
   void migrate();
 
-  /// Borrows a pooled connection, opens a transaction, runs `body` in it and commits when
-  /// `body` returns; rolls back and rethrows when it throws.
+  /// Borrows a pooled connection, opens a transaction (READ COMMITTED), runs `body` in it and
+  /// commits when `body` returns; rolls back and rethrows when it throws (pqxx errors translated
+  /// to idem::PostgresError, other exceptions unchanged). Commits nothing after a claim that
+  /// answered kInProgress.
   void transact(const std::function<void(pqxx::transaction_base&)>& body);
 
+  /// Like transact(), but commits only when `body` returns true (rolls back when it returns
+  /// false, e.g. after run_business_write() reported a duplicate). Returns whether it committed.
+  bool transact_if(const std::function<bool(pqxx::transaction_base&)>& body);
+
   /// Inserts the claim row for `key` inside `tx` (`INSERT … ON CONFLICT DO NOTHING
-  /// RETURNING`), before the caller's business write. A conflict never aborts `tx`.
+  /// RETURNING`), before the caller's business write. A conflict with a committed row never
+  /// aborts `tx`; it answers kDuplicate with that row's state, fingerprint match and response.
+  /// A conflict with an open transaction waits up to lock_timeout, then answers kInProgress.
+  /// A row past its expiry is taken over (answers kClaimed). `key` is an encoded key text
+  /// (IdempotencyKey::encode()); `request_id` is at most 64 bytes; `fingerprint` may be empty.
   [[nodiscard]] SinkClaim claim(pqxx::transaction_base& tx, std::string_view key,
                                 std::string_view request_id, std::string_view fingerprint);
 
-  /// Marks the row of `key` COMPLETED with `response`, inside `tx`, before commit.
+  /// Marks the row of `key`, claimed earlier in `tx`, COMPLETED with `response` (size-capped)
+  /// and keeps it for `retention`, inside `tx`, before commit. Throws idem::Error when `tx` holds
+  /// no in-progress claim of `key`.
   void complete(pqxx::transaction_base& tx, std::string_view key, std::string_view response);
+
+  /// Runs the caller's business write `write(tx)` under a savepoint. Returns true when it
+  /// succeeded; returns false when it raised a unique violation (SQLSTATE 23505) of one of
+  /// PgSinkOptions::business_constraints: the write is undone and `tx` stays usable (roll it
+  /// back to leave no claim row: transact_if()). Any other error propagates (a 23505 of another
+  /// constraint as a non-retryable idem::PostgresError).
+  [[nodiscard]] bool run_business_write(pqxx::transaction_base& tx,
+                                        const std::function<void(pqxx::transaction_base&)>& write);
+
+  /// Non-transactional mode, for callers without their own database writes: claims `key` in its
+  /// own short transaction. A fresh row is committed IN_PROGRESS for `lease`; finish it with
+  /// complete(key, request_id, response) or release(key, request_id).
+  [[nodiscard]] SinkClaim claim(std::string_view key, std::string_view request_id,
+                                std::string_view fingerprint);
+
+  /// Non-transactional mode: marks the IN_PROGRESS row of `key` owned by `request_id` COMPLETED
+  /// with `response` (size-capped), kept for `retention`. Returns false when there is no such row
+  /// (its lease ended and another request took it over).
+  bool complete(std::string_view key, std::string_view request_id, std::string_view response);
+
+  /// Non-transactional mode: deletes the IN_PROGRESS row of `key` owned by `request_id`, so the
+  /// operation may be retried. Never deletes another request's or a completed row. Returns
+  /// whether a row was deleted.
+  bool release(std::string_view key, std::string_view request_id);
+
+  /// Deletes rows whose expiry (Postgres' now()) has passed, at most `batch_size` (≥ 1) per
+  /// short transaction, skipping rows locked by others, until a batch comes back short.
+  /// Returns how many rows were deleted.
+  std::size_t purge_expired(std::size_t batch_size = 1000);
 
  private:
   struct Impl;

@@ -1,0 +1,34 @@
+// The one place where libpqxx exceptions become idem::PostgresError.
+#pragma once
+
+#include <pqxx/except>
+
+#include <string>
+#include <utility>
+
+#include "idem/errors.h"
+
+namespace idem::detail {
+
+/// SQLSTATE given to a lost connection (libpq reports none): connection_failure.
+inline constexpr const char* kConnectionLostSqlstate = "08006";
+
+/// Translates a libpqxx failure. Retryable: connection loss (class 08, 57P01-57P03, 53300),
+/// serialization failure (40001), deadlock (40P01), lock timeout (55P03), statement timeout
+/// or cancel (57014). A commit whose outcome is unknown is not retryable.
+[[nodiscard]] PostgresError translate(const pqxx::failure& error);
+
+/// True when `sqlstate` says the connection is gone (or going): it must not be reused.
+[[nodiscard]] bool is_connection_loss(const std::string& sqlstate) noexcept;
+
+/// Runs `fn` and rethrows any libpqxx failure it throws as idem::PostgresError.
+template <typename F>
+decltype(auto) translating(F&& fn) {
+  try {
+    return std::forward<F>(fn)();
+  } catch (const pqxx::failure& error) {
+    throw translate(error);
+  }
+}
+
+}  // namespace idem::detail

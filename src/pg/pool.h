@@ -1,0 +1,72 @@
+// A bounded, thread-safe pool of libpqxx connections.
+#pragma once
+
+#include <pqxx/connection>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace idem::detail {
+
+/// Hands out at most `size` connections at once. Thread-safe. A connection is opened on demand
+/// (and prepared by `setup`), returned to the pool when its Lease ends, and destroyed instead
+/// when the lease was discarded or the connection is no longer open. Losing one connection
+/// drops every idle one too: they talk to the same server and are suspect.
+class PgPool {
+ public:
+  using Setup = std::function<void(pqxx::connection&)>;
+
+  /// A borrowed connection; gives it back (or destroys it) when it goes out of scope.
+  class Lease {
+   public:
+    Lease(PgPool& pool, std::unique_ptr<pqxx::connection> conn) noexcept
+        : pool_(&pool), conn_(std::move(conn)) {}
+    Lease(Lease&& other) noexcept = default;
+    Lease& operator=(Lease&&) = delete;
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    ~Lease();
+
+    pqxx::connection& operator*() const noexcept { return *conn_; }
+    pqxx::connection* operator->() const noexcept { return conn_.get(); }
+    /// The connection broke or is in an unknown state: destroy it instead of returning it.
+    void discard() noexcept { discarded_ = true; }
+
+   private:
+    PgPool* pool_;
+    std::unique_ptr<pqxx::connection> conn_;
+    bool discarded_ = false;
+  };
+
+  /// `setup` runs once on each new connection (session settings, prepared statements).
+  PgPool(std::string conninfo, std::size_t size, std::chrono::milliseconds borrow_timeout,
+         Setup setup);
+  ~PgPool();
+  PgPool(const PgPool&) = delete;
+  PgPool& operator=(const PgPool&) = delete;
+
+  /// An idle connection, or a new one while fewer than `size` are open; waits up to the borrow
+  /// timeout otherwise. Throws idem::PostgresError (retryable) on timeout or when connecting
+  /// fails.
+  [[nodiscard]] Lease borrow();
+
+ private:
+  void give_back(std::unique_ptr<pqxx::connection> conn, bool reuse) noexcept;
+
+  const std::string conninfo_;
+  const std::size_t size_;
+  const std::chrono::milliseconds borrow_timeout_;
+  const Setup setup_;
+  std::mutex mutex_;
+  std::condition_variable available_;
+  std::vector<std::unique_ptr<pqxx::connection>> idle_;  // guarded by mutex_
+  std::size_t open_ = 0;                                 // guarded by mutex_: idle + lent
+};
+
+}  // namespace idem::detail

@@ -1,0 +1,123 @@
+#include "pg_server.h"
+
+#include <netinet/in.h>
+#include <pwd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <pqxx/pqxx>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <filesystem>
+#include <stdexcept>
+#include <thread>
+
+#include "test_env.h"
+
+namespace idem::test {
+namespace {
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    throw std::runtime_error("pg_server: no free port");
+  }
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+std::string postgres_bin_dir() {
+  for (const char* version : {"17", "16", "15", "14", "13"}) {
+    const std::string dir = std::string("/usr/lib/postgresql/") + version + "/bin";
+    if (std::filesystem::exists(dir + "/initdb")) return dir;
+  }
+  throw std::runtime_error("pg_server: no PostgreSQL server binaries under /usr/lib/postgresql");
+}
+
+}  // namespace
+
+ScratchSchema::ScratchSchema(std::string url, const std::string& stem)
+    : url_(std::move(url)), name_(unique_name(stem)) {
+  // The same name quoted or not: lowercase, within PostgreSQL's 63-byte identifier limit.
+  name_.resize(std::min<std::size_t>(name_.size(), 63));
+  for (char& c : name_) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  exec("CREATE SCHEMA " + name_);
+}
+
+ScratchSchema::~ScratchSchema() {
+  try {
+    exec("DROP SCHEMA IF EXISTS " + name_ + " CASCADE");
+  } catch (const std::exception&) {
+    // The server may be gone (a destructive test); nothing left to clean.
+  }
+}
+
+void ScratchSchema::exec(const std::string& sql) const {
+  pqxx::connection conn(url_);
+  pqxx::work tx(conn);
+  tx.exec(sql);
+  tx.commit();
+}
+
+std::int64_t ScratchSchema::count(const std::string& sql) const {
+  pqxx::connection conn(url_);
+  pqxx::nontransaction tx(conn);
+  return tx.exec1(sql)[0].as<std::int64_t>();
+}
+
+PgServer::PgServer() : bin_dir_(postgres_bin_dir()), port_(free_port()) {
+  std::string pattern = std::filesystem::temp_directory_path() / "idem-pg-XXXXXX";
+  if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("pg_server: mkdtemp failed");
+  dir_ = pattern;
+  if (::geteuid() == 0) {
+    const passwd* owner = ::getpwnam("postgres");
+    if (owner == nullptr) throw std::runtime_error("pg_server: running as root, no postgres user");
+    if (::chown(dir_.c_str(), owner->pw_uid, owner->pw_gid) != 0) {
+      throw std::runtime_error("pg_server: chown failed");
+    }
+  }
+  run_as_owner(bin_dir_ + "/initdb -D " + dir_ + "/data -A trust -U postgres --no-sync > " + dir_ +
+               "/initdb.log 2>&1");
+  start();
+}
+
+PgServer::~PgServer() {
+  try {
+    stop();
+  } catch (const std::exception&) {
+    // Best effort: the directory goes either way.
+  }
+  std::error_code ignored;
+  std::filesystem::remove_all(dir_, ignored);
+}
+
+std::string PgServer::url() const {
+  return "postgresql://postgres@127.0.0.1:" + std::to_string(port_) + "/postgres";
+}
+
+void PgServer::start() {
+  run_as_owner(bin_dir_ + "/pg_ctl -D " + dir_ + "/data -l " + dir_ + "/server.log -w -o \"-p " +
+               std::to_string(port_) + " -k " + dir_ +
+               " -c listen_addresses=127.0.0.1 -c fsync=off\" start > /dev/null");
+  running_ = true;
+}
+
+void PgServer::stop() {
+  if (!running_) return;
+  run_as_owner(bin_dir_ + "/pg_ctl -D " + dir_ + "/data -m fast -w stop > /dev/null");
+  running_ = false;
+}
+
+void PgServer::run_as_owner(const std::string& command) const {
+  const std::string line = ::geteuid() == 0 ? "su postgres -s /bin/sh -c '" + command + "'" : command;
+  if (std::system(line.c_str()) != 0) throw std::runtime_error("pg_server: failed: " + command);
+}
+
+}  // namespace idem::test

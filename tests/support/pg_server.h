@@ -1,0 +1,58 @@
+// PostgreSQL helpers of the sink tests: a scratch schema on the shared server, and a private
+// throwaway cluster for destructive tests (restart mid-run).
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+
+namespace idem::test {
+
+/// A schema with a unique name on the server at `url`, dropped (CASCADE) on destruction.
+class ScratchSchema {
+ public:
+  ScratchSchema(std::string url, const std::string& stem);
+  ~ScratchSchema();
+  ScratchSchema(const ScratchSchema&) = delete;
+  ScratchSchema& operator=(const ScratchSchema&) = delete;
+
+  [[nodiscard]] const std::string& name() const noexcept { return name_; }
+  /// Runs `sql` in its own transaction.
+  void exec(const std::string& sql) const;
+  /// The single integer value of `sql`.
+  [[nodiscard]] std::int64_t count(const std::string& sql) const;
+
+ private:
+  std::string url_;
+  std::string name_;
+};
+
+/// A private PostgreSQL cluster (initdb into a temporary directory, run as the unprivileged
+/// `postgres` user when the test runs as root) on a free loopback port. Stopped and removed on
+/// destruction. Throws std::runtime_error when the PostgreSQL binaries are missing or the
+/// server does not come up.
+class PgServer {
+ public:
+  PgServer();
+  ~PgServer();
+  PgServer(const PgServer&) = delete;
+  PgServer& operator=(const PgServer&) = delete;
+
+  /// `postgresql://` URL of the `postgres` database.
+  [[nodiscard]] std::string url() const;
+  /// Stops the server (fast shutdown: open sessions are terminated).
+  void stop();
+  /// Starts it again on the same port and waits until it accepts connections.
+  void start();
+
+ private:
+  void run_as_owner(const std::string& command) const;
+
+  std::string bin_dir_;
+  std::string dir_;
+  int port_ = 0;
+  bool running_ = false;
+};
+
+}  // namespace idem::test
