@@ -1,65 +1,132 @@
 // Layer 2, the Redis guard: one atomic round trip claims an idempotency key.
+//
+// Record layout, key grammar and the choice of claim implementation: docs/redis_guard.md.
 #pragma once
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "idem/record.h"
 
 namespace idem {
 
-/// Connection settings for Redis.
+/// Connection settings for Redis (one pool per RedisGuard).
 struct RedisOptions {
-  /// `redis://host:port/db`. Default: a local server on the standard port, database 0.
+  /// `redis://[[user]:password@]host[:port][/db]` (port defaults to 6379, db to 0) or
+  /// `unix://path/to/socket[?db=N]`. Credentials are sent with AUTH, the database with SELECT.
   std::string url = "redis://127.0.0.1:6379/0";
   /// Most connections open at once. Must be ≥ 1.
   std::size_t pool_size = 8;
-  /// Time allowed to establish a TCP connection.
+  /// Longest wait for a free connection when all `pool_size` are in use, in ms; then
+  /// idem::RedisError (retryable). 0 means fail at once.
+  std::chrono::milliseconds borrow_timeout{1000};
+  /// Time allowed to establish a connection (TCP or unix), in ms. Must be > 0.
   std::chrono::milliseconds connect_timeout{500};
-  /// Time allowed for one command's reply; a connection that timed out is discarded.
+  /// Time allowed for one command's reply (per socket read/write), in ms. Must be > 0.
+  /// A connection that timed out is destroyed, so a late reply is never read as the answer
+  /// to a later command.
   std::chrono::milliseconds command_timeout{500};
+  /// Enables TCP keepalive on TCP connections.
+  bool keepalive = true;
+  /// After a failed connect, new connects are not attempted (the call fails at once with the
+  /// last connect error) for a backoff that starts at this value and doubles on each further
+  /// failure up to `reconnect_backoff_max`, in ms. 0 disables the backoff.
+  std::chrono::milliseconds reconnect_backoff{10};
+  /// Cap of the reconnect backoff, in ms. Must be ≥ reconnect_backoff.
+  std::chrono::milliseconds reconnect_backoff_max{1000};
+};
+
+/// Circuit breaker of a RedisGuard: after `failure_threshold` consecutive calls failed with a
+/// retryable idem::RedisError, the breaker opens and every call throws idem::RedisError at once
+/// (no I/O) for `open_for`; then one call is let through as a half-open probe: its success
+/// closes the breaker, its failure opens it again. Uses the monotonic clock; it decides only
+/// whether to try Redis, never what a record means.
+struct CircuitBreakerOptions {
+  /// Consecutive retryable failures that open the breaker. 0 disables the breaker.
+  std::uint32_t failure_threshold = 5;
+  /// How long the breaker stays open before a half-open probe, in ms. Must be > 0.
+  std::chrono::milliseconds open_for{1000};
+};
+
+/// How claim() talks to Redis. Both give the same answers (the same tests run against both).
+enum class ClaimMethod {
+  /// `EVALSHA` of lua/claim.lua (loaded once with SCRIPT LOAD; NOSCRIPT reloads once).
+  kLuaScript,
+  /// A single `SET key record NX PX lease GET` (Redis ≥ 7.0): no script to load.
+  kSetNxGet,
 };
 
 /// Options of a RedisGuard.
 struct RedisGuardOptions {
   RedisOptions redis;
-  /// First component of every Redis key: `{prefix}:{ns}:{key text}`.
+  CircuitBreakerOptions breaker;
+  /// First component of every Redis key: `{prefix}:{ns}:{key text}`. Escaped like a key
+  /// component (see escape_key_component()). Must be non-empty.
   std::string prefix = "idem";
-  /// Namespace (service or tenant), second component of every Redis key. Must be non-empty.
+  /// Namespace (service or tenant), second component of every Redis key. Escaped like a key
+  /// component. Must be non-empty.
   std::string ns = "default";
-  /// TTL of an IN_PROGRESS claim (the lease), in milliseconds. Must be > 0.
+  /// TTL of an IN_PROGRESS claim (the lease), in ms. Must be > 0.
   std::chrono::milliseconds lease{std::chrono::seconds(30)};
-  /// TTL of a COMPLETED record (the retention), in milliseconds. Must be > 0.
+  /// TTL of a COMPLETED record (the retention), in ms. Must be > 0.
   std::chrono::milliseconds retention{std::chrono::hours(24)};
+  /// Largest response stored verbatim, in bytes. A larger response is stored as its SHA-256
+  /// (lowercase hex) only, and a repeat gets ClaimResult::response_sha256 without a body.
+  std::size_t max_response_bytes = 64 * 1024;
+  /// The claim implementation; see docs/redis_guard.md for why the default is the default.
+  ClaimMethod claim_method = ClaimMethod::kLuaScript;
 };
 
 /// What a claim found.
 enum class ClaimStatus {
   kFirst,        ///< No record existed: the caller now owns the claim.
-  kRepeatSame,   ///< A record exists, created by this same request ID (retry, redelivery).
+  kRepeatSame,   ///< A record exists, created by this same (non-empty) request ID.
   kRepeatOther,  ///< A record exists, created by another request ID (same operation again).
 };
 
 /// Answer of RedisGuard::claim().
 struct ClaimResult {
   ClaimStatus status = ClaimStatus::kFirst;
-  /// The caller's owner token when status is kFirst (needed for complete/release/renew);
-  /// empty otherwise.
+  /// The caller's owner token (32 lowercase hex characters, 128 random bits, unique per
+  /// attempt) when status is kFirst; needed for complete/release/renew. Empty otherwise.
   std::string owner_token;
   /// State of the record found (kInProgress for a fresh claim).
   RecordState state = RecordState::kInProgress;
-  /// Whether the stored fingerprint equals the caller's (true for a fresh claim).
+  /// Whether the stored fingerprint equals the caller's. True for a fresh claim, and when
+  /// either side has no fingerprint (empty string).
   bool fingerprint_matches = true;
-  /// The stored response of a COMPLETED record.
+  /// The stored response of a COMPLETED record, when it was stored verbatim.
   std::optional<std::string> response;
+  /// SHA-256 (lowercase hex) of the stored response of a COMPLETED record whose response was
+  /// larger than RedisGuardOptions::max_response_bytes (then `response` is empty).
+  std::optional<std::string> response_sha256;
+};
+
+/// One key of RedisGuard::claim_batch().
+struct ClaimRequest {
+  std::string_view key;          ///< Encoded key text (see IdempotencyKey::encode()).
+  std::string_view request_id;   ///< Request ID of the caller; may be empty.
+  std::string_view fingerprint;  ///< Payload fingerprint; empty when none.
+};
+
+/// State of the guard's circuit breaker.
+enum class BreakerState {
+  kClosed,    ///< Calls go to Redis.
+  kOpen,      ///< Calls throw idem::RedisError at once, without I/O, until the cool-down ends.
+  kHalfOpen,  ///< One probe call is in flight; others throw at once.
 };
 
 /// The Redis guard. Thread-safe: one instance serves all threads of a process through its
-/// connection pool. Every method throws idem::RedisError when Redis fails or is unreachable.
+/// connection pool. Every Redis call throws idem::RedisError when Redis fails, times out or is
+/// unreachable (retryable() says whether the same call may succeed later), and at once, without
+/// I/O, while the circuit breaker is open. A failed call never yields kFirst: when claim()
+/// throws, the caller does not own the key (it may own it in Redis, until the lease ends).
 class RedisGuard {
  public:
   /// Throws idem::ConfigError on invalid options. Does not connect until first use.
@@ -69,20 +136,40 @@ class RedisGuard {
   RedisGuard& operator=(const RedisGuard&) = delete;
 
   /// Atomically claims `key` (an encoded key text, see IdempotencyKey::encode()) for
-  /// `request_id`, in one round trip (Lua script via EVALSHA).
+  /// `request_id` in one round trip. On kFirst the record is IN_PROGRESS with TTL = lease.
   [[nodiscard]] ClaimResult claim(std::string_view key, std::string_view request_id,
                                   std::string_view fingerprint);
 
-  /// Marks the claim COMPLETED with `response` and sets the retention TTL. Acts only when
-  /// `owner_token` still owns the claim; returns false (and changes nothing) otherwise.
+  /// Claims every key of `requests` in one pipelined round trip; answer i belongs to
+  /// requests[i]. Each claim is atomic on its own (not the batch as a whole). Throws
+  /// idem::RedisError when the round trip fails (then no answer is known).
+  [[nodiscard]] std::vector<ClaimResult> claim_batch(const std::vector<ClaimRequest>& requests);
+
+  /// Marks the claim COMPLETED with `response` (verbatim, or only its SHA-256 above
+  /// max_response_bytes) and sets the retention TTL. Acts only when `owner_token` owns the
+  /// record; returns false (and changes nothing) otherwise.
   bool complete(std::string_view key, std::string_view owner_token, std::string_view response);
 
-  /// Deletes the claim if and only if `owner_token` owns it (compare-and-delete). Returns
-  /// whether it deleted. Never deletes another owner's claim.
+  /// Deletes the record if and only if `owner_token` owns it and it is still IN_PROGRESS
+  /// (compare-and-delete). Returns whether it deleted. Never deletes another owner's claim.
   bool release(std::string_view key, std::string_view owner_token);
 
-  /// The full Redis key for a key text: `{prefix}:{ns}:{key}`.
+  /// Extends the lease of an IN_PROGRESS claim owned by `owner_token` to `lease` from now
+  /// (Redis' clock), in ms. Returns false (and changes nothing) when the caller no longer owns
+  /// it. Throws idem::ConfigError when `lease` ≤ 0.
+  bool renew(std::string_view key, std::string_view owner_token, std::chrono::milliseconds lease);
+
+  /// renew() with the configured lease.
+  bool renew(std::string_view key, std::string_view owner_token);
+
+  /// The full Redis key for a key text: `{escaped prefix}:{escaped ns}:{key}`.
   [[nodiscard]] std::string redis_key(std::string_view key) const;
+
+  /// Current state of the circuit breaker. Thread-safe, no I/O.
+  [[nodiscard]] BreakerState breaker_state() const;
+
+  /// The options in force (as validated by the constructor).
+  [[nodiscard]] const RedisGuardOptions& options() const noexcept;
 
  private:
   struct Impl;

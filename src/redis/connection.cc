@@ -1,0 +1,93 @@
+#include "redis/connection.h"
+
+#include <array>
+#include <cerrno>
+#include <string>
+#include <vector>
+
+#include "redis/errors.h"
+
+namespace idem::detail {
+namespace {
+
+timeval to_timeval(std::chrono::milliseconds duration) {
+  const auto ms = duration.count();
+  return timeval{static_cast<time_t>(ms / 1000), static_cast<suseconds_t>((ms % 1000) * 1000)};
+}
+
+// hiredis' binary-safe argv form of `args`.
+struct Argv {
+  explicit Argv(std::span<const std::string_view> args) {
+    pointers.reserve(args.size());
+    sizes.reserve(args.size());
+    for (const std::string_view arg : args) {
+      pointers.push_back(arg.data());
+      sizes.push_back(arg.size());
+    }
+  }
+  [[nodiscard]] int count() const { return static_cast<int>(pointers.size()); }
+  std::vector<const char*> pointers;
+  std::vector<std::size_t> sizes;
+};
+
+}  // namespace
+
+void Connection::ContextDeleter::operator()(redisContext* context) const noexcept { redisFree(context); }
+
+Connection::Connection(const ConnectionSettings& settings) {
+  const RedisEndpoint& endpoint = settings.endpoint;
+  const timeval connect_timeout = to_timeval(settings.connect_timeout);
+  errno = 0;
+  context_.reset(endpoint.socket_path.empty()
+                     ? redisConnectWithTimeout(endpoint.host.c_str(), endpoint.port, connect_timeout)
+                     : redisConnectUnixWithTimeout(endpoint.socket_path.c_str(), connect_timeout));
+  if (context_ == nullptr || context_->err != 0) fail(errno, "connect");
+  if (redisSetTimeout(context_.get(), to_timeval(settings.command_timeout)) != REDIS_OK) {
+    fail(errno, "set timeout");
+  }
+  if (settings.keepalive && endpoint.socket_path.empty() &&
+      redisEnableKeepAlive(context_.get()) != REDIS_OK) {
+    fail(errno, "keepalive");
+  }
+  const auto expect_ok = [](ReplyPtr reply, std::string_view during) {
+    if (reply->type == REDIS_REPLY_ERROR) throw reply_error(*reply, during);
+  };
+  using Args2 = std::array<std::string_view, 2>;
+  if (!endpoint.password.empty() && endpoint.user.empty()) {
+    expect_ok(command(Args2{"AUTH", endpoint.password}), "AUTH");
+  } else if (!endpoint.password.empty()) {
+    expect_ok(command(std::array<std::string_view, 3>{"AUTH", endpoint.user, endpoint.password}), "AUTH");
+  }
+  if (endpoint.db != 0) {
+    const std::string db = std::to_string(endpoint.db);
+    expect_ok(command(Args2{"SELECT", db}), "SELECT");
+  }
+}
+
+ReplyPtr Connection::command(std::span<const std::string_view> args) {
+  append(args);
+  return read_reply();
+}
+
+void Connection::append(std::span<const std::string_view> args) {
+  Argv argv(args);
+  errno = 0;
+  if (redisAppendCommandArgv(context_.get(), argv.count(), argv.pointers.data(), argv.sizes.data()) !=
+      REDIS_OK) {
+    fail(errno, "append");
+  }
+}
+
+ReplyPtr Connection::read_reply() {
+  void* raw = nullptr;
+  errno = 0;
+  if (redisGetReply(context_.get(), &raw) != REDIS_OK || raw == nullptr) fail(errno, "command");
+  return ReplyPtr(static_cast<redisReply*>(raw));
+}
+
+void Connection::fail(int saved_errno, std::string_view during) {
+  broken_ = true;
+  throw context_error(context_.get(), saved_errno, during);
+}
+
+}  // namespace idem::detail

@@ -1,0 +1,54 @@
+// One blocking hiredis connection. Not thread-safe: a Pool hands it to one thread at a time.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <span>
+#include <string_view>
+
+#include "redis/reply.h"
+#include "redis/url.h"
+
+namespace idem::detail {
+
+/// What a connection needs to open.
+struct ConnectionSettings {
+  RedisEndpoint endpoint;
+  std::chrono::milliseconds connect_timeout{500};
+  std::chrono::milliseconds command_timeout{500};
+  bool keepalive = true;
+};
+
+class Connection {
+ public:
+  /// Connects, then sends AUTH and SELECT when the endpoint asks for them. Throws
+  /// idem::RedisError.
+  explicit Connection(const ConnectionSettings& settings);
+
+  /// Sends one command and reads its reply. An error reply is returned, not thrown (the caller
+  /// decides, e.g. on NOSCRIPT). Throws idem::RedisError when the connection fails; from then
+  /// on the connection is broken().
+  [[nodiscard]] ReplyPtr command(std::span<const std::string_view> args);
+
+  /// Queues one command without sending it (pipelining); read its reply with read_reply().
+  void append(std::span<const std::string_view> args);
+
+  /// Flushes queued commands and reads the next reply. Throws like command().
+  [[nodiscard]] ReplyPtr read_reply();
+
+  /// True once a call failed at the connection level (I/O error, timeout, protocol error):
+  /// the stream may hold a late or partial reply, so the connection must not be used again.
+  [[nodiscard]] bool broken() const noexcept { return broken_; }
+
+ private:
+  struct ContextDeleter {
+    void operator()(redisContext* context) const noexcept;
+  };
+
+  [[noreturn]] void fail(int saved_errno, std::string_view during);
+
+  std::unique_ptr<redisContext, ContextDeleter> context_;
+  bool broken_ = false;
+};
+
+}  // namespace idem::detail

@@ -1,0 +1,57 @@
+#include "redis/errors.h"
+
+#include <hiredis/hiredis.h>
+
+#include <array>
+#include <cerrno>
+#include <string>
+
+namespace idem::detail {
+namespace {
+
+std::string prefix(std::string_view during) { return "idem: redis " + std::string(during) + ": "; }
+
+}  // namespace
+
+RedisError context_error(const redisContext* context, int saved_errno, std::string_view during) {
+  if (context == nullptr) return RedisError(prefix(during) + "cannot allocate a context", true);
+  const std::string detail = context->errstr;
+  switch (context->err) {
+    case REDIS_ERR_IO:
+      if (saved_errno == EAGAIN || saved_errno == EWOULDBLOCK || saved_errno == ETIMEDOUT ||
+          saved_errno == EINPROGRESS) {
+        return RedisError(prefix(during) + "timed out (" + detail + ")", true);
+      }
+      return RedisError(prefix(during) + "I/O error: " + detail, true);
+    case REDIS_ERR_EOF:
+      return RedisError(prefix(during) + "connection closed by the server: " + detail, true);
+    case REDIS_ERR_PROTOCOL:
+      return RedisError(prefix(during) + "protocol error: " + detail, false);
+    case REDIS_ERR_OOM:
+      return RedisError(prefix(during) + "out of memory: " + detail, false);
+    default:
+      // REDIS_ERR_OTHER: unknown host, unix socket path too long, connect timeout (hiredis
+      // 0.14 reports "Connection timed out" here), ...
+      return RedisError(prefix(during) + detail, true);
+  }
+}
+
+bool reply_error_is(const redisReply& reply, std::string_view code) {
+  const std::string_view text(reply.str, reply.len);
+  return text.substr(0, code.size()) == code &&
+         (text.size() == code.size() || text[code.size()] == ' ');
+}
+
+RedisError reply_error(const redisReply& reply, std::string_view during) {
+  static constexpr std::array<std::string_view, 8> kTransient = {
+      "LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY", "MOVED", "ASK"};
+  bool retryable = false;
+  for (const std::string_view code : kTransient) retryable = retryable || reply_error_is(reply, code);
+  return RedisError(prefix(during) + std::string(reply.str, reply.len), retryable);
+}
+
+RedisError unexpected_reply(const redisReply& reply, std::string_view during) {
+  return RedisError(prefix(during) + "unexpected reply type " + std::to_string(reply.type), false);
+}
+
+}  // namespace idem::detail

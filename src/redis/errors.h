@@ -1,0 +1,30 @@
+// Every hiredis failure becomes an idem::RedisError here, and only here.
+#pragma once
+
+#include <string_view>
+
+#include "idem/errors.h"
+
+struct redisContext;
+struct redisReply;
+
+namespace idem::detail {
+
+/// The error of a context whose last call failed (`context->err` set, or a null context after
+/// a failed connect). `saved_errno` is errno right after the failing call (it tells a timeout,
+/// EAGAIN, from other I/O errors). `during` names the operation, e.g. "connect" or "EVALSHA".
+[[nodiscard]] RedisError context_error(const redisContext* context, int saved_errno,
+                                       std::string_view during);
+
+/// The error for an error reply (`reply->type == REDIS_REPLY_ERROR`). Retryable for the
+/// transient server states: LOADING, BUSY, TRYAGAIN, CLUSTERDOWN, MASTERDOWN, READONLY,
+/// MOVED, ASK.
+[[nodiscard]] RedisError reply_error(const redisReply& reply, std::string_view during);
+
+/// The error for a reply of a type the caller did not expect (not retryable).
+[[nodiscard]] RedisError unexpected_reply(const redisReply& reply, std::string_view during);
+
+/// Whether an error reply starts with `code` (e.g. "NOSCRIPT").
+[[nodiscard]] bool reply_error_is(const redisReply& reply, std::string_view code);
+
+}  // namespace idem::detail

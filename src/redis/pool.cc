@@ -1,0 +1,61 @@
+#include "redis/pool.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "idem/errors.h"
+
+namespace idem::detail {
+
+Pool::Lease Pool::borrow() {
+  std::unique_lock lock(mutex_);
+  const bool available = returned_.wait_for(lock, settings_.borrow_timeout,
+                                            [this] { return !idle_.empty() || open_ < settings_.size; });
+  if (!available) {
+    throw RedisError("idem: redis pool: no connection free within the borrow timeout", true);
+  }
+  if (!idle_.empty()) {
+    std::unique_ptr<Connection> connection = std::move(idle_.back());
+    idle_.pop_back();
+    return Lease(*this, std::move(connection));
+  }
+  if (last_connect_error_ != nullptr && std::chrono::steady_clock::now() < retry_after_) {
+    std::rethrow_exception(last_connect_error_);
+  }
+  ++open_;
+  lock.unlock();
+  return Lease(*this, connect());
+}
+
+std::unique_ptr<Connection> Pool::connect() {
+  try {
+    auto connection = std::make_unique<Connection>(settings_.connection);
+    std::lock_guard lock(mutex_);
+    last_connect_error_ = nullptr;
+    backoff_ = std::chrono::milliseconds(0);
+    return connection;
+  } catch (...) {
+    std::lock_guard lock(mutex_);
+    --open_;
+    last_connect_error_ = std::current_exception();
+    backoff_ = std::clamp(backoff_ * 2, settings_.reconnect_backoff, settings_.reconnect_backoff_max);
+    retry_after_ = std::chrono::steady_clock::now() + backoff_;
+    returned_.notify_one();
+    throw;
+  }
+}
+
+void Pool::give_back(std::unique_ptr<Connection> connection) noexcept {
+  {
+    std::lock_guard lock(mutex_);
+    if (connection->broken()) {
+      --open_;
+    } else {
+      idle_.push_back(std::move(connection));
+    }
+  }
+  returned_.notify_one();
+  // A broken connection is destroyed here, outside the lock.
+}
+
+}  // namespace idem::detail

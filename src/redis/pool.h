@@ -1,0 +1,68 @@
+// A bounded, thread-safe pool of Connections.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "redis/connection.h"
+
+namespace idem::detail {
+
+struct PoolSettings {
+  ConnectionSettings connection;
+  std::size_t size = 8;
+  std::chrono::milliseconds borrow_timeout{1000};
+  std::chrono::milliseconds reconnect_backoff{10};
+  std::chrono::milliseconds reconnect_backoff_max{1000};
+};
+
+class Pool {
+ public:
+  /// A borrowed connection, returned to the pool on destruction unless it is broken (then it is
+  /// destroyed, so a late reply can never answer a later command).
+  class Lease {
+   public:
+    Lease(Pool& pool, std::unique_ptr<Connection> connection) noexcept
+        : pool_(&pool), connection_(std::move(connection)) {}
+    Lease(Lease&& other) noexcept = default;
+    Lease& operator=(Lease&&) = delete;
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    ~Lease() {
+      if (connection_ != nullptr) pool_->give_back(std::move(connection_));
+    }
+    Connection* operator->() const noexcept { return connection_.get(); }
+
+   private:
+    Pool* pool_;
+    std::unique_ptr<Connection> connection_;
+  };
+
+  explicit Pool(PoolSettings settings) : settings_(std::move(settings)) {}
+
+  /// A connection for the calling thread: an idle one, else a new one while fewer than `size`
+  /// exist, else the first returned within `borrow_timeout`. Throws idem::RedisError
+  /// (retryable) on timeout, during the reconnect backoff, or when connecting fails.
+  [[nodiscard]] Lease borrow();
+
+ private:
+  void give_back(std::unique_ptr<Connection> connection) noexcept;
+  std::unique_ptr<Connection> connect();
+
+  const PoolSettings settings_;
+  std::mutex mutex_;
+  std::condition_variable returned_;
+  std::vector<std::unique_ptr<Connection>> idle_;
+  std::size_t open_ = 0;  // idle + borrowed + being connected
+  // Reconnect backoff after a failed connect.
+  std::chrono::steady_clock::time_point retry_after_{};
+  std::chrono::milliseconds backoff_{0};
+  std::exception_ptr last_connect_error_;
+};
+
+}  // namespace idem::detail

@@ -1,0 +1,104 @@
+#include "redis/record.h"
+
+#include <openssl/evp.h>
+#include <openssl/rand.h>
+
+#include <array>
+#include <charconv>
+
+#include "idem/errors.h"
+
+namespace idem::detail {
+namespace {
+
+constexpr char kHexDigits[] = "0123456789abcdef";
+
+std::string to_hex(const unsigned char* data, std::size_t size) {
+  std::string out(size * 2, '\0');
+  for (std::size_t i = 0; i < size; ++i) {
+    out[2 * i] = kHexDigits[data[i] >> 4];
+    out[2 * i + 1] = kHexDigits[data[i] & 0x0F];
+  }
+  return out;
+}
+
+void append_field(std::string& out, std::string_view field) {
+  out += std::to_string(field.size());
+  out += ':';
+  out += field;
+}
+
+[[noreturn]] void malformed(std::string_view why) {
+  throw RedisError("idem: malformed guard record (" + std::string(why) + ")", false);
+}
+
+// Reads one "<len>:<bytes>" field at `pos`, advancing it.
+std::string read_field(std::string_view value, std::size_t& pos) {
+  const std::size_t colon = value.find(':', pos);
+  if (colon == std::string_view::npos) malformed("missing length");
+  std::size_t size = 0;
+  const auto [end, ec] = std::from_chars(value.data() + pos, value.data() + colon, size);
+  if (ec != std::errc() || end != value.data() + colon || colon == pos) malformed("bad length");
+  if (size > value.size() - colon - 1) malformed("truncated field");
+  pos = colon + 1 + size;
+  return std::string(value.substr(colon + 1, size));
+}
+
+}  // namespace
+
+std::string encode_claim(std::string_view owner_token, std::string_view request_id,
+                         std::string_view fingerprint) {
+  std::string out = "1I";
+  out.reserve(2 + owner_token.size() + request_id.size() + fingerprint.size() + 16);
+  out += owner_token;
+  append_field(out, request_id);
+  append_field(out, fingerprint);
+  out += '-';
+  return out;
+}
+
+std::string encode_response(std::string_view response, std::size_t max_bytes) {
+  if (response.size() <= max_bytes) return "B" + std::string(response);
+  std::array<unsigned char, EVP_MAX_MD_SIZE> digest{};
+  unsigned int size = 0;
+  if (EVP_Digest(response.data(), response.size(), digest.data(), &size, EVP_sha256(), nullptr) != 1) {
+    throw Error("idem: SHA-256 of the response failed");
+  }
+  return "H" + to_hex(digest.data(), size);
+}
+
+StoredRecord decode_record(std::string_view value) {
+  constexpr std::size_t kHeader = 2 + kOwnerTokenSize;
+  if (value.size() < kHeader || value[0] != '1') malformed("unknown version");
+  StoredRecord record;
+  if (value[1] == 'I') {
+    record.state = RecordState::kInProgress;
+  } else if (value[1] == 'C') {
+    record.state = RecordState::kCompleted;
+  } else {
+    malformed("unknown state");
+  }
+  record.owner_token = std::string(value.substr(2, kOwnerTokenSize));
+  std::size_t pos = kHeader;
+  record.request_id = read_field(value, pos);
+  record.fingerprint = read_field(value, pos);
+  if (pos >= value.size()) malformed("missing response");
+  const std::string_view rest = value.substr(pos + 1);
+  switch (value[pos]) {
+    case '-': break;
+    case 'B': record.response = std::string(rest); break;
+    case 'H': record.response_sha256 = std::string(rest); break;
+    default: malformed("unknown response kind");
+  }
+  return record;
+}
+
+std::string new_owner_token() {
+  std::array<unsigned char, kOwnerTokenSize / 2> bytes{};
+  if (RAND_bytes(bytes.data(), static_cast<int>(bytes.size())) != 1) {
+    throw Error("idem: the CSPRNG failed to produce an owner token");
+  }
+  return to_hex(bytes.data(), bytes.size());
+}
+
+}  // namespace idem::detail

@@ -1,0 +1,96 @@
+#include "redis/url.h"
+
+#include <charconv>
+
+#include "idem/errors.h"
+
+namespace idem::detail {
+namespace {
+
+[[noreturn]] void bad_url(std::string_view url, std::string_view why) {
+  throw ConfigError("idem: bad Redis URL '" + std::string(url) + "': " + std::string(why));
+}
+
+int parse_number(std::string_view url, std::string_view text, int max, std::string_view what) {
+  int value = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size() || value < 0 || value > max) {
+    bad_url(url, std::string(what) + " must be a number in [0, " + std::to_string(max) + "]");
+  }
+  return value;
+}
+
+std::string percent_decode(std::string_view url, std::string_view text) {
+  std::string out;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    if (text[i] != '%') {
+      out.push_back(text[i]);
+      continue;
+    }
+    int byte = 0;
+    const auto hex = text.substr(i + 1, 2);
+    const auto [end, ec] = std::from_chars(hex.data(), hex.data() + hex.size(), byte, 16);
+    if (hex.size() != 2 || ec != std::errc() || end != hex.data() + 2) bad_url(url, "bad percent-escape");
+    out.push_back(static_cast<char>(byte));
+    i += 2;
+  }
+  return out;
+}
+
+}  // namespace
+
+RedisEndpoint parse_redis_url(std::string_view url) {
+  constexpr std::string_view kTcp = "redis://";
+  constexpr std::string_view kUnix = "unix://";
+  RedisEndpoint endpoint;
+  if (url.starts_with(kUnix)) {
+    std::string_view rest = url.substr(kUnix.size());
+    if (const auto query = rest.find('?'); query != std::string_view::npos) {
+      const std::string_view params = rest.substr(query + 1);
+      if (!params.starts_with("db=")) bad_url(url, "the only unix:// parameter is db=N");
+      endpoint.db = parse_number(url, params.substr(3), 1 << 20, "db");
+      rest = rest.substr(0, query);
+    }
+    if (rest.empty()) bad_url(url, "missing socket path");
+    endpoint.socket_path = std::string(rest);
+    return endpoint;
+  }
+  if (!url.starts_with(kTcp)) bad_url(url, "scheme must be redis:// or unix://");
+  std::string_view rest = url.substr(kTcp.size());
+  if (const auto at = rest.rfind('@'); at != std::string_view::npos) {
+    const std::string_view userinfo = rest.substr(0, at);
+    const auto colon = userinfo.find(':');
+    if (colon == std::string_view::npos) {
+      endpoint.password = percent_decode(url, userinfo);
+    } else {
+      endpoint.user = percent_decode(url, userinfo.substr(0, colon));
+      endpoint.password = percent_decode(url, userinfo.substr(colon + 1));
+    }
+    rest = rest.substr(at + 1);
+  }
+  if (const auto slash = rest.find('/'); slash != std::string_view::npos) {
+    if (slash + 1 < rest.size()) endpoint.db = parse_number(url, rest.substr(slash + 1), 1 << 20, "db");
+    rest = rest.substr(0, slash);
+  }
+  std::string_view host = rest;
+  std::string_view port;
+  if (rest.starts_with('[')) {
+    const auto close = rest.find(']');
+    if (close == std::string_view::npos) bad_url(url, "unclosed [ in host");
+    host = rest.substr(1, close - 1);
+    const std::string_view after = rest.substr(close + 1);
+    if (!after.empty()) {
+      if (after[0] != ':') bad_url(url, "junk after ]");
+      port = after.substr(1);
+    }
+  } else if (const auto colon = rest.rfind(':'); colon != std::string_view::npos) {
+    host = rest.substr(0, colon);
+    port = rest.substr(colon + 1);
+  }
+  if (host.empty()) bad_url(url, "missing host");
+  endpoint.host = std::string(host);
+  if (!port.empty() || rest.ends_with(':')) endpoint.port = parse_number(url, port, 65535, "port");
+  return endpoint;
+}
+
+}  // namespace idem::detail

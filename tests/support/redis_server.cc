@@ -1,0 +1,126 @@
+#include "redis_server.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <stdexcept>
+#include <thread>
+
+extern char** environ;
+
+namespace idem::test {
+namespace {
+
+// Runs `argv` (searched in PATH); returns its exit status and, when `output` is set, its stdout.
+int run(const std::vector<std::string>& argv, std::string* output) {
+  std::vector<char*> args;
+  for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
+  args.push_back(nullptr);
+  int pipe_fds[2];
+  if (::pipe(pipe_fds) != 0) throw std::runtime_error("pipe failed");
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], STDOUT_FILENO);
+  posix_spawn_file_actions_addclose(&actions, pipe_fds[0]);
+  pid_t pid = -1;
+  const int spawned = posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  ::close(pipe_fds[1]);
+  std::string text;
+  char buffer[4096];
+  for (ssize_t n; (n = ::read(pipe_fds[0], buffer, sizeof buffer)) > 0;) text.append(buffer, static_cast<std::size_t>(n));
+  ::close(pipe_fds[0]);
+  if (spawned != 0) throw std::runtime_error("cannot run " + argv[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  while (!text.empty() && text.back() == '\n') text.pop_back();
+  if (output != nullptr) *output = std::move(text);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t size = sizeof address;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&address), size) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &size) != 0) {
+    ::close(fd);
+    throw std::runtime_error("no free port");
+  }
+  ::close(fd);
+  return ntohs(address.sin_port);
+}
+
+}  // namespace
+
+std::string redis_cli(const std::string& url, const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {"redis-cli", "-u", url};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::string output;
+  if (run(argv, &output) != 0) ADD_FAILURE() << "redis-cli failed: " << output;
+  return output;
+}
+
+RedisServer::RedisServer(bool persistent) : persistent_(persistent) {
+  char pattern[] = "/tmp/idem-redis-XXXXXX";
+  if (::mkdtemp(pattern) == nullptr) throw std::runtime_error("mkdtemp failed");
+  dir_ = pattern;
+  port_ = free_port();
+  start();
+}
+
+RedisServer::~RedisServer() {
+  kill();
+  std::error_code ignored;
+  std::filesystem::remove_all(dir_, ignored);
+}
+
+std::string RedisServer::url() const { return "redis://127.0.0.1:" + std::to_string(port_) + "/0"; }
+
+void RedisServer::kill() {
+  if (pid_ <= 0) return;
+  ::kill(pid_, SIGKILL);
+  ::waitpid(pid_, nullptr, 0);
+  pid_ = -1;
+}
+
+void RedisServer::restart() {
+  kill();
+  start();
+}
+
+void RedisServer::start() {
+  std::vector<std::string> argv = {"redis-server", "--port", std::to_string(port_), "--bind", "127.0.0.1",
+                                   "--dir", dir_.string(), "--logfile", (dir_ / "redis.log").string(),
+                                   "--save", "", "--daemonize", "no", "--enable-debug-command", "local"};
+  if (persistent_) {
+    for (const char* arg : {"--appendonly", "yes", "--appendfsync", "always"}) argv.emplace_back(arg);
+  }
+  std::vector<char*> args;
+  for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
+  args.push_back(nullptr);
+  if (posix_spawnp(&pid_, "redis-server", nullptr, nullptr, args.data(), environ) != 0) {
+    pid_ = -1;
+    throw std::runtime_error("cannot start redis-server");
+  }
+  // Wait (bounded) until it answers.
+  const std::vector<std::string> ping = {"redis-cli", "-p", std::to_string(port_), "PING"};
+  for (int attempt = 0; attempt < 500; ++attempt) {
+    std::string answer;
+    if (run(ping, &answer) == 0 && answer == "PONG") return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  kill();
+  throw std::runtime_error("redis-server on port " + std::to_string(port_) + " did not answer");
+}
+
+}  // namespace idem::test

@@ -1,0 +1,48 @@
+// A private redis-server for destructive tests (kill, restart, SCRIPT FLUSH, DEBUG SLEEP): it
+// runs on a free loopback port with its own temporary directory and never touches the shared
+// server. Also a small redis-cli runner for inspecting a server from a test.
+#pragma once
+
+#include <sys/types.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace idem::test {
+
+/// Runs `redis-cli -u url args...` and returns its standard output (trailing newline removed).
+/// Fails the calling test (ADD_FAILURE) when redis-cli exits with an error.
+std::string redis_cli(const std::string& url, const std::vector<std::string>& args);
+
+/// One redis-server process owned by the test. Not thread-safe.
+class RedisServer {
+ public:
+  /// Starts redis-server on a free port and waits until it answers PING. With `persistent`,
+  /// the server writes an append-only file fsynced on every write (so a reply is only sent for
+  /// a durable write) and restart() reloads it. Throws std::runtime_error when it cannot start.
+  explicit RedisServer(bool persistent = false);
+  /// Kills the server (if running) and removes its directory.
+  ~RedisServer();
+  RedisServer(const RedisServer&) = delete;
+  RedisServer& operator=(const RedisServer&) = delete;
+
+  /// `redis://127.0.0.1:<port>/0`.
+  [[nodiscard]] std::string url() const;
+  /// Runs redis-cli against this server.
+  std::string cli(const std::vector<std::string>& args) const { return redis_cli(url(), args); }
+  /// SIGKILL and reap; the port stays reserved for restart().
+  void kill();
+  /// Starts the server again on the same port and directory; waits until it answers PING.
+  void restart();
+
+ private:
+  void start();
+
+  bool persistent_;
+  int port_ = 0;
+  std::filesystem::path dir_;
+  pid_t pid_ = -1;
+};
+
+}  // namespace idem::test
