@@ -4,6 +4,7 @@
 #include <pqxx/pqxx>
 
 #include <atomic>
+#include <future>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -132,6 +133,166 @@ TEST_F(PgSinkTest, NamespacesKeepTheSameKeyApart) {
   EXPECT_EQ(run_once(*sink_, "k3", "req-a").status, SinkStatus::kClaimed);
   EXPECT_EQ(run_once(*sink, "k3", "req-a").status, SinkStatus::kClaimed);
   EXPECT_EQ(ledger_rows(), 2);
+}
+
+
+TEST_F(PgSinkTest, ClaimAgainstAnOpenTransactionAnswersInProgressWithinTheLockTimeout) {
+  PgSinkOptions opts = options();
+  opts.lock_timeout = std::chrono::milliseconds(50);
+  auto sink = make_sink(opts);
+  std::promise<void> claimed;
+  std::promise<void> finish;
+  std::thread first([&] {
+    sink->transact([&](pqxx::transaction_base& tx) {
+      ASSERT_EQ(sink->claim(tx, "k4", "req-a", "fp").status, SinkStatus::kClaimed);
+      claimed.set_value();
+      finish.get_future().wait();
+    });
+  });
+  claimed.get_future().wait();
+  SinkClaim second;
+  bool body_ran = false;
+  sink->transact([&](pqxx::transaction_base& tx) {
+    second = sink->claim(tx, "k4", "req-b", "fp");
+    body_ran = true;
+  });
+  finish.set_value();
+  first.join();
+  EXPECT_TRUE(body_ran);
+  EXPECT_EQ(second.status, SinkStatus::kInProgress);
+  EXPECT_EQ(second.state, RecordState::kInProgress);
+  EXPECT_EQ(record_rows(), 1);
+  // The non-transactional claim takes the same path.
+  EXPECT_EQ(sink->claim("k4", "req-c", "fp").status, SinkStatus::kDuplicate);
+}
+
+TEST_F(PgSinkTest, StatementTimeoutIsARetryablePostgresError) {
+  PgSinkOptions opts = options();
+  opts.statement_timeout = std::chrono::milliseconds(20);
+  auto sink = make_sink(opts);
+  try {
+    sink->transact([](pqxx::transaction_base& tx) { tx.exec("SELECT pg_sleep(5)"); });
+    FAIL() << "no timeout";
+  } catch (const PostgresError& error) {
+    EXPECT_EQ(error.sqlstate(), "57014");
+    EXPECT_TRUE(error.retryable());
+  }
+  EXPECT_EQ(run_once(*sink, "k5", "req-a").status, SinkStatus::kClaimed);
+}
+
+TEST_F(PgSinkTest, NonTransactionalClaimCompleteAndRelease) {
+  const SinkClaim first = sink_->claim("k6", "req-a", "fp");
+  EXPECT_EQ(first.status, SinkStatus::kClaimed);
+  const SinkClaim during = sink_->claim("k6", "req-b", "fp");
+  EXPECT_EQ(during.status, SinkStatus::kDuplicate);
+  EXPECT_EQ(during.state, RecordState::kInProgress);
+  EXPECT_FALSE(during.same_request);
+  EXPECT_FALSE(sink_->release("k6", "req-b"));  // never another request's claim
+  EXPECT_FALSE(sink_->complete("k6", "req-b", "x"));
+  EXPECT_TRUE(sink_->release("k6", "req-a"));
+  EXPECT_EQ(sink_->claim("k6", "req-b", "fp").status, SinkStatus::kClaimed);
+  EXPECT_TRUE(sink_->complete("k6", "req-b", "done"));
+  EXPECT_FALSE(sink_->release("k6", "req-b"));  // a completed row stays
+  const SinkClaim after = sink_->claim("k6", "req-c", "fp");
+  EXPECT_EQ(after.status, SinkStatus::kDuplicate);
+  EXPECT_EQ(after.state, RecordState::kCompleted);
+  EXPECT_EQ(after.response, std::optional<std::string>("done"));
+}
+
+TEST_F(PgSinkTest, AnExpiredRowIsTakenOverAndPurgedInBatches) {
+  for (int i = 0; i < 5; ++i) ASSERT_EQ(sink_->claim("e" + std::to_string(i), "r", "").status, SinkStatus::kClaimed);
+  ASSERT_EQ(sink_->claim("live", "r", "").status, SinkStatus::kClaimed);
+  schema_->exec("UPDATE " + schema_->name() +
+                ".idem_records SET expires_at = now() - interval '1 second' WHERE key <> 'live'");
+  EXPECT_EQ(sink_->claim("e0", "r2", "").status, SinkStatus::kClaimed);  // lease over: taken over
+  EXPECT_EQ(sink_->purge_expired(2), 4U);
+  EXPECT_EQ(record_rows(), 2);
+  EXPECT_EQ(sink_->purge_expired(2), 0U);
+  EXPECT_THROW((void)sink_->purge_expired(0), ConfigError);
+}
+
+TEST_F(PgSinkTest, ResponsesOverTheCapKeepOnlyTheirSha256) {
+  PgSinkOptions opts = options();
+  opts.max_response_bytes = 3;
+  auto sink = make_sink(opts);
+  ASSERT_EQ(sink->claim("small", "r", "").status, SinkStatus::kClaimed);
+  ASSERT_TRUE(sink->complete("small", "r", std::string("a\0b", 3)));
+  ASSERT_EQ(sink->claim("big", "r", "").status, SinkStatus::kClaimed);
+  ASSERT_TRUE(sink->complete("big", "r", "abcd"));
+  const SinkClaim small = sink->claim("small", "r", "");
+  EXPECT_EQ(small.response, std::optional<std::string>(std::string("a\0b", 3)));
+  EXPECT_TRUE(small.response_sha256.empty());
+  const SinkClaim big = sink->claim("big", "r", "");
+  EXPECT_EQ(big.state, RecordState::kCompleted);
+  EXPECT_FALSE(big.response.has_value());
+  EXPECT_EQ(big.response_sha256, "88d4266fd4e6338d13b845fcf289579d209c897823b9217da3e161936f031589");
+}
+
+TEST_F(PgSinkTest, MigrateIsIdempotentAndSafeConcurrently) {
+  PgSinkOptions opts = options();
+  opts.schema = schema_->name() + "_m";  // a schema nobody created yet
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int i = 0; i < 8; ++i) {
+    threads.emplace_back([&] {
+      try {
+        PgSink(opts).migrate();
+      } catch (const std::exception&) {
+        ++failures;
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(failures.load(), 0);
+  make_sink(opts)->migrate();
+  EXPECT_EQ(schema_->count("SELECT count(*) FROM " + opts.schema + ".idem_records_versions"), 1);
+  EXPECT_EQ(schema_->count("SELECT count(*) FROM pg_indexes WHERE schemaname = '" + opts.schema +
+                           "' AND indexname = 'idem_records_expires_at_idx'"),
+            1);
+  EXPECT_EQ(schema_->count("SELECT count(*) FROM information_schema.columns WHERE table_schema = '" +
+                           opts.schema + "' AND column_name IN ('ns', 'key') AND is_nullable = 'NO'"),
+            2);
+  schema_->exec("DROP SCHEMA " + opts.schema + " CASCADE");
+}
+
+TEST_F(PgSinkTest, QuotedNamesAreSafe) {
+  PgSinkOptions opts = options();
+  opts.table = "Records \"; DROP TABLE ledger; --";
+  auto sink = make_sink(opts);
+  sink->migrate();
+  EXPECT_EQ(run_once(*sink, "k7", "req-a").status, SinkStatus::kClaimed);
+  EXPECT_EQ(run_once(*sink, "k7", "req-a").status, SinkStatus::kDuplicate);
+  EXPECT_EQ(ledger_rows(), 1);
+}
+
+TEST_F(PgSinkTest, ATerminatedConnectionIsNeverHandedOutAgain) {
+  PgSinkOptions opts = options();
+  opts.pool_size = 1;
+  auto sink = make_sink(opts);
+  std::int64_t pid = 0;
+  sink->transact([&](pqxx::transaction_base& tx) { pid = tx.exec1("SELECT pg_backend_pid()")[0].as<std::int64_t>(); });
+  schema_->exec("SELECT pg_terminate_backend(" + std::to_string(pid) + ")");
+  try {
+    sink->transact([](pqxx::transaction_base& tx) { tx.exec("SELECT 1"); });
+  } catch (const PostgresError& error) {
+    EXPECT_TRUE(error.retryable()) << error.what();  // the loss may also be noticed only later
+  }
+  std::int64_t next = 0;
+  sink->transact([&](pqxx::transaction_base& tx) { next = tx.exec1("SELECT pg_backend_pid()")[0].as<std::int64_t>(); });
+  EXPECT_NE(next, pid);
+}
+
+TEST_F(PgSinkTest, InvalidOptionsAreConfigErrors) {
+  PgSinkOptions opts = options();
+  opts.pool_size = 0;
+  EXPECT_THROW(PgSink{opts}, ConfigError);
+  opts = options();
+  opts.table = "";
+  EXPECT_THROW(PgSink{opts}, ConfigError);
+  opts = options();
+  opts.lease = std::chrono::milliseconds(0);
+  EXPECT_THROW(PgSink{opts}, ConfigError);
+  EXPECT_THROW((void)sink_->claim("k", std::string(65, 'r'), ""), InvalidRequestId);
 }
 
 }  // namespace
