@@ -9,7 +9,10 @@
 
 #include "fingerprint/canonical_writer.h"
 #include "fingerprint/digest.h"
+#include "fingerprint/json_validator.h"
+#include "fingerprint/selection.h"
 #include "idem/errors.h"
+#include "idem/key.h"
 
 namespace idem {
 namespace {
@@ -32,6 +35,16 @@ ThreadState& thread_state() {
   return state;
 }
 
+// Throws the PayloadError naming the first problem of `json` and its byte offset; `fallback`
+// describes the failure when the strict scanner finds none.
+[[noreturn]] void throw_payload_error(std::string_view json, const FingerprintOptions& options,
+                                      const std::string& fallback) {
+  if (auto problem = detail::find_payload_problem(json, options.max_depth)) {
+    throw PayloadError("idem: " + problem->message + " at byte " + std::to_string(problem->offset), problem->offset);
+  }
+  throw PayloadError("idem: " + fallback);
+}
+
 simdjson::dom::element parse(ThreadState& state, std::string_view json, const FingerprintOptions& options) {
   if (json.size() > options.max_bytes) {
     throw PayloadError("idem: payload of " + std::to_string(json.size()) + " bytes is over the limit of " +
@@ -46,16 +59,26 @@ simdjson::dom::element parse(ThreadState& state, std::string_view json, const Fi
   simdjson::dom::element root;
   const auto error = state.parser.parse(state.padded.get(), json.size(), false).get(root);
   if (error != simdjson::SUCCESS) {
-    throw PayloadError(std::string("idem: invalid JSON payload: ") + simdjson::error_message(error));
+    throw_payload_error(json, options, std::string("invalid JSON payload: ") + simdjson::error_message(error));
   }
   return root;
 }
 
-// Canonical bytes of `json` in state.canonical.
-void canonicalize_into(ThreadState& state, std::string_view json, const FingerprintOptions& options) {
+// Canonical bytes of the selected parts of `json` in state.canonical.
+void canonicalize_into(ThreadState& state, std::string_view json, const FingerprintOptions& options,
+                       const detail::Selection* selection) {
   const simdjson::dom::element root = parse(state, json, options);
   state.canonical.clear();
-  state.writer.write(root, options.form, options.max_depth, state.canonical);
+  try {
+    state.writer.write(root,
+                       {.form = options.form,
+                        .max_depth = options.max_depth,
+                        .selection = selection,
+                        .absent_include_is_error = options.absent_include == AbsentInclude::kError},
+                       state.canonical);
+  } catch (const PayloadError& error) {  // the writer knows what, not where
+    throw_payload_error(json, options, error.what());
+  }
 }
 
 // Adds `field` to the digest as an 8-byte big-endian length followed by its bytes.
@@ -71,14 +94,31 @@ std::string_view version_tag(CanonicalForm form) {
   return form == CanonicalForm::kRfc8785 ? "idem.fingerprint.v1/rfc8785" : "idem.fingerprint.v1/python_json_dumps";
 }
 
-// "width:index" of the bucket holding `at`, or empty without buckets.
-std::string bucket_label(const FingerprintOptions& options, std::optional<std::chrono::system_clock::time_point> at) {
-  if (options.time_bucket.count() == 0) return {};
-  if (!at) throw ConfigError("idem: fingerprint options have a time bucket but no time was given");
-  const auto seconds = std::chrono::floor<std::chrono::seconds>(at->time_since_epoch()).count();
-  const auto width = options.time_bucket.count();
-  const auto index = seconds / width - (seconds % width < 0 ? 1 : 0);  // floor division
-  return std::to_string(width) + ":" + std::to_string(index);
+// Index of the time bucket holding `at` (floor division, also before 1970).
+std::int64_t bucket_index(const FingerprintOptions& options, std::chrono::system_clock::time_point at) {
+  const std::int64_t seconds = std::chrono::floor<std::chrono::seconds>(at.time_since_epoch()).count();
+  const std::int64_t width = options.time_bucket.count();
+  return seconds / width - (seconds % width < 0 ? 1 : 0);
+}
+
+// "width:index" names a bucket; the width is part of it so that two bucket sizes never share one.
+std::string bucket_label(const FingerprintOptions& options, std::int64_t index) {
+  return std::to_string(options.time_bucket.count()) + ":" + std::to_string(index);
+}
+
+// Digest of state.canonical for `scope` and `bucket` ("" without buckets).
+std::string digest_hex(ThreadState& state, const FingerprintOptions& options, std::string_view scope,
+                       std::string_view bucket) {
+  state.digest.begin(options.hash);
+  if (options.domain_separated) {
+    update_length_prefixed(state.digest, version_tag(options.form));
+    update_length_prefixed(state.digest, scope);
+    update_length_prefixed(state.digest, bucket);
+    update_length_prefixed(state.digest, state.canonical);
+  } else {
+    state.digest.update(state.canonical);
+  }
+  return state.digest.finish_hex(options.hex_length);
 }
 
 }  // namespace
@@ -98,36 +138,52 @@ Fingerprinter::Fingerprinter(FingerprintOptions options) : options_(std::move(op
   if (options_.max_bytes < 1 || options_.max_bytes > kMaxBytesLimit) {
     throw ConfigError("idem: fingerprint max_bytes must be 1.." + std::to_string(kMaxBytesLimit));
   }
+  if (!options_.include.empty() || !options_.exclude.empty()) {
+    selection_ = std::make_shared<const detail::Selection>(options_.include, options_.exclude);
+  }
 }
 
 std::string Fingerprinter::canonicalize(std::string_view json) const {
   ThreadState& state = thread_state();
-  canonicalize_into(state, json, options_);
+  canonicalize_into(state, json, options_, selection_.get());
   return state.canonical;
 }
 
 std::string Fingerprinter::fingerprint(std::string_view json, std::string_view scope,
                                        std::optional<std::chrono::system_clock::time_point> at) const {
-  ThreadState& state = thread_state();
-  const std::string bucket = bucket_label(options_, at);
   if (!options_.domain_separated && !scope.empty()) {
     throw ConfigError("idem: a fingerprint scope needs domain_separated fingerprints");
   }
-  canonicalize_into(state, json, options_);
-  state.digest.begin(options_.hash);
-  if (options_.domain_separated) {
-    update_length_prefixed(state.digest, version_tag(options_.form));
-    update_length_prefixed(state.digest, scope);
-    update_length_prefixed(state.digest, bucket);
-    update_length_prefixed(state.digest, state.canonical);
-  } else {
-    state.digest.update(state.canonical);
+  std::string bucket;
+  if (options_.time_bucket.count() != 0) {
+    if (!at) throw ConfigError("idem: fingerprint options have a time bucket but no time was given");
+    bucket = bucket_label(options_, bucket_index(options_, *at));
   }
-  return state.digest.finish_hex(options_.hex_length);
+  ThreadState& state = thread_state();
+  canonicalize_into(state, json, options_, selection_.get());
+  return digest_hex(state, options_, scope, bucket);
+}
+
+Fingerprinter::Window Fingerprinter::fingerprint_window(std::string_view json, std::string_view scope,
+                                                        std::chrono::system_clock::time_point at) const {
+  if (options_.time_bucket.count() == 0) return Window{fingerprint(json, scope), {}};
+  if (!options_.domain_separated && !scope.empty()) {
+    throw ConfigError("idem: a fingerprint scope needs domain_separated fingerprints");
+  }
+  ThreadState& state = thread_state();
+  canonicalize_into(state, json, options_, selection_.get());
+  const std::int64_t index = bucket_index(options_, at);
+  std::string current = digest_hex(state, options_, scope, bucket_label(options_, index));
+  return Window{std::move(current), digest_hex(state, options_, scope, bucket_label(options_, index - 1))};
 }
 
 std::string canonicalize_json(std::string_view json) { return Fingerprinter{}.canonicalize(json); }
 
 std::string fingerprint(std::string_view json) { return Fingerprinter{}.fingerprint(json); }
+
+std::string fallback_key(std::string_view user, std::string_view intent, std::string_view fingerprint_hex) {
+  return "fp:" + escape_key_component(user, "user") + ":" + escape_key_component(intent, "intent") + ":" +
+         escape_key_component(fingerprint_hex, "fingerprint");
+}
 
 }  // namespace idem

@@ -4,11 +4,17 @@
 
 #include <chrono>
 #include <cstddef>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace idem {
+
+namespace detail {
+class Selection;
+}  // namespace detail
 
 /// The canonical JSON form a payload is serialized to before hashing.
 enum class CanonicalForm {
@@ -28,6 +34,12 @@ enum class HashAlgorithm {
   kMd5,     ///< MD5 (RFC 1321), only for compatibility with the seed's fingerprints.
 };
 
+/// What an include pointer that matches nothing in a payload does.
+enum class AbsentInclude {
+  kSkip,   ///< It selects nothing; the rest is fingerprinted (default).
+  kError,  ///< The payload is rejected with idem::PayloadError.
+};
+
 /// How a payload becomes a fingerprint. Plain struct; validated by the Fingerprinter constructor
 /// (throws idem::ConfigError).
 struct FingerprintOptions {
@@ -35,6 +47,16 @@ struct FingerprintOptions {
   CanonicalForm form = CanonicalForm::kRfc8785;
   /// Digest algorithm. Default SHA-256.
   HashAlgorithm hash = HashAlgorithm::kSha256;
+  /// RFC 6901 JSON Pointers of the parts to fingerprint (`~0` is `~`, `~1` is `/`); empty
+  /// (default) means the whole payload. The selected document keeps the payload's structure:
+  /// an object keeps only the members on an included path, an array only the included
+  /// elements (in order); a container that selects nothing is left out. "" selects everything.
+  std::vector<std::string> include{};
+  /// RFC 6901 JSON Pointers of parts left out, e.g. {"/timestamp", "/traceId"}. Applied after
+  /// include; an exclude that matches nothing is ignored. "" is a ConfigError.
+  std::vector<std::string> exclude{};
+  /// What an include pointer matching nothing does. Default: skipped.
+  AbsentInclude absent_include = AbsentInclude::kSkip;
   /// True (default): the digest covers a version tag, the scope, the time bucket and the
   /// canonical bytes, each length-prefixed, so no two different inputs share a digest input.
   /// False: the digest covers the canonical bytes only, exactly as the seed's
@@ -74,12 +96,37 @@ class Fingerprinter {
       std::string_view json, std::string_view scope = {},
       std::optional<std::chrono::system_clock::time_point> at = std::nullopt) const;
 
+  /// The fingerprints of one payload in the bucket holding `at` and in the bucket before it,
+  /// for a sliding-window check: a repeat one second across a bucket boundary matches
+  /// `previous`. Without a time bucket, `previous` is empty. Throws as fingerprint().
+  struct Window {
+    std::string current;
+    std::string previous;
+    /// True when `stored` is the current or the previous bucket's fingerprint.
+    [[nodiscard]] bool matches(std::string_view stored) const noexcept {
+      return stored == current || (!previous.empty() && stored == previous);
+    }
+  };
+  [[nodiscard]] Window fingerprint_window(std::string_view json, std::string_view scope,
+                                          std::chrono::system_clock::time_point at) const;
+
   /// The options in force.
   [[nodiscard]] const FingerprintOptions& options() const noexcept { return options_; }
 
  private:
   FingerprintOptions options_;
+  std::shared_ptr<const detail::Selection> selection_;  // nullptr without include/exclude
 };
+
+/// How long a fallback key lives by default: a request without ID is deduplicated by its
+/// payload fingerprint for this long (seconds).
+inline constexpr std::chrono::seconds kFallbackKeyRetention{30};
+
+/// The fallback idempotency key `fp:{user}:{intent}:{fingerprint_hex}` for a request that
+/// carries no request ID; each component is escaped with escape_key_component() (key.h), so
+/// no component can forge another. Throws idem::InvalidKey when a component is empty.
+[[nodiscard]] std::string fallback_key(std::string_view user, std::string_view intent,
+                                       std::string_view fingerprint_hex);
 
 /// RFC 8785 canonical form of `json` under default options. Throws idem::PayloadError.
 /// Thread-safe.

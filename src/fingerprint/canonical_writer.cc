@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <cstdint>
 
 #include "fingerprint/number_format.h"
@@ -66,22 +67,67 @@ bool utf16_less(std::string_view a, std::string_view b) noexcept {
   return x < y;
 }
 
-void CanonicalWriter::write(element root, CanonicalForm form, std::size_t max_depth, std::string& out) {
+void CanonicalWriter::write(element root, const Options& options, std::string& out) {
   out_ = &out;
-  form_ = form;
-  max_depth_ = max_depth;
+  options_ = options;
   members_.clear();
-  write_value(root, 0);
+  const Selection* selection = options.selection;
+  include_hits_.assign(selection != nullptr ? selection->include_count() : 0, false);
+  const SelectionNode* node = selection != nullptr ? &selection->root() : nullptr;
+  const bool selected = selection == nullptr || !selection->has_includes() || pick(node, false) == Pick::kWrite;
+  write_value(root, 0, node, selected);
+  if (options.absent_include_is_error) {
+    for (std::size_t id = 0; id < include_hits_.size(); ++id) {
+      if (!include_hits_[id]) {
+        throw PayloadError("include pointer \"" + selection->include_pointer(static_cast<int>(id)) +
+                           "\" matches nothing in the payload");
+      }
+    }
+  }
 }
 
-void CanonicalWriter::write_value(element value, std::size_t depth) {
+// What to do with a member or element whose selection node is `child` (nullptr when no
+// pointer goes there), inside a value that is `selected` or not.
+CanonicalWriter::Pick CanonicalWriter::pick(const SelectionNode* child, bool selected) {
+  if (child == nullptr) return selected ? Pick::kWrite : Pick::kSkip;
+  if (child->excluded) return Pick::kSkip;
+  if (child->include_id >= 0) {
+    include_hits_[static_cast<std::size_t>(child->include_id)] = true;
+    return Pick::kWrite;
+  }
+  return selected ? Pick::kWrite : Pick::kProbe;  // a probed container is kept if it selects something
+}
+
+bool CanonicalWriter::write_entry(const std::string_view* key, element value, std::size_t depth,
+                                  const SelectionNode* child, bool selected, bool first) {
+  const Pick choice = pick(child, selected);
+  if (choice == Pick::kSkip) return false;
+  if (choice == Pick::kProbe && !value.is_object() && !value.is_array()) return false;
+  std::string& out = *out_;
+  const std::size_t mark = out.size();
+  const std::size_t selected_before = selected_values_;
+  if (!first) out.push_back(',');
+  if (key != nullptr) {
+    write_string(*key);
+    out.push_back(':');
+  }
+  write_value(value, depth, child, choice == Pick::kWrite);
+  if (choice == Pick::kProbe && selected_values_ == selected_before) {
+    out.resize(mark);
+    return false;
+  }
+  return true;
+}
+
+void CanonicalWriter::write_value(element value, std::size_t depth, const SelectionNode* node, bool selected) {
+  if (selected) ++selected_values_;
   std::string& out = *out_;
   switch (value.type()) {
     case element_type::OBJECT:
-      write_object(value.get_object().value_unsafe(), depth + 1);
+      write_object(value.get_object().value_unsafe(), depth + 1, node, selected);
       break;
     case element_type::ARRAY:
-      write_array(value.get_array().value_unsafe(), depth + 1);
+      write_array(value.get_array().value_unsafe(), depth + 1, node, selected);
       break;
     case element_type::STRING:
       write_string(value.get_string().value_unsafe());
@@ -93,7 +139,7 @@ void CanonicalWriter::write_value(element value, std::size_t depth) {
       append_integer(out, value.get_uint64().value_unsafe());
       break;
     case element_type::DOUBLE:
-      if (form_ == CanonicalForm::kRfc8785) {
+      if (options_.form == CanonicalForm::kRfc8785) {
         append_ecmascript_number(out, value.get_double().value_unsafe());
       } else {
         append_python_float(out, value.get_double().value_unsafe());
@@ -108,49 +154,54 @@ void CanonicalWriter::write_value(element value, std::size_t depth) {
   }
 }
 
-void CanonicalWriter::write_object(simdjson::dom::object object, std::size_t depth) {
-  if (depth > max_depth_) throw PayloadError("idem: JSON nesting deeper than the limit");
+void CanonicalWriter::write_object(simdjson::dom::object object, std::size_t depth, const SelectionNode* node,
+                                   bool selected) {
+  if (depth > options_.max_depth) throw PayloadError("JSON nesting deeper than the limit");
   const std::size_t begin = members_.size();
   for (const simdjson::dom::key_value_pair field : object) members_.push_back(Member{field.key, field.value});
   const std::size_t end = members_.size();
   const auto first = members_.begin() + static_cast<std::ptrdiff_t>(begin);
   const auto last = members_.begin() + static_cast<std::ptrdiff_t>(end);
-  if (form_ == CanonicalForm::kRfc8785) {
+  if (options_.form == CanonicalForm::kRfc8785) {
     std::sort(first, last, [](const Member& a, const Member& b) { return utf16_less(a.key, b.key); });
   } else {  // Python sorts by code point, which is UTF-8 byte order
     std::sort(first, last, [](const Member& a, const Member& b) { return a.key < b.key; });
   }
   if (std::adjacent_find(first, last, [](const Member& a, const Member& b) { return a.key == b.key; }) != last) {
-    throw PayloadError("idem: duplicate JSON member name");
+    throw PayloadError("duplicate JSON member name");
   }
-  std::string& out = *out_;
-  out.push_back('{');
+  out_->push_back('{');
+  bool empty = true;
   for (std::size_t i = begin; i < end; ++i) {
-    if (i != begin) out.push_back(',');
     const Member member = members_[i];  // members_ may grow while the value is written
-    write_string(member.key);
-    out.push_back(':');
-    write_value(member.value, depth);
+    const SelectionNode* child = node != nullptr ? node->child(member.key) : nullptr;
+    if (write_entry(&member.key, member.value, depth, child, selected, empty)) empty = false;
   }
-  out.push_back('}');
+  out_->push_back('}');
   members_.resize(begin);
 }
 
-void CanonicalWriter::write_array(simdjson::dom::array array, std::size_t depth) {
-  if (depth > max_depth_) throw PayloadError("idem: JSON nesting deeper than the limit");
-  std::string& out = *out_;
-  out.push_back('[');
-  bool first = true;
+void CanonicalWriter::write_array(simdjson::dom::array array, std::size_t depth, const SelectionNode* node,
+                                  bool selected) {
+  if (depth > options_.max_depth) throw PayloadError("JSON nesting deeper than the limit");
+  out_->push_back('[');
+  bool empty = true;
+  std::size_t index = 0;
   for (const element item : array) {
-    if (!first) out.push_back(',');
-    first = false;
-    write_value(item, depth);
+    const SelectionNode* child = nullptr;
+    if (node != nullptr) {
+      char token[24];
+      const auto result = std::to_chars(token, token + sizeof token, index);
+      child = node->child(std::string_view(token, static_cast<std::size_t>(result.ptr - token)));
+    }
+    if (write_entry(nullptr, item, depth, child, selected, empty)) empty = false;
+    ++index;
   }
-  out.push_back(']');
+  out_->push_back(']');
 }
 
 void CanonicalWriter::write_string(std::string_view text) {
-  if (form_ == CanonicalForm::kPythonJsonDumps) {
+  if (options_.form == CanonicalForm::kPythonJsonDumps) {
     write_ascii_string(text);
     return;
   }

@@ -1,0 +1,89 @@
+// Number forms: RFC 8785 Appendix B (ECMAScript Number::toString) and Python's float repr.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cstdint>
+#include <string>
+
+#include "fingerprint/number_format.h"
+#include "idem/fingerprint.h"
+
+namespace idem {
+namespace {
+
+std::string ecmascript(std::uint64_t bits) {
+  std::string out;
+  detail::append_ecmascript_number(out, std::bit_cast<double>(bits));
+  return out;
+}
+
+std::string python(double value) {
+  std::string out;
+  detail::append_python_float(out, value);
+  return out;
+}
+
+TEST(NumberForm, Rfc8785AppendixBExamples) {
+  EXPECT_EQ(ecmascript(0x0000000000000000), "0");
+  EXPECT_EQ(ecmascript(0x8000000000000000), "0");
+  EXPECT_EQ(ecmascript(0x0000000000000001), "5e-324");
+  EXPECT_EQ(ecmascript(0x8000000000000001), "-5e-324");
+  EXPECT_EQ(ecmascript(0x7fefffffffffffff), "1.7976931348623157e+308");
+  EXPECT_EQ(ecmascript(0xffefffffffffffff), "-1.7976931348623157e+308");
+  EXPECT_EQ(ecmascript(0x4340000000000000), "9007199254740992");
+  EXPECT_EQ(ecmascript(0xc340000000000000), "-9007199254740992");
+  EXPECT_EQ(ecmascript(0x4430000000000000), "295147905179352830000");
+  EXPECT_EQ(ecmascript(0x44b52d02c7e14af5), "9.999999999999997e+22");
+  EXPECT_EQ(ecmascript(0x44b52d02c7e14af6), "1e+23");
+  EXPECT_EQ(ecmascript(0x44b52d02c7e14af7), "1.0000000000000001e+23");
+  EXPECT_EQ(ecmascript(0x444b1ae4d6e2ef4e), "999999999999999700000");
+  EXPECT_EQ(ecmascript(0x444b1ae4d6e2ef4f), "999999999999999900000");
+  EXPECT_EQ(ecmascript(0x444b1ae4d6e2ef50), "1e+21");
+  EXPECT_EQ(ecmascript(0x3eb0c6f7a0b5ed8c), "9.999999999999997e-7");
+  EXPECT_EQ(ecmascript(0x3eb0c6f7a0b5ed8d), "0.000001");
+  EXPECT_EQ(ecmascript(0x41b3de4355555553), "333333333.3333332");
+  EXPECT_EQ(ecmascript(0x41b3de4355555554), "333333333.33333325");
+  EXPECT_EQ(ecmascript(0x41b3de4355555555), "333333333.3333333");
+  EXPECT_EQ(ecmascript(0x41b3de4355555556), "333333333.3333334");
+  EXPECT_EQ(ecmascript(0x41b3de4355555557), "333333333.33333343");
+  EXPECT_EQ(ecmascript(0xbecbf647612f3696), "-0.0000033333333333333333");
+  EXPECT_EQ(ecmascript(0x43143ff3c1cb0959), "1424953923781206.2");
+}
+
+TEST(NumberForm, Rfc8785NumbersThroughTheParser) {
+  // The same values written as JSON float literals reach the same form end to end.
+  EXPECT_EQ(canonicalize_json("[-0.0, 4.9406564584124654e-324, 2.9514790517935283e20, 1e23, 1E-6, "
+                              "9.9999999999999974e-7, -3.3333333333333333e-6, 1.4249539237812062e15]"),
+            "[0,5e-324,295147905179352830000,1e+23,0.000001,9.999999999999997e-7,"
+            "-0.0000033333333333333333,1424953923781206.2]");
+}
+
+TEST(NumberForm, PythonFloatRepr) {
+  EXPECT_EQ(python(1e16), "1e+16");
+  EXPECT_EQ(python(1.5e16), "1.5e+16");
+  EXPECT_EQ(python(1e-05), "1e-05");
+  EXPECT_EQ(python(0.0001), "0.0001");
+  EXPECT_EQ(python(25.0), "25.0");
+  EXPECT_EQ(python(0.1 + 0.2), "0.30000000000000004");
+  EXPECT_EQ(python(1e22), "1e+22");
+  EXPECT_EQ(python(123456789012345.6), "123456789012345.6");
+  EXPECT_EQ(python(5e-324), "5e-324");
+  EXPECT_EQ(python(1.7976931348623157e+308), "1.7976931348623157e+308");
+  EXPECT_EQ(python(-0.0), "-0.0");
+  EXPECT_EQ(python(1e15), "1000000000000000.0");
+  EXPECT_EQ(python(9999999999999998.0), "9999999999999998.0");
+  EXPECT_EQ(python(1e100), "1e+100");
+  EXPECT_EQ(python(-1.5e-7), "-1.5e-07");
+  EXPECT_EQ(python(0.001234), "0.001234");
+}
+
+TEST(NumberForm, IntegersKeepExactDigits) {
+  std::string out;
+  detail::append_integer(out, std::int64_t{-9223372036854775807} - 1);
+  out += ' ';
+  detail::append_integer(out, std::uint64_t{18446744073709551615u});
+  EXPECT_EQ(out, "-9223372036854775808 18446744073709551615");
+}
+
+}  // namespace
+}  // namespace idem
