@@ -1,0 +1,32 @@
+# Install rules: headers, the library, a CMake package (idem-config.cmake, version file, exported
+# targets) and idem.pc for pkg-config. Included from the top-level CMakeLists.txt when IDEM_INSTALL.
+include(GNUInstallDirs)
+include(CMakePackageConfigHelpers)
+
+set(IDEM_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/idem)
+
+install(TARGETS idem EXPORT idem-targets
+  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
+  INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/idem DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(EXPORT idem-targets NAMESPACE idem:: DESTINATION ${IDEM_INSTALL_CMAKEDIR})
+
+configure_package_config_file(${CMAKE_CURRENT_LIST_DIR}/idem-config.cmake.in
+  ${PROJECT_BINARY_DIR}/idem-config.cmake INSTALL_DESTINATION ${IDEM_INSTALL_CMAKEDIR})
+write_basic_package_version_file(${PROJECT_BINARY_DIR}/idem-config-version.cmake
+  COMPATIBILITY SameMajorVersion)
+install(FILES ${PROJECT_BINARY_DIR}/idem-config.cmake ${PROJECT_BINARY_DIR}/idem-config-version.cmake
+  DESTINATION ${IDEM_INSTALL_CMAKEDIR})
+
+# idem.pc finds its prefix relative to itself, so `cmake --install --prefix` relocates it. A static
+# libidem needs its dependencies on every link line (Requires); a shared one only privately.
+file(RELATIVE_PATH IDEM_PC_TO_PREFIX /p/${CMAKE_INSTALL_LIBDIR}/pkgconfig /p)
+if(BUILD_SHARED_LIBS)
+  set(IDEM_PC_REQUIRES "Requires.private")
+else()
+  set(IDEM_PC_REQUIRES "Requires")
+endif()
+configure_file(${CMAKE_CURRENT_LIST_DIR}/idem.pc.in ${PROJECT_BINARY_DIR}/idem.pc @ONLY)
+install(FILES ${PROJECT_BINARY_DIR}/idem.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Proves idem is adoptable: installs it (static, then shared) and builds tests/package/consumer
+# against it with find_package(idem), with pkg-config, and with add_subdirectory; each consumer
+# runs. Usage: tests/package/run.sh [WORK_DIR] (default: build-package/ in the source tree).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+WORK="${1:-$ROOT/build-package}"
+CONSUMER="$ROOT/tests/package/consumer"
+JOBS="$(nproc)"
+rm -rf "$WORK"
+mkdir -p "$WORK"
+
+say() { printf '[package] %s\n' "$*"; }
+
+# install_idem NAME CMAKE_ARGS...: builds idem's library alone and installs it into $WORK/NAME.
+install_idem() {
+  local name=$1; shift
+  cmake -S "$ROOT" -B "$WORK/$name-build" -DCMAKE_BUILD_TYPE=Release -DIDEM_BUILD_TESTS=OFF \
+    -DIDEM_BUILD_EXAMPLES=OFF -DIDEM_BUILD_BENCH=OFF "$@" >/dev/null
+  cmake --build "$WORK/$name-build" -j"$JOBS" >/dev/null
+  cmake --install "$WORK/$name-build" --prefix "$WORK/$name" >/dev/null
+}
+
+# build_consumer NAME CMAKE_ARGS...: configures, builds and runs the consumer.
+build_consumer() {
+  local name=$1; shift
+  cmake -S "$CONSUMER" -B "$WORK/consumer-$name" -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
+  cmake --build "$WORK/consumer-$name" -j"$JOBS" >/dev/null
+  "$WORK/consumer-$name/idem_consumer"
+}
+
+pc_libdir() { dirname "$(find "$WORK/$1" -name idem.pc -print -quit)"; }
+
+say "static library: install"
+install_idem static
+say "static library: find_package(idem)"
+build_consumer static -DCMAKE_PREFIX_PATH="$WORK/static"
+say "static library: pkg-config"
+export PKG_CONFIG_PATH="$(pc_libdir static)"
+# shellcheck disable=SC2046  # pkg-config prints several words on purpose
+c++ -std=c++20 "$CONSUMER/main.cc" -o "$WORK/consumer-pkg-config" $(pkg-config --cflags --libs idem)
+"$WORK/consumer-pkg-config"
+
+say "shared library: install"
+install_idem shared -DBUILD_SHARED_LIBS=ON
+say "shared library: find_package(idem)"
+build_consumer shared -DCMAKE_PREFIX_PATH="$WORK/shared"
+lib="$(find "$WORK/shared" -name 'libidem.so' -print -quit)"
+leaked="$(nm -DC --defined-only "$lib" | grep -E ' (fmt|simdjson|pqxx|idem::detail)::' || true)"
+if [[ -n "$leaked" ]]; then
+  say "libidem.so exports symbols that should be hidden:"
+  echo "$leaked" | head -n 20
+  exit 1
+fi
+say "shared library: pkg-config"
+export PKG_CONFIG_PATH="$(pc_libdir shared)"
+# shellcheck disable=SC2046
+c++ -std=c++20 "$CONSUMER/main.cc" -o "$WORK/consumer-pkg-config-shared" \
+  $(pkg-config --cflags --libs idem) -Wl,-rpath,"$(dirname "$lib")"
+"$WORK/consumer-pkg-config-shared"
+
+say "add_subdirectory(idem)"
+build_consumer subdirectory -DIDEM_CONSUMER_MODE=subdirectory -DIDEM_SOURCE_DIR="$ROOT"
+say "all consumers built and ran"
