@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# scripts/dev bench pg [--report-json PATH] [--seconds N] [--runs N]
+#
+# The Postgres sink against pgbench running the same SQL, on the same server in the same run:
+#   claim              the claim INSERT … ON CONFLICT DO NOTHING RETURNING (autocommit: idem's
+#                      non-transactional claim)
+#   claim_plus_update  BEGIN; the claim; UPDATE accounts …; COMMIT (idem's transact())
+# at 1 and 8 clients; each point is the median of --runs runs (default 3) of --seconds seconds
+# (default 5) per tool, the tools alternating and the records table emptied before each run.
+# Prints a table; --report-json writes
+#   {"claim": {"clients_1": {"idem_tps", "pgbench_tps", "ratio", "idem_runs", "pgbench_runs"},
+#              "clients_8": {…}}, "claim_plus_update": {…}}
+set -euo pipefail
+
+report=""
+seconds=5
+runs=3
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --report-json) report="$2"; shift 2 ;;
+    --seconds) seconds="$2"; shift 2 ;;
+    --runs) runs="$2"; shift 2 ;;
+    *) echo "bench/pg.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="${IDEM_BUILD_DIR:-$root/build}"
+url="${IDEM_TEST_PG_URL:-}"
+if [[ -z "$url" ]]; then
+  services="${IDEM_SERVICES_FILE:-$root/.services/env}"
+  url="$(sed -n 's/^IDEM_TEST_PG_URL=//p' "$services" 2>/dev/null || true)"
+fi
+[[ -n "$url" ]] || { echo "bench/pg.sh: IDEM_TEST_PG_URL unknown; run scripts/dev services start" >&2; exit 2; }
+command -v pgbench >/dev/null || { echo "bench/pg.sh: pgbench not found (postgresql-contrib)" >&2; exit 2; }
+cmake --build "$build" --target idem-bench-pg >/dev/null
+harness="$build/bench/idem-bench-pg"
+
+schema="idem_bench_$$"
+table="\"$schema\".\"idem_records\""
+work="$(mktemp -d)"
+cleanup() {
+  psql -q "$url" -c "DROP SCHEMA IF EXISTS \"$schema\" CASCADE" >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+"$harness" --url "$url" --schema "$schema" --setup
+
+# The statements idem sends (src/pg_sink.cc, bench/pg_bench.cc), with pgbench variables for the
+# parameters. Keys are random 60-bit numbers: a collision in one run is practically impossible.
+claim_sql="INSERT INTO $table (ns, key, request_id, fingerprint, expires_at) VALUES ('bench', 'pgbench:' || :client_id || ':' || :n, 'req', 'fp', now() + :keep::float8 * interval '1 ms') ON CONFLICT (ns, key) DO NOTHING RETURNING 1;"
+cat >"$work/claim.sql" <<SQL
+\set n random(1, 1152921504606846976)
+\set keep 86400000
+$claim_sql
+SQL
+cat >"$work/claim_plus_update.sql" <<SQL
+\set n random(1, 1152921504606846976)
+\set keep 86400000
+\set aid random(1, 1000)
+BEGIN;
+$claim_sql
+UPDATE "$schema".accounts SET balance = balance + 1 WHERE id = :aid;
+COMMIT;
+SQL
+
+empty_table() { psql -q "$url" -c "TRUNCATE $table" >/dev/null; }
+
+run_idem() {  # mode clients
+  empty_table
+  "$harness" --url "$url" --schema "$schema" --mode "$1" --clients "$2" --seconds "$seconds"
+}
+
+run_pgbench() {  # mode clients
+  empty_table
+  pgbench -n -M prepared -c "$2" -j "$2" -T "$seconds" -f "$work/$1.sql" "$url" 2>/dev/null |
+    sed -n 's/^tps = \([0-9.]*\) (without initial connection time)$/\1/p'
+}
+
+median() { printf '%s\n' "$@" | sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
+json_list() { local IFS=,; echo "[$*]"; }
+
+json="{"
+printf '%-18s %7s %12s %12s %6s\n' scenario clients idem_tps pgbench_tps ratio
+for mode in claim claim_plus_update; do
+  json+="\"$mode\": {"
+  for clients in 1 8; do
+    idem=() pgb=()
+    for ((r = 0; r < runs; r++)); do
+      if ((r % 2 == 0)); then
+        idem+=("$(run_idem "$mode" "$clients")"); pgb+=("$(run_pgbench "$mode" "$clients")")
+      else
+        pgb+=("$(run_pgbench "$mode" "$clients")"); idem+=("$(run_idem "$mode" "$clients")")
+      fi
+    done
+    mi="$(median "${idem[@]}")"
+    mp="$(median "${pgb[@]}")"
+    ratio="$(awk -v a="$mi" -v b="$mp" 'BEGIN {printf "%.3f", a / b}')"
+    printf '%-18s %7d %12.1f %12.1f %6s\n' "$mode" "$clients" "$mi" "$mp" "$ratio"
+    json+="\"clients_$clients\": {\"idem_tps\": $mi, \"pgbench_tps\": $mp, \"ratio\": $ratio,"
+    json+=" \"idem_runs\": $(json_list "${idem[@]}"), \"pgbench_runs\": $(json_list "${pgb[@]}")}"
+    [[ $clients -eq 1 ]] && json+=", "
+  done
+  json+="}"
+  [[ $mode == claim ]] && json+=", "
+done
+json+=", \"seconds_per_run\": $seconds, \"runs\": $runs}"
+
+if [[ -n "$report" ]]; then
+  printf '%s\n' "$json" >"$report"
+  echo "report: $report" >&2
+fi

@@ -1,0 +1,150 @@
+// idem-bench-pg: throughput of the Postgres sink, the counterpart of the pgbench scripts that
+// bench/pg.sh writes (the same SQL). Usage:
+//   idem-bench-pg --url URL --schema S --setup
+//   idem-bench-pg --url URL --schema S --mode claim|claim_plus_update --clients N --seconds T
+// --setup migrates the records table and creates `accounts` (1000 rows). A run prints the
+// transactions per second on stdout; every client first does one untimed warm-up transaction
+// (its connection is opened then, as pgbench excludes connection time).
+#include <pqxx/pqxx>
+
+#include <atomic>
+#include <barrier>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "idem/errors.h"
+#include "idem/pg_sink.h"
+
+namespace {
+
+constexpr int kAccounts = 1000;
+
+struct Args {
+  std::string url;
+  std::string schema = "idem_bench";
+  std::string mode = "claim";
+  int clients = 1;
+  double seconds = 5;
+  bool setup = false;
+};
+
+Args parse(int argc, char** argv) {
+  Args args;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view flag = argv[i];
+    const auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::invalid_argument("missing value after " + std::string(flag));
+      return argv[++i];
+    };
+    if (flag == "--url") args.url = value();
+    else if (flag == "--schema") args.schema = value();
+    else if (flag == "--mode") args.mode = value();
+    else if (flag == "--clients") args.clients = std::stoi(value());
+    else if (flag == "--seconds") args.seconds = std::stod(value());
+    else if (flag == "--setup") args.setup = true;
+    else throw std::invalid_argument("unknown argument " + std::string(flag));
+  }
+  if (args.url.empty()) throw std::invalid_argument("--url is required");
+  if (args.mode != "claim" && args.mode != "claim_plus_update") {
+    throw std::invalid_argument("--mode must be claim or claim_plus_update");
+  }
+  if (args.clients < 1 || args.seconds <= 0) throw std::invalid_argument("bad --clients/--seconds");
+  return args;
+}
+
+idem::PgSinkOptions sink_options(const Args& args) {
+  idem::PgSinkOptions options;
+  options.conninfo = args.url;
+  options.schema = args.schema;
+  options.ns = "bench";
+  options.pool_size = static_cast<std::size_t>(args.clients);
+  return options;
+}
+
+void setup(const Args& args) {
+  idem::PgSink sink(sink_options(args));
+  sink.migrate();
+  sink.transact([&](pqxx::transaction_base& tx) {
+    const std::string accounts = tx.quote_name(args.schema) + ".accounts";
+    tx.exec("DROP TABLE IF EXISTS " + accounts);
+    tx.exec("CREATE TABLE " + accounts + " (id integer PRIMARY KEY, balance bigint NOT NULL)");
+    tx.exec("INSERT INTO " + accounts + " SELECT g, 0 FROM generate_series(1, " +
+            std::to_string(kAccounts) + ") g");
+  });
+}
+
+double run(const Args& args) {
+  idem::PgSink sink(sink_options(args));
+  const bool with_update = args.mode == "claim_plus_update";
+  std::atomic<long> done{0};
+  std::atomic<bool> stop{false};
+  std::barrier ready(args.clients + 1);
+  std::vector<std::thread> clients;
+  for (int c = 0; c < args.clients; ++c) {
+    clients.emplace_back([&, c] {
+      std::mt19937 rng(static_cast<unsigned>(c) + 1);
+      std::uniform_int_distribution<int> account(1, kAccounts);
+      const std::string prefix = "idem:" + std::to_string(c) + ":" +
+                                 std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()) + ":";
+      long n = 0;
+      const auto once = [&] {
+        const std::string key = prefix + std::to_string(n++);
+        if (!with_update) {
+          if (sink.claim(key, "req", "fp").status != idem::SinkStatus::kClaimed) {
+            throw std::runtime_error("unexpected duplicate");
+          }
+          return;
+        }
+        sink.transact([&](pqxx::transaction_base& tx) {
+          if (sink.claim(tx, key, "req", "fp").status != idem::SinkStatus::kClaimed) {
+            throw std::runtime_error("unexpected duplicate");
+          }
+          // Prepared once per connection (a repeat with the same text is a no-op), as pgbench -M
+          // prepared does.
+          tx.conn().prepare("bench_update", "UPDATE " + tx.quote_name(args.schema) +
+                                                ".accounts SET balance = balance + 1 WHERE id = $1");
+          tx.exec_prepared("bench_update", account(rng));
+        });
+      };
+      once();  // warm-up: opens this client's connection, prepares the statements
+      ready.arrive_and_wait();
+      long mine = 0;
+      while (!stop.load(std::memory_order_relaxed)) {
+        once();
+        ++mine;
+      }
+      done += mine;
+    });
+  }
+  ready.arrive_and_wait();
+  const auto start = std::chrono::steady_clock::now();
+  std::this_thread::sleep_for(std::chrono::duration<double>(args.seconds));
+  stop = true;
+  for (auto& client : clients) client.join();
+  const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
+  return static_cast<double>(done.load()) / elapsed.count();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Args args = parse(argc, argv);
+    if (args.setup) {
+      setup(args);
+      return 0;
+    }
+    std::printf("%.1f\n", run(args));
+    return 0;
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "idem-bench-pg: %s\n", error.what());
+    return 1;
+  }
+}
