@@ -27,6 +27,10 @@ std::optional<Outcome> decide_on_guard(ClaimResult claim) {
 
 std::optional<Outcome> decide_on_sink(SinkClaim claim) {
   if (claim.status == SinkStatus::kClaimed) return std::nullopt;
+  if (claim.status == SinkStatus::kInProgress) {
+    // Another transaction holds an uncommitted claim: its fingerprint is not visible yet.
+    return decide_repeat(Layer::kPgSink, RecordState::kInProgress, true, std::nullopt);
+  }
   return decide_repeat(Layer::kPgSink, claim.state, claim.fingerprint_matches,
                        std::move(claim.response));
 }

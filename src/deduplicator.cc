@@ -1,229 +1,333 @@
 #include "idem/deduplicator.h"
 
+#include <algorithm>
+#include <atomic>
+#include <bit>
 #include <chrono>
-#include <list>
+#include <condition_variable>
 #include <mutex>
-#include <unordered_map>
+#include <thread>
 #include <utility>
 
 #include "decision.h"
 #include "idem/errors.h"
-#include "idem/fingerprint.h"
 #include "idem/key.h"
+#include "idem/local_cache.h"
 #include "idem/request_id.h"
 
 namespace idem {
 
-namespace {
+using SteadyClock = std::chrono::steady_clock;
 
-// Layer 1 stand-in until LocalCache lands: completed key texts and their responses,
-// LRU-bounded, each forgotten after `ttl`.
-class CompletedKeys {
- public:
-  CompletedKeys(std::size_t capacity, std::chrono::milliseconds ttl) : capacity_(capacity), ttl_(ttl) {}
+namespace detail {
 
-  std::optional<std::string> find(const std::string& key) {
-    std::lock_guard lock(mutex_);
-    const auto it = index_.find(key);
-    if (it == index_.end()) return std::nullopt;
-    if (it->second->expires <= Clock::now()) {
-      order_.erase(it->second);
-      index_.erase(it);
-      return std::nullopt;
-    }
-    order_.splice(order_.begin(), order_, it->second);
-    return it->second->response;
+// Everything one call of the facade knows. Context is a view of it.
+struct CallState {
+  const Request* request = nullptr;
+  std::string key;
+  std::string fingerprint;
+  std::string sink_owner;   // request ID, or a generated ID when the request has none
+  std::string owner_token;  // non-empty while this call owns a Redis claim
+  bool reentrant_retry = false;  // REPEAT_SAME of an in-progress reentrant intent: run, unclaimed
+  RedisGuard* guard = nullptr;
+  std::chrono::milliseconds lease{0};
+  std::atomic<SteadyClock::rep> lease_deadline{0};
+  std::atomic<bool> lease_lost{false};
+  std::stop_source stop;
+  Metrics* metrics = nullptr;
+
+  void extend_lease() noexcept {
+    lease_deadline = (SteadyClock::now() + lease).time_since_epoch().count();
   }
 
-  void insert(const std::string& key, std::string response) {
-    std::lock_guard lock(mutex_);
-    if (index_.contains(key)) return;
-    order_.push_front(Entry{key, std::move(response), Clock::now() + ttl_});
-    index_.emplace(key, order_.begin());
-    if (order_.size() > capacity_) {
-      index_.erase(order_.back().key);
-      order_.pop_back();
+  bool renew() {
+    if (owner_token.empty()) return true;
+    bool ok = false;
+    try {
+      ok = guard->renew(key, owner_token, lease);
+    } catch (const RedisError&) {
+      lease_lost = true;
+      if (metrics != nullptr) metrics->record_renewal(false);
+      throw;
     }
+    if (ok) extend_lease();
+    if (!ok) lease_lost = true;
+    if (metrics != nullptr) metrics->record_renewal(ok);
+    return ok;
   }
-
- private:
-  using Clock = std::chrono::steady_clock;
-  struct Entry {
-    std::string key;
-    std::string response;
-    Clock::time_point expires;
-  };
-  std::size_t capacity_;
-  std::chrono::milliseconds ttl_;
-  std::mutex mutex_;
-  std::list<Entry> order_;
-  std::unordered_map<std::string, std::list<Entry>::iterator> index_;
 };
 
-// The key text of a request: business key, else request ID, else payload fingerprint.
-// The request-ID and fingerprint forms have four components, business keys three, so no
-// request can forge another's key.
-std::string key_text(const Request& request, const std::string& fingerprint_hex) {
-  if (!request.biz_key.empty()) {
-    return IdempotencyKey{request.user, request.intent, request.biz_key}.encode();
-  }
-  const std::string scope = escape_key_component(request.user, "user") + ':' +
-                            escape_key_component(request.intent, "intent") + ':';
-  if (!request.request_id.empty()) return "id:" + scope + request.request_id;
-  if (!fingerprint_hex.empty()) return "fp:" + scope + fingerprint_hex;
-  throw MissingKey("idem: request has no request ID, business key or payload");
+}  // namespace detail
+
+std::string_view Context::request_id() const noexcept { return state_->request->request_id; }
+std::string_view Context::key() const noexcept { return state_->key; }
+std::string_view Context::fingerprint() const noexcept { return state_->fingerprint; }
+int Context::attempt() const noexcept { return state_->request->attempt; }
+bool Context::renew() { return state_->renew(); }
+bool Context::lease_lost() const noexcept { return state_->lease_lost; }
+std::stop_token Context::stop_token() const noexcept { return state_->stop.get_token(); }
+
+std::chrono::milliseconds Context::remaining_lease() const noexcept {
+  if (state_->owner_token.empty()) return std::chrono::milliseconds(0);
+  const auto deadline = SteadyClock::time_point(SteadyClock::duration(state_->lease_deadline.load()));
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now());
+  return std::max(left, std::chrono::milliseconds(0));
 }
+
+namespace {
 
 Outcome executed(std::string response) {
   Outcome outcome;
-  outcome.kind = Outcome::Kind::kExecuted;
-  outcome.layer = Layer::kHandler;
   outcome.response = std::move(response);
   return outcome;
 }
 
-Outcome unavailable(Layer layer) {
+Outcome stopped_by(Layer layer, Outcome::Kind kind) {
   Outcome outcome;
-  outcome.kind = Outcome::Kind::kUnavailable;
+  outcome.kind = kind;
   outcome.layer = layer;
   return outcome;
 }
+
+// Renews a claim every `interval` on a helper thread until destroyed.
+class AutoRenewal {
+ public:
+  AutoRenewal(detail::CallState& state, std::chrono::milliseconds interval) {
+    if (interval.count() <= 0 || state.owner_token.empty()) return;
+    thread_ = std::jthread([&state, interval, this](std::stop_token stop) {
+      std::unique_lock lock(mutex_);
+      while (!wake_.wait_for(lock, stop, interval, [] { return false; })) {
+        if (stop.stop_requested()) return;
+        try {
+          if (!state.renew()) return;
+        } catch (const Error&) {
+          // lease_lost is set; keep trying: Redis may come back before the lease ends.
+        }
+      }
+    });
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable_any wake_;
+  std::jthread thread_;  // last: joined before the members it uses are destroyed
+};
 
 }  // namespace
 
 struct Deduplicator::Impl {
   DeduplicatorOptions options;
-  std::optional<CompletedKeys> completed;
+  std::optional<Fingerprinter> fingerprinter;
+  std::optional<LocalCache> local_cache;
+  RedisFailurePolicy redis_failure = RedisFailurePolicy::kFailClosed;
+  std::stop_source shutdown;
+  Uuid7Generator owner_ids;
 
-  // What one call knows once its key is fixed.
-  struct Call {
-    std::string key;
-    std::string fingerprint;
-    std::string request_id;
-    std::string owner_token;  // non-empty while this call owns a Redis claim
-  };
-
-  Call prepare(const Request& request) const {
+  // Sets the key and fingerprint of `call`; false when the request has nothing to key on.
+  bool prepare(detail::CallState& call) const {
+    const Request& request = *call.request;
     if (!request.request_id.empty()) validate_request_id(request.request_id);
-    Call call;
-    call.request_id = request.request_id;
-    if (options.fingerprint && !request.payload.empty()) {
-      call.fingerprint = idem::fingerprint(request.payload);
+    if (fingerprinter && !request.payload.empty()) {
+      call.fingerprint = fingerprinter->fingerprint(request.payload, request.user,
+                                                     std::chrono::system_clock::now());
     }
-    call.key = key_text(request, call.fingerprint);
-    return call;
-  }
-
-  // Layers 1 and 2. Returns an outcome when a layer stopped the request.
-  std::optional<Outcome> claim_before_handler(Call& call) {
-    if (completed) {
-      if (auto response = completed->find(call.key)) {
-        return detail::decide_repeat(Layer::kRequestId, RecordState::kCompleted, true,
-                                     std::move(response));
+    if (!request.biz_key.empty()) {
+      call.key = IdempotencyKey{request.user, request.intent, request.biz_key}.encode();
+    } else {
+      const std::string scope = escape_key_component(request.user, "user") + ':' +
+                                escape_key_component(request.intent, "intent") + ':';
+      if (!request.request_id.empty()) {
+        call.key = "id:" + scope + request.request_id;
+      } else if (!call.fingerprint.empty()) {
+        call.key = "fp:" + scope + call.fingerprint;
+      } else {
+        return false;
       }
     }
-    if (!options.guard) return std::nullopt;
-    try {
-      ClaimResult claim = options.guard->claim(call.key, call.request_id, call.fingerprint);
-      call.owner_token = claim.owner_token;
-      return detail::decide_on_guard(std::move(claim));
-    } catch (const RedisError&) {
-      record_backend_error(Layer::kRedisGuard);
-      if (!options.sink) throw;
-      return std::nullopt;  // fail open: the sink still stands.
-    }
-  }
-
-  void release_claim(const Call& call) noexcept {
-    if (call.owner_token.empty()) return;
-    if (options.metrics) options.metrics->record_release();
-    try {
-      (void)options.guard->release(call.key, call.owner_token);
-    } catch (const Error&) {
-      // The lease ends the claim anyway.
-    }
-  }
-
-  void complete_claim(const Call& call, const std::string& response) noexcept {
-    if (completed) completed->insert(call.key, response);
-    if (call.owner_token.empty()) return;
-    try {
-      (void)options.guard->complete(call.key, call.owner_token, response);
-    } catch (const Error&) {
-      // The sink row (if any) decides the next attempt; otherwise the lease ends the claim.
-    }
-  }
-
-  void report(const Request& request, const Call& call, const Outcome& outcome,
-              std::chrono::steady_clock::time_point start) const noexcept {
-    if (!options.metrics && !options.on_decision) return;
-    DecisionEvent event;
-    event.request_id = call.request_id;
-    event.key = call.key;
-    event.fingerprint = call.fingerprint;
-    event.layer = outcome.layer;
-    event.outcome = outcome.kind;
-    event.latency = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start);
-    event.attempt = request.attempt;
-    if (options.metrics) options.metrics->record_decision(event);
-    if (options.on_decision) options.on_decision(event);
+    return true;
   }
 
   void record_backend_error(Layer layer) const noexcept {
     if (options.metrics) options.metrics->record_backend_error(layer);
   }
 
-  template <class Body>
-  Outcome guarded(const Request& request, Body&& body) {
-    const auto start = std::chrono::steady_clock::now();
-    Call call = prepare(request);
-    Outcome outcome = decide(call, std::forward<Body>(body));
-    report(request, call, outcome, start);
-    return outcome;
-  }
-
-  template <class Body>
-  Outcome decide(Call& call, Body&& body) {
-    if (auto stopped = claim_before_handler(call)) return *std::move(stopped);
-    try {
-      Outcome outcome = body(call);
-      if (outcome.kind == Outcome::Kind::kExecuted) {
-        complete_claim(call, *outcome.response);
-      } else if (outcome.kind == Outcome::Kind::kDuplicate && outcome.response) {
-        complete_claim(call, *outcome.response);
-      } else {
-        release_claim(call);
+  // Layers 1 and 2. An outcome when a layer stopped the request; nullopt to go on (owning the
+  // Redis claim when call.owner_token is set).
+  std::optional<Outcome> claim_fast_layers(detail::CallState& call) {
+    if (local_cache) {
+      if (auto response = local_cache->get(call.key)) {
+        return detail::decide_repeat(Layer::kRequestId, RecordState::kCompleted, true, std::move(response));
       }
-      return outcome;
-    } catch (const Cancelled&) {
-      throw;  // The claim lives until its lease ends: never released on cancellation.
-    } catch (...) {
-      release_claim(call);
-      throw;
+    }
+    if (!options.guard) return std::nullopt;
+    try {
+      ClaimResult claim = options.guard->claim(call.key, call.request->request_id, call.fingerprint);
+      call.owner_token = claim.owner_token;
+      if (!call.owner_token.empty()) call.extend_lease();
+      call.reentrant_retry = claim.status == ClaimStatus::kRepeatSame &&
+                             claim.state == RecordState::kInProgress && claim.fingerprint_matches &&
+                             options.reentrant_intents.contains(call.request->intent);
+      if (call.reentrant_retry) return std::nullopt;
+      return detail::decide_on_guard(std::move(claim));
+    } catch (const RedisError&) {
+      record_backend_error(Layer::kRedisGuard);
+      if (redis_failure == RedisFailurePolicy::kFailClosed) {
+        return stopped_by(Layer::kRedisGuard, Outcome::Kind::kUnavailable);
+      }
+      if (!options.sink) throw;
+      return std::nullopt;
     }
   }
 
-  // Layer 4 around `handler`, in one transaction.
-  Outcome run_in_sink(Call& call,
-                      const std::function<std::string(pqxx::transaction_base&)>& handler) {
+  // Best effort: a failure leaves the record to its lease (or retention).
+  void release_guard(detail::CallState& call) noexcept {
+    if (call.owner_token.empty()) return;
+    if (options.metrics) options.metrics->record_release();
+    try {
+      (void)options.guard->release(call.key, call.owner_token);
+    } catch (const Error&) {
+      record_backend_error(Layer::kRedisGuard);
+    }
+    call.owner_token.clear();
+  }
+
+  void complete_guard(detail::CallState& call, const std::string& response) noexcept {
+    if (local_cache) local_cache->put(call.key, response);
+    if (call.owner_token.empty()) return;
+    try {
+      (void)options.guard->complete(call.key, call.owner_token, response);
+    } catch (const Error&) {
+      record_backend_error(Layer::kRedisGuard);  // the sink row or the lease decides the next try
+    }
+    call.owner_token.clear();
+  }
+
+  // Layer 4 and the handler, transactional: claim row, handler, complete row, one commit.
+  Outcome run_in_transaction(detail::CallState& call, const ErasedHandler& handler, Context& context,
+                             bool claim_row) {
     Outcome outcome;
     bool handler_started = false;
     try {
       options.sink->transact([&](pqxx::transaction_base& tx) {
-        SinkClaim claim = options.sink->claim(tx, call.key, call.request_id, call.fingerprint);
-        if (auto stopped = detail::decide_on_sink(std::move(claim))) {
-          outcome = *std::move(stopped);
-          return;
+        if (claim_row) {
+          SinkClaim claim = options.sink->claim(tx, call.key, call.sink_owner, call.fingerprint);
+          if (auto stopped = detail::decide_on_sink(std::move(claim))) {
+            outcome = *std::move(stopped);
+            return;
+          }
         }
         handler_started = true;
-        std::string response = handler(tx);
-        options.sink->complete(tx, call.key, response);
+        std::string response = handler(&tx, context);
+        if (claim_row) options.sink->complete(tx, call.key, response);
         outcome = executed(std::move(response));
       });
     } catch (const PostgresError&) {
       record_backend_error(Layer::kPgSink);
-      if (handler_started) throw;
-      return unavailable(Layer::kPgSink);
+      if (handler_started) throw;  // the commit may or may not have happened: keep the claim
+      return stopped_by(Layer::kPgSink, Outcome::Kind::kUnavailable);
+    }
+    return outcome;
+  }
+
+  // Layer 4 and the handler, non-transactional: the row is committed before the handler.
+  Outcome run_with_sink_row(detail::CallState& call, const ErasedHandler& handler, Context& context) {
+    SinkClaim claim;
+    try {
+      claim = options.sink->claim(call.key, call.sink_owner, call.fingerprint);
+    } catch (const PostgresError&) {
+      record_backend_error(Layer::kPgSink);
+      return stopped_by(Layer::kPgSink, Outcome::Kind::kUnavailable);
+    }
+    if (auto stopped = detail::decide_on_sink(std::move(claim))) return *std::move(stopped);
+    std::string response = handler(nullptr, context);
+    try {
+      (void)options.sink->complete(call.key, call.sink_owner, response);
+    } catch (const PostgresError&) {
+      record_backend_error(Layer::kPgSink);  // the row's lease ends it; the effect happened
+    }
+    return executed(std::move(response));
+  }
+
+  Outcome run_layers(detail::CallState& call, bool transactional, const ErasedHandler& handler,
+                     Context& context, bool claim_rows) {
+    if (transactional) return run_in_transaction(call, handler, context, claim_rows);
+    if (options.sink && claim_rows) return run_with_sink_row(call, handler, context);
+    return executed(handler(nullptr, context));
+  }
+
+  // The handler threw `error` (not a cancellation): apply the failure policy to the claims.
+  void on_failure(detail::CallState& call, bool transactional, std::exception_ptr error) {
+    const FailureDecision decision =
+        options.on_handler_failure ? options.on_handler_failure(error) : FailureDecision{};
+    switch (decision.action) {
+      case FailureAction::kRelease:
+        release_guard(call);
+        if (options.sink && !transactional) {
+          try {
+            (void)options.sink->release(call.key, call.sink_owner);
+          } catch (const PostgresError&) {
+            record_backend_error(Layer::kPgSink);
+          }
+        }
+        return;
+      case FailureAction::kKeepUntilLeaseEnds:
+        return;
+      case FailureAction::kStoreAsResponse:
+        try {
+          if (options.sink && transactional) {
+            options.sink->transact([&](pqxx::transaction_base& tx) {
+              if (options.sink->claim(tx, call.key, call.sink_owner, call.fingerprint).status ==
+                  SinkStatus::kClaimed) {
+                options.sink->complete(tx, call.key, decision.response);
+              }
+            });
+          } else if (options.sink) {
+            (void)options.sink->complete(call.key, call.sink_owner, decision.response);
+          }
+        } catch (const PostgresError&) {
+          record_backend_error(Layer::kPgSink);
+        }
+        complete_guard(call, decision.response);
+        return;
+    }
+  }
+
+  Outcome decide(detail::CallState& call, bool transactional, const ErasedHandler& handler) {
+    Context context(call);
+    if (!prepare(call)) {
+      if (options.on_missing_key == MissingKeyPolicy::kReject) {
+        throw MissingKey("idem: request has no request ID, business key or payload");
+      }
+      return run_layers(call, transactional, handler, context, false);
+    }
+    const auto wait_deadline = SteadyClock::now() + options.wait_for_result;
+    while (true) {
+      std::optional<Outcome> stopped = claim_fast_layers(call);
+      if (call.reentrant_retry) return run_layers(call, transactional, handler, context, false);
+      if (!stopped) break;
+      if (stopped->kind != Outcome::Kind::kInProgress) return *std::move(stopped);
+      if (options.on_concurrent_duplicate != ConcurrentDuplicatePolicy::kWaitForResult ||
+          SteadyClock::now() + options.wait_poll_interval > wait_deadline) {
+        return *std::move(stopped);
+      }
+      std::this_thread::sleep_for(options.wait_poll_interval);
+    }
+    AutoRenewal renewal(call, options.auto_renew_interval);
+    Outcome outcome;
+    try {
+      outcome = run_layers(call, transactional, handler, context, true);
+    } catch (const Cancelled&) {
+      throw;  // the claim lives until its lease ends: never released on cancellation
+    } catch (const PostgresError&) {
+      throw;  // a failed commit: the outcome is unknown, so the claim is kept
+    } catch (...) {
+      if (!call.stop.stop_requested()) on_failure(call, transactional, std::current_exception());
+      throw;
+    }
+    if (outcome.kind == Outcome::Kind::kExecuted || (outcome.kind == Outcome::Kind::kDuplicate && outcome.response)) {
+      complete_guard(call, *outcome.response);
+    } else {
+      release_guard(call);  // a later layer stopped it; the first owner's record stands there
     }
     return outcome;
   }
@@ -231,28 +335,56 @@ struct Deduplicator::Impl {
 
 Deduplicator::Deduplicator(DeduplicatorOptions options) : impl_(std::make_unique<Impl>()) {
   impl_->options = std::move(options);
-  if (impl_->options.local_cache_capacity > 0) {
-    impl_->completed.emplace(impl_->options.local_cache_capacity, impl_->options.local_cache_ttl);
+  const DeduplicatorOptions& o = impl_->options;
+  if (o.wait_for_result.count() < 0 || o.wait_poll_interval.count() <= 0 || o.auto_renew_interval.count() < 0) {
+    throw ConfigError("idem: wait_for_result and auto_renew_interval must be >= 0, wait_poll_interval > 0");
   }
+  if (o.fingerprint) impl_->fingerprinter.emplace(*o.fingerprint);
+  if (o.local_cache_capacity > 0) {
+    LocalCacheOptions cache;
+    cache.max_entries = o.local_cache_capacity;
+    cache.ttl = o.local_cache_ttl;
+    cache.shards = std::min<std::size_t>(16, std::bit_floor(o.local_cache_capacity));
+    impl_->local_cache.emplace(cache);
+  }
+  impl_->redis_failure = o.on_redis_failure.value_or(o.sink ? RedisFailurePolicy::kFailOpen
+                                                              : RedisFailurePolicy::kFailClosed);
 }
 
 Deduplicator::~Deduplicator() = default;
 
-Outcome Deduplicator::run(const Request& request, const std::function<std::string()>& handler) {
-  return impl_->guarded(request, [&](Impl::Call& call) {
-    if (impl_->options.sink) {
-      return impl_->run_in_sink(call, [&](pqxx::transaction_base&) { return handler(); });
-    }
-    return executed(handler());
-  });
-}
+void Deduplicator::shutdown() noexcept { impl_->shutdown.request_stop(); }
 
-Outcome Deduplicator::run_transactional(
-    const Request& request, const std::function<std::string(pqxx::transaction_base&)>& handler) {
-  if (!impl_->options.sink) {
+Outcome Deduplicator::run_handler(const Request& request, bool transactional, const ErasedHandler& handler) {
+  if (transactional && !impl_->options.sink) {
     throw ConfigError("idem: run_transactional needs a sink (DeduplicatorOptions::sink)");
   }
-  return impl_->guarded(request, [&](Impl::Call& call) { return impl_->run_in_sink(call, handler); });
+  if (impl_->shutdown.stop_requested()) throw Cancelled("idem: the deduplicator is shut down");
+  const auto start = SteadyClock::now();
+  detail::CallState call;
+  call.request = &request;
+  call.guard = impl_->options.guard.get();
+  call.lease = call.guard != nullptr ? call.guard->options().lease : std::chrono::milliseconds(0);
+  call.metrics = impl_->options.metrics.get();
+  call.sink_owner = request.request_id.empty() ? impl_->owner_ids.next() : request.request_id;
+  std::stop_callback on_caller_stop(request.stop, [&call] { call.stop.request_stop(); });
+  std::stop_callback on_shutdown(impl_->shutdown.get_token(), [&call] { call.stop.request_stop(); });
+
+  const Outcome outcome = impl_->decide(call, transactional, handler);
+
+  if (impl_->options.metrics || impl_->options.on_decision) {
+    DecisionEvent event;
+    event.request_id = request.request_id;
+    event.key = call.key;
+    event.fingerprint = call.fingerprint;
+    event.layer = outcome.layer;
+    event.outcome = outcome.kind;
+    event.latency = std::chrono::duration_cast<std::chrono::microseconds>(SteadyClock::now() - start);
+    event.attempt = request.attempt;
+    if (impl_->options.metrics) impl_->options.metrics->record_decision(event);
+    if (impl_->options.on_decision) impl_->options.on_decision(event);
+  }
+  return outcome;
 }
 
 }  // namespace idem

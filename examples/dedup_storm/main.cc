@@ -143,7 +143,7 @@ std::unique_ptr<idem::Deduplicator> make_deduplicator(const Settings& s, const s
   idem::DeduplicatorOptions options;
   options.local_cache_capacity = 100000;
   options.local_cache_ttl = s.retention;
-  options.fingerprint = config == "all";
+  if (config != "all") options.fingerprint.reset();
   if (config == "redis" || config == "all") {
     idem::RedisGuardOptions guard;
     guard.redis.url = s.redis_url;
@@ -189,7 +189,7 @@ std::string outcome_name(idem::Outcome::Kind kind) {
 // Runs `deliveries` on `workers` threads; appends latencies (µs) and counts outcomes.
 void deliver(const Settings& s, const std::string& config, idem::Deduplicator* dedup,
              const std::vector<storm::Delivery>& deliveries, std::vector<double>& latencies_us,
-             ConfigResult& result) {
+             ConfigResult& result, std::atomic<std::size_t>& delivered) {
   std::atomic<std::size_t> next{0};
   std::mutex merge_mutex;
   std::vector<std::thread> threads;
@@ -218,6 +218,7 @@ void deliver(const Settings& s, const std::string& config, idem::Deduplicator* d
           });
         }
         local_latencies.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count());
+        ++delivered;
         ++local_outcomes[outcome_name(outcome.kind)];
         if (outcome.kind != idem::Outcome::Kind::kExecuted) ++local_stopped[std::string(to_string(outcome.layer))];
       }
@@ -246,22 +247,25 @@ ConfigResult run_config(const Settings& s, const std::string& config, const stor
 
   std::vector<double> latencies_us;
   latencies_us.reserve(result.deliveries);
+  std::atomic<std::size_t> delivered{0};
   std::atomic<bool> done{false};
   std::thread progress([&] {
     while (!done) {
-      std::this_thread::sleep_for(std::chrono::seconds(1));
-      std::cerr << "\r[" << config << "] running ..." << std::flush;
+      std::cerr << "\r[" << config << "] " << delivered << "/" << result.deliveries << " deliveries"
+                << std::flush;
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
     }
   });
   const auto start = Clock::now();
-  deliver(s, config, dedup.get(), workload.deliveries, latencies_us, result);
+  deliver(s, config, dedup.get(), workload.deliveries, latencies_us, result, delivered);
   const double main_seconds = std::chrono::duration<double>(Clock::now() - start).count();
   // Late redeliveries arrive after every record of the main phase has outlived its retention.
   std::this_thread::sleep_for(s.retention + std::chrono::milliseconds(500));
-  deliver(s, config, dedup.get(), workload.late_deliveries, latencies_us, result);
+  deliver(s, config, dedup.get(), workload.late_deliveries, latencies_us, result, delivered);
   done = true;
   progress.join();
-  std::cerr << "\r[" << config << "] done in " << main_seconds << " s\n";
+  std::cerr << "\r[" << config << "] " << result.deliveries << " deliveries in " << main_seconds
+            << " s (+ late redeliveries after the retention)\n";
 
   result.deliveries_per_s = static_cast<double>(workload.deliveries.size()) / main_seconds;
   result.p50_us = percentile(latencies_us, 0.50);

@@ -1,14 +1,29 @@
 // The facade: wraps a handler so that a duplicate request never has its effect twice.
+//
+// Outcome table (../docs/semantics.md has the HTTP and MQ mapping):
+//   first time                        -> Executed (handler ran once)
+//   repeat, first completed           -> Duplicate{layer, stored response}, replayed
+//   repeat, first still in progress   -> InProgress (or wait and replay; reentrant intents run)
+//   same key, different fingerprint   -> Mismatch
+//   handler throws                    -> exception propagates; claim released (policy)
+//   handler cancelled                 -> exception propagates; claim kept until its lease ends
+//   Redis down                        -> fail open to the sink, or Unavailable (policy)
+//   Postgres down                     -> Unavailable; nothing executed
 #pragma once
 
 #include <chrono>
 #include <cstddef>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
+#include <stop_token>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
+#include "idem/fingerprint.h"
 #include "idem/metrics.h"
 #include "idem/outcome.h"
 #include "idem/pg_sink.h"
@@ -17,31 +32,123 @@
 namespace idem {
 
 /// One inbound request as the facade sees it. The idempotency key is taken, in this order, from
-/// (user, intent, biz_key) when biz_key is set, else from the request ID, else from the payload
-/// fingerprint (the fallback key `fp:{user}:{intent}:{hex}`).
+/// (user, intent, biz_key) when biz_key is set, else from the request ID
+/// (`id:{user}:{intent}:{request_id}`), else from the payload fingerprint (the fallback key
+/// `fp:{user}:{intent}:{hex}`). The three forms never collide.
 struct Request {
-  std::string request_id;  ///< Validated request ID (see request_id.h); empty when none.
-  std::string user;        ///< User or account; required.
+  std::string request_id;  ///< Request ID (validated, see request_id.h); empty when none.
+  std::string user;        ///< User or account; required (idem::InvalidKey when empty).
   std::string intent;      ///< Operation name, e.g. "refund"; required.
   std::string biz_key;     ///< Business identity, e.g. "order-7"; empty when none.
   std::string payload;     ///< JSON payload to fingerprint; empty when none.
   int attempt = 1;         ///< Delivery count reported by the caller (MQ, FC retry); for logs.
+  std::stop_token stop;    ///< Cancels the handler when stop is requested (see Context).
 };
 
-/// Options of a Deduplicator. Every layer is optional; a null pointer leaves it out.
+/// What happens when Redis is unreachable, slow or its circuit breaker is open.
+enum class RedisFailurePolicy {
+  kFailOpen,    ///< Go on without the guard: the sink (if any) still stops duplicates.
+  kFailClosed,  ///< Answer Unavailable (layer kRedisGuard); nothing is executed.
+};
+
+/// What happens to a request with no request ID, no business key and no payload.
+enum class MissingKeyPolicy {
+  kReject,       ///< Throw idem::MissingKey.
+  kPassThrough,  ///< Run the handler unguarded (Executed, layer kHandler).
+};
+
+/// What a repeat gets while the first execution is still in progress.
+enum class ConcurrentDuplicatePolicy {
+  kReturnInProgress,  ///< Answer InProgress at once (HTTP 409; nack-with-delay for MQ).
+  kWaitForResult,     ///< Poll, up to DeduplicatorOptions::wait_for_result, and replay the
+                      ///< first execution's result (or run, if the first released its claim).
+};
+
+/// What happens to the claim when the handler throws (other than by cancellation).
+enum class FailureAction {
+  kRelease,             ///< Release the claim (owner only), so the upstream may retry. Default.
+  kKeepUntilLeaseEnds,  ///< Keep it: repeats get InProgress until the lease ends.
+  kStoreAsResponse,     ///< Complete the record with FailureDecision::response, so repeats
+                        ///< replay that deterministic business error.
+};
+
+/// The caller's verdict on a handler exception.
+struct FailureDecision {
+  FailureAction action = FailureAction::kRelease;
+  std::string response;  ///< The response to store with kStoreAsResponse.
+};
+
+namespace detail {
+struct CallState;
+}
+
+/// What a running handler may know and do. Passed by reference to handlers that take it;
+/// valid only during the handler call. Thread-safe.
+class Context {
+ public:
+  explicit Context(detail::CallState& state) noexcept : state_(&state) {}
+
+  /// The request ID (empty when the request had none).
+  [[nodiscard]] std::string_view request_id() const noexcept;
+  /// The idempotency key text.
+  [[nodiscard]] std::string_view key() const noexcept;
+  /// The payload fingerprint (hex), empty when none was computed.
+  [[nodiscard]] std::string_view fingerprint() const noexcept;
+  /// Request::attempt.
+  [[nodiscard]] int attempt() const noexcept;
+  /// Time left on this call's Redis lease as last extended, by the local monotonic clock, in ms
+  /// (informational: Redis' own TTL decides). Zero when the call holds no Redis claim.
+  [[nodiscard]] std::chrono::milliseconds remaining_lease() const noexcept;
+  /// Extends this call's Redis lease by the guard's configured lease. Returns false when the
+  /// claim was lost (the lease ended and someone else claimed the key): the handler should
+  /// stop. True when the call holds no Redis claim. Throws idem::RedisError.
+  bool renew();
+  /// True once a renewal (manual or automatic) found the claim lost or failed.
+  [[nodiscard]] bool lease_lost() const noexcept;
+  /// Requested when Request::stop is, or when Deduplicator::shutdown() is called.
+  [[nodiscard]] std::stop_token stop_token() const noexcept;
+
+ private:
+  detail::CallState* state_;
+};
+
+/// Options of a Deduplicator. Every layer is optional; a null pointer or nullopt leaves it out.
 struct DeduplicatorOptions {
-  /// Layer 1: remember up to this many request IDs completed in this process and answer their
-  /// repeats without a network round trip. 0 turns the layer off.
+  /// Layer 1: remember up to this many keys completed in this process and answer their repeats
+  /// without a network round trip. 0 turns the layer off.
   std::size_t local_cache_capacity = 10000;
-  /// How long layer 1 remembers a completed request, in milliseconds. Keep it no longer than
-  /// the guard's retention, so a repeat after the retention reaches the sink.
+  /// How long layer 1 remembers a completed key, in ms. Keep it no longer than the guard's
+  /// retention, so a repeat after the retention reaches the sink.
   std::chrono::milliseconds local_cache_ttl{std::chrono::seconds(30)};
   /// Layer 2. Shared so several deduplicators can use one pool.
   std::shared_ptr<RedisGuard> guard;
-  /// Layer 3: fingerprint the payload (mismatch detection and fallback key).
-  bool fingerprint = true;
+  /// Layer 3: how payloads are fingerprinted (mismatch detection and the fallback key); scope
+  /// is the request's user. nullopt turns the layer off.
+  std::optional<FingerprintOptions> fingerprint = FingerprintOptions{};
   /// Layer 4. Shared so several deduplicators can use one pool.
   std::shared_ptr<PgSink> sink;
+
+  /// Redis failure policy. Unset: kFailOpen when a sink is configured, kFailClosed otherwise.
+  std::optional<RedisFailurePolicy> on_redis_failure;
+  /// Missing-key policy. Default: reject.
+  MissingKeyPolicy on_missing_key = MissingKeyPolicy::kReject;
+  /// Concurrent-duplicate policy. Default: answer InProgress at once.
+  ConcurrentDuplicatePolicy on_concurrent_duplicate = ConcurrentDuplicatePolicy::kReturnInProgress;
+  /// With kWaitForResult: longest wait for the first execution, in ms.
+  std::chrono::milliseconds wait_for_result{std::chrono::seconds(5)};
+  /// With kWaitForResult: pause between polls, in ms.
+  std::chrono::milliseconds wait_poll_interval{std::chrono::milliseconds(20)};
+  /// Intents whose handler is naturally idempotent (updates, notifications): a retry of the
+  /// same request ID (REPEAT_SAME) while the first is in progress runs the handler too, without
+  /// a claim, instead of answering InProgress.
+  std::set<std::string, std::less<>> reentrant_intents;
+  /// Decides what a handler exception does to the claim. Empty: always release. Called with
+  /// the exception; must not throw.
+  std::function<FailureDecision(std::exception_ptr)> on_handler_failure;
+  /// Renews the Redis lease of a running handler at this interval (a helper thread per call);
+  /// 0 (default) turns automatic renewal off. Failures show in Context::lease_lost().
+  std::chrono::milliseconds auto_renew_interval{0};
+
   /// Counters and histograms (e.g. an InProcessMetrics); null for none.
   std::shared_ptr<Metrics> metrics;
   /// Called once per decision with the request ID, key, fingerprint, layer, outcome, latency and
@@ -51,28 +158,59 @@ struct DeduplicatorOptions {
 
 /// The idempotency facade. Thread-safe: one instance serves all threads.
 ///
-/// A handler that throws has its claim released (owner only) and the exception propagates;
-/// a handler that throws idem::Cancelled keeps its claim until the lease ends.
-/// Throws idem::InvalidRequestId, idem::InvalidKey, idem::PayloadError for bad input, and
-/// idem::RedisError only when no sink is configured to fall back on.
+/// Order of work: layer 1 (local cache) → claim in Redis → claim row in the Postgres
+/// transaction → handler → complete row → commit → complete in Redis → local cache. A crash
+/// between commit and the Redis complete is safe: the Postgres row decides the next attempt.
+///
+/// Throws idem::InvalidRequestId, idem::InvalidKey, idem::PayloadError, idem::MissingKey for
+/// bad input; idem::RedisError when Redis fails under kFailOpen with no sink to fall back on;
+/// idem::PostgresError when the commit itself failed (outcome unknown; the claim is kept);
+/// idem::Cancelled after shutdown(); and whatever the handler throws.
 class Deduplicator {
  public:
+  /// Throws idem::ConfigError on inconsistent options.
   explicit Deduplicator(DeduplicatorOptions options);
   ~Deduplicator();
   Deduplicator(const Deduplicator&) = delete;
   Deduplicator& operator=(const Deduplicator&) = delete;
 
-  /// Runs `handler` once per idempotency key. With a sink, the claim row is written in its own
-  /// short transaction around the handler.
-  [[nodiscard]] Outcome run(const Request& request, const std::function<std::string()>& handler);
+  /// Runs `handler` (`std::string()` or `std::string(Context&)`, returning the response to
+  /// store) at most once per idempotency key. With a sink, the claim row is committed in its
+  /// own short transaction before the handler and completed after it (non-transactional mode).
+  template <class Handler>
+  [[nodiscard]] Outcome run(const Request& request, Handler&& handler) {
+    return run_handler(request, false, [&](pqxx::transaction_base*, Context& context) -> std::string {
+      if constexpr (std::is_invocable_v<Handler&, Context&>) {
+        return handler(context);
+      } else {
+        return handler();
+      }
+    });
+  }
 
-  /// Runs `handler` inside the sink's transaction, after the claim row is inserted, so the
-  /// claim and the handler's writes commit together or not at all. Requires a sink
-  /// (idem::ConfigError otherwise).
-  [[nodiscard]] Outcome run_transactional(
-      const Request& request, const std::function<std::string(pqxx::transaction_base&)>& handler);
+  /// Runs `handler` (`std::string(pqxx::transaction_base&)` or
+  /// `std::string(pqxx::transaction_base&, Context&)`) inside the sink's transaction, after the
+  /// claim row is inserted, so the claim and the handler's writes commit together or not at
+  /// all. Requires a sink (idem::ConfigError otherwise).
+  template <class Handler>
+  [[nodiscard]] Outcome run_transactional(const Request& request, Handler&& handler) {
+    return run_handler(request, true, [&](pqxx::transaction_base* tx, Context& context) -> std::string {
+      if constexpr (std::is_invocable_v<Handler&, pqxx::transaction_base&, Context&>) {
+        return handler(*tx, context);
+      } else {
+        return handler(*tx);
+      }
+    });
+  }
+
+  /// Requests stop on every running handler's Context and makes later calls throw
+  /// idem::Cancelled. Claims of cancelled handlers are kept until their leases end.
+  void shutdown() noexcept;
 
  private:
+  using ErasedHandler = std::function<std::string(pqxx::transaction_base*, Context&)>;
+  Outcome run_handler(const Request& request, bool transactional, const ErasedHandler& handler);
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

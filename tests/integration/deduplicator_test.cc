@@ -71,7 +71,13 @@ class DeduplicatorTest : public ::testing::Test {
 
   static Request request(const std::string& request_id, const std::string& order,
                          const std::string& payload = R"({"amount":5})") {
-    return Request{request_id, "u1", "refund", order, payload};
+    Request r;
+    r.request_id = request_id;
+    r.user = "u1";
+    r.intent = "refund";
+    r.biz_key = order;
+    r.payload = payload;
+    return r;
   }
 
   std::string redis_url_;

@@ -60,7 +60,23 @@ INSTANTIATE_TEST_SUITE_P(
         RepeatCase{RecordState::kCompleted, true, std::nullopt, Outcome::Kind::kDuplicate, std::nullopt},
         RepeatCase{RecordState::kCompleted, false, "r", Outcome::Kind::kMismatch, std::nullopt},
         RepeatCase{RecordState::kInProgress, true, std::nullopt, Outcome::Kind::kInProgress, std::nullopt},
-        RepeatCase{RecordState::kInProgress, false, std::nullopt, Outcome::Kind::kMismatch, std::nullopt}));
+        RepeatCase{RecordState::kInProgress, false, std::nullopt, Outcome::Kind::kMismatch, std::nullopt}),
+    [](const ::testing::TestParamInfo<RepeatCase>& info) {
+      const RepeatCase& c = info.param;
+      return std::string(c.state == RecordState::kCompleted ? "Completed" : "InProgress") +
+             (c.fingerprint_matches ? "SameFingerprint" : "OtherFingerprint") +
+             (c.response ? "WithResponse" : "NoResponse");
+    });
+
+TEST(Decision, SinkLockTimeoutIsInProgressWhateverTheFingerprint) {
+  SinkClaim sink;
+  sink.status = SinkStatus::kInProgress;
+  sink.fingerprint_matches = false;  // an uncommitted competitor's fingerprint is not visible
+  const auto outcome = decide_on_sink(sink);
+  ASSERT_TRUE(outcome.has_value());
+  EXPECT_EQ(outcome->kind, Outcome::Kind::kInProgress);
+  EXPECT_EQ(outcome->layer, Layer::kPgSink);
+}
 
 TEST(Decision, ReplayedOnlyForDuplicateWithResponse) {
   EXPECT_TRUE(decide_repeat(Layer::kPgSink, RecordState::kCompleted, true, "r").replayed());
