@@ -3,10 +3,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "idem/clock.h"
 #include "idem/errors.h"
+#include "idem/request_id.h"
 #include "idem/snowflake.h"
 
 namespace idem {
@@ -78,6 +80,58 @@ TEST(Cases, C07_Snowflake4097thIdInOneMillisecondWaitsForTheNext) {
   EXPECT_EQ(parts(ids[4096]).unix_ms, 1001);
   EXPECT_EQ(parts(ids[4096]).sequence, 0U);
   expect_strictly_increasing(ids);
+}
+
+bool has_control_byte(std::string_view text) {
+  for (const char c : text) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) return true;
+  }
+  return false;
+}
+
+const std::string kUuid = "0190b6a4-6c3e-7d2a-8f00-1234567890ab";
+
+std::vector<std::string> c15_bad_values() {
+  return {"abc\r\nSet-Cookie: s=1", std::string(10 * 1024, 'a'), ""};
+}
+
+TEST(Cases, C15_InvalidXRequestIdIsReplacedAndNoControlByteGoesOut) {
+  for (const std::string& bad : c15_bad_values()) {
+    const auto inbound = extract_request_id({{"X-Request-ID", bad}});
+    ASSERT_TRUE(inbound);
+    EXPECT_TRUE(inbound->replaced);
+    EXPECT_NE(inbound->id, bad);
+    EXPECT_TRUE(is_valid_request_id(inbound->id));
+    Headers outbound{{"Accept", "*/*"}};
+    inject_request_id(outbound, inbound->id);
+    for (const auto& [name, value] : outbound) {
+      EXPECT_FALSE(has_control_byte(name) || has_control_byte(value));
+    }
+  }
+  const auto valid = extract_request_id({{"X-Request-ID", kUuid}});
+  ASSERT_TRUE(valid);
+  EXPECT_FALSE(valid->replaced);
+  EXPECT_EQ(valid->id, kUuid);
+}
+
+TEST(Cases, C15_InvalidIdempotencyKeyIsRejectedNeverStripped) {
+  std::vector<std::string> bad_values = c15_bad_values();
+  bad_values.push_back("a\nb");  // stripping would give "ab", another request's key
+  for (const std::string& bad : bad_values) {
+    for (const std::string& field : {bad, "\"" + bad + "\""}) {  // as a token and quoted
+      try {
+        (void)extract_request_id({{"Idempotency-Key", field}, {"X-Request-ID", kUuid}});
+        ADD_FAILURE() << "accepted an invalid Idempotency-Key of " << field.size() << " bytes";
+      } catch (const InvalidRequestId& e) {
+        const std::string log_line = e.what();
+        EXPECT_FALSE(has_control_byte(log_line));
+        EXPECT_EQ(log_line.find("Set-Cookie"), std::string::npos);
+        EXPECT_LT(log_line.size(), 200U);
+      }
+    }
+  }
+  EXPECT_EQ(request_id_from_headers({{"Idempotency-Key", "\"ab\""}}), "ab");
+  EXPECT_EQ(request_id_from_headers({{"Idempotency-Key", "\"" + kUuid + "\""}}), kUuid);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <set>
 #include <string>
 
+#include "idem/clock.h"
 #include "idem/errors.h"
 #include "idem/request_id.h"
 
@@ -92,20 +93,126 @@ TEST(SfString, RejectsEverythingElse) {
   EXPECT_EQ(parse_sf_string(""), std::nullopt);
 }
 
-TEST(RequestIdFromHeaders, IdempotencyKeyWinsAndNamesAreCaseInsensitive) {
-  EXPECT_EQ(request_id_from_headers({{"x-request-id", "rid-1"}, {"IDEMPOTENCY-KEY", "\"key-1\""}}),
-            "key-1");
-  EXPECT_EQ(request_id_from_headers({{"X-REQUEST-ID", "rid-1"}}), "rid-1");
-  EXPECT_EQ(request_id_from_headers({{"Content-Type", "application/json"}}), std::nullopt);
+TEST(SfString, ParsesAndIgnoresParameters) {
+  EXPECT_EQ(parse_sf_string("\"abc\";a=1"), "abc");
+  EXPECT_EQ(parse_sf_string("\"abc\";a;b=?0;c=:AQID:;d=tok/x:y;e=\"s\";f=-1.5;*g=*"), "abc");
+  EXPECT_EQ(parse_sf_string("\"abc\"; a=1"), "abc");  // SP after ';' is allowed
+  EXPECT_EQ(parse_sf_string("\"abc\";a=123456789012345"), "abc");  // 15 digits
 }
 
-TEST(RequestIdFromHeaders, InvalidIdempotencyKeyIsRejectedNeverStripped) {
-  EXPECT_THROW((void)request_id_from_headers({{"Idempotency-Key", "key-1"}}), InvalidRequestId);
-  EXPECT_THROW((void)request_id_from_headers({{"Idempotency-Key", "\"a\nb\""}}), InvalidRequestId);
-  EXPECT_THROW((void)request_id_from_headers({{"Idempotency-Key", "\"a b\""}}), InvalidRequestId);
-  EXPECT_THROW(
-      (void)request_id_from_headers({{"Idempotency-Key", "\"a\""}, {"idempotency-key", "\"a\""}}),
-      InvalidRequestId);
+TEST(SfString, RejectsMalformedParameters) {
+  EXPECT_EQ(parse_sf_string("\"abc\";"), std::nullopt);          // key required
+  EXPECT_EQ(parse_sf_string("\"abc\";A=1"), std::nullopt);       // keys are lowercase
+  EXPECT_EQ(parse_sf_string("\"abc\";a="), std::nullopt);        // value required after '='
+  EXPECT_EQ(parse_sf_string("\"abc\" ;a=1"), std::nullopt);      // no SP before ';'
+  EXPECT_EQ(parse_sf_string("\"abc\";a=1.2345"), std::nullopt);  // at most 3 fraction digits
+  EXPECT_EQ(parse_sf_string("\"abc\";a=1234567890123456"), std::nullopt);  // 16 digits
+  EXPECT_EQ(parse_sf_string("\"abc\";a=?2"), std::nullopt);
+  EXPECT_EQ(parse_sf_string("\"abc\";a=:AQID"), std::nullopt);   // unterminated byte sequence
+  EXPECT_EQ(parse_sf_string("\"abc\";a=\"x"), std::nullopt);     // unterminated string
+}
+
+TEST(SfString, FormatRoundTripsAndRefusesControlBytes) {
+  EXPECT_EQ(format_sf_string("key-1"), "\"key-1\"");
+  EXPECT_EQ(format_sf_string("a\"b\\c"), R"("a\"b\\c")");
+  EXPECT_EQ(parse_sf_string(format_sf_string("a\"b\\c")), "a\"b\\c");
+  EXPECT_THROW((void)format_sf_string("a\r\nb"), InvalidRequestId);
+}
+
+TEST(Uuid7, UsesTheClockAndStaysIncreasingWhenItStandsStillOrStepsBack) {
+  auto clock = std::make_shared<ManualClock>(0x0190b6a46c3e);
+  Uuid7Generator gen(clock);
+  std::string prev = gen.next();
+  EXPECT_EQ(prev.substr(0, 13), "0190b6a4-6c3e");
+  for (int i = 0; i < 10000; ++i) {
+    std::string id = gen.next();
+    ASSERT_LT(prev, id);
+    prev = std::move(id);
+  }
+  clock->advance_ms(-5000);
+  const std::string after_step_back = gen.next();
+  EXPECT_LT(prev, after_step_back);
+  EXPECT_EQ(after_step_back.substr(0, 13), "0190b6a4-6c3e");  // the timestamp did not go back
+}
+
+Headers all_four() {
+  return {{"x-fc-request-id", "fc-1"},
+          {"X-Request-ID", "rid-1"},
+          {"X-Idempotency-Key", "xik-1"},
+          {"Idempotency-Key", "\"ik-1\""}};
+}
+
+TEST(ExtractRequestId, FollowsTheDocumentedPrecedence) {
+  Headers headers = all_four();
+  auto got = extract_request_id(headers);
+  ASSERT_TRUE(got);
+  EXPECT_EQ(got->id, "ik-1");
+  EXPECT_EQ(got->source, RequestIdHeader::kIdempotencyKey);
+  std::erase_if(headers, [](const auto& h) { return h.first == "Idempotency-Key"; });
+  got = extract_request_id(headers);
+  EXPECT_EQ(got->id, "xik-1");
+  EXPECT_EQ(got->source, RequestIdHeader::kXIdempotencyKey);
+  std::erase_if(headers, [](const auto& h) { return h.first == "X-Idempotency-Key"; });
+  got = extract_request_id(headers);
+  EXPECT_EQ(got->id, "rid-1");
+  EXPECT_EQ(got->source, RequestIdHeader::kXRequestId);
+  EXPECT_FALSE(got->replaced);
+  std::erase_if(headers, [](const auto& h) { return h.first == "X-Request-ID"; });
+  got = extract_request_id(headers);
+  EXPECT_EQ(got->id, "fc-1");
+  EXPECT_EQ(got->source, RequestIdHeader::kFcRequestId);
+  EXPECT_EQ(extract_request_id({{"Content-Type", "application/json"}}), std::nullopt);
+}
+
+TEST(ExtractRequestId, HeaderNamesAreCaseInsensitive) {
+  EXPECT_EQ(request_id_from_headers({{"IDEMPOTENCY-KEY", "\"a\""}}), "a");
+  EXPECT_EQ(request_id_from_headers({{"x-idempotency-key", "b"}}), "b");
+  EXPECT_EQ(request_id_from_headers({{"X-REQUEST-ID", "c"}}), "c");
+  EXPECT_EQ(request_id_from_headers({{"X-Fc-Request-Id", "d"}}), "d");
+  EXPECT_EQ(request_id_from_headers({{"X-Request-IDs", "e"}}), std::nullopt);
+}
+
+TEST(ExtractRequestId, InvalidKeysAreRejectedNeverStrippedOrSkipped) {
+  // An invalid Idempotency-Key is an error even when a valid lower-precedence ID is present.
+  EXPECT_THROW((void)extract_request_id({{"Idempotency-Key", "ik-1"}, {"X-Request-ID", "r"}}),
+               InvalidRequestId);  // a token, not an sf-string
+  EXPECT_THROW((void)extract_request_id({{"Idempotency-Key", "\"a b\""}}), InvalidRequestId);
+  EXPECT_THROW((void)extract_request_id({{"Idempotency-Key", "\"a\""}, {"idempotency-key", "\"a\""}}),
+               InvalidRequestId);
+  EXPECT_THROW((void)extract_request_id({{"X-Idempotency-Key", "a\nb"}}), InvalidRequestId);
+  EXPECT_THROW((void)extract_request_id({{"X-Idempotency-Key", "a"}, {"x-idempotency-key", "b"}}),
+               InvalidRequestId);
+  EXPECT_THROW((void)extract_request_id({{"x-fc-request-id", ""}}), InvalidRequestId);
+}
+
+TEST(ExtractRequestId, InvalidXRequestIdIsReplacedAndReported) {
+  const auto generate = [] { return std::string("generated-1"); };
+  for (const Headers& headers :
+       {Headers{{"X-Request-ID", "abc\r\nSet-Cookie: s=1"}}, Headers{{"X-Request-ID", ""}},
+        Headers{{"X-Request-ID", std::string(65, 'a')}},
+        Headers{{"X-Request-ID", "a"}, {"x-request-id", "b"}}}) {
+    const auto got = extract_request_id(headers, generate);
+    ASSERT_TRUE(got);
+    EXPECT_EQ(got->id, "generated-1");
+    EXPECT_TRUE(got->replaced);
+    EXPECT_EQ(got->source, RequestIdHeader::kXRequestId);
+  }
+  const auto by_default = extract_request_id({{"X-Request-ID", "bad value"}});
+  EXPECT_TRUE(by_default->replaced);
+  EXPECT_EQ(by_default->id.size(), 36U);  // a UUIDv7
+  EXPECT_THROW((void)extract_request_id({{"X-Request-ID", ""}}, [] { return std::string("bad id"); }),
+               InvalidRequestId);
+}
+
+TEST(InjectRequestId, ReplacesEveryFieldOfThatNameAndQuotesIdempotencyKey) {
+  Headers headers{{"x-request-id", "old"}, {"Accept", "*/*"}, {"X-REQUEST-ID", "older"}};
+  inject_request_id(headers, "new-1");
+  EXPECT_EQ(headers, (Headers{{"Accept", "*/*"}, {"X-Request-ID", "new-1"}}));
+  inject_request_id(headers, "key-1", RequestIdHeader::kIdempotencyKey);
+  EXPECT_EQ(headers.back(), (std::pair<std::string, std::string>{"Idempotency-Key", "\"key-1\""}));
+  EXPECT_EQ(request_id_from_headers(headers), "key-1");
+  EXPECT_THROW(inject_request_id(headers, "a\r\nb"), InvalidRequestId);
+  EXPECT_EQ(headers.size(), 3U);  // untouched by the refused injection
 }
 
 }  // namespace

@@ -1,0 +1,72 @@
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "idem/errors.h"
+#include "idem/request_id.h"
+
+namespace idem {
+namespace {
+
+TEST(RequestIdFromJson, ReadsTheDefaultMember) {
+  EXPECT_EQ(request_id_from_json(R"({"amount":5,"requestId":"abc-1"})"), "abc-1");
+  EXPECT_EQ(request_id_from_json(R"({"amount":5})"), std::nullopt);
+  EXPECT_EQ(request_id_from_json(R"({"requestId":null})"), std::nullopt);
+  EXPECT_EQ(request_id_from_json(R"({"request\u0049d":"esc-1"})"), "esc-1");  // escaped name
+  EXPECT_EQ(request_id_from_json(R"([1,2])"), std::nullopt);
+}
+
+TEST(RequestIdFromJson, FollowsJsonPointers) {
+  const std::string payload = R"({"meta":{"id":"m-1"},"items":[{"id":"i-0"},{"id":"i-1"}],"a/b":{"c~d":"e-1"}})";
+  EXPECT_EQ(request_id_from_json(payload, "/meta/id"), "m-1");
+  EXPECT_EQ(request_id_from_json(payload, "/items/1/id"), "i-1");
+  EXPECT_EQ(request_id_from_json(payload, "/items/2/id"), std::nullopt);
+  EXPECT_EQ(request_id_from_json(payload, "/items/01/id"), std::nullopt);  // not an index
+  EXPECT_EQ(request_id_from_json(payload, "/a~1b/c~0d"), "e-1");
+  EXPECT_EQ(request_id_from_json(payload, "/meta/id/deeper"), std::nullopt);
+}
+
+TEST(RequestIdFromJson, RejectsBadValuesPayloadsAndPointers) {
+  EXPECT_THROW((void)request_id_from_json(R"({"requestId":7})"), InvalidRequestId);
+  EXPECT_THROW((void)request_id_from_json(R"({"requestId":"a\nb"})"), InvalidRequestId);
+  EXPECT_THROW((void)request_id_from_json(R"({"requestId":""})"), InvalidRequestId);
+  EXPECT_THROW((void)request_id_from_json(R"({"requestId":"a","requestId":"b"})"), PayloadError);
+  EXPECT_THROW((void)request_id_from_json(R"({"m":{"id":"a"},"m":{"id":"b"}})", "/m/id"), PayloadError);
+  EXPECT_THROW((void)request_id_from_json(R"({"requestId":"a")"), PayloadError);
+  EXPECT_THROW((void)request_id_from_json(R"({"requestId":"a"} x)"), PayloadError);
+  EXPECT_THROW((void)request_id_from_json(R"({"requestId":"a"})", "requestId"), ConfigError);
+  EXPECT_THROW((void)request_id_from_json(R"({"requestId":"a"})", ""), ConfigError);
+  EXPECT_THROW((void)request_id_from_json(R"({"requestId":"a"})", "/a~2"), ConfigError);
+}
+
+TEST(InjectRequestIdJson, ReplacesOnlyTheValueBytes) {
+  const std::string payload = "{ \"a\" : 1,  \"requestId\" : \"old\" , \"b\":[1, 2.50] }\n";
+  EXPECT_EQ(inject_request_id_json(payload, "new-1"),
+            "{ \"a\" : 1,  \"requestId\" : \"new-1\" , \"b\":[1, 2.50] }\n");
+  EXPECT_EQ(inject_request_id_json(R"({"requestId":null,"x":1})", "n-1"), R"({"requestId":"n-1","x":1})");
+  EXPECT_EQ(inject_request_id_json(R"({"requestId":12 })", "n-2"), R"({"requestId":"n-2" })");
+}
+
+TEST(InjectRequestIdJson, AddsAMissingMemberFirstInItsObject) {
+  EXPECT_EQ(inject_request_id_json(R"({"a":1})", "id-1"), R"({"requestId":"id-1","a":1})");
+  EXPECT_EQ(inject_request_id_json("{}", "id-1"), R"({"requestId":"id-1"})");
+  EXPECT_EQ(inject_request_id_json("  { }", "id-1"), R"(  {"requestId":"id-1" })");
+  EXPECT_EQ(inject_request_id_json(R"({"meta":{"k":true},"x":[]})", "id-2", "/meta/trace~1id"),
+            R"({"meta":{"trace/id":"id-2","k":true},"x":[]})");
+  const std::string out = inject_request_id_json(R"({"items":[{"q":1}]})", "id-3", "/items/0/rid");
+  EXPECT_EQ(out, R"({"items":[{"rid":"id-3","q":1}]})");
+  EXPECT_EQ(request_id_from_json(out, "/items/0/rid"), "id-3");
+}
+
+TEST(InjectRequestIdJson, RefusesWhatItCannotDoSafely) {
+  EXPECT_THROW((void)inject_request_id_json(R"({"a":1})", "bad id"), InvalidRequestId);
+  EXPECT_THROW((void)inject_request_id_json(R"({"a":1})", "id", "/meta/id"), PayloadError);
+  EXPECT_THROW((void)inject_request_id_json(R"({"requestId":{"x":1}})", "id"), PayloadError);
+  EXPECT_THROW((void)inject_request_id_json(R"({"requestId":"a","requestId":"b"})", "id"),
+               PayloadError);
+  EXPECT_THROW((void)inject_request_id_json(R"([1])", "id"), PayloadError);
+  EXPECT_THROW((void)inject_request_id_json(R"({"a":)", "id"), PayloadError);
+}
+
+}  // namespace
+}  // namespace idem
