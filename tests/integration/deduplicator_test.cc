@@ -4,12 +4,15 @@
 #include <pqxx/pqxx>
 
 #include <atomic>
+#include <future>
+#include <mutex>
 #include <stdexcept>
 #include <thread>
 #include <vector>
 
 #include "idem/deduplicator.h"
 #include "idem/errors.h"
+#include "idem/fingerprint.h"
 #include "test_env.h"
 
 namespace idem {
@@ -32,20 +35,37 @@ class DeduplicatorTest : public ::testing::Test {
     dedup_ = make_deduplicator(std::chrono::hours(1));
   }
 
-  std::unique_ptr<Deduplicator> make_deduplicator(std::chrono::milliseconds retention) {
+  // Options for one layer set-up; adjust them before calling make().
+  struct Setup {
     RedisGuardOptions guard;
-    guard.redis.url = redis_url_;
-    guard.ns = schema_;
-    guard.retention = retention;
     PgSinkOptions sink;
-    sink.conninfo = pg_url_;
-    sink.schema = schema_;
-    DeduplicatorOptions options;
-    options.local_cache_capacity = 0;  // every repeat must reach the backends
-    options.guard = std::make_shared<RedisGuard>(guard);
-    options.sink = std::make_shared<PgSink>(sink);
-    options.sink->migrate();
-    return std::make_unique<Deduplicator>(std::move(options));
+    DeduplicatorOptions dedup;
+    bool with_guard = true;
+    bool with_sink = true;
+  };
+
+  Setup setup(std::chrono::milliseconds retention = std::chrono::hours(1)) const {
+    Setup s;
+    s.guard.redis.url = redis_url_;
+    s.guard.ns = schema_;
+    s.guard.retention = retention;
+    s.sink.conninfo = pg_url_;
+    s.sink.schema = schema_;
+    s.dedup.local_cache_capacity = 0;  // every repeat must reach the backends
+    return s;
+  }
+
+  static std::unique_ptr<Deduplicator> make(Setup s) {
+    if (s.with_guard) s.dedup.guard = std::make_shared<RedisGuard>(s.guard);
+    if (s.with_sink) {
+      s.dedup.sink = std::make_shared<PgSink>(s.sink);
+      s.dedup.sink->migrate();
+    }
+    return std::make_unique<Deduplicator>(std::move(s.dedup));
+  }
+
+  std::unique_ptr<Deduplicator> make_deduplicator(std::chrono::milliseconds retention) const {
+    return make(setup(retention));
   }
 
   void TearDown() override {
@@ -156,6 +176,312 @@ TEST_F(DeduplicatorTest, ConcurrentDeliveriesOfOneRequestHaveOneEffect) {
   for (auto& t : threads) t.join();
   EXPECT_EQ(executed.load(), 1);
   EXPECT_EQ(ledger_rows(), 1);
+}
+
+// Runs a transactional handler on another thread that stays inside the handler until
+// release() is called; started() returns once it is inside.
+class BlockedHandler {
+ public:
+  BlockedHandler(Deduplicator& dedup, Request request, std::function<std::string(pqxx::transaction_base&)> body)
+      : thread_([this, &dedup, request = std::move(request), body = std::move(body)] {
+          outcome_ = dedup.run_transactional(request, [&](pqxx::transaction_base& tx) {
+            started_.set_value();
+            release_.get_future().wait();
+            return body(tx);
+          });
+        }) {}
+  ~BlockedHandler() {
+    if (thread_.joinable()) finish();
+  }
+  void wait_started() { started_.get_future().wait(); }
+  Outcome finish() {
+    release_.set_value();
+    thread_.join();
+    return outcome_;
+  }
+
+ private:
+  std::promise<void> started_;
+  std::promise<void> release_;
+  Outcome outcome_;
+  std::thread thread_;
+};
+
+TEST_F(DeduplicatorTest, RepeatWhileFirstInProgressIsInProgressAndDoesNotRun) {
+  BlockedHandler first(*dedup_, request("r1", "p1"), refund("p1"));
+  first.wait_started();
+  bool ran = false;
+  const Outcome repeat = dedup_->run_transactional(request("r2", "p1"), [&](pqxx::transaction_base&) {
+    ran = true;
+    return std::string();
+  });
+  EXPECT_EQ(repeat.kind, Outcome::Kind::kInProgress);
+  EXPECT_EQ(repeat.layer, Layer::kRedisGuard);
+  EXPECT_FALSE(ran);
+  EXPECT_EQ(first.finish().kind, Outcome::Kind::kExecuted);
+  EXPECT_EQ(ledger_rows(), 1);
+}
+
+TEST_F(DeduplicatorTest, WaitForResultReplaysTheFirstExecution) {
+  Setup s = setup();
+  s.dedup.on_concurrent_duplicate = ConcurrentDuplicatePolicy::kWaitForResult;
+  s.dedup.wait_for_result = std::chrono::seconds(30);
+  const auto waiting = make(s);
+  BlockedHandler first(*dedup_, request("r1", "p2"), refund("p2"));
+  first.wait_started();
+  std::thread finisher([&] { first.finish(); });
+  const Outcome repeat = waiting->run_transactional(request("r1", "p2"), refund("p2"));
+  finisher.join();
+  EXPECT_EQ(repeat.kind, Outcome::Kind::kDuplicate);
+  EXPECT_EQ(repeat.response, "refunded p2");
+  EXPECT_EQ(ledger_rows(), 1);
+}
+
+TEST_F(DeduplicatorTest, ReentrantIntentRunsARetryOfTheSameRequestWhileInProgress) {
+  Setup s = setup();
+  s.dedup.reentrant_intents = {"refund"};
+  const auto reentrant = make(s);
+  BlockedHandler first(*reentrant, request("r1", "p3"), refund("p3"));
+  first.wait_started();
+  const Outcome retry = reentrant->run_transactional(request("r1", "p3"), refund("p3"));
+  EXPECT_EQ(retry.kind, Outcome::Kind::kExecuted);
+  const Outcome other = reentrant->run_transactional(request("r2", "p3"), refund("p3"));
+  EXPECT_EQ(other.kind, Outcome::Kind::kInProgress) << "only REPEAT_SAME passes through";
+  EXPECT_EQ(first.finish().kind, Outcome::Kind::kExecuted);
+  EXPECT_EQ(ledger_rows(), 2);  // the reentrant retry ran: its effect must be idempotent itself
+}
+
+std::string throw_declined(pqxx::transaction_base&) { throw std::invalid_argument("card declined"); }
+
+TEST_F(DeduplicatorTest, FailurePolicyKeepLeavesTheClaimUntilTheLeaseEnds) {
+  Setup s = setup();
+  s.dedup.on_handler_failure = [](std::exception_ptr) { return FailureDecision{FailureAction::kKeepUntilLeaseEnds, {}}; };
+  const auto keeping = make(s);
+  EXPECT_THROW((void)keeping->run_transactional(request("r1", "f1"), throw_declined), std::invalid_argument);
+  const Outcome retry = keeping->run_transactional(request("r1", "f1"), refund("f1"));
+  EXPECT_EQ(retry.kind, Outcome::Kind::kInProgress);
+  EXPECT_EQ(ledger_rows(), 0);
+}
+
+TEST_F(DeduplicatorTest, FailurePolicyStoreReplaysTheBusinessErrorFromBothLayers) {
+  Setup s = setup(std::chrono::milliseconds(200));
+  s.dedup.on_handler_failure = [](std::exception_ptr error) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::invalid_argument& e) {
+      return FailureDecision{FailureAction::kStoreAsResponse, std::string("error: ") + e.what()};
+    } catch (...) {
+      return FailureDecision{};
+    }
+  };
+  const auto storing = make(s);
+  EXPECT_THROW((void)storing->run_transactional(request("r1", "f2"), throw_declined), std::invalid_argument);
+  const Outcome from_guard = storing->run_transactional(request("r1", "f2"), refund("f2"));
+  EXPECT_EQ(from_guard.kind, Outcome::Kind::kDuplicate);
+  EXPECT_EQ(from_guard.layer, Layer::kRedisGuard);
+  EXPECT_EQ(from_guard.response, "error: card declined");
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));  // the guard's retention ends
+  const Outcome from_sink = storing->run_transactional(request("r1", "f2"), refund("f2"));
+  EXPECT_EQ(from_sink.kind, Outcome::Kind::kDuplicate);
+  EXPECT_EQ(from_sink.layer, Layer::kPgSink);
+  EXPECT_EQ(from_sink.response, "error: card declined");
+  EXPECT_EQ(ledger_rows(), 0);
+}
+
+TEST_F(DeduplicatorTest, StopRequestedTurnsAHandlerErrorIntoCancellationAndKeepsTheClaim) {
+  std::stop_source stop;
+  Request r = request("r1", "c1");
+  r.stop = stop.get_token();
+  EXPECT_THROW((void)dedup_->run_transactional(r,
+                                               [&](pqxx::transaction_base&, Context& context) -> std::string {
+                                                 stop.request_stop();
+                                                 EXPECT_TRUE(context.stop_token().stop_requested());
+                                                 throw std::runtime_error("aborted by stop");
+                                               }),
+               std::runtime_error);
+  EXPECT_EQ(dedup_->run_transactional(request("r1", "c1"), refund("c1")).kind, Outcome::Kind::kInProgress);
+  EXPECT_EQ(ledger_rows(), 0);
+}
+
+TEST_F(DeduplicatorTest, ShutdownStopsRunningHandlersAndRefusesNewCalls) {
+  std::promise<void> inside;
+  std::thread running([&] {
+    EXPECT_THROW((void)dedup_->run_transactional(request("r1", "c2"),
+                                                 [&](pqxx::transaction_base&, Context& context) -> std::string {
+                                                   inside.set_value();
+                                                   while (!context.stop_token().stop_requested()) {
+                                                     std::this_thread::sleep_for(std::chrono::milliseconds(1));
+                                                   }
+                                                   throw Cancelled();
+                                                 }),
+                 Cancelled);
+  });
+  inside.get_future().wait();
+  dedup_->shutdown();
+  running.join();
+  EXPECT_THROW((void)dedup_->run_transactional(request("r2", "c3"), refund("c3")), Cancelled);
+  const auto next = make(setup());
+  EXPECT_EQ(next->run_transactional(request("r1", "c2"), refund("c2")).kind, Outcome::Kind::kInProgress);
+}
+
+TEST_F(DeduplicatorTest, RedisUnreachableFailsOpenToTheSink) {
+  Setup s = setup();
+  s.guard.redis.url = "redis://127.0.0.1:1/0";  // nothing listens on port 1
+  const auto open = make(s);
+  EXPECT_EQ(open->run_transactional(request("r1", "u1"), refund("u1")).kind, Outcome::Kind::kExecuted);
+  const Outcome again = open->run_transactional(request("r1", "u1"), refund("u1"));
+  EXPECT_EQ(again.kind, Outcome::Kind::kDuplicate);
+  EXPECT_EQ(again.layer, Layer::kPgSink);
+  EXPECT_EQ(ledger_rows(), 1);
+}
+
+TEST_F(DeduplicatorTest, RedisUnreachableFailsClosedAsUnavailable) {
+  Setup s = setup();
+  s.guard.redis.url = "redis://127.0.0.1:1/0";
+  s.dedup.on_redis_failure = RedisFailurePolicy::kFailClosed;
+  const auto closed = make(s);
+  const Outcome outcome = closed->run_transactional(request("r1", "u2"), refund("u2"));
+  EXPECT_EQ(outcome.kind, Outcome::Kind::kUnavailable);
+  EXPECT_EQ(outcome.layer, Layer::kRedisGuard);
+  EXPECT_EQ(ledger_rows(), 0);
+}
+
+TEST_F(DeduplicatorTest, PostgresUnreachableIsUnavailableAndReleasesTheGuardClaim) {
+  Setup s = setup();
+  s.sink.conninfo = "postgresql://postgres@127.0.0.1:1/idem?connect_timeout=2";
+  s.with_sink = false;
+  s.dedup.sink = std::make_shared<PgSink>(s.sink);  // migrate() would throw: never reached
+  const auto down = make(s);
+  bool ran = false;
+  const Outcome outcome = down->run_transactional(request("r1", "u3"), [&](pqxx::transaction_base&) {
+    ran = true;
+    return std::string();
+  });
+  EXPECT_EQ(outcome.kind, Outcome::Kind::kUnavailable);
+  EXPECT_EQ(outcome.layer, Layer::kPgSink);
+  EXPECT_FALSE(ran);
+  EXPECT_EQ(dedup_->run_transactional(request("r1", "u3"), refund("u3")).kind, Outcome::Kind::kExecuted)
+      << "nothing ran, so the guard claim must not block the retry";
+}
+
+TEST_F(DeduplicatorTest, MissingKeyIsRejectedOrPassedThroughAsConfigured) {
+  Request bare;
+  bare.user = "u1";
+  bare.intent = "refund";
+  EXPECT_THROW((void)dedup_->run_transactional(bare, refund("m1")), MissingKey);
+  Setup s = setup();
+  s.dedup.on_missing_key = MissingKeyPolicy::kPassThrough;
+  const auto passing = make(s);
+  const Outcome outcome = passing->run_transactional(bare, refund("m1"));
+  EXPECT_EQ(outcome.kind, Outcome::Kind::kExecuted);
+  EXPECT_EQ(outcome.layer, Layer::kHandler);
+  EXPECT_EQ(ledger_rows(), 1);
+}
+
+TEST_F(DeduplicatorTest, PayloadWithoutIdOrBusinessKeyIsKeyedByItsFingerprint) {
+  Request r;
+  r.user = "u1";
+  r.intent = "refund";
+  r.payload = R"({"order":"o9","amount":5})";
+  EXPECT_EQ(dedup_->run_transactional(r, refund("o9")).kind, Outcome::Kind::kExecuted);
+  r.payload = R"({ "amount" : 5, "order" : "o9" })";  // same content, other bytes
+  const Outcome again = dedup_->run_transactional(r, refund("o9"));
+  EXPECT_EQ(again.kind, Outcome::Kind::kDuplicate);
+  EXPECT_EQ(ledger_rows(), 1);
+}
+
+TEST_F(DeduplicatorTest, AutomaticRenewalKeepsALongHandlerExclusivePastItsInitialLease) {
+  Setup s = setup();
+  s.guard.lease = std::chrono::milliseconds(300);
+  s.dedup.auto_renew_interval = std::chrono::milliseconds(50);
+  const auto renewing = make(s);
+  std::promise<void> inside;
+  std::promise<void> checked;
+  std::thread first([&] {
+    const Outcome o = renewing->run_transactional(request("r1", "l1"), [&](pqxx::transaction_base& tx, Context& context) {
+      inside.set_value();
+      checked.get_future().wait();
+      EXPECT_FALSE(context.lease_lost());
+      EXPECT_GT(context.remaining_lease().count(), 0);
+      return refund("l1")(tx);
+    });
+    EXPECT_EQ(o.kind, Outcome::Kind::kExecuted);
+  });
+  inside.get_future().wait();
+  std::this_thread::sleep_for(std::chrono::milliseconds(900));  // three initial leases
+  const Outcome repeat = renewing->run_transactional(request("r2", "l1"), refund("l1"));
+  EXPECT_EQ(repeat.kind, Outcome::Kind::kInProgress);
+  EXPECT_EQ(repeat.layer, Layer::kRedisGuard);
+  checked.set_value();
+  first.join();
+  EXPECT_EQ(ledger_rows(), 1);
+}
+
+TEST_F(DeduplicatorTest, ManualRenewalReportsALostClaim) {
+  Setup s = setup();
+  s.guard.lease = std::chrono::milliseconds(100);
+  const auto short_lease = make(s);
+  const Outcome o = short_lease->run(request("r1", "l2"), [&](Context& context) {
+    EXPECT_TRUE(context.renew());
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the lease ends in Redis
+    RedisGuard thief(s.guard);
+    EXPECT_EQ(thief.claim(context.key(), "thief", "").status, ClaimStatus::kFirst);
+    EXPECT_FALSE(context.renew());
+    EXPECT_TRUE(context.lease_lost());
+    return std::string("done");
+  });
+  EXPECT_EQ(o.kind, Outcome::Kind::kExecuted);
+}
+
+TEST_F(DeduplicatorTest, ContextCarriesTheCallsIdentity) {
+  Request r = request("r-ctx", "x1");
+  r.attempt = 3;
+  const Outcome o = dedup_->run_transactional(r, [&](pqxx::transaction_base&, Context& context) {
+    EXPECT_EQ(context.request_id(), "r-ctx");
+    EXPECT_EQ(context.key(), "u1:refund:x1");
+    EXPECT_EQ(context.fingerprint(), Fingerprinter{}.fingerprint(R"({"amount":5})", "u1"));
+    EXPECT_EQ(context.attempt(), 3);
+    return std::string("ok");
+  });
+  EXPECT_EQ(o.kind, Outcome::Kind::kExecuted);
+}
+
+TEST_F(DeduplicatorTest, NonTransactionalRunWithSinkCommitsTheRowAroundTheHandler) {
+  const auto short_retention = make_deduplicator(std::chrono::milliseconds(50));
+  int runs = 0;
+  auto handler = [&] {
+    ++runs;
+    return std::string("sent");
+  };
+  EXPECT_EQ(short_retention->run(request("r1", "n1"), handler).kind, Outcome::Kind::kExecuted);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const Outcome again = short_retention->run(request("r1", "n1"), handler);
+  EXPECT_EQ(again.kind, Outcome::Kind::kDuplicate);
+  EXPECT_EQ(again.layer, Layer::kPgSink);
+  EXPECT_EQ(again.response, "sent");
+  EXPECT_EQ(runs, 1);
+}
+
+TEST_F(DeduplicatorTest, MetricsAndDecisionEventsSeeEveryCall) {
+  Setup s = setup();
+  auto metrics = std::make_shared<InProcessMetrics>();
+  std::vector<std::string> events;
+  std::mutex events_mutex;
+  s.dedup.metrics = metrics;
+  s.dedup.on_decision = [&](const DecisionEvent& e) {
+    std::lock_guard lock(events_mutex);
+    events.push_back(std::string(e.request_id) + "|" + std::string(e.key) + "|" + std::string(to_string(e.layer)) +
+                     "|" + std::string(to_string(e.outcome)) + "|" + std::to_string(e.attempt));
+  };
+  const auto observed = make(s);
+  (void)observed->run_transactional(request("r1", "e1"), refund("e1"));
+  (void)observed->run_transactional(request("r2", "e1"), refund("e1"));
+  EXPECT_EQ(metrics->decisions(Layer::kHandler, Outcome::Kind::kExecuted), 1u);
+  EXPECT_EQ(metrics->decisions(Layer::kRedisGuard, Outcome::Kind::kDuplicate), 1u);
+  EXPECT_DOUBLE_EQ(metrics->duplicate_rate(), 0.5);
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[0], "r1|u1:refund:e1|handler|executed|1");
+  EXPECT_EQ(events[1], "r2|u1:refund:e1|redis_guard|duplicate|1");
 }
 
 }  // namespace
