@@ -105,7 +105,9 @@ for mode in claim claim_plus_update; do
   json+="}"
   [[ $mode == claim ]] && json+=", "
 done
-json+=", \"seconds_per_run\": $seconds, \"runs\": $runs}"
+# The load on the machine during the run (benchmarks on shared cores are noisy: compare ratios).
+load="$(cut -d' ' -f1-3 /proc/loadavg | tr ' ' ',')"
+json+=", \"seconds_per_run\": $seconds, \"runs\": $runs, \"loadavg_1_5_15\": [$load]}"
 
 if [[ -n "$report" ]]; then
   printf '%s\n' "$json" >"$report"

@@ -83,6 +83,8 @@ void setup(const Args& args) {
 double run(const Args& args) {
   idem::PgSink sink(sink_options(args));
   const bool with_update = args.mode == "claim_plus_update";
+  const std::string update_sql =
+      "UPDATE \"" + args.schema + "\".accounts SET balance = balance + 1 WHERE id = $1";
   std::atomic<long> done{0};
   std::atomic<bool> stop{false};
   std::barrier ready(args.clients + 1);
@@ -108,8 +110,7 @@ double run(const Args& args) {
           }
           // Prepared once per connection (a repeat with the same text is a no-op), as pgbench -M
           // prepared does.
-          tx.conn().prepare("bench_update", "UPDATE " + tx.quote_name(args.schema) +
-                                                ".accounts SET balance = balance + 1 WHERE id = $1");
+          tx.conn().prepare("bench_update", update_sql);
           tx.exec_prepared("bench_update", account(rng));
         });
       };

@@ -19,7 +19,6 @@ namespace {
 constexpr std::size_t kMaxRequestIdBytes = 64;  // request_id varchar(64)
 constexpr int kClaimAttempts = 3;  // an expired or vanished row is retried, not looped on
 constexpr const char* kLockNotAvailable = "55P03";
-constexpr const char* kSavepoint = "SAVEPOINT idem_business_write";
 
 // Prepared statements of every pooled connection.
 constexpr const char* kClaim = "idem_claim";
@@ -247,7 +246,7 @@ void PgSink::complete(pqxx::transaction_base& tx, std::string_view key,
 bool PgSink::run_business_write(pqxx::transaction_base& tx,
                                  const std::function<void(pqxx::transaction_base&)>& write) {
   return detail::translating([&] {
-    tx.exec0(kSavepoint);
+    tx.exec0("SAVEPOINT idem_business_write");
     try {
       write(tx);
     } catch (const pqxx::unique_violation& error) {

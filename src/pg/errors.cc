@@ -4,6 +4,18 @@
 #include <string_view>
 
 namespace idem::detail {
+namespace {
+
+// libpqxx 6 turns SQLSTATE class 40 into transaction_rollback subclasses that keep no SQLSTATE;
+// this gives it back. Every one of them rolled the transaction back: a retry may succeed.
+const char* rollback_sqlstate(const pqxx::transaction_rollback& error) {
+  if (dynamic_cast<const pqxx::serialization_failure*>(&error) != nullptr) return "40001";
+  if (dynamic_cast<const pqxx::deadlock_detected*>(&error) != nullptr) return "40P01";
+  if (dynamic_cast<const pqxx::statement_completion_unknown*>(&error) != nullptr) return "40003";
+  return "40000";
+}
+
+}  // namespace
 
 bool is_connection_loss(const std::string& sqlstate) noexcept {
   return sqlstate.starts_with("08") || sqlstate == "57P01" || sqlstate == "57P02" ||
@@ -13,16 +25,18 @@ bool is_connection_loss(const std::string& sqlstate) noexcept {
 PostgresError translate(const pqxx::failure& error) {
   const std::string what = std::string("idem: postgres: ") + error.what();
   if (dynamic_cast<const pqxx::in_doubt_error*>(&error) != nullptr) {
-    return PostgresError(what + " (commit outcome unknown)", false);
+    // The connection died during COMMIT: not retryable as is, and the connection is gone.
+    return PostgresError(what + " (commit outcome unknown)", false, kConnectionLostSqlstate);
   }
-  if (dynamic_cast<const pqxx::broken_connection*>(&error) != nullptr ||
-      dynamic_cast<const pqxx::statement_completion_unknown*>(&error) != nullptr) {
+  if (dynamic_cast<const pqxx::broken_connection*>(&error) != nullptr) {
     return PostgresError(what, true, kConnectionLostSqlstate);
+  }
+  if (const auto* rollback = dynamic_cast<const pqxx::transaction_rollback*>(&error)) {
+    return PostgresError(what, true, rollback_sqlstate(*rollback));
   }
   const auto* sql = dynamic_cast<const pqxx::sql_error*>(&error);
   if (sql == nullptr || sql->sqlstate().empty()) return PostgresError(what, false);
-  static constexpr std::array<std::string_view, 4> kRetryable{"40001", "40P01", "55P03",
-                                                               "57014"};
+  static constexpr std::array<std::string_view, 2> kRetryable{"55P03", "57014"};
   const std::string& state = sql->sqlstate();
   bool retryable = is_connection_loss(state);
   for (std::string_view code : kRetryable) retryable = retryable || state == code;

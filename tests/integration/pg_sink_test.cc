@@ -4,6 +4,7 @@
 #include <pqxx/pqxx>
 
 #include <atomic>
+#include <barrier>
 #include <future>
 #include <memory>
 #include <stdexcept>
@@ -280,6 +281,36 @@ TEST_F(PgSinkTest, ATerminatedConnectionIsNeverHandedOutAgain) {
   std::int64_t next = 0;
   sink->transact([&](pqxx::transaction_base& tx) { next = tx.exec1("SELECT pg_backend_pid()")[0].as<std::int64_t>(); });
   EXPECT_NE(next, pid);
+}
+
+TEST_F(PgSinkTest, DeadlockIsARetryablePostgresError) {
+  PgSinkOptions opts = options();
+  opts.lock_timeout = std::chrono::milliseconds(0);  // let the deadlock detector decide
+  auto sink = make_sink(opts);
+  const std::string accounts = schema_->name() + ".accounts";
+  schema_->exec("CREATE TABLE " + accounts + " (id int PRIMARY KEY, n int NOT NULL);"
+                "INSERT INTO " + accounts + " VALUES (1, 0), (2, 0)");
+  std::barrier both_hold_one(2);
+  std::atomic<int> deadlocks{0};
+  const auto transfer = [&](int first, int second) {
+    try {
+      sink->transact([&](pqxx::transaction_base& tx) {
+        tx.exec0("UPDATE " + accounts + " SET n = n + 1 WHERE id = " + std::to_string(first));
+        both_hold_one.arrive_and_wait();
+        tx.exec0("UPDATE " + accounts + " SET n = n + 1 WHERE id = " + std::to_string(second));
+      });
+    } catch (const PostgresError& error) {
+      EXPECT_EQ(error.sqlstate(), "40P01");
+      EXPECT_TRUE(error.retryable());
+      ++deadlocks;
+    }
+  };
+  std::thread a(transfer, 1, 2);
+  std::thread b(transfer, 2, 1);
+  a.join();
+  b.join();
+  EXPECT_EQ(deadlocks.load(), 1);
+  EXPECT_EQ(schema_->count("SELECT sum(n) FROM " + accounts), 2);
 }
 
 TEST_F(PgSinkTest, InvalidOptionsAreConfigErrors) {
