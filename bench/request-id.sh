@@ -1,0 +1,1 @@
+request_id.sh

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# scripts/dev bench request_id (or request-id) [--report-json PATH] [--seconds S] [--runs N]
+#
+# Request-ID layer throughput (bench/request_id_bench.cc), each number the median of --runs
+# runs (default 5) of --seconds seconds (default 1) per measurement:
+#   snowflake_ids_per_s        one thread; the reference is the format's own limit, 4 096 IDs
+#                              per ms (snowflake_limit_ids_per_s), goal ratio >= 0.9
+#   uuid7_ids_per_s            one thread, canonical text
+#   local_cache_lookups_per_s  one thread, hits on a full 10 000-entry LocalCache
+# plus two-thread variants and, as *_cpu, rates per second of CPU time (steadier when the
+# cores are shared). --report-json writes
+#   {"snowflake_ids_per_s", "snowflake_limit_ids_per_s": 4096000, "snowflake_limit_ratio",
+#    "uuid7_ids_per_s", "local_cache_lookups_per_s", ..., "runs_detail": {name: [per run]}}
+set -euo pipefail
+
+report=""
+seconds=1
+runs=5
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --report-json) report="$2"; shift 2 ;;
+    --seconds) seconds="$2"; shift 2 ;;
+    --runs) runs="$2"; shift 2 ;;
+    *) echo "bench/request_id.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="${IDEM_BUILD_DIR:-$root/build}"
+cmake --build "$build" --target idem-bench-request-id >/dev/null
+harness="$build/bench/idem-bench-request-id"
+
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+for ((r = 0; r < runs; r++)); do
+  "$harness" --seconds "$seconds" >"$work/run$r.txt"
+done
+
+median() { printf '%s\n' "$@" | sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
+json_list() { local IFS=,; echo "[$*]"; }
+
+limit=4096000
+names="$(awk '{print $1}' "$work/run0.txt")"
+json="{"
+detail=""
+printf '%-40s %14s\n' measurement median
+for name in $names; do
+  values=()
+  for ((r = 0; r < runs; r++)); do
+    values+=("$(awk -v n="$name" '$1 == n {print $2}' "$work/run$r.txt")")
+  done
+  m="$(median "${values[@]}")"
+  printf '%-40s %14.0f\n' "$name" "$m"
+  json+="\"$name\": $m, "
+  detail+="\"$name\": $(json_list "${values[@]}"), "
+  if [[ $name == snowflake_ids_per_s ]]; then
+    ratio="$(awk -v a="$m" -v b="$limit" 'BEGIN {printf "%.3f", a / b}')"
+    printf '%-40s %14s\n' "snowflake_limit_ratio (goal >= 0.9)" "$ratio"
+    json+="\"snowflake_limit_ids_per_s\": $limit, \"snowflake_limit_ratio\": $ratio, "
+  fi
+done
+load="$(cut -d' ' -f1-3 /proc/loadavg | tr ' ' ',')"
+json+="\"seconds_per_run\": $seconds, \"runs\": $runs, \"loadavg_1_5_15\": [$load], "
+json+="\"runs_detail\": {${detail%, }}}"
+
+if [[ -n "$report" ]]; then
+  printf '%s\n' "$json" >"$report"
+  echo "report: $report" >&2
+fi
