@@ -99,6 +99,12 @@ ClaimResult claim_result(const redisReply& reply, std::string owner_token, std::
   }
   if (reply.type != REDIS_REPLY_STRING) throw detail::unexpected_reply(reply, "claim");
   detail::StoredRecord record = detail::decode_record(std::string_view(reply.str, reply.len));
+  if (record.owner_token == owner_token) {
+    // Our own record: an earlier send of this same attempt was executed before its connection
+    // failed, and this is the retry.
+    result.owner_token = std::move(owner_token);
+    return result;
+  }
   result.status = !request_id.empty() && record.request_id == request_id ? ClaimStatus::kRepeatSame
                                                                          : ClaimStatus::kRepeatOther;
   result.state = record.state;
@@ -122,15 +128,18 @@ struct RedisGuard::Impl {
         breaker(options.breaker) {}
 
   // Runs `body` on a pooled connection under the circuit breaker. A retryable RedisError
-  // counts as a failure; any answer from Redis (even an error reply) as a success.
+  // counts as a failure; any answer from Redis (even an error reply) as a success. When an
+  // idle pooled connection turns out closed by the server (a restart, an idle timeout), the
+  // other idle connections are dropped and `body` runs once more on a fresh connection; a
+  // timeout is never retried. `body` must be safe to repeat (every guard command is: a
+  // repeated claim recognises its own owner token).
   template <class Body>
   auto with_connection(Body&& body) -> decltype(body(std::declval<Connection&>())) {
     if (!breaker.allow(detail::CircuitBreaker::Clock::now())) {
       throw RedisError("idem: redis guard: circuit breaker open, Redis not tried", true);
     }
     try {
-      auto lease = pool.borrow();
-      auto result = body(*lease.operator->());
+      auto result = run_on_pool(body);
       breaker.on_success();
       return result;
     } catch (const RedisError& error) {
@@ -143,6 +152,19 @@ struct RedisGuard::Impl {
     } catch (...) {
       breaker.on_failure(detail::CircuitBreaker::Clock::now());
       throw;
+    }
+  }
+
+  template <class Body>
+  auto run_on_pool(Body& body) -> decltype(body(std::declval<Connection&>())) {
+    for (bool retried = false;; retried = true) {
+      auto lease = pool.borrow();
+      try {
+        return body(*lease);
+      } catch (const RedisError&) {
+        if (retried || !lease.reused() || !(*lease).closed_by_server()) throw;
+        pool.discard_idle();
+      }
     }
   }
 

@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "idem/export.h"
 #include "idem/record.h"
 
 namespace idem {
@@ -110,16 +111,16 @@ struct ClaimResult {
 
 /// One key of RedisGuard::claim_batch().
 struct ClaimRequest {
-  std::string_view key;          ///< Encoded key text (see IdempotencyKey::encode()).
-  std::string_view request_id;   ///< Request ID of the caller; may be empty.
-  std::string_view fingerprint;  ///< Payload fingerprint; empty when none.
+  std::string_view key{};          ///< Encoded key text (see IdempotencyKey::encode()).
+  std::string_view request_id{};   ///< Request ID of the caller; may be empty.
+  std::string_view fingerprint{};  ///< Payload fingerprint; empty when none.
 };
 
 /// State of the guard's circuit breaker.
 enum class BreakerState {
   kClosed,    ///< Calls go to Redis.
   kOpen,      ///< Calls throw idem::RedisError at once, without I/O, until the cool-down ends.
-  kHalfOpen,  ///< One probe call is in flight; others throw at once.
+  kHalfOpen,  ///< Cool-down over: the next call is a probe (others throw at once until it ends).
 };
 
 /// The Redis guard. Thread-safe: one instance serves all threads of a process through its
@@ -127,7 +128,7 @@ enum class BreakerState {
 /// unreachable (retryable() says whether the same call may succeed later), and at once, without
 /// I/O, while the circuit breaker is open. A failed call never yields kFirst: when claim()
 /// throws, the caller does not own the key (it may own it in Redis, until the lease ends).
-class RedisGuard {
+class IDEM_EXPORT RedisGuard {
  public:
   /// Throws idem::ConfigError on invalid options. Does not connect until first use.
   explicit RedisGuard(RedisGuardOptions options);

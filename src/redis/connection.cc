@@ -87,6 +87,10 @@ ReplyPtr Connection::read_reply() {
 
 void Connection::fail(int saved_errno, std::string_view during) {
   broken_ = true;
+  closed_by_server_ = context_ != nullptr &&
+                      (context_->err == REDIS_ERR_EOF ||
+                       (context_->err == REDIS_ERR_IO &&
+                        (saved_errno == ECONNRESET || saved_errno == EPIPE || saved_errno == ECONNABORTED)));
   throw context_error(context_.get(), saved_errno, during);
 }
 

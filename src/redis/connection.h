@@ -40,6 +40,10 @@ class Connection {
   /// the stream may hold a late or partial reply, so the connection must not be used again.
   [[nodiscard]] bool broken() const noexcept { return broken_; }
 
+  /// True when the failure showed the server had closed the connection (EOF, reset, broken
+  /// pipe) rather than a timeout: typical of an idle pooled connection after a server restart.
+  [[nodiscard]] bool closed_by_server() const noexcept { return closed_by_server_; }
+
  private:
   struct ContextDeleter {
     void operator()(redisContext* context) const noexcept;
@@ -49,6 +53,7 @@ class Connection {
 
   std::unique_ptr<redisContext, ContextDeleter> context_;
   bool broken_ = false;
+  bool closed_by_server_ = false;
 };
 
 }  // namespace idem::detail

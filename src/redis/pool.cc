@@ -17,14 +17,14 @@ Pool::Lease Pool::borrow() {
   if (!idle_.empty()) {
     std::unique_ptr<Connection> connection = std::move(idle_.back());
     idle_.pop_back();
-    return Lease(*this, std::move(connection));
+    return Lease(*this, std::move(connection), true);
   }
   if (last_connect_error_ != nullptr && std::chrono::steady_clock::now() < retry_after_) {
     std::rethrow_exception(last_connect_error_);
   }
   ++open_;
   lock.unlock();
-  return Lease(*this, connect());
+  return Lease(*this, connect(), false);
 }
 
 std::unique_ptr<Connection> Pool::connect() {
@@ -56,6 +56,16 @@ void Pool::give_back(std::unique_ptr<Connection> connection) noexcept {
   }
   returned_.notify_one();
   // A broken connection is destroyed here, outside the lock.
+}
+
+void Pool::discard_idle() noexcept {
+  std::vector<std::unique_ptr<Connection>> discarded;
+  {
+    std::lock_guard lock(mutex_);
+    discarded.swap(idle_);
+    open_ -= discarded.size();
+  }
+  returned_.notify_all();
 }
 
 }  // namespace idem::detail

@@ -27,8 +27,8 @@ class Pool {
   /// destroyed, so a late reply can never answer a later command).
   class Lease {
    public:
-    Lease(Pool& pool, std::unique_ptr<Connection> connection) noexcept
-        : pool_(&pool), connection_(std::move(connection)) {}
+    Lease(Pool& pool, std::unique_ptr<Connection> connection, bool reused) noexcept
+        : pool_(&pool), connection_(std::move(connection)), reused_(reused) {}
     Lease(Lease&& other) noexcept = default;
     Lease& operator=(Lease&&) = delete;
     Lease(const Lease&) = delete;
@@ -36,11 +36,14 @@ class Pool {
     ~Lease() {
       if (connection_ != nullptr) pool_->give_back(std::move(connection_));
     }
-    Connection* operator->() const noexcept { return connection_.get(); }
+    Connection& operator*() const noexcept { return *connection_; }
+    /// Whether the connection was idle in the pool (rather than opened for this borrow).
+    [[nodiscard]] bool reused() const noexcept { return reused_; }
 
    private:
     Pool* pool_;
     std::unique_ptr<Connection> connection_;
+    bool reused_;
   };
 
   explicit Pool(PoolSettings settings) : settings_(std::move(settings)) {}
@@ -49,6 +52,10 @@ class Pool {
   /// exist, else the first returned within `borrow_timeout`. Throws idem::RedisError
   /// (retryable) on timeout, during the reconnect backoff, or when connecting fails.
   [[nodiscard]] Lease borrow();
+
+  /// Destroys every idle connection (after one was found closed by the server, the others,
+  /// opened to the same server, are presumed closed too).
+  void discard_idle() noexcept;
 
  private:
   void give_back(std::unique_ptr<Connection> connection) noexcept;

@@ -90,6 +90,7 @@ RedisEndpoint parse_redis_url(std::string_view url) {
   if (host.empty()) bad_url(url, "missing host");
   endpoint.host = std::string(host);
   if (!port.empty() || rest.ends_with(':')) endpoint.port = parse_number(url, port, 65535, "port");
+  if (endpoint.port == 0) bad_url(url, "port must not be 0");
   return endpoint;
 }
 

@@ -18,7 +18,8 @@ extern char** environ;
 namespace idem::test {
 namespace {
 
-// Runs `argv` (searched in PATH); returns its exit status and, when `output` is set, its stdout.
+// Runs `argv` (searched in PATH); returns its exit status and, when `output` is set, its
+// stdout and stderr.
 int run(const std::vector<std::string>& argv, std::string* output) {
   std::vector<char*> args;
   for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
@@ -28,6 +29,7 @@ int run(const std::vector<std::string>& argv, std::string* output) {
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], STDOUT_FILENO);
+  posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], STDERR_FILENO);
   posix_spawn_file_actions_addclose(&actions, pipe_fds[0]);
   pid_t pid = -1;
   const int spawned = posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), environ);
@@ -70,7 +72,8 @@ std::string redis_cli(const std::string& url, const std::vector<std::string>& ar
   return output;
 }
 
-RedisServer::RedisServer(bool persistent) : persistent_(persistent) {
+RedisServer::RedisServer(bool persistent, std::vector<std::string> extra_args)
+    : persistent_(persistent), extra_args_(std::move(extra_args)) {
   char pattern[] = "/tmp/idem-redis-XXXXXX";
   if (::mkdtemp(pattern) == nullptr) throw std::runtime_error("mkdtemp failed");
   dir_ = pattern;
@@ -105,6 +108,7 @@ void RedisServer::start() {
   if (persistent_) {
     for (const char* arg : {"--appendonly", "yes", "--appendfsync", "always"}) argv.emplace_back(arg);
   }
+  argv.insert(argv.end(), extra_args_.begin(), extra_args_.end());
   std::vector<char*> args;
   for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
   args.push_back(nullptr);
@@ -116,7 +120,7 @@ void RedisServer::start() {
   const std::vector<std::string> ping = {"redis-cli", "-p", std::to_string(port_), "PING"};
   for (int attempt = 0; attempt < 500; ++attempt) {
     std::string answer;
-    if (run(ping, &answer) == 0 && answer == "PONG") return;
+    if (run(ping, &answer) == 0 && (answer == "PONG" || answer.starts_with("NOAUTH"))) return;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   kill();

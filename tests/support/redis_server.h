@@ -11,7 +11,7 @@
 
 namespace idem::test {
 
-/// Runs `redis-cli -u url args...` and returns its standard output (trailing newline removed).
+/// Runs `redis-cli -u url args...` and returns its output (trailing newline removed).
 /// Fails the calling test (ADD_FAILURE) when redis-cli exits with an error.
 std::string redis_cli(const std::string& url, const std::vector<std::string>& args);
 
@@ -21,7 +21,8 @@ class RedisServer {
   /// Starts redis-server on a free port and waits until it answers PING. With `persistent`,
   /// the server writes an append-only file fsynced on every write (so a reply is only sent for
   /// a durable write) and restart() reloads it. Throws std::runtime_error when it cannot start.
-  explicit RedisServer(bool persistent = false);
+  /// `extra_args` are appended to the redis-server command line (e.g. {"--requirepass", "pw"}).
+  explicit RedisServer(bool persistent = false, std::vector<std::string> extra_args = {});
   /// Kills the server (if running) and removes its directory.
   ~RedisServer();
   RedisServer(const RedisServer&) = delete;
@@ -29,6 +30,8 @@ class RedisServer {
 
   /// `redis://127.0.0.1:<port>/0`.
   [[nodiscard]] std::string url() const;
+  /// The server's private directory (for a unix socket path, say).
+  [[nodiscard]] const std::filesystem::path& dir() const { return dir_; }
   /// Runs redis-cli against this server.
   std::string cli(const std::vector<std::string>& args) const { return redis_cli(url(), args); }
   /// SIGKILL and reap; the port stays reserved for restart().
@@ -40,6 +43,7 @@ class RedisServer {
   void start();
 
   bool persistent_;
+  std::vector<std::string> extra_args_;
   int port_ = 0;
   std::filesystem::path dir_;
   pid_t pid_ = -1;

@@ -1,0 +1,71 @@
+// The guard's record encoding (src/redis/record.h): round trips and malformed input.
+#include "redis/record.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+
+#include "idem/errors.h"
+
+namespace idem::detail {
+namespace {
+
+const std::string kOwner = "0123456789abcdef0123456789abcdef";
+
+TEST(RedisRecord, ClaimRoundTripsWithSeparatorsInFields) {
+  const std::string value = encode_claim(kOwner, "req:1", std::string("f:p\0|", 5));
+  EXPECT_EQ(value.substr(0, 34), "1I" + kOwner);
+  const StoredRecord record = decode_record(value);
+  EXPECT_EQ(record.state, RecordState::kInProgress);
+  EXPECT_EQ(record.owner_token, kOwner);
+  EXPECT_EQ(record.request_id, "req:1");
+  EXPECT_EQ(record.fingerprint, std::string("f:p\0|", 5));
+  EXPECT_FALSE(record.response.has_value());
+  EXPECT_FALSE(record.response_sha256.has_value());
+}
+
+TEST(RedisRecord, CompletedRecordWithBodyAndWithHash) {
+  // What complete.lua writes: '1C' + owner + fields + response field.
+  const std::string fields = encode_claim(kOwner, "", "").substr(2);
+  const std::string body = "1C" + fields.substr(0, fields.size() - 1) + encode_response("5:x", 3);
+  EXPECT_EQ(decode_record(body).state, RecordState::kCompleted);
+  EXPECT_EQ(decode_record(body).response, "5:x");
+
+  const std::string hashed = "1C" + fields.substr(0, fields.size() - 1) + encode_response("abcd", 3);
+  EXPECT_FALSE(decode_record(hashed).response.has_value());
+  EXPECT_EQ(decode_record(hashed).response_sha256,
+            "88d4266fd4e6338d13b845fcf289579d209c897823b9217da3e161936f031589");
+}
+
+TEST(RedisRecord, EmptyResponseIsKeptAsEmptyNotAsNone) {
+  EXPECT_EQ(encode_response("", 0), "B");
+}
+
+TEST(RedisRecord, MalformedValuesAreNonRetryableRedisErrors) {
+  const std::string good = encode_claim(kOwner, "r", "f");
+  for (const std::string& bad : {std::string(), std::string("2I") + kOwner + "1:r1:f-", "1X" + kOwner + "1:r1:f-",
+                                 "1I" + kOwner + "9:r1:f-", "1I" + kOwner + "x:r1:f-", "1I" + kOwner + "1:r1:f",
+                                 "1I" + kOwner + "1:r1:f?", good.substr(0, 20)}) {
+    try {
+      (void)decode_record(bad);
+      ADD_FAILURE() << "accepted " << bad;
+    } catch (const RedisError& error) {
+      EXPECT_FALSE(error.retryable());
+    }
+  }
+}
+
+TEST(RedisRecord, OwnerTokensAre128BitHexAndUnique) {
+  std::set<std::string> tokens;
+  for (int i = 0; i < 1000; ++i) {
+    const std::string token = new_owner_token();
+    ASSERT_EQ(token.size(), kOwnerTokenSize);
+    ASSERT_EQ(token.find_first_not_of("0123456789abcdef"), std::string::npos);
+    tokens.insert(token);
+  }
+  EXPECT_EQ(tokens.size(), 1000U);
+}
+
+}  // namespace
+}  // namespace idem::detail
