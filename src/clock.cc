@@ -10,8 +10,7 @@ template <class StdClock>
 class StdChronoClock final : public Clock {
  public:
   std::int64_t now_ms() noexcept override {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(
-               StdClock::now().time_since_epoch())
+    return std::chrono::duration_cast<std::chrono::milliseconds>(StdClock::now().time_since_epoch())
         .count();
   }
 };

@@ -21,7 +21,7 @@ struct LocalCache::Shard {
 
   mutable std::mutex mu;
   std::size_t capacity = 0;
-  List lru;  // front: most recently used
+  List lru;                                                    // front: most recently used
   std::unordered_map<std::string_view, List::iterator> index;  // views into Entry::key
 
   void remove(List::iterator it) {
@@ -56,7 +56,7 @@ LocalCache::~LocalCache() = default;
 LocalCache::Shard& LocalCache::shard_for(std::string_view key) const noexcept {
   if (shard_count_ == 1) return shards_[0];
   // Fibonacci hashing on the top bits, so the shard does not follow the bucket index.
-  const std::uint64_t h = std::hash<std::string_view>{}(key) * 0x9e3779b97f4a7c15ULL;
+  const std::uint64_t h = std::hash<std::string_view>{}(key)*0x9e3779b97f4a7c15ULL;
   return shards_[h >> shard_shift_];
 }
 

@@ -1,11 +1,11 @@
 #include "idem/request_id.h"
 
 #include <openssl/rand.h>
+#include <simdjson.h>
 
 #include <array>
 #include <cstdint>
 #include <mutex>
-#include <simdjson.h>
 
 #include "idem/errors.h"
 
@@ -275,10 +275,14 @@ std::string Uuid7Generator::next() {
 
 std::string_view header_name(RequestIdHeader header) noexcept {
   switch (header) {
-    case RequestIdHeader::kIdempotencyKey: return "Idempotency-Key";
-    case RequestIdHeader::kXIdempotencyKey: return "X-Idempotency-Key";
-    case RequestIdHeader::kXRequestId: return "X-Request-ID";
-    case RequestIdHeader::kFcRequestId: return "x-fc-request-id";
+    case RequestIdHeader::kIdempotencyKey:
+      return "Idempotency-Key";
+    case RequestIdHeader::kXIdempotencyKey:
+      return "X-Idempotency-Key";
+    case RequestIdHeader::kXRequestId:
+      return "X-Request-ID";
+    case RequestIdHeader::kFcRequestId:
+      return "x-fc-request-id";
   }
   return "";
 }
@@ -297,7 +301,8 @@ std::optional<InboundRequestId> extract_request_id(const Headers& headers,
     }
     if (fields == 0) continue;
     if (source == RequestIdHeader::kXRequestId) {
-      if (fields == 1 && is_valid_request_id(*value)) return InboundRequestId{*value, source, false};
+      if (fields == 1 && is_valid_request_id(*value))
+        return InboundRequestId{*value, source, false};
       std::string id = generate ? generate() : default_generate();
       validate_request_id(id);
       return InboundRequestId{std::move(id), source, true};
@@ -383,12 +388,15 @@ class JsonLocator {
       : base_(json.data()), tokens_(tokens) {}
 
   JsonTarget locate(ondemand::document& doc) {
-    const auto root_start = static_cast<std::size_t>(
-        std::string_view(base_).find_first_not_of(" \t\r\n"));
+    const auto root_start =
+        static_cast<std::size_t>(std::string_view(base_).find_first_not_of(" \t\r\n"));
     switch (doc.type()) {
-      case ondemand::json_type::object: return in_object(doc.get_object(), root_start, 0);
-      case ondemand::json_type::array: return in_array(doc.get_array(), 0);
-      default: return {};
+      case ondemand::json_type::object:
+        return in_object(doc.get_object(), root_start, 0);
+      case ondemand::json_type::array:
+        return in_array(doc.get_array(), 0);
+      default:
+        return {};
     }
   }
 
@@ -404,8 +412,10 @@ class JsonLocator {
         const std::size_t open = offset(value.raw_json_token());
         return in_object(value.get_object(), open, depth);
       }
-      case ondemand::json_type::array: return in_array(value.get_array(), depth);
-      default: return {};
+      case ondemand::json_type::array:
+        return in_array(value.get_array(), depth);
+      default:
+        return {};
     }
   }
 
@@ -430,8 +440,8 @@ class JsonLocator {
 
   JsonTarget in_array(ondemand::array array, std::size_t depth) {
     const std::string& token = tokens_[depth];
-    const bool is_index = !token.empty() && token.find_first_not_of("0123456789") ==
-                                                std::string::npos &&
+    const bool is_index = !token.empty() &&
+                          token.find_first_not_of("0123456789") == std::string::npos &&
                           (token == "0" || token.front() != '0');
     JsonTarget found;
     std::size_t index = 0;
@@ -455,7 +465,8 @@ class JsonLocator {
     target.begin = offset(token);
     target.end = target.begin + token.size();
     target.is_null = type == ondemand::json_type::null;
-    if (type == ondemand::json_type::string) target.string = std::string(std::string_view(value.get_string()));
+    if (type == ondemand::json_type::string)
+      target.string = std::string(std::string_view(value.get_string()));
     return target;
   }
 
@@ -470,7 +481,8 @@ JsonTarget locate_in_json(std::string_view payload, std::string_view pointer) {
   thread_local simdjson::dom::parser validator;
   thread_local ondemand::parser parser;
   if (const auto error = validator.parse(json).error()) {
-    throw PayloadError(std::string("idem: invalid JSON payload: ") + simdjson::error_message(error));
+    throw PayloadError(std::string("idem: invalid JSON payload: ") +
+                       simdjson::error_message(error));
   }
   try {
     ondemand::document doc = parser.iterate(json);
@@ -504,10 +516,10 @@ std::string json_quote(std::string_view text) {
 }  // namespace
 
 std::optional<std::string> request_id_from_json(std::string_view payload,
-                                                 std::string_view pointer) {
+                                                std::string_view pointer) {
   JsonTarget target = locate_in_json(payload, pointer);
-  if (target.kind == JsonTarget::Kind::kAbsent ||
-      target.kind == JsonTarget::Kind::kMissingMember || target.is_null) {
+  if (target.kind == JsonTarget::Kind::kAbsent || target.kind == JsonTarget::Kind::kMissingMember ||
+      target.is_null) {
     return std::nullopt;
   }
   if (!target.string) throw InvalidRequestId("idem: the request-ID member is not a string");
@@ -538,7 +550,8 @@ std::string inject_request_id_json(std::string_view payload, std::string_view id
     }
     case JsonTarget::Kind::kContainer:
       throw PayloadError("idem: the request-ID member holds an object or array");
-    case JsonTarget::Kind::kAbsent: break;
+    case JsonTarget::Kind::kAbsent:
+      break;
   }
   throw PayloadError("idem: the request-ID member's parent is not in the payload");
 }

@@ -135,7 +135,8 @@ SeedIdFormat::SeedIdFormat(std::string key) : key_(std::move(key)) {
 }
 
 std::string SeedIdFormat::format(std::uint64_t snowflake, std::string_view user_id) const {
-  const std::string_view tail = user_id.substr(user_id.size() - std::min<std::size_t>(8, user_id.size()));
+  const std::string_view tail =
+      user_id.substr(user_id.size() - std::min<std::size_t>(8, user_id.size()));
   std::array<unsigned char, EVP_MAX_MD_SIZE> mac{};
   unsigned int mac_len = 0;
   if (HMAC(EVP_sha256(), key_.data(), static_cast<int>(key_.size()),

@@ -6,10 +6,12 @@
 #include <cstdint>
 #include <memory>
 
+#include "idem/export.h"
+
 namespace idem {
 
 /// A source of time in milliseconds. Implementations are thread-safe.
-class Clock {
+class IDEM_EXPORT Clock {
  public:
   virtual ~Clock() = default;
 
@@ -26,14 +28,14 @@ class Clock {
 
 /// The wall clock (std::chrono::system_clock), ms since the Unix epoch. It may step backwards
 /// (NTP, manual changes). One shared instance.
-[[nodiscard]] std::shared_ptr<Clock> system_clock();
+[[nodiscard]] IDEM_EXPORT std::shared_ptr<Clock> system_clock();
 
 /// The monotonic clock (std::chrono::steady_clock), in ms. One shared instance.
-[[nodiscard]] std::shared_ptr<Clock> steady_clock();
+[[nodiscard]] IDEM_EXPORT std::shared_ptr<Clock> steady_clock();
 
 /// A clock that only moves when told, for tests. wait_until_ms() jumps straight to the
 /// target (as if the time had passed) and counts the waits. Thread-safe.
-class ManualClock final : public Clock {
+class IDEM_EXPORT ManualClock final : public Clock {
  public:
   explicit ManualClock(std::int64_t start_ms = 0) noexcept : now_(start_ms) {}
 

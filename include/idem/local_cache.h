@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include "idem/clock.h"
+#include "idem/export.h"
 
 namespace idem {
 
@@ -35,7 +36,7 @@ struct LocalCacheOptions {
 /// Memory: the hash buckets cost 8 bytes x max_entries from construction; each entry then
 /// costs at most kEntryOverheadBytes, plus, for a key or response longer than 15 bytes, its
 /// length + kLongStringOverheadBytes (std::string keeps up to 15 bytes inline).
-class LocalCache {
+class IDEM_EXPORT LocalCache {
  public:
   /// Upper bound of the heap bytes of one entry beyond its key and response (two heap nodes:
   /// the LRU list node and the index node, allocator rounding included).

@@ -8,11 +8,13 @@
 #include <type_traits>
 #include <utility>
 
+#include "idem/export.h"
+
 namespace idem {
 
 /// A request's propagated identity: its request ID (empty when none). Copyable, a value;
 /// capture it where the work is handed off and open a RequestScope with it where it resumes.
-class RequestContext {
+class IDEM_EXPORT RequestContext {
  public:
   /// No request ID.
   RequestContext() = default;
@@ -38,11 +40,12 @@ class RequestContext {
 /// the previous one (scopes nest). Not copyable or movable: it lives on one thread's stack.
 /// In a coroutine, never keep a scope across a `co_await` (the coroutine may resume on
 /// another thread): keep a RequestContext in the frame and open a scope after each resume.
-class RequestScope {
+class IDEM_EXPORT RequestScope {
  public:
   explicit RequestScope(RequestContext context) noexcept;
   /// Throws idem::InvalidRequestId unless `request_id` is valid.
-  explicit RequestScope(std::string request_id) : RequestScope(RequestContext(std::move(request_id))) {}
+  explicit RequestScope(std::string request_id)
+      : RequestScope(RequestContext(std::move(request_id))) {}
   ~RequestScope();
   RequestScope(const RequestScope&) = delete;
   RequestScope& operator=(const RequestScope&) = delete;
@@ -54,7 +57,7 @@ class RequestScope {
 
 /// The calling thread's current request ID; empty outside any RequestScope. The reference
 /// stays valid until the innermost scope ends.
-[[nodiscard]] const std::string& current_request_id() noexcept;
+[[nodiscard]] IDEM_EXPORT const std::string& current_request_id() noexcept;
 
 /// Wraps `fn` so it runs, on whatever thread calls it, inside the context current here and
 /// now: `pool.submit(idem::bind([] { ... current_request_id() ... }))`.

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "idem/clock.h"
+#include "idem/export.h"
 
 namespace idem {
 
@@ -21,18 +22,18 @@ inline constexpr std::size_t kMaxRequestIdBytes = 64;
 
 /// True when `id` is 1–64 bytes of `[A-Za-z0-9._~:-]` (which excludes every control byte,
 /// CR/LF and NUL among them). Thread-safe.
-[[nodiscard]] bool is_valid_request_id(std::string_view id) noexcept;
+[[nodiscard]] IDEM_EXPORT bool is_valid_request_id(std::string_view id) noexcept;
 
 /// Throws idem::InvalidRequestId (with a message that never echoes raw input bytes) unless
 /// is_valid_request_id(id).
-void validate_request_id(std::string_view id);
+IDEM_EXPORT void validate_request_id(std::string_view id);
 
 /// Generates RFC 9562 version 7 UUIDs: 48-bit Unix millisecond timestamp, version and variant
 /// bits, a 42-bit counter that keeps IDs strictly increasing within one millisecond (RFC 9562
 /// §6.2 method 1, seeded randomly each millisecond; on overflow or a clock step back the
 /// timestamp is carried forward instead of going back), and 32 random bits (OpenSSL CSPRNG).
 /// Text form is the canonical lowercase 8-4-4-4-12 (36 bytes). Thread-safe (one mutex).
-class Uuid7Generator {
+class IDEM_EXPORT Uuid7Generator {
  public:
   /// `clock`: ms since the Unix epoch; null means system_clock().
   explicit Uuid7Generator(std::shared_ptr<Clock> clock = nullptr);
@@ -54,11 +55,11 @@ class Uuid7Generator {
 /// ignored, and the leading and trailing spaces RFC 8941 §4.2 discards. Returns the
 /// unescaped string, or std::nullopt when `value` is not exactly such an Item (a token, a
 /// list, trailing bytes...). Thread-safe.
-[[nodiscard]] std::optional<std::string> parse_sf_string(std::string_view value);
+[[nodiscard]] IDEM_EXPORT std::optional<std::string> parse_sf_string(std::string_view value);
 
 /// `value` as an RFC 8941 sf-string: quoted, `"` and `\` escaped. Throws
 /// idem::InvalidRequestId for bytes an sf-string cannot hold (controls, non-ASCII).
-[[nodiscard]] std::string format_sf_string(std::string_view value);
+[[nodiscard]] IDEM_EXPORT std::string format_sf_string(std::string_view value);
 
 /// Inbound or outbound header list: (name, value) pairs in wire order. Names compare
 /// case-insensitively (RFC 9110 §5.1).
@@ -66,14 +67,15 @@ using Headers = std::vector<std::pair<std::string, std::string>>;
 
 /// The headers that carry a request ID, in extraction precedence order.
 enum class RequestIdHeader {
-  kIdempotencyKey,   ///< `Idempotency-Key` (IETF draft-ietf-httpapi-idempotency-key-header): an RFC 8941 sf-string.
+  kIdempotencyKey,   ///< `Idempotency-Key` (IETF draft-ietf-httpapi-idempotency-key-header): an RFC
+                     ///< 8941 sf-string.
   kXIdempotencyKey,  ///< `X-Idempotency-Key`: the plain value.
   kXRequestId,       ///< `X-Request-ID`: the plain value; invalid → replaced by a generated ID.
   kFcRequestId,      ///< `x-fc-request-id` (Function Compute): the plain value.
 };
 
 /// The header's canonical name, e.g. "Idempotency-Key".
-[[nodiscard]] std::string_view header_name(RequestIdHeader header) noexcept;
+[[nodiscard]] IDEM_EXPORT std::string_view header_name(RequestIdHeader header) noexcept;
 
 /// A request ID taken from inbound headers.
 struct InboundRequestId {
@@ -94,18 +96,19 @@ struct InboundRequestId {
 /// key is never stripped or truncated into another key. An invalid `X-Request-ID` (a
 /// tracing header, not a key) is replaced by `generate()` and reported in `replaced`;
 /// `generate` null means a process-wide Uuid7Generator. Thread-safe if `generate` is.
-[[nodiscard]] std::optional<InboundRequestId> extract_request_id(
+[[nodiscard]] IDEM_EXPORT std::optional<InboundRequestId> extract_request_id(
     const Headers& headers, const std::function<std::string()>& generate = {});
 
 /// extract_request_id(headers) without the source and replacement report:
 /// the request ID, or std::nullopt. Throws like extract_request_id().
-[[nodiscard]] std::optional<std::string> request_id_from_headers(const Headers& headers);
+[[nodiscard]] IDEM_EXPORT std::optional<std::string> request_id_from_headers(
+    const Headers& headers);
 
 /// Sets `header` to `id` in an outbound header list: removes every field of that name
 /// (case-insensitive) and appends one; `Idempotency-Key` is written as an sf-string.
 /// Throws idem::InvalidRequestId unless `id` is valid, so no control byte reaches the wire.
-void inject_request_id(Headers& headers, std::string_view id,
-                       RequestIdHeader header = RequestIdHeader::kXRequestId);
+IDEM_EXPORT void inject_request_id(Headers& headers, std::string_view id,
+                                   RequestIdHeader header = RequestIdHeader::kXRequestId);
 
 /// Where request IDs live in JSON payloads: an RFC 6901 JSON Pointer.
 inline constexpr std::string_view kDefaultRequestIdPointer = "/requestId";
@@ -114,7 +117,7 @@ inline constexpr std::string_view kDefaultRequestIdPointer = "/requestId";
 /// the member is absent or null. Throws idem::PayloadError for invalid JSON or a duplicate
 /// member name along the path, idem::InvalidRequestId when the value is not a string holding
 /// a valid request ID, idem::ConfigError for a malformed or empty pointer. Thread-safe.
-[[nodiscard]] std::optional<std::string> request_id_from_json(
+[[nodiscard]] IDEM_EXPORT std::optional<std::string> request_id_from_json(
     std::string_view payload, std::string_view pointer = kDefaultRequestIdPointer);
 
 /// Returns `payload` with the string `id` at `pointer`: an existing scalar there is replaced,
@@ -122,7 +125,7 @@ inline constexpr std::string_view kDefaultRequestIdPointer = "/requestId";
 /// Throws idem::InvalidRequestId for an invalid `id`; idem::PayloadError for invalid JSON, a
 /// duplicate member name along the path, a missing parent, or an object/array at the target;
 /// idem::ConfigError for a malformed or empty pointer. Thread-safe.
-[[nodiscard]] std::string inject_request_id_json(
+[[nodiscard]] IDEM_EXPORT std::string inject_request_id_json(
     std::string_view payload, std::string_view id,
     std::string_view pointer = kDefaultRequestIdPointer);
 

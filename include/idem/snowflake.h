@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "idem/clock.h"
+#include "idem/export.h"
 
 namespace idem {
 
@@ -52,7 +53,7 @@ struct SnowflakeParts {
 /// An ID's timestamp is never ahead of the clock reading that issued it.
 ///
 /// Thread-safe and lock-free: the whole state is one atomic 64-bit word updated by CAS.
-class SnowflakeGenerator {
+class IDEM_EXPORT SnowflakeGenerator {
  public:
   /// Throws idem::ConfigError for a worker ID outside 0–1023, a negative wait, or an epoch
   /// that is negative, in the future, or more than 2^41 ms in the past.
@@ -84,23 +85,25 @@ inline constexpr std::size_t kSnowflakeBase32Length = 13;
 
 /// Decimal text of a Snowflake ID (1–20 digits; not fixed-length, so it does not sort as
 /// text). Thread-safe.
-[[nodiscard]] std::string snowflake_to_decimal(std::uint64_t id);
+[[nodiscard]] IDEM_EXPORT std::string snowflake_to_decimal(std::uint64_t id);
 /// Parses decimal text made only of digits; std::nullopt when malformed or over 64 bits.
-[[nodiscard]] std::optional<std::uint64_t> snowflake_from_decimal(std::string_view text) noexcept;
+[[nodiscard]] IDEM_EXPORT std::optional<std::uint64_t> snowflake_from_decimal(
+    std::string_view text) noexcept;
 
 /// Crockford base32 (digits and uppercase letters without I, L, O, U), 13 characters,
 /// zero-padded, so the text sorts like the numbers. Thread-safe.
-[[nodiscard]] std::string snowflake_to_base32(std::uint64_t id);
+[[nodiscard]] IDEM_EXPORT std::string snowflake_to_base32(std::uint64_t id);
 /// Parses 13 Crockford base32 characters, case-insensitive, with Crockford's aliases
 /// (O→0, I and L→1); std::nullopt when malformed or over 64 bits.
-[[nodiscard]] std::optional<std::uint64_t> snowflake_from_base32(std::string_view text) noexcept;
+[[nodiscard]] IDEM_EXPORT std::optional<std::uint64_t> snowflake_from_base32(
+    std::string_view text) noexcept;
 
 /// The seed's request-ID format as a named option: the Snowflake ID in base32 (13 chars)
 /// followed by 8 base32 chars of HMAC-SHA-256(key, last 8 bytes of the user ID), 21 chars in
 /// all, a valid request ID. The user part is not reversible without the key, yet the same
 /// user always gives the same 8 chars (so IDs can be grouped by user without exposing it).
 /// Thread-safe (immutable after construction).
-class SeedIdFormat {
+class IDEM_EXPORT SeedIdFormat {
  public:
   /// Length of every formatted ID.
   static constexpr std::size_t kLength = kSnowflakeBase32Length + 8;

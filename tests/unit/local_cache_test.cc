@@ -1,3 +1,5 @@
+#include "idem/local_cache.h"
+
 #include <gtest/gtest.h>
 #include <malloc.h>
 
@@ -10,7 +12,6 @@
 
 #include "idem/clock.h"
 #include "idem/errors.h"
-#include "idem/local_cache.h"
 
 // Live heap bytes of this process (allocator chunks, header included), so the memory-per-entry
 // test measures what the cache really costs, rounding included.

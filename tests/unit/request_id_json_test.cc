@@ -17,7 +17,8 @@ TEST(RequestIdFromJson, ReadsTheDefaultMember) {
 }
 
 TEST(RequestIdFromJson, FollowsJsonPointers) {
-  const std::string payload = R"({"meta":{"id":"m-1"},"items":[{"id":"i-0"},{"id":"i-1"}],"a/b":{"c~d":"e-1"}})";
+  const std::string payload =
+      R"({"meta":{"id":"m-1"},"items":[{"id":"i-0"},{"id":"i-1"}],"a/b":{"c~d":"e-1"}})";
   EXPECT_EQ(request_id_from_json(payload, "/meta/id"), "m-1");
   EXPECT_EQ(request_id_from_json(payload, "/items/1/id"), "i-1");
   EXPECT_EQ(request_id_from_json(payload, "/items/2/id"), std::nullopt);
@@ -31,7 +32,8 @@ TEST(RequestIdFromJson, RejectsBadValuesPayloadsAndPointers) {
   EXPECT_THROW((void)request_id_from_json(R"({"requestId":"a\nb"})"), InvalidRequestId);
   EXPECT_THROW((void)request_id_from_json(R"({"requestId":""})"), InvalidRequestId);
   EXPECT_THROW((void)request_id_from_json(R"({"requestId":"a","requestId":"b"})"), PayloadError);
-  EXPECT_THROW((void)request_id_from_json(R"({"m":{"id":"a"},"m":{"id":"b"}})", "/m/id"), PayloadError);
+  EXPECT_THROW((void)request_id_from_json(R"({"m":{"id":"a"},"m":{"id":"b"}})", "/m/id"),
+               PayloadError);
   EXPECT_THROW((void)request_id_from_json(R"({"requestId":"a")"), PayloadError);
   EXPECT_THROW((void)request_id_from_json(R"({"requestId":"a"} x)"), PayloadError);
   EXPECT_THROW((void)request_id_from_json(R"({"requestId":"a"})", "requestId"), ConfigError);
@@ -43,7 +45,8 @@ TEST(InjectRequestIdJson, ReplacesOnlyTheValueBytes) {
   const std::string payload = "{ \"a\" : 1,  \"requestId\" : \"old\" , \"b\":[1, 2.50] }\n";
   EXPECT_EQ(inject_request_id_json(payload, "new-1"),
             "{ \"a\" : 1,  \"requestId\" : \"new-1\" , \"b\":[1, 2.50] }\n");
-  EXPECT_EQ(inject_request_id_json(R"({"requestId":null,"x":1})", "n-1"), R"({"requestId":"n-1","x":1})");
+  EXPECT_EQ(inject_request_id_json(R"({"requestId":null,"x":1})", "n-1"),
+            R"({"requestId":"n-1","x":1})");
   EXPECT_EQ(inject_request_id_json(R"({"requestId":12 })", "n-2"), R"({"requestId":"n-2" })");
 }
 

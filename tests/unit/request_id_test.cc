@@ -1,3 +1,5 @@
+#include "idem/request_id.h"
+
 #include <gtest/gtest.h>
 
 #include <set>
@@ -5,7 +7,6 @@
 
 #include "idem/clock.h"
 #include "idem/errors.h"
-#include "idem/request_id.h"
 
 namespace idem {
 namespace {
@@ -55,7 +56,7 @@ TEST(Uuid7, CanonicalLowercaseTextWithVersionAndVariant) {
       EXPECT_TRUE(is_lower_hex(id[i])) << i;
     }
   }
-  EXPECT_EQ(id[14], '7');                                     // version
+  EXPECT_EQ(id[14], '7');                                          // version
   EXPECT_NE(std::string("89ab").find(id[19]), std::string::npos);  // variant 10xx
   EXPECT_TRUE(is_valid_request_id(id));
 }
@@ -81,22 +82,22 @@ TEST(SfString, ParsesQuotedStringAndEscapes) {
 }
 
 TEST(SfString, RejectsEverythingElse) {
-  EXPECT_EQ(parse_sf_string("abc"), std::nullopt);          // a token, not a string
-  EXPECT_EQ(parse_sf_string("\"abc"), std::nullopt);        // unterminated
-  EXPECT_EQ(parse_sf_string("\"a\\nb\""), std::nullopt);    // only \" and \\ escapes
-  EXPECT_EQ(parse_sf_string("\"a\\\""), std::nullopt);      // escape eats the closing quote
-  EXPECT_EQ(parse_sf_string("\"a\nb\""), std::nullopt);     // control byte
+  EXPECT_EQ(parse_sf_string("abc"), std::nullopt);              // a token, not a string
+  EXPECT_EQ(parse_sf_string("\"abc"), std::nullopt);            // unterminated
+  EXPECT_EQ(parse_sf_string("\"a\\nb\""), std::nullopt);        // only \" and \\ escapes
+  EXPECT_EQ(parse_sf_string("\"a\\\""), std::nullopt);          // escape eats the closing quote
+  EXPECT_EQ(parse_sf_string("\"a\nb\""), std::nullopt);         // control byte
   EXPECT_EQ(parse_sf_string("\"caf\xc3\xa9\""), std::nullopt);  // non-ASCII
-  EXPECT_EQ(parse_sf_string("\"a\", \"b\""), std::nullopt);  // a list, not one item
-  EXPECT_EQ(parse_sf_string("\"a\"x"), std::nullopt);       // trailing garbage
-  EXPECT_EQ(parse_sf_string("\t\"a\""), std::nullopt);      // only SP is discarded
+  EXPECT_EQ(parse_sf_string("\"a\", \"b\""), std::nullopt);     // a list, not one item
+  EXPECT_EQ(parse_sf_string("\"a\"x"), std::nullopt);           // trailing garbage
+  EXPECT_EQ(parse_sf_string("\t\"a\""), std::nullopt);          // only SP is discarded
   EXPECT_EQ(parse_sf_string(""), std::nullopt);
 }
 
 TEST(SfString, ParsesAndIgnoresParameters) {
   EXPECT_EQ(parse_sf_string("\"abc\";a=1"), "abc");
   EXPECT_EQ(parse_sf_string("\"abc\";a;b=?0;c=:AQID:;d=tok/x:y;e=\"s\";f=-1.5;*g=*"), "abc");
-  EXPECT_EQ(parse_sf_string("\"abc\"; a=1"), "abc");  // SP after ';' is allowed
+  EXPECT_EQ(parse_sf_string("\"abc\"; a=1"), "abc");               // SP after ';' is allowed
   EXPECT_EQ(parse_sf_string("\"abc\";a=123456789012345"), "abc");  // 15 digits
 }
 
@@ -108,8 +109,8 @@ TEST(SfString, RejectsMalformedParameters) {
   EXPECT_EQ(parse_sf_string("\"abc\";a=1.2345"), std::nullopt);  // at most 3 fraction digits
   EXPECT_EQ(parse_sf_string("\"abc\";a=1234567890123456"), std::nullopt);  // 16 digits
   EXPECT_EQ(parse_sf_string("\"abc\";a=?2"), std::nullopt);
-  EXPECT_EQ(parse_sf_string("\"abc\";a=:AQID"), std::nullopt);   // unterminated byte sequence
-  EXPECT_EQ(parse_sf_string("\"abc\";a=\"x"), std::nullopt);     // unterminated string
+  EXPECT_EQ(parse_sf_string("\"abc\";a=:AQID"), std::nullopt);  // unterminated byte sequence
+  EXPECT_EQ(parse_sf_string("\"abc\";a=\"x"), std::nullopt);    // unterminated string
 }
 
 TEST(SfString, FormatRoundTripsAndRefusesControlBytes) {
@@ -177,8 +178,9 @@ TEST(ExtractRequestId, InvalidKeysAreRejectedNeverStrippedOrSkipped) {
   EXPECT_THROW((void)extract_request_id({{"Idempotency-Key", "ik-1"}, {"X-Request-ID", "r"}}),
                InvalidRequestId);  // a token, not an sf-string
   EXPECT_THROW((void)extract_request_id({{"Idempotency-Key", "\"a b\""}}), InvalidRequestId);
-  EXPECT_THROW((void)extract_request_id({{"Idempotency-Key", "\"a\""}, {"idempotency-key", "\"a\""}}),
-               InvalidRequestId);
+  EXPECT_THROW(
+      (void)extract_request_id({{"Idempotency-Key", "\"a\""}, {"idempotency-key", "\"a\""}}),
+      InvalidRequestId);
   EXPECT_THROW((void)extract_request_id({{"X-Idempotency-Key", "a\nb"}}), InvalidRequestId);
   EXPECT_THROW((void)extract_request_id({{"X-Idempotency-Key", "a"}, {"x-idempotency-key", "b"}}),
                InvalidRequestId);
@@ -200,8 +202,9 @@ TEST(ExtractRequestId, InvalidXRequestIdIsReplacedAndReported) {
   const auto by_default = extract_request_id({{"X-Request-ID", "bad value"}});
   EXPECT_TRUE(by_default->replaced);
   EXPECT_EQ(by_default->id.size(), 36U);  // a UUIDv7
-  EXPECT_THROW((void)extract_request_id({{"X-Request-ID", ""}}, [] { return std::string("bad id"); }),
-               InvalidRequestId);
+  EXPECT_THROW(
+      (void)extract_request_id({{"X-Request-ID", ""}}, [] { return std::string("bad id"); }),
+      InvalidRequestId);
 }
 
 TEST(InjectRequestId, ReplacesEveryFieldOfThatNameAndQuotesIdempotencyKey) {

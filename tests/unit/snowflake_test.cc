@@ -1,3 +1,5 @@
+#include "idem/snowflake.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,14 +12,14 @@
 #include "idem/clock.h"
 #include "idem/errors.h"
 #include "idem/request_id.h"
-#include "idem/snowflake.h"
 
 namespace idem {
 namespace {
 
-SnowflakeOptions options(std::int32_t worker_id, std::shared_ptr<Clock> clock,
-                         std::chrono::milliseconds epoch = std::chrono::milliseconds(0),
-                         std::chrono::milliseconds max_backward_wait = std::chrono::milliseconds(10)) {
+SnowflakeOptions options(
+    std::int32_t worker_id, std::shared_ptr<Clock> clock,
+    std::chrono::milliseconds epoch = std::chrono::milliseconds(0),
+    std::chrono::milliseconds max_backward_wait = std::chrono::milliseconds(10)) {
   SnowflakeOptions o;
   o.worker_id = worker_id;
   o.clock = std::move(clock);
@@ -38,8 +40,8 @@ TEST(Snowflake, RejectsBadOptions) {
   EXPECT_THROW(SnowflakeGenerator(options(1, clock, std::chrono::milliseconds(1001))),
                ConfigError);  // epoch in the future
   EXPECT_THROW(SnowflakeGenerator(options(1, clock, std::chrono::milliseconds(-1))), ConfigError);
-  EXPECT_THROW(SnowflakeGenerator(options(1, clock, std::chrono::milliseconds(0),
-                                          std::chrono::milliseconds(-1))),
+  EXPECT_THROW(SnowflakeGenerator(
+                   options(1, clock, std::chrono::milliseconds(0), std::chrono::milliseconds(-1))),
                ConfigError);
   EXPECT_NO_THROW(SnowflakeGenerator(options(0, clock)));
   EXPECT_NO_THROW(SnowflakeGenerator(options(1023, clock)));
@@ -147,13 +149,15 @@ TEST(Snowflake, TwoThreadsMillionIdsEachUniqueAndIncreasingPerThread) {
   }
   std::sort(all.begin(), all.end());
   EXPECT_TRUE(std::adjacent_find(all.begin(), all.end()) == all.end()) << "duplicate ID";
-  for (const std::uint64_t id : {all.front(), all.back()}) EXPECT_EQ(SnowflakeGenerator::decompose(id).worker_id, 3);
+  for (const std::uint64_t id : {all.front(), all.back()})
+    EXPECT_EQ(SnowflakeGenerator::decompose(id).worker_id, 3);
 }
 
 TEST(SnowflakeText, DecimalRoundTrip) {
   EXPECT_EQ(snowflake_to_decimal(0), "0");
   EXPECT_EQ(snowflake_to_decimal(4194324487), "4194324487");
-  EXPECT_EQ(snowflake_from_decimal("18446744073709551615"), std::numeric_limits<std::uint64_t>::max());
+  EXPECT_EQ(snowflake_from_decimal("18446744073709551615"),
+            std::numeric_limits<std::uint64_t>::max());
   EXPECT_EQ(snowflake_from_decimal("18446744073709551616"), std::nullopt);
   EXPECT_EQ(snowflake_from_decimal(""), std::nullopt);
   EXPECT_EQ(snowflake_from_decimal("12a"), std::nullopt);
@@ -171,7 +175,7 @@ TEST(SnowflakeText, Base32IsFixedLengthCrockford) {
   EXPECT_EQ(snowflake_from_base32("000000000000L"), 1U);
   EXPECT_EQ(snowflake_from_base32("G000000000000"), std::nullopt);  // over 64 bits
   EXPECT_EQ(snowflake_from_base32("000000000000U"), std::nullopt);
-  EXPECT_EQ(snowflake_from_base32("000000000000"), std::nullopt);   // 12 chars
+  EXPECT_EQ(snowflake_from_base32("000000000000"), std::nullopt);  // 12 chars
 }
 
 TEST(SnowflakeText, Base32SortsLikeTheNumbers) {
@@ -186,7 +190,8 @@ TEST(SnowflakeText, Base32SortsLikeTheNumbers) {
   }
   std::sort(values.begin(), values.end());
   std::sort(texts.begin(), texts.end());
-  for (std::size_t i = 0; i < values.size(); ++i) EXPECT_EQ(snowflake_from_base32(texts[i]), values[i]);
+  for (std::size_t i = 0; i < values.size(); ++i)
+    EXPECT_EQ(snowflake_from_base32(texts[i]), values[i]);
 }
 
 TEST(SeedIdFormat, SnowflakePlusKeyedHashOfTheUserTail) {
@@ -204,9 +209,7 @@ TEST(SeedIdFormat, SnowflakePlusKeyedHashOfTheUserTail) {
   EXPECT_EQ(format.format(id, "u1").size(), SeedIdFormat::kLength);  // short user IDs too
 }
 
-TEST(SeedIdFormat, ShortKeyIsConfigError) {
-  EXPECT_THROW(SeedIdFormat("short"), ConfigError);
-}
+TEST(SeedIdFormat, ShortKeyIsConfigError) { EXPECT_THROW(SeedIdFormat("short"), ConfigError); }
 
 }  // namespace
 }  // namespace idem
