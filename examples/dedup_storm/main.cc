@@ -14,6 +14,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -36,6 +37,8 @@ struct Settings {
   std::size_t workers = 8;
   std::int64_t accounts = 1000;
   std::chrono::milliseconds retention{2000};
+  std::chrono::milliseconds lease{3000};
+  bool chaos = false;
   std::string redis_url;
   std::string pg_url;
   std::string report_json;
@@ -47,6 +50,7 @@ struct ConfigResult {
   std::size_t duplicates_injected = 0;
   std::int64_t duplicate_effects = 0;
   std::int64_t lost_requests = 0;
+  std::size_t redeliveries = 0;  ///< Attempts redelivered after InProgress, Unavailable or an error.
   std::map<std::string, std::size_t> stopped_by_layer;
   std::map<std::string, std::size_t> outcomes;
   double deliveries_per_s = 0;
@@ -57,8 +61,10 @@ struct ConfigResult {
 [[noreturn]] void usage(const std::string& error) {
   std::cerr << "idem-storm: " << error << "\n"
             << "usage: idem-storm --redis-url URL --pg-url URL [--seed N] [--requests N]\n"
-            << "                  [--workers N] [--retention-ms N] [--configs none,request-id,redis,all]\n"
-            << "                  [--report-json PATH]\n";
+            << "                  [--workers N] [--retention-ms N] [--lease-ms N] [--chaos]\n"
+            << "                  [--configs none,request-id,redis,all] [--report-json PATH]\n"
+            << "  --chaos restarts Redis and PostgreSQL once each mid-run, with the commands in\n"
+            << "  IDEM_CHAOS_RESTART_REDIS and IDEM_CHAOS_RESTART_PG (scripts/dev demo sets them).\n";
   std::exit(2);
 }
 
@@ -79,12 +85,17 @@ Settings parse_settings(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "--help" || flag == "-h") usage("help");
+    if (flag == "--chaos") {
+      s.chaos = true;
+      continue;
+    }
     if (i + 1 >= argc) usage(flag + " needs a value");
     const std::string value = argv[++i];
     if (flag == "--seed") s.seed = parse_count(flag, value);
     else if (flag == "--requests") s.requests = parse_count(flag, value);
     else if (flag == "--workers") s.workers = parse_count(flag, value);
     else if (flag == "--retention-ms") s.retention = std::chrono::milliseconds(parse_count(flag, value));
+    else if (flag == "--lease-ms") s.lease = std::chrono::milliseconds(parse_count(flag, value));
     else if (flag == "--redis-url") s.redis_url = value;
     else if (flag == "--pg-url") s.pg_url = value;
     else if (flag == "--report-json") s.report_json = value;
@@ -103,6 +114,9 @@ Settings parse_settings(int argc, char** argv) {
     }
   }
   if (s.redis_url.empty() || s.pg_url.empty()) usage("--redis-url and --pg-url are required");
+  if (s.chaos && (std::getenv("IDEM_CHAOS_RESTART_REDIS") == nullptr || std::getenv("IDEM_CHAOS_RESTART_PG") == nullptr)) {
+    usage("--chaos needs IDEM_CHAOS_RESTART_REDIS and IDEM_CHAOS_RESTART_PG (run it as scripts/dev demo --chaos)");
+  }
   return s;
 }
 
@@ -152,6 +166,7 @@ std::unique_ptr<idem::Deduplicator> make_deduplicator(const Settings& s, const s
     guard.ns = config + "-" + std::to_string(::getpid()) + "-" +
                std::to_string(Clock::now().time_since_epoch().count());
     guard.retention = s.retention;
+    guard.lease = s.lease;
     options.guard = std::make_shared<idem::RedisGuard>(guard);
   }
   if (config == "all") {
@@ -159,6 +174,7 @@ std::unique_ptr<idem::Deduplicator> make_deduplicator(const Settings& s, const s
     sink.conninfo = s.pg_url;
     sink.schema = kSchema;
     sink.pool_size = s.workers;
+    sink.lease = s.lease;
     options.sink = std::make_shared<idem::PgSink>(sink);
     options.sink->migrate();
   }
@@ -186,7 +202,50 @@ std::string outcome_name(idem::Outcome::Kind kind) {
   return "unknown";
 }
 
-// Runs `deliveries` on `workers` threads; appends latencies (µs) and counts outcomes.
+// One worker's connection for the handlers of the configurations without a sink; reopened
+// after the server restarted (--chaos).
+class WorkerConnection {
+ public:
+  explicit WorkerConnection(std::string url) : url_(std::move(url)) {}
+  pqxx::connection& get() {
+    if (!conn_ || !conn_->is_open()) conn_.emplace(url_);
+    return *conn_;
+  }
+  void reset() noexcept { conn_.reset(); }
+
+ private:
+  std::string url_;
+  std::optional<pqxx::connection> conn_;
+};
+
+// Delivers `d` once. nullopt when the attempt failed and the message must be redelivered.
+std::optional<idem::Outcome> deliver_once(const std::string& config, idem::Deduplicator* dedup,
+                                          const storm::Delivery& d, WorkerConnection& conn) {
+  auto own_transaction = [&] {
+    pqxx::work tx(conn.get());
+    std::string response = apply_refund(tx, d);
+    tx.commit();
+    return response;
+  };
+  try {
+    if (dedup == nullptr) {
+      own_transaction();
+      return idem::Outcome{};
+    }
+    if (config == "all") {
+      return dedup->run_transactional(request_for(config, d),
+                                      [&](pqxx::transaction_base& tx) { return apply_refund(tx, d); });
+    }
+    return dedup->run(request_for(config, d), own_transaction);
+  } catch (const std::exception&) {
+    conn.reset();  // a broken connection is reopened on the next attempt
+    return std::nullopt;
+  }
+}
+
+// Runs `deliveries` on `workers` threads, like an at-least-once consumer: an attempt that failed
+// or found the first execution still in progress is redelivered after a backoff, until it is
+// decided (executed, duplicate or mismatch). Appends latencies (µs, per attempt) and counts.
 void deliver(const Settings& s, const std::string& config, idem::Deduplicator* dedup,
              const std::vector<storm::Delivery>& deliveries, std::vector<double>& latencies_us,
              ConfigResult& result, std::atomic<std::size_t>& delivered) {
@@ -195,37 +254,37 @@ void deliver(const Settings& s, const std::string& config, idem::Deduplicator* d
   std::vector<std::thread> threads;
   for (std::size_t w = 0; w < s.workers; ++w) {
     threads.emplace_back([&] {
-      pqxx::connection conn(s.pg_url);
+      WorkerConnection conn(s.pg_url);
       std::vector<double> local_latencies;
       std::map<std::string, std::size_t> local_outcomes, local_stopped;
+      std::size_t local_redeliveries = 0;
       for (std::size_t i = next++; i < deliveries.size(); i = next++) {
-        const storm::Delivery& d = deliveries[i];
-        const auto start = Clock::now();
-        idem::Outcome outcome;
-        if (dedup == nullptr) {
-          pqxx::work tx(conn);
-          apply_refund(tx, d);
-          tx.commit();
-        } else if (config == "all") {
-          outcome = dedup->run_transactional(request_for(config, d),
-                                             [&](pqxx::transaction_base& tx) { return apply_refund(tx, d); });
-        } else {
-          outcome = dedup->run(request_for(config, d), [&] {
-            pqxx::work tx(conn);
-            std::string response = apply_refund(tx, d);
-            tx.commit();
-            return response;
-          });
+        const auto give_up = Clock::now() + s.lease + std::chrono::seconds(60);
+        auto backoff = std::chrono::milliseconds(10);
+        std::optional<idem::Outcome> outcome;
+        while (true) {
+          const auto start = Clock::now();
+          outcome = deliver_once(config, dedup, deliveries[i], conn);
+          local_latencies.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count());
+          const bool decided = outcome && outcome->kind != idem::Outcome::Kind::kInProgress &&
+                               outcome->kind != idem::Outcome::Kind::kUnavailable;
+          if (decided || Clock::now() > give_up) break;
+          ++local_redeliveries;
+          std::this_thread::sleep_for(backoff);
+          backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
         }
-        local_latencies.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count());
         ++delivered;
-        ++local_outcomes[outcome_name(outcome.kind)];
-        if (outcome.kind != idem::Outcome::Kind::kExecuted) ++local_stopped[std::string(to_string(outcome.layer))];
+        const std::string kind = outcome ? outcome_name(outcome->kind) : "failed";
+        ++local_outcomes[kind];
+        if (outcome && outcome->kind != idem::Outcome::Kind::kExecuted) {
+          ++local_stopped[std::string(to_string(outcome->layer))];
+        }
       }
       std::lock_guard lock(merge_mutex);
       latencies_us.insert(latencies_us.end(), local_latencies.begin(), local_latencies.end());
       for (const auto& [k, v] : local_outcomes) result.outcomes[k] += v;
       for (const auto& [k, v] : local_stopped) result.stopped_by_layer[k] += v;
+      result.redeliveries += local_redeliveries;
     });
   }
   for (auto& t : threads) t.join();
@@ -256,6 +315,17 @@ ConfigResult run_config(const Settings& s, const std::string& config, const stor
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
     }
   });
+  // --chaos: restart Redis at a third of the deliveries and PostgreSQL at two thirds.
+  std::thread chaos([&] {
+    if (!s.chaos) return;
+    for (const auto& [thirds, variable] : {std::pair{1, "IDEM_CHAOS_RESTART_REDIS"}, {2, "IDEM_CHAOS_RESTART_PG"}}) {
+      const std::size_t at = workload.deliveries.size() * static_cast<std::size_t>(thirds) / 3;
+      while (!done && delivered < at) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      if (done) return;
+      std::cerr << "\n[" << config << "] chaos: " << std::getenv(variable) << "\n";
+      if (std::system(std::getenv(variable)) != 0) std::cerr << "[" << config << "] chaos command failed\n";
+    }
+  });
   const auto start = Clock::now();
   deliver(s, config, dedup.get(), workload.deliveries, latencies_us, result, delivered);
   const double main_seconds = std::chrono::duration<double>(Clock::now() - start).count();
@@ -264,6 +334,7 @@ ConfigResult run_config(const Settings& s, const std::string& config, const stor
   deliver(s, config, dedup.get(), workload.late_deliveries, latencies_us, result, delivered);
   done = true;
   progress.join();
+  chaos.join();
   std::cerr << "\r[" << config << "] " << result.deliveries << " deliveries in " << main_seconds
             << " s (+ late redeliveries after the retention)\n";
 
@@ -305,6 +376,7 @@ void write_report(const std::string& path, const std::map<std::string, ConfigRes
                      {"duplicates_injected", r.duplicates_injected},
                      {"duplicate_effects", r.duplicate_effects},
                      {"lost_requests", r.lost_requests},
+                     {"redeliveries", r.redeliveries},
                      {"stopped_by_layer", r.stopped_by_layer},
                      {"outcomes", r.outcomes},
                      {"deliveries_per_s", r.deliveries_per_s},
