@@ -8,6 +8,7 @@
 #include <charconv>
 
 #include "idem/errors.h"
+#include "idem/worker_lease.h"
 
 namespace idem {
 namespace {
@@ -35,11 +36,26 @@ void append_base32(std::string& out, std::uint64_t value, int chars) {
 
 }  // namespace
 
+namespace {
+
+std::int32_t leased_worker_id(const SnowflakeOptions& options) {
+  if (options.lease == nullptr || options.worker_id == options.lease->worker_id()) {
+    return options.worker_id;
+  }
+  if (options.worker_id != -1) {
+    throw ConfigError("idem: Snowflake worker_id differs from its lease's worker ID");
+  }
+  return options.lease->worker_id();
+}
+
+}  // namespace
+
 SnowflakeGenerator::SnowflakeGenerator(SnowflakeOptions options)
-    : worker_id_(options.worker_id),
+    : worker_id_(leased_worker_id(options)),
       epoch_(options.epoch),
       max_backward_wait_(options.max_backward_wait),
-      clock_(options.clock ? std::move(options.clock) : system_clock()) {
+      clock_(options.clock ? std::move(options.clock) : system_clock()),
+      lease_(std::move(options.lease)) {
   if (worker_id_ < 0 || worker_id_ > kMaxSnowflakeWorkerId) {
     throw ConfigError("idem: Snowflake worker_id must be given, in 0..1023");
   }
@@ -59,7 +75,14 @@ std::uint64_t SnowflakeGenerator::next() {
   // clock really stepped back, not that another thread got a newer reading first.
   std::uint64_t last = last_.load(std::memory_order_acquire);
   for (;;) {
-    const std::int64_t now = clock_->now_ms() - epoch_.count();
+    const std::int64_t now_unix = clock_->now_ms();
+    if (lease_ != nullptr && now_unix >= lease_->valid_until_ms()) {
+      const bool lost = lease_->valid_until_ms() == 0;
+      throw RedisError(lost ? "idem: the worker-ID lease was taken by another owner"
+                            : "idem: the worker-ID lease was not renewed in time",
+                       !lost);
+    }
+    const std::int64_t now = now_unix - epoch_.count();
     const auto last_ms = static_cast<std::int64_t>(last >> kSequenceBits);
     std::uint64_t candidate = 0;
     if (now > last_ms) {

@@ -15,6 +15,8 @@
 
 namespace idem {
 
+class WorkerIdLease;
+
 /// Default Snowflake epoch: 2024-01-01T00:00:00Z, in ms since the Unix epoch. The 41-bit
 /// timestamp lasts about 69.7 years from the epoch.
 inline constexpr std::chrono::milliseconds kDefaultSnowflakeEpoch{1704067200000};
@@ -37,6 +39,10 @@ struct SnowflakeOptions {
   std::chrono::milliseconds max_backward_wait{10};
   /// Time source (ms since the Unix epoch); null means system_clock().
   std::shared_ptr<Clock> clock;
+  /// Optional Redis lease on the worker ID (worker_lease.h). When set, worker_id may stay -1
+  /// (the lease's is used) or must equal the lease's, and next() refuses to issue IDs once
+  /// the clock reaches the lease's valid_until_ms() (lost, or not renewed in time).
+  std::shared_ptr<const WorkerIdLease> lease;
 };
 
 /// The fields of a Snowflake ID.
@@ -60,8 +66,9 @@ class IDEM_EXPORT SnowflakeGenerator {
   explicit SnowflakeGenerator(SnowflakeOptions options);
 
   /// The next ID. Throws idem::ClockMovedBackwards when the clock is behind the last issued
-  /// ID by more than max_backward_wait (or still behind after waiting that long), and
-  /// idem::Error when the 41-bit timestamp is exhausted.
+  /// ID by more than max_backward_wait (or still behind after waiting that long),
+  /// idem::RedisError when a lease is configured and not held (retryable() unless another
+  /// owner took it), and idem::Error when the 41-bit timestamp is exhausted.
   [[nodiscard]] std::uint64_t next();
 
   [[nodiscard]] std::int32_t worker_id() const noexcept { return worker_id_; }
@@ -76,6 +83,7 @@ class IDEM_EXPORT SnowflakeGenerator {
   std::chrono::milliseconds epoch_;
   std::chrono::milliseconds max_backward_wait_;
   std::shared_ptr<Clock> clock_;
+  std::shared_ptr<const WorkerIdLease> lease_;
   /// Last issued (timestamp since epoch << 12 | sequence); 0 before the first ID.
   std::atomic<std::uint64_t> last_{0};
 };

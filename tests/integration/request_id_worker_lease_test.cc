@@ -1,0 +1,189 @@
+// WorkerIdLease against a real redis-server (IDEM_TEST_REDIS_URL), each test with its own key
+// prefix.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "idem/clock.h"
+#include "idem/errors.h"
+#include "idem/snowflake.h"
+#include "idem/worker_lease.h"
+#include "redis/connection.h"
+#include "redis/url.h"
+#include "test_env.h"
+
+namespace idem {
+namespace {
+
+constexpr std::chrono::milliseconds kTtl{60000};
+
+class WorkerLeaseTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    IDEM_REQUIRE_SERVICE(url, "IDEM_TEST_REDIS_URL");
+    url_ = url;
+    prefix_ = test::unique_name("worker") + ":";
+    redis_ = std::make_unique<detail::Connection>(
+        detail::ConnectionSettings{.endpoint = detail::parse_redis_url(url_),
+                                   .connect_timeout = std::chrono::milliseconds(1000),
+                                   .command_timeout = std::chrono::milliseconds(1000),
+                                   .keepalive = true});
+  }
+
+  WorkerIdLeaseOptions options(std::int32_t worker_id, std::shared_ptr<Clock> clock = nullptr) {
+    WorkerIdLeaseOptions o;
+    o.redis.url = url_;
+    o.worker_id = worker_id;
+    o.key_prefix = prefix_;
+    o.ttl = kTtl;
+    o.renew_interval = kTtl / 2;  // the background renewal never fires during a test
+    o.clock = std::move(clock);
+    return o;
+  }
+
+  // The key's value, or "(nil)".
+  std::string get(std::int32_t worker_id) {
+    const std::string key = prefix_ + std::to_string(worker_id);
+    const auto reply = redis_->command(std::array<std::string_view, 2>{"GET", key});
+    return reply->type == REDIS_REPLY_STRING ? std::string(reply->str, reply->len) : "(nil)";
+  }
+
+  // Another owner's SET; it expires by itself, so the shared server keeps no garbage.
+  void set(std::int32_t worker_id, std::string_view value) {
+    const std::string key = prefix_ + std::to_string(worker_id);
+    const std::string ttl = std::to_string(kTtl.count());
+    (void)redis_->command(std::array<std::string_view, 5>{"SET", key, value, "PX", ttl});
+  }
+
+  void del(std::int32_t worker_id) {
+    const std::string key = prefix_ + std::to_string(worker_id);
+    (void)redis_->command(std::array<std::string_view, 2>{"DEL", key});
+  }
+
+  long long pttl(std::int32_t worker_id) {
+    const std::string key = prefix_ + std::to_string(worker_id);
+    return redis_->command(std::array<std::string_view, 2>{"PTTL", key})->integer;
+  }
+
+  std::string url_;
+  std::string prefix_;
+  std::unique_ptr<detail::Connection> redis_;
+};
+
+TEST_F(WorkerLeaseTest, AcquiresAndRefusesASecondOwner) {
+  const WorkerIdLease first(options(5));
+  EXPECT_TRUE(first.held());
+  EXPECT_EQ(first.worker_id(), 5);
+  EXPECT_EQ(get(5), first.owner());
+  EXPECT_GT(pttl(5), 0);
+  EXPECT_LE(pttl(5), kTtl.count());
+  EXPECT_THROW(WorkerIdLease(options(5)), ConfigError);
+  EXPECT_EQ(get(5), first.owner());
+  const WorkerIdLease other_id(options(6));
+  EXPECT_TRUE(other_id.held());
+}
+
+TEST_F(WorkerLeaseTest, ReleasedOnDestructionSoAnotherProcessCanStart) {
+  std::string first_owner;
+  {
+    const WorkerIdLease first(options(7));
+    first_owner = first.owner();
+  }
+  EXPECT_EQ(get(7), "(nil)");
+  auto second_options = options(7);
+  second_options.owner = "process-b";
+  const WorkerIdLease second(second_options);
+  EXPECT_EQ(get(7), "process-b");
+  EXPECT_NE(first_owner, "process-b");
+}
+
+TEST_F(WorkerLeaseTest, DestructionNeverDeletesAnotherOwnersKey) {
+  {
+    const WorkerIdLease lease(options(8));
+    set(8, "intruder");
+  }
+  EXPECT_EQ(get(8), "intruder");
+}
+
+TEST_F(WorkerLeaseTest, RenewExtendsAndReacquiresAnExpiredKey) {
+  auto clock = std::make_shared<ManualClock>(1000);
+  WorkerIdLease lease(options(9, clock));
+  EXPECT_EQ(lease.valid_until_ms(), 1000 + kTtl.count());
+  clock->advance_ms(500);
+  lease.renew();
+  EXPECT_EQ(lease.valid_until_ms(), 1500 + kTtl.count());
+  del(9);  // as if the key had expired
+  lease.renew();
+  EXPECT_EQ(get(9), lease.owner());
+  EXPECT_TRUE(lease.held());
+}
+
+TEST_F(WorkerLeaseTest, LostLeaseStopsTheGeneratorForGood) {
+  auto clock = std::make_shared<ManualClock>(1000);
+  auto lease = std::make_shared<WorkerIdLease>(options(10, clock));
+  SnowflakeOptions gen_options;
+  gen_options.epoch = std::chrono::milliseconds(0);
+  gen_options.clock = clock;
+  gen_options.lease = lease;
+  SnowflakeGenerator gen(gen_options);
+  EXPECT_EQ(gen.worker_id(), 10);
+  EXPECT_EQ(SnowflakeGenerator::decompose(gen.next(), std::chrono::milliseconds(0)).worker_id, 10);
+  set(10, "another-process");
+  try {
+    lease->renew();
+    FAIL() << "renewed a lease another owner holds";
+  } catch (const RedisError& e) {
+    EXPECT_FALSE(e.retryable());
+  }
+  EXPECT_FALSE(lease->held());
+  try {
+    (void)gen.next();
+    FAIL() << "issued an ID without the lease";
+  } catch (const RedisError& e) {
+    EXPECT_FALSE(e.retryable());
+  }
+  EXPECT_THROW(lease->renew(), RedisError);
+  EXPECT_EQ(get(10), "another-process");
+}
+
+TEST_F(WorkerLeaseTest, UnrenewedLeaseStopsTheGeneratorUntilRenewed) {
+  auto clock = std::make_shared<ManualClock>(1000);
+  auto lease = std::make_shared<WorkerIdLease>(options(11, clock));
+  SnowflakeOptions gen_options;
+  gen_options.worker_id = 11;
+  gen_options.epoch = std::chrono::milliseconds(0);
+  gen_options.clock = clock;
+  gen_options.lease = lease;
+  SnowflakeGenerator gen(gen_options);
+  const std::uint64_t before = gen.next();
+  clock->set_ms(1000 + kTtl.count());  // the renewals did not happen
+  try {
+    (void)gen.next();
+    FAIL() << "issued an ID on an expired lease";
+  } catch (const RedisError& e) {
+    EXPECT_TRUE(e.retryable());
+  }
+  lease->renew();
+  EXPECT_GT(gen.next(), before);
+}
+
+TEST_F(WorkerLeaseTest, RejectsBadOptions) {
+  auto bad = options(-1);
+  EXPECT_THROW(WorkerIdLease{bad}, ConfigError);
+  bad = options(1024);
+  EXPECT_THROW(WorkerIdLease{bad}, ConfigError);
+  bad = options(12);
+  bad.renew_interval = kTtl / 2 + std::chrono::milliseconds(1);
+  EXPECT_THROW(WorkerIdLease{bad}, ConfigError);
+  auto lease = std::make_shared<WorkerIdLease>(options(12));
+  SnowflakeOptions gen_options;
+  gen_options.worker_id = 13;
+  gen_options.lease = lease;
+  EXPECT_THROW(SnowflakeGenerator{gen_options}, ConfigError);  // differs from the lease's
+}
+
+}  // namespace
+}  // namespace idem
