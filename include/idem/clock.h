@@ -37,6 +37,7 @@ class IDEM_EXPORT Clock {
 /// target (as if the time had passed) and counts the waits. Thread-safe.
 class IDEM_EXPORT ManualClock final : public Clock {
  public:
+  /// Starts at `start_ms`.
   explicit ManualClock(std::int64_t start_ms = 0) noexcept : now_(start_ms) {}
 
   [[nodiscard]] std::int64_t now_ms() noexcept override { return now_.load(); }

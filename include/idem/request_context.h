@@ -23,6 +23,7 @@ class IDEM_EXPORT RequestContext {
 
   /// The request ID; empty when none.
   [[nodiscard]] const std::string& request_id() const noexcept { return request_id_; }
+  /// True when there is no request ID.
   [[nodiscard]] bool empty() const noexcept { return request_id_.empty(); }
 
   /// The calling thread's current context (a copy; empty outside any RequestScope).
@@ -42,6 +43,7 @@ class IDEM_EXPORT RequestContext {
 /// another thread): keep a RequestContext in the frame and open a scope after each resume.
 class IDEM_EXPORT RequestScope {
  public:
+  /// Makes `context` current.
   explicit RequestScope(RequestContext context) noexcept;
   /// Throws idem::InvalidRequestId unless `request_id` is valid.
   explicit RequestScope(std::string request_id)

@@ -71,7 +71,9 @@ class IDEM_EXPORT SnowflakeGenerator {
   /// owner took it), and idem::Error when the 41-bit timestamp is exhausted.
   [[nodiscard]] std::uint64_t next();
 
+  /// The worker ID in every ID (0–1023).
   [[nodiscard]] std::int32_t worker_id() const noexcept { return worker_id_; }
+  /// The epoch, ms since the Unix epoch.
   [[nodiscard]] std::chrono::milliseconds epoch() const noexcept { return epoch_; }
 
   /// Splits `id` into its fields, for a generator with the given epoch.

@@ -53,7 +53,9 @@ class IDEM_EXPORT WorkerIdLease {
   WorkerIdLease(const WorkerIdLease&) = delete;
   WorkerIdLease& operator=(const WorkerIdLease&) = delete;
 
+  /// The leased worker ID.
   [[nodiscard]] std::int32_t worker_id() const noexcept;
+  /// The value stored in the key (options.owner, or the generated UUIDv7).
   [[nodiscard]] const std::string& owner() const noexcept;
 
   /// Clock time (ms) until which the lease is known to be held; 0 once it is lost.
