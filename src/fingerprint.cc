@@ -1,9 +1,6 @@
 #include "idem/fingerprint.h"
 
-#include <simdjson.h>
-
 #include <cstdint>
-#include <cstring>
 #include <memory>
 #include <string>
 
@@ -20,13 +17,9 @@ namespace {
 constexpr std::size_t kMaxDepthLimit = 1024;  // simdjson's default maximum depth
 constexpr std::size_t kMaxBytesLimit = std::size_t{64} << 20;
 
-// Everything a thread reuses between payloads: parser, padded input copy, writer, buffers.
+// Everything a thread reuses between payloads: parser, buffers, digest context.
 struct ThreadState {
-  simdjson::dom::parser parser;
-  std::unique_ptr<char[]> padded;
-  std::size_t padded_capacity = 0;
   detail::CanonicalWriter writer;
-  std::string canonical;
   detail::Digest digest;
 };
 
@@ -45,37 +38,19 @@ ThreadState& thread_state() {
   throw PayloadError("idem: " + fallback);
 }
 
-simdjson::dom::element parse(ThreadState& state, std::string_view json, const FingerprintOptions& options) {
+// The canonical bytes of the selected parts of `json`, valid until the thread's next call.
+std::string_view canonical_bytes(ThreadState& state, std::string_view json, const FingerprintOptions& options,
+                                 const detail::Selection* selection) {
   if (json.size() > options.max_bytes) {
     throw PayloadError("idem: payload of " + std::to_string(json.size()) + " bytes is over the limit of " +
                            std::to_string(options.max_bytes),
                        options.max_bytes);
   }
-  if (state.padded_capacity < json.size() + simdjson::SIMDJSON_PADDING) {
-    state.padded_capacity = std::max(json.size(), std::size_t{4096}) * 2 + simdjson::SIMDJSON_PADDING;
-    state.padded = std::make_unique<char[]>(state.padded_capacity);
-  }
-  std::memcpy(state.padded.get(), json.data(), json.size());
-  simdjson::dom::element root;
-  const auto error = state.parser.parse(state.padded.get(), json.size(), false).get(root);
-  if (error != simdjson::SUCCESS) {
-    throw_payload_error(json, options, std::string("invalid JSON payload: ") + simdjson::error_message(error));
-  }
-  return root;
-}
-
-// Canonical bytes of the selected parts of `json` in state.canonical.
-void canonicalize_into(ThreadState& state, std::string_view json, const FingerprintOptions& options,
-                       const detail::Selection* selection) {
-  const simdjson::dom::element root = parse(state, json, options);
-  state.canonical.clear();
   try {
-    state.writer.write(root,
-                       {.form = options.form,
-                        .max_depth = options.max_depth,
-                        .selection = selection,
-                        .absent_include_is_error = options.absent_include == AbsentInclude::kError},
-                       state.canonical);
+    return state.writer.write(json, {.form = options.form,
+                                     .max_depth = options.max_depth,
+                                     .selection = selection,
+                                     .absent_include_is_error = options.absent_include == AbsentInclude::kError});
   } catch (const PayloadError& error) {  // the writer knows what, not where
     throw_payload_error(json, options, error.what());
   }
@@ -106,17 +81,17 @@ std::string bucket_label(const FingerprintOptions& options, std::int64_t index) 
   return std::to_string(options.time_bucket.count()) + ":" + std::to_string(index);
 }
 
-// Digest of state.canonical for `scope` and `bucket` ("" without buckets).
-std::string digest_hex(ThreadState& state, const FingerprintOptions& options, std::string_view scope,
-                       std::string_view bucket) {
+// Digest of `canonical` for `scope` and `bucket` ("" without buckets).
+std::string digest_hex(ThreadState& state, const FingerprintOptions& options, std::string_view canonical,
+                       std::string_view scope, std::string_view bucket) {
   state.digest.begin(options.hash);
   if (options.domain_separated) {
     update_length_prefixed(state.digest, version_tag(options.form));
     update_length_prefixed(state.digest, scope);
     update_length_prefixed(state.digest, bucket);
-    update_length_prefixed(state.digest, state.canonical);
+    update_length_prefixed(state.digest, canonical);
   } else {
-    state.digest.update(state.canonical);
+    state.digest.update(canonical);
   }
   return state.digest.finish_hex(options.hex_length);
 }
@@ -145,8 +120,7 @@ Fingerprinter::Fingerprinter(FingerprintOptions options) : options_(std::move(op
 
 std::string Fingerprinter::canonicalize(std::string_view json) const {
   ThreadState& state = thread_state();
-  canonicalize_into(state, json, options_, selection_.get());
-  return state.canonical;
+  return std::string(canonical_bytes(state, json, options_, selection_.get()));
 }
 
 std::string Fingerprinter::fingerprint(std::string_view json, std::string_view scope,
@@ -160,8 +134,7 @@ std::string Fingerprinter::fingerprint(std::string_view json, std::string_view s
     bucket = bucket_label(options_, bucket_index(options_, *at));
   }
   ThreadState& state = thread_state();
-  canonicalize_into(state, json, options_, selection_.get());
-  return digest_hex(state, options_, scope, bucket);
+  return digest_hex(state, options_, canonical_bytes(state, json, options_, selection_.get()), scope, bucket);
 }
 
 Fingerprinter::Window Fingerprinter::fingerprint_window(std::string_view json, std::string_view scope,
@@ -171,10 +144,10 @@ Fingerprinter::Window Fingerprinter::fingerprint_window(std::string_view json, s
     throw ConfigError("idem: a fingerprint scope needs domain_separated fingerprints");
   }
   ThreadState& state = thread_state();
-  canonicalize_into(state, json, options_, selection_.get());
+  const std::string_view canonical = canonical_bytes(state, json, options_, selection_.get());
   const std::int64_t index = bucket_index(options_, at);
-  std::string current = digest_hex(state, options_, scope, bucket_label(options_, index));
-  return Window{std::move(current), digest_hex(state, options_, scope, bucket_label(options_, index - 1))};
+  std::string current = digest_hex(state, options_, canonical, scope, bucket_label(options_, index));
+  return Window{std::move(current), digest_hex(state, options_, canonical, scope, bucket_label(options_, index - 1))};
 }
 
 std::string canonicalize_json(std::string_view json) { return Fingerprinter{}.canonicalize(json); }

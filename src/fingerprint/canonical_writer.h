@@ -1,9 +1,12 @@
-// The canonical JSON writer: serializes a simdjson DOM in RFC 8785 or python_json_dumps form.
+// The canonical JSON writer: parses a payload with simdjson (DOM, runtime-dispatched SIMD
+// kernels) and writes its RFC 8785 or python_json_dumps form.
 #pragma once
 
 #include <simdjson.h>
 
 #include <cstddef>
+#include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -16,8 +19,8 @@ namespace idem::detail {
 /// Orders `a` before `b` by their UTF-16 code units (RFC 8785 section 3.2.3); both are UTF-8.
 [[nodiscard]] bool utf16_less(std::string_view a, std::string_view b) noexcept;
 
-/// Writes a parsed document in canonical form. Keeps its scratch space between calls, so one
-/// instance per thread is reused; not thread-safe.
+/// Parses and canonicalizes payloads. Keeps its parser and buffers between calls (one instance
+/// per thread, reused, so a payload costs no allocation); not thread-safe.
 class CanonicalWriter {
  public:
   struct Options {
@@ -27,32 +30,45 @@ class CanonicalWriter {
     bool absent_include_is_error = false;
   };
 
-  /// Appends the canonical form of the selected parts of `root` to `out`. Throws
-  /// idem::PayloadError (without offset) on a duplicate member name, nesting deeper than
-  /// max_depth, or an absent include pointer when that is an error.
-  void write(simdjson::dom::element root, const Options& options, std::string& out);
+  /// The canonical bytes of the selected parts of `json`, valid until the next call. Throws
+  /// idem::PayloadError (without offset) when `json` is not valid JSON, has a duplicate member
+  /// name or nesting deeper than max_depth, or misses an include pointer that must be present.
+  [[nodiscard]] std::string_view write(std::string_view json, const Options& options);
 
  private:
   struct Member {
+    std::uint64_t head;  // first 8 key bytes, big-endian: most comparisons stop here
     std::string_view key;
     simdjson::dom::element value;
   };
-  enum class Pick { kSkip, kWrite, kProbe };
+  enum class Pick { kDrop, kWrite, kProbe };
 
-  Pick pick(const SelectionNode* child, bool selected);
-  // Writes `key:` (when not null) and `value` unless the selection drops it; false if dropped.
+  [[nodiscard]] Pick pick(const SelectionNode* child, bool selected);
+  // Writes `key:` (unless null) and `value` when the selection keeps it; false when dropped.
   bool write_entry(const std::string_view* key, simdjson::dom::element value, std::size_t depth,
                    const SelectionNode* child, bool selected, bool first);
   void write_value(simdjson::dom::element value, std::size_t depth, const SelectionNode* node, bool selected);
   void write_object(simdjson::dom::object object, std::size_t depth, const SelectionNode* node, bool selected);
   void write_array(simdjson::dom::array array, std::size_t depth, const SelectionNode* node, bool selected);
-  void write_string(std::string_view text);
-  void write_ascii_string(std::string_view text);
+  char* write_string(char* out, std::string_view text) const;
 
+  // Room for `extra` more output bytes; returns where they go.
+  char* reserve(std::size_t extra) {
+    if (size_ + extra > capacity_) grow(size_ + extra);
+    return out_.get() + size_;
+  }
+  void commit(const char* end) { size_ = static_cast<std::size_t>(end - out_.get()); }
+  void grow(std::size_t needed);
+
+  simdjson::dom::parser parser_;
+  std::unique_ptr<char[]> input_;  // the payload, copied with simdjson's padding
+  std::size_t input_capacity_ = 0;
+  std::unique_ptr<char[]> out_;
+  std::size_t size_ = 0;
+  std::size_t capacity_ = 0;
   std::vector<Member> members_;  // a stack of the open objects' members
   std::vector<bool> include_hits_;
   std::size_t selected_values_ = 0;
-  std::string* out_ = nullptr;
   Options options_;
 };
 

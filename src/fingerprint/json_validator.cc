@@ -251,11 +251,15 @@ class Scanner {
       if (at_end() || !is_digit(peek())) return unexpected();
       while (!at_end() && is_digit(peek())) ++pos_;
     }
-    // The grammar holds; ask simdjson whether the value fits (64-bit integers, finite doubles).
+    // The grammar holds; ask simdjson whether the value fits: integers in [-2^63, 2^64-1],
+    // other numbers finite doubles.
+    const std::string_view token = text_.substr(start, pos_ - start);
     simdjson::dom::parser parser;
-    const simdjson::padded_string token(text_.substr(start, pos_ - start));
-    if (parser.parse(token).error() != simdjson::SUCCESS) {
-      return fail("JSON number out of range (integers: -2^63..2^64-1; others: finite doubles)", start);
+    if (parser.parse(simdjson::padded_string(token)).error() != simdjson::SUCCESS) {
+      return fail(token.find_first_of(".eE") == std::string_view::npos
+                      ? "JSON integer outside [-2^63, 2^64-1]"
+                      : "JSON number out of the range of a double",
+                  start);
     }
     return true;
   }

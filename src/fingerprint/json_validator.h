@@ -17,7 +17,8 @@ struct PayloadProblem {
 
 /// The first problem of `json` in document order under RFC 8259 plus idem's rules: invalid
 /// UTF-8, a lone surrogate escape, a duplicate member name (after unescaping), nesting deeper
-/// than `max_depth`, an integer outside [-2^63, 2^64-1] or a number that overflows a double.
+/// than `max_depth`, an integer outside [-2^63, 2^64-1] or another number that overflows a
+/// double.
 /// std::nullopt when there is none.
 [[nodiscard]] std::optional<PayloadProblem> find_payload_problem(std::string_view json, std::size_t max_depth);
 

@@ -3,6 +3,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 
 namespace idem::detail {
 namespace {
@@ -29,96 +30,74 @@ Decimal shortest_decimal(double value) {
   return d;
 }
 
-void append_digits(std::string& out, const Decimal& d, int from, int to) {
-  out.append(d.digits + from, static_cast<std::size_t>(to - from));
+char* copy(char* out, const char* from, int count) {
+  std::memcpy(out, from, static_cast<std::size_t>(count));
+  return out + count;
 }
 
-// "e" sign |exp|, at least `min_digits` digits.
-void append_exponent(std::string& out, int exponent, int min_digits) {
-  out.push_back('e');
-  out.push_back(exponent < 0 ? '-' : '+');
-  const int magnitude = std::abs(exponent);
-  if (min_digits == 2 && magnitude < 10) out.push_back('0');
-  char buf[8];
-  const auto result = std::to_chars(buf, buf + sizeof buf, magnitude);
-  out.append(buf, result.ptr);
+char* fill_zeros(char* out, int count) {
+  std::memset(out, '0', static_cast<std::size_t>(count));
+  return out + count;
 }
 
-// d[.ddd]e±x
-void append_scientific(std::string& out, const Decimal& d, int min_exponent_digits) {
-  out.push_back(d.digits[0]);
+// d[.ddd]e±x, the exponent with at least `min_exponent_digits` digits.
+char* write_scientific(char* out, const Decimal& d, int min_exponent_digits) {
+  *out++ = d.digits[0];
   if (d.count > 1) {
-    out.push_back('.');
-    append_digits(out, d, 1, d.count);
+    *out++ = '.';
+    out = copy(out, d.digits + 1, d.count - 1);
   }
-  append_exponent(out, d.point - 1, min_exponent_digits);
+  const int exponent = d.point - 1;
+  *out++ = 'e';
+  *out++ = exponent < 0 ? '-' : '+';
+  const int magnitude = std::abs(exponent);
+  if (min_exponent_digits == 2 && magnitude < 10) *out++ = '0';
+  return std::to_chars(out, out + 8, magnitude).ptr;
 }
 
-// Fixed notation; `integral_suffix` is appended when there is no fractional part (".0" in Python).
-void append_fixed(std::string& out, const Decimal& d, const char* integral_suffix) {
+// Fixed notation; `integral_suffix` ends a number without fraction digits (".0" in Python).
+char* write_fixed(char* out, const Decimal& d, const char* integral_suffix) {
   if (d.point <= 0) {
-    out.append("0.");
-    out.append(static_cast<std::size_t>(-d.point), '0');
-    append_digits(out, d, 0, d.count);
-  } else if (d.point < d.count) {
-    append_digits(out, d, 0, d.point);
-    out.push_back('.');
-    append_digits(out, d, d.point, d.count);
-  } else {
-    append_digits(out, d, 0, d.count);
-    out.append(static_cast<std::size_t>(d.point - d.count), '0');
-    out.append(integral_suffix);
+    *out++ = '0';
+    *out++ = '.';
+    out = fill_zeros(out, -d.point);
+    return copy(out, d.digits, d.count);
   }
+  if (d.point < d.count) {
+    out = copy(out, d.digits, d.point);
+    *out++ = '.';
+    return copy(out, d.digits + d.point, d.count - d.point);
+  }
+  out = copy(out, d.digits, d.count);
+  out = fill_zeros(out, d.point - d.count);
+  return copy(out, integral_suffix, static_cast<int>(std::strlen(integral_suffix)));
 }
 
 }  // namespace
 
-void append_ecmascript_number(std::string& out, double value) {
+char* write_ecmascript_number(char* out, double value) {
   if (value == 0) {  // +0 and -0
-    out.push_back('0');
-    return;
+    *out++ = '0';
+    return out;
   }
   if (value < 0) {
-    out.push_back('-');
+    *out++ = '-';
     value = -value;
   }
   const Decimal d = shortest_decimal(value);
-  // ECMA-262 Number::toString: n = d.point, k = d.count.
-  if (d.point > -6 && d.point <= 21) {
-    append_fixed(out, d, "");
-  } else {
-    append_scientific(out, d, 1);
-  }
+  // ECMA-262 Number::toString with n = d.point, k = d.count.
+  return d.point > -6 && d.point <= 21 ? write_fixed(out, d, "") : write_scientific(out, d, 1);
 }
 
-void append_python_float(std::string& out, double value) {
-  if (value == 0) {
-    out.append(std::signbit(value) ? "-0.0" : "0.0");
-    return;
-  }
+char* write_python_float(char* out, double value) {
+  if (value == 0) return copy(out, std::signbit(value) ? "-0.0" : "0.0", std::signbit(value) ? 4 : 3);
   if (value < 0) {
-    out.push_back('-');
+    *out++ = '-';
     value = -value;
   }
   const Decimal d = shortest_decimal(value);
   // CPython float_repr_style "short": fixed notation when -4 < decpt <= 16.
-  if (d.point > -4 && d.point <= 16) {
-    append_fixed(out, d, ".0");
-  } else {
-    append_scientific(out, d, 2);
-  }
-}
-
-void append_integer(std::string& out, std::int64_t value) {
-  char buf[24];
-  const auto result = std::to_chars(buf, buf + sizeof buf, value);
-  out.append(buf, result.ptr);
-}
-
-void append_integer(std::string& out, std::uint64_t value) {
-  char buf[24];
-  const auto result = std::to_chars(buf, buf + sizeof buf, value);
-  out.append(buf, result.ptr);
+  return d.point > -4 && d.point <= 16 ? write_fixed(out, d, ".0") : write_scientific(out, d, 2);
 }
 
 }  // namespace idem::detail

@@ -2,21 +2,19 @@
 // and Python's float repr (the python_json_dumps form).
 #pragma once
 
-#include <cstdint>
-#include <string>
+#include <cstddef>
 
 namespace idem::detail {
 
-/// Appends `value` (finite) as ECMAScript Number::toString does: shortest round-trip digits,
-/// `-0` as `0`, exponent form `1e+21` / `1e-7` outside [1e-6, 1e21).
-void append_ecmascript_number(std::string& out, double value);
+/// Longest text the writers below produce ("-0.0000033333333333333333", "-1.2345678901234567e+308").
+inline constexpr std::size_t kMaxNumberText = 32;
 
-/// Appends `value` (finite) as Python's repr(float): shortest round-trip digits, `25.0`,
-/// `-0.0`, exponent form `1e-05` / `1.5e+16` outside [1e-4, 1e16).
-void append_python_float(std::string& out, double value);
+/// Writes `value` (finite) at `out` as ECMAScript Number::toString does: shortest round-trip
+/// digits, `-0` as `0`, exponent form `1e+21` / `1e-7` outside [1e-6, 1e21). Returns the end.
+char* write_ecmascript_number(char* out, double value);
 
-/// Appends the exact decimal digits of an integer.
-void append_integer(std::string& out, std::int64_t value);
-void append_integer(std::string& out, std::uint64_t value);
+/// Writes `value` (finite) at `out` as Python's repr(float): shortest round-trip digits, `25.0`,
+/// `-0.0`, exponent form `1e-05` / `1.5e+16` outside [1e-4, 1e16). Returns the end.
+char* write_python_float(char* out, double value);
 
 }  // namespace idem::detail

@@ -76,9 +76,14 @@ TEST(PayloadErrors, SizeLimit) {
 }
 
 TEST(PayloadErrors, NumbersOutsideTheSupportedRange) {
-  EXPECT_EQ(error_offset("[18446744073709551616]", "number out of range"), 1u);
-  EXPECT_EQ(error_offset("[-9223372036854775809]", "number out of range"), 1u);
-  EXPECT_EQ(error_offset("{\"a\":1e400}", "number out of range"), 5u);
+  // Integer literals keep their digits within [-2^63, 2^64-1]; beyond that they are rejected
+  // rather than rounded.
+  EXPECT_EQ(canonicalize_json("[18446744073709551615,-9223372036854775808]"),
+            "[18446744073709551615,-9223372036854775808]");
+  EXPECT_EQ(error_offset("[18446744073709551616]", "integer outside [-2^63, 2^64-1]"), 1u);
+  EXPECT_EQ(error_offset("[0,-9223372036854775809]", "integer outside [-2^63, 2^64-1]"), 3u);
+  EXPECT_EQ(error_offset("{\"a\":1e400}", "out of the range of a double"), 5u);
+  EXPECT_EQ(error_offset("[-1.5E+309]", "out of the range of a double"), 1u);
   EXPECT_EQ(canonicalize_json("[1e-400]"), "[0]");  // underflow rounds to zero, as in JavaScript
 }
 

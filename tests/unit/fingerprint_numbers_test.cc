@@ -12,15 +12,13 @@ namespace idem {
 namespace {
 
 std::string ecmascript(std::uint64_t bits) {
-  std::string out;
-  detail::append_ecmascript_number(out, std::bit_cast<double>(bits));
-  return out;
+  char text[detail::kMaxNumberText];
+  return {text, detail::write_ecmascript_number(text, std::bit_cast<double>(bits))};
 }
 
 std::string python(double value) {
-  std::string out;
-  detail::append_python_float(out, value);
-  return out;
+  char text[detail::kMaxNumberText];
+  return {text, detail::write_python_float(text, value)};
 }
 
 TEST(NumberForm, Rfc8785AppendixBExamples) {
@@ -77,12 +75,12 @@ TEST(NumberForm, PythonFloatRepr) {
   EXPECT_EQ(python(0.001234), "0.001234");
 }
 
-TEST(NumberForm, IntegersKeepExactDigits) {
-  std::string out;
-  detail::append_integer(out, std::int64_t{-9223372036854775807} - 1);
-  out += ' ';
-  detail::append_integer(out, std::uint64_t{18446744073709551615u});
-  EXPECT_EQ(out, "-9223372036854775808 18446744073709551615");
+TEST(NumberForm, LongestTextsFitTheBuffer) {
+  EXPECT_LE(ecmascript(0xbecbf647612f3696).size(), detail::kMaxNumberText);
+  EXPECT_LE(python(-1.2345678901234567e-300).size(), detail::kMaxNumberText);
+  EXPECT_LE(python(-0.00012345678901234567).size(), detail::kMaxNumberText);
+  EXPECT_EQ(python(-0.00012345678901234567), "-0.00012345678901234567");
+  EXPECT_EQ(ecmascript(std::bit_cast<std::uint64_t>(-1.2345678901234567e-7)), "-1.2345678901234566e-7");  // shortest round trip, as Python's repr
 }
 
 }  // namespace
