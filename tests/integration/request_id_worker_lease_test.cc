@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <thread>
 
 #include "idem/clock.h"
 #include "idem/errors.h"
@@ -168,6 +169,23 @@ TEST_F(WorkerLeaseTest, UnrenewedLeaseStopsTheGeneratorUntilRenewed) {
   }
   lease->renew();
   EXPECT_GT(gen.next(), before);
+}
+
+TEST_F(WorkerLeaseTest, BackgroundThreadRenews) {
+  auto clock = std::make_shared<ManualClock>(1000);
+  auto fast = options(14, clock);
+  fast.renew_interval = std::chrono::milliseconds(10);
+  const WorkerIdLease lease(fast);
+  clock->set_ms(2000);
+  // Wait (generously bounded, no timing assertion) for a renewal made at clock time 2000.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (lease.valid_until_ms() != 2000 + kTtl.count() &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(lease.valid_until_ms(), 2000 + kTtl.count());
+  EXPECT_EQ(get(14), lease.owner());
+  EXPECT_GT(pttl(14), 0);
 }
 
 TEST_F(WorkerLeaseTest, RejectsBadOptions) {
