@@ -29,7 +29,7 @@ struct CallState {
   std::string sink_owner;   // request ID, or a generated ID when the request has none
   std::string owner_token;  // non-empty while this call owns a Redis claim
   bool reentrant_retry = false;  // REPEAT_SAME of an in-progress reentrant intent: run, unclaimed
-  RedisGuard* guard = nullptr;
+  Guard* guard = nullptr;
   std::chrono::milliseconds lease{0};
   std::atomic<SteadyClock::rep> lease_deadline{0};
   std::atomic<bool> lease_lost{false};
@@ -45,7 +45,7 @@ struct CallState {
     bool ok = false;
     try {
       ok = guard->renew(key, owner_token, lease);
-    } catch (const RedisError&) {
+    } catch (const BackendError&) {
       lease_lost = true;
       if (metrics != nullptr) metrics->record_renewal(false);
       throw;
@@ -169,7 +169,7 @@ struct Deduplicator::Impl {
                              options.reentrant_intents.contains(call.request->intent);
       if (call.reentrant_retry) return std::nullopt;
       return detail::decide_on_guard(std::move(claim));
-    } catch (const RedisError&) {
+    } catch (const BackendError&) {
       record_backend_error(Layer::kRedisGuard);
       if (redis_failure == RedisFailurePolicy::kFailClosed) {
         return stopped_by(Layer::kRedisGuard, Outcome::Kind::kUnavailable);
@@ -364,7 +364,7 @@ Outcome Deduplicator::run_handler(const Request& request, bool transactional, co
   detail::CallState call;
   call.request = &request;
   call.guard = impl_->options.guard.get();
-  call.lease = call.guard != nullptr ? call.guard->options().lease : std::chrono::milliseconds(0);
+  call.lease = call.guard != nullptr ? call.guard->lease() : std::chrono::milliseconds(0);
   call.metrics = impl_->options.metrics.get();
   call.sink_owner = request.request_id.empty() ? impl_->owner_ids.next() : request.request_id;
   std::stop_callback on_caller_stop(request.stop, [&call] { call.stop.request_stop(); });

@@ -313,6 +313,8 @@ bool RedisGuard::renew(std::string_view key, std::string_view owner_token) {
 
 const RedisGuardOptions& RedisGuard::options() const noexcept { return impl_->options; }
 
+std::chrono::milliseconds RedisGuard::lease() const noexcept { return impl_->options.lease; }
+
 BreakerState RedisGuard::breaker_state() const {
   return impl_->breaker.state(detail::CircuitBreaker::Clock::now());
 }

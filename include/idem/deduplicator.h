@@ -23,10 +23,13 @@
 #include <string_view>
 #include <type_traits>
 
+#include "idem/export.h"
 #include "idem/fingerprint.h"
+#include "idem/guard.h"
 #include "idem/metrics.h"
 #include "idem/outcome.h"
 #include "idem/pg_sink.h"
+#include "idem/memory_guard.h"
 #include "idem/redis_guard.h"
 
 namespace idem {
@@ -84,7 +87,7 @@ struct CallState;
 
 /// What a running handler may know and do. Passed by reference to handlers that take it;
 /// valid only during the handler call. Thread-safe.
-class Context {
+class IDEM_EXPORT Context {
  public:
   explicit Context(detail::CallState& state) noexcept : state_(&state) {}
 
@@ -101,7 +104,7 @@ class Context {
   [[nodiscard]] std::chrono::milliseconds remaining_lease() const noexcept;
   /// Extends this call's Redis lease by the guard's configured lease. Returns false when the
   /// claim was lost (the lease ended and someone else claimed the key): the handler should
-  /// stop. True when the call holds no Redis claim. Throws idem::RedisError.
+  /// stop. True when the call holds no Redis claim. Throws idem::BackendError (RedisError).
   bool renew();
   /// True once a renewal (manual or automatic) found the claim lost or failed.
   [[nodiscard]] bool lease_lost() const noexcept;
@@ -120,8 +123,9 @@ struct DeduplicatorOptions {
   /// How long layer 1 remembers a completed key, in ms. Keep it no longer than the guard's
   /// retention, so a repeat after the retention reaches the sink.
   std::chrono::milliseconds local_cache_ttl{std::chrono::seconds(30)};
-  /// Layer 2. Shared so several deduplicators can use one pool.
-  std::shared_ptr<RedisGuard> guard;
+  /// Layer 2: a RedisGuard (shared across processes) or an InMemoryGuard (one process).
+  /// Shared so several deduplicators can use one pool.
+  std::shared_ptr<Guard> guard;
   /// Layer 3: how payloads are fingerprinted (mismatch detection and the fallback key); scope
   /// is the request's user. nullopt turns the layer off.
   std::optional<FingerprintOptions> fingerprint = FingerprintOptions{};
@@ -163,10 +167,11 @@ struct DeduplicatorOptions {
 /// between commit and the Redis complete is safe: the Postgres row decides the next attempt.
 ///
 /// Throws idem::InvalidRequestId, idem::InvalidKey, idem::PayloadError, idem::MissingKey for
-/// bad input; idem::RedisError when Redis fails under kFailOpen with no sink to fall back on;
+/// bad input; idem::RedisError (BackendError) when the guard fails under kFailOpen with no sink
+/// to fall back on;
 /// idem::PostgresError when the commit itself failed (outcome unknown; the claim is kept);
 /// idem::Cancelled after shutdown(); and whatever the handler throws.
-class Deduplicator {
+class IDEM_EXPORT Deduplicator {
  public:
   /// Throws idem::ConfigError on inconsistent options.
   explicit Deduplicator(DeduplicatorOptions options);

@@ -4,6 +4,8 @@
 #include <string>
 #include <string_view>
 
+#include "idem/export.h"
+
 namespace idem {
 
 /// Identifies one business operation of a namespace: `(user, intent, biz_key)`.
@@ -19,7 +21,7 @@ struct IdempotencyKey {
   /// The key text `user:intent:biz_key`, each component escaped by escape_key_component().
   /// Injective: user `1:x` + intent `y` never equals user `1` + intent `x:y`.
   /// Throws idem::InvalidKey when a component is empty.
-  [[nodiscard]] std::string encode() const;
+  [[nodiscard]] IDEM_EXPORT std::string encode() const;
 
   friend bool operator==(const IdempotencyKey&, const IdempotencyKey&) = default;
 };
@@ -33,6 +35,6 @@ struct IdempotencyKey {
 ///   pct-byte   = "%" 2( DIGIT / %x41-46 )                   ; every other byte, uppercase hex
 ///
 /// Throws idem::InvalidKey (naming `what`, e.g. "user") when `component` is empty.
-[[nodiscard]] std::string escape_key_component(std::string_view component, std::string_view what);
+[[nodiscard]] IDEM_EXPORT std::string escape_key_component(std::string_view component, std::string_view what);
 
 }  // namespace idem

@@ -9,6 +9,7 @@
 #include <string>
 #include <string_view>
 
+#include "idem/export.h"
 #include "idem/outcome.h"
 
 namespace idem {
@@ -25,7 +26,7 @@ struct DecisionEvent {
 };
 
 /// Receives the facade's counts. Implementations must be thread-safe and must not throw.
-class Metrics {
+class IDEM_EXPORT Metrics {
  public:
   virtual ~Metrics() = default;
   /// One call of Deduplicator::run() or run_transactional() that produced an outcome.
@@ -40,7 +41,7 @@ class Metrics {
 
 /// Lock-free in-process counters and latency histograms, rendered in the Prometheus text
 /// exposition format (version 0.0.4). Thread-safe.
-class InProcessMetrics final : public Metrics {
+class IDEM_EXPORT InProcessMetrics final : public Metrics {
  public:
   /// Upper bounds of the latency histogram buckets, in microseconds (+Inf is implicit).
   static constexpr std::array<std::int64_t, 12> kLatencyBucketsUs = {

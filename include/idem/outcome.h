@@ -5,6 +5,8 @@
 #include <string>
 #include <string_view>
 
+#include "idem/export.h"
+
 namespace idem {
 
 /// The layer that decided an outcome.
@@ -18,7 +20,7 @@ enum class Layer {
 
 /// Stable lowercase name of a layer ("handler", "request_id", "redis_guard", "fingerprint",
 /// "pg_sink"), for metrics labels and logs.
-[[nodiscard]] std::string_view to_string(Layer layer) noexcept;
+[[nodiscard]] IDEM_EXPORT std::string_view to_string(Layer layer) noexcept;
 
 /// The result of Deduplicator::run(). A value, not an exception: duplicates are normal.
 struct Outcome {
@@ -39,6 +41,6 @@ struct Outcome {
 
 /// Stable lowercase name of an outcome kind ("executed", "duplicate", "in_progress",
 /// "mismatch", "unavailable"), for metrics labels and logs.
-[[nodiscard]] std::string_view to_string(Outcome::Kind kind) noexcept;
+[[nodiscard]] IDEM_EXPORT std::string_view to_string(Outcome::Kind kind) noexcept;
 
 }  // namespace idem

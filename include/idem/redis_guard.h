@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "idem/export.h"
+#include "idem/guard.h"
 #include "idem/record.h"
 
 namespace idem {
@@ -84,31 +85,6 @@ struct RedisGuardOptions {
   ClaimMethod claim_method = ClaimMethod::kLuaScript;
 };
 
-/// What a claim found.
-enum class ClaimStatus {
-  kFirst,        ///< No record existed: the caller now owns the claim.
-  kRepeatSame,   ///< A record exists, created by this same (non-empty) request ID.
-  kRepeatOther,  ///< A record exists, created by another request ID (same operation again).
-};
-
-/// Answer of RedisGuard::claim().
-struct ClaimResult {
-  ClaimStatus status = ClaimStatus::kFirst;
-  /// The caller's owner token (32 lowercase hex characters, 128 random bits, unique per
-  /// attempt) when status is kFirst; needed for complete/release/renew. Empty otherwise.
-  std::string owner_token;
-  /// State of the record found (kInProgress for a fresh claim).
-  RecordState state = RecordState::kInProgress;
-  /// Whether the stored fingerprint equals the caller's. True for a fresh claim, and when
-  /// either side has no fingerprint (empty string).
-  bool fingerprint_matches = true;
-  /// The stored response of a COMPLETED record, when it was stored verbatim.
-  std::optional<std::string> response;
-  /// SHA-256 (lowercase hex) of the stored response of a COMPLETED record whose response was
-  /// larger than RedisGuardOptions::max_response_bytes (then `response` is empty).
-  std::optional<std::string> response_sha256;
-};
-
 /// One key of RedisGuard::claim_batch().
 struct ClaimRequest {
   std::string_view key{};          ///< Encoded key text (see IdempotencyKey::encode()).
@@ -128,7 +104,7 @@ enum class BreakerState {
 /// unreachable (retryable() says whether the same call may succeed later), and at once, without
 /// I/O, while the circuit breaker is open. A failed call never yields kFirst: when claim()
 /// throws, the caller does not own the key (it may own it in Redis, until the lease ends).
-class IDEM_EXPORT RedisGuard {
+class IDEM_EXPORT RedisGuard final : public Guard {
  public:
   /// Throws idem::ConfigError on invalid options. Does not connect until first use.
   explicit RedisGuard(RedisGuardOptions options);
@@ -139,7 +115,7 @@ class IDEM_EXPORT RedisGuard {
   /// Atomically claims `key` (an encoded key text, see IdempotencyKey::encode()) for
   /// `request_id` in one round trip. On kFirst the record is IN_PROGRESS with TTL = lease.
   [[nodiscard]] ClaimResult claim(std::string_view key, std::string_view request_id,
-                                  std::string_view fingerprint);
+                                  std::string_view fingerprint) override;
 
   /// Claims every key of `requests` in one pipelined round trip; answer i belongs to
   /// requests[i]. Each claim is atomic on its own (not the batch as a whole). Throws
@@ -149,16 +125,16 @@ class IDEM_EXPORT RedisGuard {
   /// Marks the claim COMPLETED with `response` (verbatim, or only its SHA-256 above
   /// max_response_bytes) and sets the retention TTL. Acts only when `owner_token` owns the
   /// record; returns false (and changes nothing) otherwise.
-  bool complete(std::string_view key, std::string_view owner_token, std::string_view response);
+  bool complete(std::string_view key, std::string_view owner_token, std::string_view response) override;
 
   /// Deletes the record if and only if `owner_token` owns it and it is still IN_PROGRESS
   /// (compare-and-delete). Returns whether it deleted. Never deletes another owner's claim.
-  bool release(std::string_view key, std::string_view owner_token);
+  bool release(std::string_view key, std::string_view owner_token) override;
 
   /// Extends the lease of an IN_PROGRESS claim owned by `owner_token` to `lease` from now
   /// (Redis' clock), in ms. Returns false (and changes nothing) when the caller no longer owns
   /// it. Throws idem::ConfigError when `lease` ≤ 0.
-  bool renew(std::string_view key, std::string_view owner_token, std::chrono::milliseconds lease);
+  bool renew(std::string_view key, std::string_view owner_token, std::chrono::milliseconds lease) override;
 
   /// renew() with the configured lease.
   bool renew(std::string_view key, std::string_view owner_token);
@@ -171,6 +147,9 @@ class IDEM_EXPORT RedisGuard {
 
   /// The options in force (as validated by the constructor).
   [[nodiscard]] const RedisGuardOptions& options() const noexcept;
+
+  /// RedisGuardOptions::lease.
+  [[nodiscard]] std::chrono::milliseconds lease() const noexcept override;
 
  private:
   struct Impl;

@@ -1,0 +1,64 @@
+// The claim contract of layer 2, kept by every guard: RedisGuard (shared, across processes)
+// and InMemoryGuard (one process: tests, single-instance services).
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "idem/export.h"
+#include "idem/record.h"
+
+namespace idem {
+
+/// What a claim found.
+enum class ClaimStatus {
+  kFirst,        ///< No record existed: the caller now owns the claim.
+  kRepeatSame,   ///< A record exists, created by this same (non-empty) request ID.
+  kRepeatOther,  ///< A record exists, created by another request ID (same operation again).
+};
+
+/// Answer of Guard::claim().
+struct ClaimResult {
+  ClaimStatus status = ClaimStatus::kFirst;
+  /// The caller's owner token (32 lowercase hex characters, 128 random bits, unique per
+  /// attempt) when status is kFirst; needed for complete/release/renew. Empty otherwise.
+  std::string owner_token;
+  /// State of the record found (kInProgress for a fresh claim).
+  RecordState state = RecordState::kInProgress;
+  /// Whether the stored fingerprint equals the caller's. True for a fresh claim, and when
+  /// either side has no fingerprint (empty string).
+  bool fingerprint_matches = true;
+  /// The stored response of a COMPLETED record, when it was stored verbatim.
+  std::optional<std::string> response;
+  /// SHA-256 (lowercase hex) of the stored response of a COMPLETED record whose response was
+  /// larger than the guard's response cap (then `response` is empty).
+  std::optional<std::string> response_sha256;
+};
+
+/// A guard: claims idempotency keys atomically, and completes, releases or renews a claim only
+/// for its owner. Implementations are thread-safe; failures of their backend throw
+/// idem::BackendError (RedisGuard: idem::RedisError).
+class IDEM_EXPORT Guard {
+ public:
+  virtual ~Guard() = default;
+
+  /// Atomically claims `key` (an encoded key text, see IdempotencyKey::encode()) for
+  /// `request_id`; on kFirst the record is IN_PROGRESS for lease() and the caller owns it.
+  [[nodiscard]] virtual ClaimResult claim(std::string_view key, std::string_view request_id,
+                                          std::string_view fingerprint) = 0;
+  /// Marks the claim COMPLETED with `response` and keeps it for the retention. Acts only when
+  /// `owner_token` owns the record; returns false (changing nothing) otherwise.
+  virtual bool complete(std::string_view key, std::string_view owner_token, std::string_view response) = 0;
+  /// Deletes the record if and only if `owner_token` owns it and it is IN_PROGRESS. Returns
+  /// whether it deleted. Never deletes another owner's claim.
+  virtual bool release(std::string_view key, std::string_view owner_token) = 0;
+  /// Extends the IN_PROGRESS claim owned by `owner_token` to `lease` (ms) from now. Returns
+  /// false when the caller no longer owns it.
+  virtual bool renew(std::string_view key, std::string_view owner_token, std::chrono::milliseconds lease) = 0;
+  /// The lease a fresh claim gets, in ms.
+  [[nodiscard]] virtual std::chrono::milliseconds lease() const noexcept = 0;
+};
+
+}  // namespace idem

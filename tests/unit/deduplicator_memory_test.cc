@@ -1,0 +1,98 @@
+// The facade with the in-memory guard only: its rules without any server.
+#include <gtest/gtest.h>
+
+#include <stdexcept>
+
+#include "idem/deduplicator.h"
+#include "idem/errors.h"
+
+namespace idem {
+namespace {
+
+Request request(const std::string& id, const std::string& biz_key, const std::string& payload = "{\"a\":1}") {
+  Request r;
+  r.request_id = id;
+  r.user = "u1";
+  r.intent = "notify";
+  r.biz_key = biz_key;
+  r.payload = payload;
+  return r;
+}
+
+class InMemoryFacade : public ::testing::Test {
+ protected:
+  std::shared_ptr<InMemoryGuard> guard_ = std::make_shared<InMemoryGuard>();
+  Deduplicator dedup_{[this] {
+    DeduplicatorOptions o;
+    o.guard = guard_;
+    return o;
+  }()};
+  int runs_ = 0;
+  std::function<std::string()> handler_ = [this] { return "sent " + std::to_string(++runs_); };
+};
+
+TEST_F(InMemoryFacade, FirstRunsThenRepeatsReplayFromTheLocalCache) {
+  EXPECT_EQ(dedup_.run(request("r1", "b1"), handler_).response, "sent 1");
+  const Outcome again = dedup_.run(request("r2", "b1"), handler_);
+  EXPECT_EQ(again.kind, Outcome::Kind::kDuplicate);
+  EXPECT_EQ(again.layer, Layer::kRequestId);
+  EXPECT_EQ(again.response, "sent 1");
+  EXPECT_EQ(runs_, 1);
+}
+
+TEST_F(InMemoryFacade, ABusinessErrorReleasesAndACancellationKeeps) {
+  EXPECT_THROW((void)dedup_.run(request("r1", "b2"), []() -> std::string { throw std::logic_error("no"); }),
+               std::logic_error);
+  EXPECT_EQ(dedup_.run(request("r1", "b2"), handler_).kind, Outcome::Kind::kExecuted);
+  EXPECT_THROW((void)dedup_.run(request("r1", "b3"), []() -> std::string { throw Cancelled(); }), Cancelled);
+  const Outcome retry = dedup_.run(request("r1", "b3"), handler_);
+  EXPECT_EQ(retry.kind, Outcome::Kind::kInProgress);
+  EXPECT_EQ(retry.layer, Layer::kRedisGuard);
+}
+
+TEST_F(InMemoryFacade, SameKeyOtherPayloadIsMismatch) {
+  (void)dedup_.run(request("r1", "b4", R"({"amount":1})"), handler_);
+  DeduplicatorOptions no_cache;
+  no_cache.guard = guard_;
+  no_cache.local_cache_capacity = 0;
+  Deduplicator uncached(no_cache);
+  const Outcome other = uncached.run(request("r2", "b4", R"({"amount":2})"), handler_);
+  EXPECT_EQ(other.kind, Outcome::Kind::kMismatch);
+  EXPECT_EQ(runs_, 1);
+}
+
+TEST(InMemoryFacadeFailure, AFailingGuardWithoutSinkFailsClosed) {
+  InMemoryGuardOptions tiny;
+  tiny.max_records = 1;
+  auto guard = std::make_shared<InMemoryGuard>(tiny);
+  DeduplicatorOptions o;
+  o.guard = guard;
+  Deduplicator dedup(o);
+  ASSERT_EQ(dedup.run(request("r1", "b1"), [] { return std::string(); }).kind, Outcome::Kind::kExecuted);
+  bool ran = false;
+  const Outcome full = dedup.run(request("r2", "b2"), [&] {
+    ran = true;
+    return std::string();
+  });
+  EXPECT_EQ(full.kind, Outcome::Kind::kUnavailable);
+  EXPECT_FALSE(ran);
+}
+
+TEST(InMemoryFacadeConfig, RunTransactionalWithoutSinkIsAConfigError) {
+  Deduplicator dedup(DeduplicatorOptions{});
+  EXPECT_THROW((void)dedup.run_transactional(request("r1", "b1"), [](pqxx::transaction_base&) { return std::string(); }),
+               ConfigError);
+}
+
+TEST(InMemoryFacadeInput, InvalidRequestIdIsRejectedBeforeAnyClaim) {
+  auto guard = std::make_shared<InMemoryGuard>();
+  DeduplicatorOptions o;
+  o.guard = guard;
+  Deduplicator dedup(o);
+  EXPECT_THROW((void)dedup.run(request("bad\r\nid", "b1"), [] { return std::string(); }), InvalidRequestId);
+  EXPECT_THROW((void)dedup.run(request("r1", "b1", "{not json"), [] { return std::string(); }), PayloadError);
+  EXPECT_EQ(guard->size(), 0u);
+}
+
+}  // namespace
+}  // namespace idem
