@@ -1,5 +1,6 @@
 #include "idem/request_id.h"
 
+#include <openssl/evp.h>
 #include <openssl/rand.h>
 #include <simdjson.h>
 
@@ -184,6 +185,22 @@ void validate_request_id(std::string_view id) {
   }
   throw InvalidRequestId(
       "idem: request ID holds a byte outside [A-Za-z0-9._~:-] (value not echoed)");
+}
+
+std::string request_id_or_digest(std::string_view raw) {
+  if (is_valid_request_id(raw)) return std::string(raw);
+  std::array<unsigned char, EVP_MAX_MD_SIZE> digest{};
+  unsigned int digest_len = 0;
+  if (EVP_Digest(raw.data(), raw.size(), digest.data(), &digest_len, EVP_sha256(), nullptr) != 1) {
+    throw Error("idem: OpenSSL SHA-256 failed");
+  }
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out = "sha256~";
+  for (std::size_t i = 0; i < 16; ++i) {
+    out.push_back(kHex[digest[i] >> 4]);
+    out.push_back(kHex[digest[i] & 0x0f]);
+  }
+  return out;
 }
 
 std::optional<std::string> parse_sf_string(std::string_view value) {

@@ -28,6 +28,13 @@ inline constexpr std::size_t kMaxRequestIdBytes = 64;
 /// is_valid_request_id(id).
 IDEM_EXPORT void validate_request_id(std::string_view id);
 
+/// The opt-in alternative to rejecting an invalid request ID: `raw` itself when it is valid,
+/// else "sha256~" and the first 32 hex digits (128 bits) of SHA-256(raw). The result is always
+/// valid, never holds a byte of an invalid `raw` (no control byte reaches a log or header),
+/// and is the same for the same bytes, so retries still match; unlike stripping, "a\nb" and
+/// "ab" stay different. Thread-safe.
+[[nodiscard]] IDEM_EXPORT std::string request_id_or_digest(std::string_view raw);
+
 /// Generates RFC 9562 version 7 UUIDs: 48-bit Unix millisecond timestamp, version and variant
 /// bits, a 42-bit counter that keeps IDs strictly increasing within one millisecond (RFC 9562
 /// §6.2 method 1, seeded randomly each millisecond; on overflow or a clock step back the

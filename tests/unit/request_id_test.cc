@@ -43,6 +43,16 @@ TEST(RequestIdValidation, ValidateThrowsWithoutEchoingInput) {
   }
 }
 
+TEST(RequestIdOrDigest, KeepsValidIdsAndDigestsInvalidOnes) {
+  EXPECT_EQ(request_id_or_digest("ok-1"), "ok-1");
+  const std::string digest = request_id_or_digest("a\nb");
+  EXPECT_EQ(digest, "sha256~7e18f737311b2dc3b2f269dd78396b03");  // SHA-256, first 128 bits
+  EXPECT_TRUE(is_valid_request_id(digest));
+  EXPECT_NE(digest, request_id_or_digest("ab"));
+  EXPECT_EQ(request_id_or_digest(std::string(10000, 'x')).size(), 39U);
+  EXPECT_TRUE(is_valid_request_id(request_id_or_digest("")));
+}
+
 bool is_lower_hex(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); }
 
 TEST(Uuid7, CanonicalLowercaseTextWithVersionAndVariant) {
