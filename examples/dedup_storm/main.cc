@@ -152,8 +152,11 @@ std::string apply_refund(pqxx::transaction_base& tx, const storm::Delivery& d) {
          std::to_string(d.amount_cents) + "}";
 }
 
-std::unique_ptr<idem::Deduplicator> make_deduplicator(const Settings& s, const std::string& config) {
-  if (config == "none") return nullptr;
+// One Deduplicator per worker: each worker stands for one service instance, with its own
+// layer-1 cache, sharing Redis and PostgreSQL (and, here, their connection pools) with the others.
+std::vector<std::unique_ptr<idem::Deduplicator>> make_instances(const Settings& s, const std::string& config) {
+  std::vector<std::unique_ptr<idem::Deduplicator>> instances(s.workers);
+  if (config == "none") return instances;
   idem::DeduplicatorOptions options;
   options.local_cache_capacity = 100000;
   options.local_cache_ttl = s.retention;
@@ -178,7 +181,8 @@ std::unique_ptr<idem::Deduplicator> make_deduplicator(const Settings& s, const s
     options.sink = std::make_shared<idem::PgSink>(sink);
     options.sink->migrate();
   }
-  return std::make_unique<idem::Deduplicator>(std::move(options));
+  for (auto& instance : instances) instance = std::make_unique<idem::Deduplicator>(options);
+  return instances;
 }
 
 idem::Request request_for(const std::string& config, const storm::Delivery& d) {
@@ -246,14 +250,15 @@ std::optional<idem::Outcome> deliver_once(const std::string& config, idem::Dedup
 // Runs `deliveries` on `workers` threads, like an at-least-once consumer: an attempt that failed
 // or found the first execution still in progress is redelivered after a backoff, until it is
 // decided (executed, duplicate or mismatch). Appends latencies (µs, per attempt) and counts.
-void deliver(const Settings& s, const std::string& config, idem::Deduplicator* dedup,
+void deliver(const Settings& s, const std::string& config,
+             const std::vector<std::unique_ptr<idem::Deduplicator>>& instances,
              const std::vector<storm::Delivery>& deliveries, std::vector<double>& latencies_us,
              ConfigResult& result, std::atomic<std::size_t>& delivered) {
   std::atomic<std::size_t> next{0};
   std::mutex merge_mutex;
   std::vector<std::thread> threads;
   for (std::size_t w = 0; w < s.workers; ++w) {
-    threads.emplace_back([&] {
+    threads.emplace_back([&, dedup = instances[w].get()] {
       WorkerConnection conn(s.pg_url);
       std::vector<double> local_latencies;
       std::map<std::string, std::size_t> local_outcomes, local_stopped;
@@ -299,7 +304,7 @@ double percentile(std::vector<double>& values, double p) {
 
 ConfigResult run_config(const Settings& s, const std::string& config, const storm::Workload& workload) {
   reset_business_tables(s);
-  auto dedup = make_deduplicator(s, config);
+  const auto instances = make_instances(s, config);
   ConfigResult result;
   result.deliveries = workload.deliveries.size() + workload.late_deliveries.size();
   result.duplicates_injected = workload.duplicates;
@@ -309,10 +314,17 @@ ConfigResult run_config(const Settings& s, const std::string& config, const stor
   std::atomic<std::size_t> delivered{0};
   std::atomic<bool> done{false};
   std::thread progress([&] {
+    // On a terminal one line updates in place; in a log, a line every 5 s.
+    const bool terminal = ::isatty(STDERR_FILENO) != 0;
+    auto next_line = Clock::now() + std::chrono::seconds(5);
     while (!done) {
-      std::cerr << "\r[" << config << "] " << delivered << "/" << result.deliveries << " deliveries"
-                << std::flush;
-      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      if (terminal) {
+        std::cerr << "\r[" << config << "] " << delivered << "/" << result.deliveries << " deliveries" << std::flush;
+      } else if (Clock::now() >= next_line) {
+        std::cerr << "[" << config << "] " << delivered << "/" << result.deliveries << " deliveries\n";
+        next_line += std::chrono::seconds(5);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
   });
   // --chaos: restart Redis at a third of the deliveries and PostgreSQL at two thirds.
@@ -322,16 +334,16 @@ ConfigResult run_config(const Settings& s, const std::string& config, const stor
       const std::size_t at = workload.deliveries.size() * static_cast<std::size_t>(thirds) / 3;
       while (!done && delivered < at) std::this_thread::sleep_for(std::chrono::milliseconds(5));
       if (done) return;
-      std::cerr << "\n[" << config << "] chaos: " << std::getenv(variable) << "\n";
+      std::cerr << "\n[" << config << "] chaos at delivery " << delivered << ": " << std::getenv(variable) << "\n";
       if (std::system(std::getenv(variable)) != 0) std::cerr << "[" << config << "] chaos command failed\n";
     }
   });
   const auto start = Clock::now();
-  deliver(s, config, dedup.get(), workload.deliveries, latencies_us, result, delivered);
+  deliver(s, config, instances, workload.deliveries, latencies_us, result, delivered);
   const double main_seconds = std::chrono::duration<double>(Clock::now() - start).count();
   // Late redeliveries arrive after every record of the main phase has outlived its retention.
   std::this_thread::sleep_for(s.retention + std::chrono::milliseconds(500));
-  deliver(s, config, dedup.get(), workload.late_deliveries, latencies_us, result, delivered);
+  deliver(s, config, instances, workload.late_deliveries, latencies_us, result, delivered);
   done = true;
   progress.join();
   chaos.join();
