@@ -6,11 +6,14 @@
 #   snowflake_ids_per_s        one thread; the reference is the format's own limit, 4 096 IDs
 #                              per ms (snowflake_limit_ids_per_s), goal ratio >= 0.9
 #   uuid7_ids_per_s            one thread, canonical text
-#   local_cache_lookups_per_s  one thread, hits on a full 10 000-entry LocalCache
+#   local_cache_lookups_per_s  one thread, hits on a full 10 000-entry LocalCache; the
+#                              reference is the same lookups in a std::unordered_map under one
+#                              mutex (map_mutex_lookups_per_s), reported as a ratio
 # plus two-thread variants and, as *_cpu, rates per second of CPU time (steadier when the
 # cores are shared). --report-json writes
 #   {"snowflake_ids_per_s", "snowflake_limit_ids_per_s": 4096000, "snowflake_limit_ratio",
-#    "uuid7_ids_per_s", "local_cache_lookups_per_s", ..., "runs_detail": {name: [per run]}}
+#    "uuid7_ids_per_s", "local_cache_lookups_per_s", "local_cache_vs_map_mutex_ratio", ...,
+#    "runs_detail": {name: [per run]}}
 set -euo pipefail
 
 report=""
@@ -43,6 +46,7 @@ limit=4096000
 names="$(awk '{print $1}' "$work/run0.txt")"
 json="{"
 detail=""
+declare -A med
 printf '%-40s %14s\n' measurement median
 for name in $names; do
   values=()
@@ -50,6 +54,7 @@ for name in $names; do
     values+=("$(awk -v n="$name" '$1 == n {print $2}' "$work/run$r.txt")")
   done
   m="$(median "${values[@]}")"
+  med[$name]="$m"
   printf '%-40s %14.0f\n' "$name" "$m"
   json+="\"$name\": $m, "
   detail+="\"$name\": $(json_list "${values[@]}"), "
@@ -59,6 +64,10 @@ for name in $names; do
     json+="\"snowflake_limit_ids_per_s\": $limit, \"snowflake_limit_ratio\": $ratio, "
   fi
 done
+ratio="$(awk -v a="${med[local_cache_lookups_per_s]}" -v b="${med[map_mutex_lookups_per_s]}" \
+  'BEGIN {printf "%.3f", a / b}')"
+printf '%-40s %14s\n' "local_cache_vs_map_mutex_ratio" "$ratio"
+json+="\"local_cache_vs_map_mutex_ratio\": $ratio, "
 load="$(cut -d' ' -f1-3 /proc/loadavg | tr ' ' ',')"
 json+="\"seconds_per_run\": $seconds, \"runs\": $runs, \"loadavg_1_5_15\": [$load], "
 json+="\"runs_detail\": {${detail%, }}}"

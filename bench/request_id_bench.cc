@@ -6,6 +6,8 @@
 //   uuid7_ids_per_s               one thread, one Uuid7Generator, text form
 //   local_cache_lookups_per_s     one thread, get() hits on a full 10 000-entry LocalCache
 //   local_cache_2threads_lookups_per_s
+//   map_mutex_lookups_per_s       the reference: the same lookups in a std::unordered_map under
+//                                 one std::mutex (no TTL, no LRU, no bound)
 // usage: idem-bench-request-id [--seconds S]   (S per measurement, default 1)
 #include <atomic>
 #include <chrono>
@@ -14,8 +16,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "idem/local_cache.h"
@@ -93,22 +97,53 @@ Rate uuid7(double seconds) {
   });
 }
 
-Rate local_cache(int threads, double seconds) {
-  constexpr std::size_t kEntries = 10000;
-  idem::LocalCache cache;  // defaults: 10 000 entries, 16 shards, 60 s TTL
+std::vector<std::string> uuid_keys(std::size_t n) {
   idem::Uuid7Generator ids;
   std::vector<std::string> keys;
-  for (std::size_t i = 0; i < kEntries; ++i) keys.push_back(ids.next());
+  for (std::size_t i = 0; i < n; ++i) keys.push_back(ids.next());
+  return keys;
+}
+
+// 64 lookups of keys in a stride walk through `lookup`, summing what it returns.
+template <class Lookup>
+std::uint64_t lookups(const std::vector<std::string>& keys, int thread, Lookup lookup) {
+  thread_local std::size_t next = static_cast<std::size_t>(thread) * 7919;
+  std::uint64_t x = 0;
+  for (int i = 0; i < 64; ++i) {
+    next = (next + 104729) % keys.size();  // a stride over the keys: no cache-friendly order
+    x += lookup(keys[next]);
+  }
+  return x;
+}
+
+Rate local_cache(int threads, double seconds) {
+  const std::vector<std::string> keys = uuid_keys(10000);
+  idem::LocalCache cache;  // defaults: 10 000 entries, 16 shards, 60 s TTL
   for (const auto& key : keys) cache.put(key, std::string(100, 'r'));  // a small JSON response
   return per_second(threads, seconds, 64, [&](int t) {
-    thread_local std::size_t next = static_cast<std::size_t>(t) * 7919;
-    std::uint64_t x = 0;
-    for (int i = 0; i < 64; ++i) {
-      next = (next + 104729) % kEntries;  // a stride over the keys: no cache-friendly order
-      const auto hit = cache.get(keys[next]);
-      x += hit ? hit->size() : 0;
-    }
-    return x;
+    return lookups(keys, t, [&](const std::string& key) -> std::uint64_t {
+      const auto hit = cache.get(key);
+      return hit ? hit->size() : 0;
+    });
+  });
+}
+
+Rate map_mutex(int threads, double seconds) {
+  const std::vector<std::string> keys = uuid_keys(10000);
+  std::unordered_map<std::string, std::string> map;
+  std::mutex mu;
+  for (const auto& key : keys) map.emplace(key, std::string(100, 'r'));
+  return per_second(threads, seconds, 64, [&](int t) {
+    return lookups(keys, t, [&](const std::string& key) -> std::uint64_t {
+      std::string copy;
+      {
+        const std::lock_guard lock(mu);
+        const auto it = map.find(key);
+        if (it == map.end()) return 0;
+        copy = it->second;
+      }
+      return copy.size();
+    });
   });
 }
 
@@ -132,5 +167,7 @@ int main(int argc, char** argv) {
   print("uuid7_ids_per_s", uuid7(seconds));
   print("local_cache_lookups_per_s", local_cache(1, seconds));
   print("local_cache_2threads_lookups_per_s", local_cache(2, seconds));
+  print("map_mutex_lookups_per_s", map_mutex(1, seconds));
+  print("map_mutex_2threads_lookups_per_s", map_mutex(2, seconds));
   return 0;
 }
