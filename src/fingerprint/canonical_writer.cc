@@ -6,14 +6,16 @@
 #include <charconv>
 #include <cstring>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include "fingerprint/number_format.h"
 #include "idem/errors.h"
 
 namespace idem::detail {
 namespace {
 
-using simdjson::dom::element;
-using simdjson::dom::element_type;
 
 // For each byte, how the string writer of each form writes it: 0 raw, else the letter of its
 // short escape (`\n`), or 'u' for `\u00xx`. Python's ensure_ascii also escapes DEL and
@@ -37,21 +39,40 @@ constexpr std::array<char, 256> escape_table(bool ascii) {
 constexpr std::array<char, 256> kRfcEscapes = escape_table(false);
 constexpr std::array<char, 256> kAsciiEscapes = escape_table(true);
 
+// The string scan and the key heads read words as little-endian.
+static_assert(std::endian::native == std::endian::little, "idem's canonical writer assumes a little-endian CPU");
+
 constexpr char kHexDigits[] = "0123456789abcdef";
+// Escape scanning, a chunk of bytes at a time: chunk_hits() returns a mask with
+// kHitBitsPerByte bits per byte (lowest bits: first byte); the lowest set bit marks the first
+// byte that needs an escape in the RFC 8785 form (controls, '"', '\\') or, with `ascii`, the
+// ensure_ascii form (also DEL and non-ASCII). Higher bits may be false positives.
+#if defined(__SSE2__)
+constexpr std::size_t kChunk = 16;
+constexpr int kHitBitsPerByte = 1;
+std::uint64_t chunk_hits(const unsigned char* p, bool ascii) {
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  __m128i hits = _mm_or_si128(_mm_cmpeq_epi8(bytes, _mm_set1_epi8('"')), _mm_cmpeq_epi8(bytes, _mm_set1_epi8('\\')));
+  hits = _mm_or_si128(hits, _mm_cmpeq_epi8(_mm_min_epu8(bytes, _mm_set1_epi8(0x1F)), bytes));  // <= 0x1F
+  if (ascii) hits = _mm_or_si128(hits, _mm_cmpeq_epi8(_mm_max_epu8(bytes, _mm_set1_epi8(0x7F)), bytes));  // >= 0x7F
+  return static_cast<std::uint32_t>(_mm_movemask_epi8(hits));
+}
+#else
+constexpr std::size_t kChunk = 8;
+constexpr int kHitBitsPerByte = 8;
 constexpr std::uint64_t kOnes = 0x0101010101010101;
 constexpr std::uint64_t kHighBits = 0x8080808080808080;
-
-// SWAR: nonzero when some byte of `word` equals `byte` / is below 0x20 (exact as a whole).
 constexpr std::uint64_t has_byte(std::uint64_t word, unsigned char byte) {
   const std::uint64_t x = word ^ (kOnes * byte);
   return (x - kOnes) & ~x & kHighBits;
 }
-constexpr std::uint64_t has_control(std::uint64_t word) { return (word - kOnes * 0x20) & ~word & kHighBits; }
-// Nonzero when one of the 8 bytes needs an escape in the RFC 8785 / the ensure_ascii form.
-constexpr std::uint64_t needs_escape(std::uint64_t word, bool ascii) {
-  const std::uint64_t special = has_control(word) | has_byte(word, '"') | has_byte(word, '\\');
-  return ascii ? special | (word & kHighBits) | has_byte(word, 0x7F) : special;
+std::uint64_t chunk_hits(const unsigned char* p, bool ascii) {
+  std::uint64_t word;
+  std::memcpy(&word, p, sizeof word);
+  const std::uint64_t hits = ((word - kOnes * 0x20) & ~word & kHighBits) | has_byte(word, '"') | has_byte(word, '\\');
+  return ascii ? hits | (word & kHighBits) | has_byte(word, 0x7F) : hits;
 }
+#endif
 
 char* write_u_escape(char* out, std::uint32_t unit) {
   const char escape[6] = {'\\', 'u', kHexDigits[unit >> 12 & 0xF], kHexDigits[unit >> 8 & 0xF],
@@ -88,11 +109,39 @@ char* write_escape(char* out, const unsigned char*& p, char kind) {
   return write_u_escape(out, 0xDC00 + (code_point & 0x3FF));
 }
 
+// simdjson's DOM tape (doc/tape.md): each word is a type character in the top byte and a
+// 56-bit payload. Strings point into the string buffer (a 32-bit length, then the bytes);
+// numbers keep their value in the next word; '{' and '[' hold the index after their end.
+char tape_type(std::uint64_t word) { return static_cast<char>(word >> 56); }
+std::uint64_t tape_payload(std::uint64_t word) { return word & 0x00FFFFFFFFFFFFFF; }
+std::string_view tape_string(const std::uint8_t* strings, std::uint64_t word) {
+  const std::uint8_t* at = strings + tape_payload(word);
+  std::uint32_t length;
+  std::memcpy(&length, at, sizeof length);
+  return {reinterpret_cast<const char*>(at + sizeof length), length};
+}
+// The tape index after the value at `index`.
+std::size_t tape_after(const std::uint64_t* tape, std::size_t index) {
+  switch (tape_type(tape[index])) {
+    case '{':
+    case '[':
+      return tape_payload(tape[index]) & 0xFFFFFFFF;
+    case 'l':
+    case 'u':
+    case 'd':
+      return index + 2;
+    default:
+      return index + 1;
+  }
+}
+
 // The first 8 bytes of `key`, big-endian, zero padded: comparing heads compares prefixes.
+// `key` lies in simdjson's padded string buffer, so 8 bytes are always readable.
 std::uint64_t key_head(std::string_view key) {
-  std::uint64_t word = 0;
-  std::memcpy(&word, key.data(), std::min<std::size_t>(key.size(), 8));
-  return std::endian::native == std::endian::little ? __builtin_bswap64(word) : word;
+  std::uint64_t word;
+  std::memcpy(&word, key.data(), sizeof word);
+  if (key.size() < 8) word &= (std::uint64_t{1} << (8 * key.size())) - 1;
+  return __builtin_bswap64(word);
 }
 
 // UTF-8 byte order is code point order. UTF-16 order differs only between a supplementary
@@ -159,10 +208,11 @@ std::string_view CanonicalWriter::write(std::string_view json, const Options& op
     input_ = std::make_unique<char[]>(input_capacity_);
   }
   std::memcpy(input_.get(), json.data(), json.size());
-  element root;
-  if (const auto error = parser_.parse(input_.get(), json.size(), false).get(root); error != simdjson::SUCCESS) {
+  if (const auto error = parser_.parse(input_.get(), json.size(), false).error(); error != simdjson::SUCCESS) {
     throw PayloadError(std::string("invalid JSON: ") + simdjson::error_message(error));
   }
+  tape_ = parser_.doc.tape.get();
+  strings_ = parser_.doc.string_buf.get();
   size_ = 0;
   reserve(json.size() + 64);
   members_.clear();
@@ -170,7 +220,7 @@ std::string_view CanonicalWriter::write(std::string_view json, const Options& op
   include_hits_.assign(selection != nullptr ? selection->include_count() : 0, false);
   const SelectionNode* node = selection != nullptr ? &selection->root() : nullptr;
   const bool selected = selection == nullptr || !selection->has_includes() || pick(node, false) == Pick::kWrite;
-  write_value(root, 0, node, selected);
+  write_value(1, 0, node, selected);  // tape[0] is the root word
   if (options.absent_include_is_error) {
     for (std::size_t id = 0; id < include_hits_.size(); ++id) {
       if (!include_hits_[id]) {
@@ -194,14 +244,15 @@ CanonicalWriter::Pick CanonicalWriter::pick(const SelectionNode* child, bool sel
   return selected ? Pick::kWrite : Pick::kProbe;  // kept if something inside is selected
 }
 
-bool CanonicalWriter::write_entry(const std::string_view* key, element value, std::size_t depth,
+bool CanonicalWriter::write_entry(const std::string_view* key, std::size_t value, std::size_t depth,
                                   const SelectionNode* child, bool selected, bool first) {
   const Pick choice = pick(child, selected);
   if (choice == Pick::kDrop) return false;
-  if (choice == Pick::kProbe && !value.is_object() && !value.is_array()) return false;
+  const char type = tape_type(tape_[value]);
+  if (choice == Pick::kProbe && type != '{' && type != '[') return false;
   const std::size_t mark = size_;
   const std::size_t selected_before = selected_values_;
-  char* out = reserve(key != nullptr ? 6 * key->size() + 4 : 1);
+  char* out = reserve(key != nullptr ? 6 * key->size() + 4 + kChunk : 1);
   if (!first) *out++ = ',';
   if (key != nullptr) {
     out = write_string(out, *key);
@@ -216,53 +267,58 @@ bool CanonicalWriter::write_entry(const std::string_view* key, element value, st
   return true;
 }
 
-void CanonicalWriter::write_value(element value, std::size_t depth, const SelectionNode* node, bool selected) {
+std::size_t CanonicalWriter::write_value(std::size_t index, std::size_t depth, const SelectionNode* node,
+                                         bool selected) {
   if (selected) ++selected_values_;
-  switch (value.type()) {
-    case element_type::OBJECT:
-      write_object(value.get_object().value_unsafe(), depth + 1, node, selected);
-      return;
-    case element_type::ARRAY:
-      write_array(value.get_array().value_unsafe(), depth + 1, node, selected);
-      return;
-    case element_type::STRING: {
-      const std::string_view text = value.get_string().value_unsafe();
-      commit(write_string(reserve(6 * text.size() + 2), text));
-      return;
+  const std::uint64_t word = tape_[index];
+  switch (tape_type(word)) {
+    case '{':
+      return write_object(index, depth + 1, node, selected);
+    case '[':
+      return write_array(index, depth + 1, node, selected);
+    case '"': {
+      const std::string_view text = tape_string(strings_, word);
+      commit(write_string(reserve(6 * text.size() + 2 + kChunk), text));
+      return index + 1;
     }
-    case element_type::INT64: {
+    case 'l': {
       char* out = reserve(24);
-      commit(std::to_chars(out, out + 24, value.get_int64().value_unsafe()).ptr);
-      return;
+      commit(std::to_chars(out, out + 24, static_cast<std::int64_t>(tape_[index + 1])).ptr);
+      return index + 2;
     }
-    case element_type::UINT64: {
+    case 'u': {
       char* out = reserve(24);
-      commit(std::to_chars(out, out + 24, value.get_uint64().value_unsafe()).ptr);
-      return;
+      commit(std::to_chars(out, out + 24, tape_[index + 1]).ptr);
+      return index + 2;
     }
-    case element_type::DOUBLE: {
+    case 'd': {
       char* out = reserve(kMaxNumberText);
-      const double number = value.get_double().value_unsafe();
+      const auto number = std::bit_cast<double>(tape_[index + 1]);
       commit(options_.form == CanonicalForm::kRfc8785 ? write_ecmascript_number(out, number)
                                                       : write_python_float(out, number));
-      return;
+      return index + 2;
     }
-    case element_type::BOOL: {
-      const std::string_view text = value.get_bool().value_unsafe() ? "true" : "false";
-      commit(std::copy(text.begin(), text.end(), reserve(text.size())));
-      return;
-    }
-    case element_type::NULL_VALUE:
+    case 't':
+      commit(std::copy_n("true", 4, reserve(4)));
+      return index + 1;
+    case 'f':
+      commit(std::copy_n("false", 5, reserve(5)));
+      return index + 1;
+    default:  // 'n'
       commit(std::copy_n("null", 4, reserve(4)));
-      return;
+      return index + 1;
   }
 }
 
-void CanonicalWriter::write_object(simdjson::dom::object object, std::size_t depth, const SelectionNode* node,
-                                   bool selected) {
+std::size_t CanonicalWriter::write_object(std::size_t index, std::size_t depth, const SelectionNode* node,
+                                          bool selected) {
   if (depth > options_.max_depth) throw PayloadError("JSON nesting deeper than the limit");
+  const std::size_t end = tape_payload(tape_[index]) & 0xFFFFFFFF;  // index after the matching '}'
   const std::size_t begin = members_.size();
-  for (const simdjson::dom::key_value_pair field : object) members_.push_back({key_head(field.key), field.key, field.value});
+  for (std::size_t i = index + 1; i + 1 < end; i = tape_after(tape_, i + 1)) {
+    const std::string_view key = tape_string(strings_, tape_[i]);
+    members_.push_back({key_head(key), key, i + 1});
+  }
   const auto first = members_.begin() + static_cast<std::ptrdiff_t>(begin);
   if (options_.form == CanonicalForm::kRfc8785) {
     sort_members<CanonicalForm::kRfc8785>(first, members_.end());
@@ -274,7 +330,7 @@ void CanonicalWriter::write_object(simdjson::dom::object object, std::size_t dep
   for (std::size_t i = begin; i < members_.size(); ++i) {
     const Member member = members_[i];  // members_ may grow while the value is written
     if (node == nullptr) {  // no selection below here: write everything
-      char* out = reserve(6 * member.key.size() + 4);
+      char* out = reserve(6 * member.key.size() + 4 + kChunk);
       if (!empty) *out++ = ',';
       out = write_string(out, member.key);
       *out++ = ':';
@@ -287,69 +343,57 @@ void CanonicalWriter::write_object(simdjson::dom::object object, std::size_t dep
   }
   *reserve(1) = '}', ++size_;
   members_.resize(begin);
+  return end;
 }
 
-void CanonicalWriter::write_array(simdjson::dom::array array, std::size_t depth, const SelectionNode* node,
-                                  bool selected) {
+std::size_t CanonicalWriter::write_array(std::size_t index, std::size_t depth, const SelectionNode* node,
+                                         bool selected) {
   if (depth > options_.max_depth) throw PayloadError("JSON nesting deeper than the limit");
+  const std::size_t end = tape_payload(tape_[index]) & 0xFFFFFFFF;  // index after the matching ']'
   *reserve(1) = '[', ++size_;
   bool empty = true;
-  std::size_t index = 0;
-  for (const element item : array) {
+  std::size_t position = 0;
+  for (std::size_t i = index + 1; i + 1 < end; ++position) {
     if (node == nullptr) {  // no selection below here: write everything
       if (!empty) *reserve(1) = ',', ++size_;
-      write_value(item, depth, nullptr, true);
+      i = write_value(i, depth, nullptr, true);
       empty = false;
       continue;
     }
     char token[24];
-    const auto end = std::to_chars(token, token + sizeof token, index++).ptr;
-    const SelectionNode* child = node->child(std::string_view(token, static_cast<std::size_t>(end - token)));
-    if (write_entry(nullptr, item, depth, child, selected, empty)) empty = false;
+    const auto token_end = std::to_chars(token, token + sizeof token, position).ptr;
+    const SelectionNode* child = node->child(std::string_view(token, static_cast<std::size_t>(token_end - token)));
+    if (write_entry(nullptr, i, depth, child, selected, empty)) empty = false;
+    i = tape_after(tape_, i);
   }
   *reserve(1) = ']', ++size_;
+  return end;
 }
 
-// Writes `text` quoted, in the form's escaping, at `out` (room for 6 * size + 2 bytes); returns
-// the end. Copies 8 bytes at a time while none needs an escape.
+// Writes `text` quoted, in the form's escaping, at `out` (room for 6 * size + 2 + kChunk
+// bytes); returns the end. Works a chunk at a time: `text` lies in simdjson's string buffer,
+// which has SIMDJSON_PADDING readable bytes after every string, so the last chunk may read past
+// its end (those bytes are masked off and overwritten).
 char* CanonicalWriter::write_string(char* out, std::string_view text) const {
   const bool ascii = options_.form == CanonicalForm::kPythonJsonDumps;
   const std::array<char, 256>& escapes = ascii ? kAsciiEscapes : kRfcEscapes;
   *out++ = '"';
   const auto* p = reinterpret_cast<const unsigned char*>(text.data());
   const auto* const end = p + text.size();
-  while (end - p >= 8) {
-    std::uint64_t word;
-    std::memcpy(&word, p, sizeof word);
-    if (needs_escape(word, ascii) == 0) {
-      std::memcpy(out, &word, sizeof word);
-      out += 8;
-      p += 8;
-    } else if (const char kind = escapes[*p]; kind != 0) {
-      out = write_escape(out, p, kind);
-    } else {
-      *out++ = static_cast<char>(*p++);
+  while (p < end) {
+    std::memcpy(out, p, kChunk);
+    const auto valid = static_cast<std::size_t>(std::min<std::ptrdiff_t>(end - p, kChunk));
+    std::uint64_t hits = chunk_hits(p, ascii);
+    if (valid < kChunk) hits &= (std::uint64_t{1} << (kHitBitsPerByte * valid)) - 1;
+    if (hits == 0) {
+      out += valid;
+      p += valid;
+      continue;
     }
-  }
-  if (const auto rest = static_cast<std::size_t>(end - p); rest >= 4) {
-    // 4 to 7 bytes: two overlapping 4-byte words cover them.
-    std::uint32_t low;
-    std::uint32_t high;
-    std::memcpy(&low, p, 4);
-    std::memcpy(&high, end - 4, 4);
-    if (needs_escape(low | std::uint64_t{high} << 32, ascii) == 0) {
-      std::memcpy(out, &low, 4);
-      std::memcpy(out + rest - 4, &high, 4);
-      out += rest;
-      p = end;
-    }
-  }
-  while (p != end) {
-    if (const char kind = escapes[*p]; kind != 0) {
-      out = write_escape(out, p, kind);
-    } else {
-      *out++ = static_cast<char>(*p++);
-    }
+    const auto clean = static_cast<std::size_t>(std::countr_zero(hits) / kHitBitsPerByte);
+    out += clean;
+    p += clean;
+    out = write_escape(out, p, escapes[*p]);
   }
   *out++ = '"';
   return out;
