@@ -402,11 +402,11 @@ struct JsonTarget {
 class JsonLocator {
  public:
   JsonLocator(const simdjson::padded_string& json, const std::vector<std::string>& tokens)
-      : base_(json.data()), tokens_(tokens) {}
+      : json_(json), tokens_(tokens) {}
 
   JsonTarget locate(ondemand::document& doc) {
     const auto root_start =
-        static_cast<std::size_t>(std::string_view(base_).find_first_not_of(" \t\r\n"));
+        std::string_view(json_.data(), json_.size()).find_first_not_of(" \t\r\n");
     switch (doc.type()) {
       case ondemand::json_type::object:
         return in_object(doc.get_object(), root_start, 0);
@@ -419,7 +419,7 @@ class JsonLocator {
 
  private:
   std::size_t offset(std::string_view token) const noexcept {
-    return static_cast<std::size_t>(token.data() - base_);
+    return static_cast<std::size_t>(token.data() - json_.data());
   }
 
   JsonTarget in_value(ondemand::value value, std::size_t depth) {
@@ -487,7 +487,7 @@ class JsonLocator {
     return target;
   }
 
-  const char* base_;
+  const simdjson::padded_string& json_;
   const std::vector<std::string>& tokens_;
 };
 
