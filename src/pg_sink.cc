@@ -20,13 +20,10 @@ constexpr std::size_t kMaxRequestIdBytes = 64;  // request_id varchar(64)
 constexpr int kClaimAttempts = 3;  // an expired or vanished row is retried, not looped on
 constexpr const char* kLockNotAvailable = "55P03";
 
-// Prepared statements of every pooled connection.
-constexpr const char* kClaim = "idem_claim";
-constexpr const char* kLookup = "idem_lookup";
-constexpr const char* kTakeOver = "idem_take_over";
-constexpr const char* kComplete = "idem_complete";
-constexpr const char* kRelease = "idem_release";
-constexpr const char* kPurge = "idem_purge";
+// The sink's prepared statements, by index into PgSink::Impl::sql.
+enum Statement : std::size_t { kClaim, kLookup, kTakeOver, kComplete, kRelease, kPurge, kCount };
+constexpr std::array<const char*, kCount> kStatementNames{
+    "idem_claim", "idem_lookup", "idem_take_over", "idem_complete", "idem_release", "idem_purge"};
 
 std::string sha256_hex(std::string_view data) {
   std::array<unsigned char, EVP_MAX_MD_SIZE> digest{};
@@ -61,45 +58,53 @@ void validate(const PgSinkOptions& options) {
   (void)detail::quote_identifier(options.table);
 }
 
+// The statements' SQL for the records table `table` (already quoted).
+std::array<std::string, kCount> statements(const std::string& table) {
+  std::array<std::string, kCount> sql;
+  sql[kClaim] = "INSERT INTO " + table +
+                " (ns, key, request_id, fingerprint, expires_at)"
+                " VALUES ($1, $2, $3, $4, now() + $5::float8 * interval '1 ms')"
+                " ON CONFLICT (ns, key) DO NOTHING RETURNING 1";
+  sql[kLookup] = "SELECT state, fingerprint, request_id, response, response_sha256,"
+                 " expires_at <= now() FROM " + table + " WHERE ns = $1 AND key = $2";
+  sql[kTakeOver] = "DELETE FROM " + table + " WHERE ns = $1 AND key = $2 AND expires_at <= now()";
+  // $6: the owner's request ID in non-transactional mode; NULL inside the claiming transaction.
+  sql[kComplete] = "UPDATE " + table +
+                   " SET state = 'completed', response = $3, response_sha256 = $4,"
+                   " expires_at = now() + $5::float8 * interval '1 ms'"
+                   " WHERE ns = $1 AND key = $2 AND state = 'in_progress'"
+                   " AND request_id = coalesce($6, request_id)";
+  sql[kRelease] = "DELETE FROM " + table +
+                  " WHERE ns = $1 AND key = $2 AND request_id = $3 AND state = 'in_progress'";
+  sql[kPurge] = "DELETE FROM " + table + " WHERE ctid = ANY (ARRAY(SELECT ctid FROM " + table +
+                " WHERE expires_at <= now() ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED))";
+  return sql;
+}
+
 }  // namespace
 
 struct PgSink::Impl {
   explicit Impl(PgSinkOptions opts)
       : options((validate(opts), std::move(opts))),
         names(detail::SchemaNames::for_table(options.schema, options.table)),
+        sql(statements(detail::quote_identifier(options.schema) + "." +
+                       detail::quote_identifier(options.table))),
         pool(options.conninfo, options.pool_size, options.borrow_timeout,
              [this](pqxx::connection& conn) { setup(conn); }) {}
 
-  // Session settings and prepared statements of a new pooled connection.
+  // Session settings of a new pooled connection (set_variable: they survive libpqxx's
+  // transparent reconnects).
   void setup(pqxx::connection& conn) const {
-    // set_variable settings survive libpqxx's transparent reconnects.
     conn.set_variable("statement_timeout", std::to_string(options.statement_timeout.count()));
     conn.set_variable("lock_timeout", std::to_string(options.lock_timeout.count()));
-    const std::string table =
-        detail::quote_identifier(options.schema) + "." + detail::quote_identifier(options.table);
-    conn.prepare(kClaim, "INSERT INTO " + table +
-                             " (ns, key, request_id, fingerprint, expires_at)"
-                             " VALUES ($1, $2, $3, $4, now() + $5::float8 * interval '1 ms')"
-                             " ON CONFLICT (ns, key) DO NOTHING RETURNING 1");
-    conn.prepare(kLookup,
-                 "SELECT state, fingerprint, request_id, response, response_sha256,"
-                 " expires_at <= now() FROM " +
-                     table + " WHERE ns = $1 AND key = $2");
-    conn.prepare(kTakeOver,
-                 "DELETE FROM " + table + " WHERE ns = $1 AND key = $2 AND expires_at <= now()");
-    // $6: the owner's request ID in non-transactional mode; NULL inside the claiming transaction.
-    conn.prepare(kComplete, "UPDATE " + table +
-                                " SET state = 'completed', response = $3, response_sha256 = $4,"
-                                " expires_at = now() + $5::float8 * interval '1 ms'"
-                                " WHERE ns = $1 AND key = $2 AND state = 'in_progress'"
-                                " AND request_id = coalesce($6, request_id)");
-    conn.prepare(kRelease, "DELETE FROM " + table +
-                               " WHERE ns = $1 AND key = $2 AND request_id = $3"
-                               " AND state = 'in_progress'");
-    conn.prepare(kPurge, "DELETE FROM " + table + " WHERE ctid = ANY (ARRAY(SELECT ctid FROM " +
-                             table +
-                             " WHERE expires_at <= now() ORDER BY expires_at LIMIT $1"
-                             " FOR UPDATE SKIP LOCKED))");
+  }
+
+  // Runs a sink statement in `tx`, preparing it on the transaction's connection on first use
+  // (libpqxx makes a repeated prepare() of the same text a no-op).
+  template <typename... Args>
+  pqxx::result exec(pqxx::transaction_base& tx, Statement statement, Args&&... args) const {
+    tx.conn().prepare(kStatementNames[statement], sql[statement]);
+    return tx.exec_prepared(kStatementNames[statement], std::forward<Args>(args)...);
   }
 
   // Borrows a connection and runs fn(connection), translating libpqxx errors; a connection
@@ -126,13 +131,13 @@ struct PgSink::Impl {
     return detail::translating([&] {
       try {
         for (int attempt = 0; attempt < kClaimAttempts; ++attempt) {
-          if (!tx.exec_prepared(kClaim, options.ns, k, rid, fp, to_ms(expiry)).empty()) {
+          if (!exec(tx, kClaim, options.ns, k, rid, fp, to_ms(expiry)).empty()) {
             return SinkClaim{};
           }
-          const pqxx::result found = tx.exec_prepared(kLookup, options.ns, k);
+          const pqxx::result found = exec(tx, kLookup, options.ns, k);
           if (found.empty()) continue;  // released or purged since the insert
           if (found[0][5].as<bool>()) {  // expired: take the key over
-            tx.exec_prepared(kTakeOver, options.ns, k);
+            exec(tx, kTakeOver, options.ns, k);
             continue;
           }
           return existing(found[0], request_id, fingerprint);
@@ -171,8 +176,8 @@ struct PgSink::Impl {
         std::chrono::seconds(options.retention)));
     const auto run = [&](const auto& body, const auto& sha) {
       const pqxx::result updated =
-          owner ? tx.exec_prepared(kComplete, options.ns, k, body, sha, keep, *owner)
-                : tx.exec_prepared(kComplete, options.ns, k, body, sha, keep, nullptr);
+          owner ? exec(tx, kComplete, options.ns, k, body, sha, keep, *owner)
+                : exec(tx, kComplete, options.ns, k, body, sha, keep, nullptr);
       return updated.affected_rows() == 1;
     };
     return detail::translating([&] {
@@ -183,6 +188,7 @@ struct PgSink::Impl {
 
   PgSinkOptions options;
   detail::SchemaNames names;
+  std::array<std::string, kCount> sql;  // by Statement
   detail::PgPool pool;
 };
 
@@ -279,7 +285,7 @@ bool PgSink::complete(std::string_view key, std::string_view request_id,
 bool PgSink::release(std::string_view key, std::string_view request_id) {
   return impl_->with_connection([&](pqxx::connection& conn) {
     pqxx::nontransaction tx(conn);
-    return tx.exec_prepared(kRelease, impl_->options.ns, std::string(key), std::string(request_id))
+    return impl_->exec(tx, kRelease, impl_->options.ns, std::string(key), std::string(request_id))
                .affected_rows() == 1;
   });
 }
@@ -290,7 +296,7 @@ std::size_t PgSink::purge_expired(std::size_t batch_size) {
   for (;;) {
     const std::size_t deleted = impl_->with_connection([&](pqxx::connection& conn) {
       pqxx::nontransaction tx(conn);
-      return static_cast<std::size_t>(tx.exec_prepared(kPurge, batch_size).affected_rows());
+      return static_cast<std::size_t>(impl_->exec(tx, kPurge, batch_size).affected_rows());
     });
     total += deleted;
     if (deleted < batch_size) return total;

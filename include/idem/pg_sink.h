@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "idem/export.h"
 #include "idem/record.h"
 
 namespace pqxx {
@@ -90,7 +91,7 @@ struct SinkClaim {
 /// Every method throws idem::PostgresError when PostgreSQL fails (retryable() for connection
 /// loss, serialization failure, deadlock, lock or statement timeout); connections that broke or
 /// were left in a failed transaction are never handed out again.
-class PgSink {
+class IDEM_EXPORT PgSink {
  public:
   /// Throws idem::ConfigError on invalid options. Does not connect until first use.
   explicit PgSink(PgSinkOptions options);
@@ -117,7 +118,10 @@ class PgSink {
   /// aborts `tx`; it answers kDuplicate with that row's state, fingerprint match and response.
   /// A conflict with an open transaction waits up to lock_timeout, then answers kInProgress.
   /// A row past its expiry is taken over (answers kClaimed). `key` is an encoded key text
-  /// (IdempotencyKey::encode()); `request_id` is at most 64 bytes; `fingerprint` may be empty.
+  /// (IdempotencyKey::encode()); `request_id` is at most 64 bytes (else idem::InvalidRequestId);
+  /// `fingerprint` may be empty. `tx` normally comes from transact(); on a connection of the
+  /// caller's own the sink prepares its statements on first use, but that connection's own lock
+  /// and statement timeouts apply.
   [[nodiscard]] SinkClaim claim(pqxx::transaction_base& tx, std::string_view key,
                                 std::string_view request_id, std::string_view fingerprint);
 

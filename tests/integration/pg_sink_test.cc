@@ -7,6 +7,7 @@
 #include <barrier>
 #include <future>
 #include <memory>
+#include <regex>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -311,6 +312,54 @@ TEST_F(PgSinkTest, DeadlockIsARetryablePostgresError) {
   b.join();
   EXPECT_EQ(deadlocks.load(), 1);
   EXPECT_EQ(schema_->count("SELECT sum(n) FROM " + accounts), 2);
+}
+
+TEST_F(PgSinkTest, AnExhaustedPoolFailsAfterTheBorrowTimeoutWithARetryableError) {
+  PgSinkOptions opts = options();
+  opts.pool_size = 1;
+  opts.borrow_timeout = std::chrono::milliseconds(10);
+  auto sink = make_sink(opts);
+  std::promise<void> holding;
+  std::promise<void> release;
+  std::thread holder([&] {
+    sink->transact([&](pqxx::transaction_base&) {
+      holding.set_value();
+      release.get_future().wait();
+    });
+  });
+  holding.get_future().wait();
+  try {
+    (void)sink->claim("k8", "req", "");
+    ADD_FAILURE() << "borrowed from an exhausted pool";
+  } catch (const PostgresError& error) {
+    EXPECT_TRUE(error.retryable());
+    EXPECT_EQ(error.sqlstate(), "");
+  }
+  release.set_value();
+  holder.join();
+  EXPECT_EQ(sink->claim("k8", "req", "").status, SinkStatus::kClaimed);
+}
+
+TEST_F(PgSinkTest, KeywordConninfoAndTheCallersOwnConnectionWork) {
+  std::smatch url;
+  static const std::regex kUrl(R"(postgres(?:ql)?://([^@:/]+)@([^:/]+):(\d+)/([A-Za-z0-9_]+))");
+  if (!std::regex_match(url_, url, kUrl)) GTEST_SKIP() << "URL not of the form user@host:port/db";
+  PgSinkOptions opts = options();
+  opts.conninfo = "user=" + url[1].str() + " host=" + url[2].str() + " port=" + url[3].str() +
+                  " dbname=" + url[4].str();
+  auto sink = make_sink(opts);
+  EXPECT_EQ(run_once(*sink, "k9", "req-a").status, SinkStatus::kClaimed);
+
+  // A transaction on a connection the sink never saw: the statements are prepared there.
+  pqxx::connection own(url_);
+  pqxx::work tx(own);
+  const SinkClaim answer = sink->claim(tx, "k9", "req-b", "fp-1");
+  EXPECT_EQ(answer.status, SinkStatus::kDuplicate);
+  EXPECT_EQ(answer.response, std::optional<std::string>("response of req-a"));
+  EXPECT_EQ(sink->claim(tx, "k10", "req-b", "").status, SinkStatus::kClaimed);
+  sink->complete(tx, "k10", "own");
+  tx.commit();
+  EXPECT_EQ(sink->claim("k10", "req-c", "").response, std::optional<std::string>("own"));
 }
 
 TEST_F(PgSinkTest, InvalidOptionsAreConfigErrors) {
