@@ -6,6 +6,8 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <optional>
+#include <stop_token>
 #include <thread>
 #include <utility>
 
@@ -33,7 +35,24 @@ struct CallState {
   std::chrono::milliseconds lease{0};
   std::atomic<SteadyClock::rep> lease_deadline{0};
   std::atomic<bool> lease_lost{false};
-  std::stop_source stop;
+  std::stop_token shutdown;  // the deduplicator's
+
+  // Whether the caller or a shutdown asked this call to stop.
+  bool stop_requested() const noexcept {
+    return request->stop.stop_requested() || shutdown.stop_requested();
+  }
+
+  // A token requested when either the caller's or the shutdown token is; made on first use,
+  // so calls whose handler never asks pay nothing.
+  std::stop_token stop_token() {
+    std::call_once(stop_once, [this] {
+      stop.emplace();
+      on_caller_stop.emplace(request->stop, StopForwarder{&*stop});
+      on_shutdown.emplace(shutdown, StopForwarder{&*stop});
+    });
+    return stop->get_token();
+  }
+
   Metrics* metrics = nullptr;
 
   void extend_lease() noexcept {
@@ -55,6 +74,16 @@ struct CallState {
     if (metrics != nullptr) metrics->record_renewal(ok);
     return ok;
   }
+
+ private:
+  struct StopForwarder {
+    std::stop_source* target;
+    void operator()() const noexcept { target->request_stop(); }
+  };
+  std::once_flag stop_once;
+  std::optional<std::stop_source> stop;
+  std::optional<std::stop_callback<StopForwarder>> on_caller_stop;
+  std::optional<std::stop_callback<StopForwarder>> on_shutdown;
 };
 
 }  // namespace detail
@@ -65,7 +94,7 @@ std::string_view Context::fingerprint() const noexcept { return state_->fingerpr
 int Context::attempt() const noexcept { return state_->request->attempt; }
 bool Context::renew() { return state_->renew(); }
 bool Context::lease_lost() const noexcept { return state_->lease_lost; }
-std::stop_token Context::stop_token() const noexcept { return state_->stop.get_token(); }
+std::stop_token Context::stop_token() const noexcept { return state_->stop_token(); }
 
 std::chrono::milliseconds Context::remaining_lease() const noexcept {
   if (state_->owner_token.empty()) return std::chrono::milliseconds(0);
@@ -93,7 +122,6 @@ Outcome stopped_by(Layer layer, Outcome::Kind kind) {
 class AutoRenewal {
  public:
   AutoRenewal(detail::CallState& state, std::chrono::milliseconds interval) {
-    if (interval.count() <= 0 || state.owner_token.empty()) return;
     thread_ = std::jthread([&state, interval, this](std::stop_token stop) {
       std::unique_lock lock(mutex_);
       while (!wake_.wait_for(lock, stop, interval, [] { return false; })) {
@@ -312,7 +340,10 @@ struct Deduplicator::Impl {
       }
       std::this_thread::sleep_for(options.wait_poll_interval);
     }
-    AutoRenewal renewal(call, options.auto_renew_interval);
+    std::optional<AutoRenewal> renewal;
+    if (options.auto_renew_interval.count() > 0 && !call.owner_token.empty()) {
+      renewal.emplace(call, options.auto_renew_interval);
+    }
     Outcome outcome;
     try {
       outcome = run_layers(call, transactional, handler, context, true);
@@ -321,7 +352,7 @@ struct Deduplicator::Impl {
     } catch (const PostgresError&) {
       throw;  // a failed commit: the outcome is unknown, so the claim is kept
     } catch (...) {
-      if (!call.stop.stop_requested()) on_failure(call, transactional, std::current_exception());
+      if (!call.stop_requested()) on_failure(call, transactional, std::current_exception());
       throw;
     }
     if (outcome.kind == Outcome::Kind::kExecuted || (outcome.kind == Outcome::Kind::kDuplicate && outcome.response)) {
@@ -367,8 +398,7 @@ Outcome Deduplicator::run_handler(const Request& request, bool transactional, co
   call.lease = call.guard != nullptr ? call.guard->lease() : std::chrono::milliseconds(0);
   call.metrics = impl_->options.metrics.get();
   call.sink_owner = request.request_id.empty() ? impl_->owner_ids.next() : request.request_id;
-  std::stop_callback on_caller_stop(request.stop, [&call] { call.stop.request_stop(); });
-  std::stop_callback on_shutdown(impl_->shutdown.get_token(), [&call] { call.stop.request_stop(); });
+  call.shutdown = impl_->shutdown.get_token();
 
   const Outcome outcome = impl_->decide(call, transactional, handler);
 

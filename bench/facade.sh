@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# scripts/dev bench facade [--report-json PATH] [--seconds S] [--runs N]
+# The facade's overhead over an in-memory guard (ns per call; goal < 1 µs) and the all-layer
+# path against the sum of its parts, against the services of scripts/dev (see
+# bench/facade_bench.cc for what each figure means).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="${IDEM_BUILD_DIR:-$root/build}"
+cmake --build "$build" --target idem-bench-facade >/dev/null
+exec "$build/bench/idem-bench-facade" --redis-url "$IDEM_TEST_REDIS_URL" --pg-url "$IDEM_TEST_PG_URL" "$@"
