@@ -3,12 +3,14 @@
 #include <openssl/evp.h>
 
 #include <array>
+#include <map>
 #include <utility>
 
 #include "idem/errors.h"
 #include "idem/key.h"
 #include "idem/lua_scripts.h"
 #include "redis/breaker.h"
+#include "redis/cluster.h"
 #include "redis/errors.h"
 #include "redis/pool.h"
 #include "redis/record.h"
@@ -78,10 +80,13 @@ const RedisGuardOptions& validated(const RedisGuardOptions& options) {
   return options;
 }
 
-// Throws on an error reply; returns the reply otherwise.
+// Throws on an error reply (detail::RedirectError for MOVED/ASK); returns the reply otherwise.
 ReplyPtr checked(ReplyPtr reply, std::string_view during) {
-  if (reply->type == REDIS_REPLY_ERROR) throw detail::reply_error(*reply, during);
-  return reply;
+  if (reply->type != REDIS_REPLY_ERROR) return reply;
+  if (auto redirect = detail::parse_redirect(*reply)) {
+    throw detail::RedirectError(detail::reply_error(*reply, during).what(), std::move(*redirect));
+  }
+  throw detail::reply_error(*reply, during);
 }
 
 bool integer_flag(const redisReply& reply, std::string_view during) {
@@ -124,22 +129,28 @@ struct RedisGuard::Impl {
                    escaped_option(options.ns, "ns") + ':'),
         lease_ms(milliseconds_text(options.lease)),
         retention_ms(milliseconds_text(options.retention)),
-        pool(pool_settings(options.redis)),
-        breaker(options.breaker) {}
+        breaker(options.breaker) {
+    detail::PoolSettings settings = pool_settings(options.redis);
+    if (options.redis.cluster) {
+      require(settings.connection.endpoint.socket_path.empty() && settings.connection.endpoint.db == 0,
+              "a Redis Cluster URL must be redis://host:port with database 0");
+      cluster = std::make_unique<detail::Cluster>(std::move(settings));
+    } else {
+      pool = std::make_unique<detail::Pool>(std::move(settings));
+    }
+  }
 
-  // Runs `body` on a pooled connection under the circuit breaker. A retryable RedisError
-  // counts as a failure; any answer from Redis (even an error reply) as a success. When an
-  // idle pooled connection turns out closed by the server (a restart, an idle timeout), the
-  // other idle connections are dropped and `body` runs once more on a fresh connection; a
-  // timeout is never retried. `body` must be safe to repeat (every guard command is: a
-  // repeated claim recognises its own owner token).
+  // Runs `body` on a pooled connection (of the node serving `routing_key` in a cluster) under
+  // the circuit breaker. A retryable RedisError counts as a failure; any answer from Redis
+  // (even an error reply) as a success. `body` must be safe to repeat (every guard command
+  // is: a repeated claim recognises its own owner token).
   template <class Body>
-  auto with_connection(Body&& body) -> decltype(body(std::declval<Connection&>())) {
+  auto with_connection(std::string_view routing_key, Body&& body) -> decltype(body(std::declval<Connection&>())) {
     if (!breaker.allow(detail::CircuitBreaker::Clock::now())) {
       throw RedisError("idem: redis guard: circuit breaker open, Redis not tried", true);
     }
     try {
-      auto result = run_on_pool(body);
+      auto result = cluster != nullptr ? run_on_cluster(routing_key, body) : run_on_pool(*pool, body);
       breaker.on_success();
       return result;
     } catch (const RedisError& error) {
@@ -155,15 +166,42 @@ struct RedisGuard::Impl {
     }
   }
 
+  // Runs `body` on a connection of `target`. When an idle pooled connection turns out closed by
+  // the server (a restart, an idle timeout), the other idle connections are dropped and `body`
+  // runs once more on a fresh connection; a timeout is never retried.
   template <class Body>
-  auto run_on_pool(Body& body) -> decltype(body(std::declval<Connection&>())) {
+  static auto run_on_pool(detail::Pool& target, Body& body) -> decltype(body(std::declval<Connection&>())) {
     for (bool retried = false;; retried = true) {
-      auto lease = pool.borrow();
+      auto lease = target.borrow();
       try {
         return body(*lease);
       } catch (const RedisError&) {
         if (retried || !lease.reused() || !(*lease).closed_by_server()) throw;
-        pool.discard_idle();
+        target.discard_idle();
+      }
+    }
+  }
+
+  // Routes `body` to the master of `routing_key`'s slot and follows MOVED (reloading the slot
+  // map) and ASK (ASKING first, on the named node) up to kMaxRedirects times.
+  template <class Body>
+  auto run_on_cluster(std::string_view routing_key, Body& body) -> decltype(body(std::declval<Connection&>())) {
+    constexpr int kMaxRedirects = 5;
+    detail::Pool* target = &cluster->pool_for_slot(detail::key_slot(routing_key));
+    bool asking = false;
+    auto asking_body = [&body](Connection& connection) {
+      (void)checked(connection.command(std::array<std::string_view, 1>{"ASKING"}), "ASKING");
+      return body(connection);
+    };
+    for (int redirects = 0;; ++redirects) {
+      try {
+        return asking ? run_on_pool(*target, asking_body) : run_on_pool(*target, body);
+      } catch (const detail::RedirectError& error) {
+        if (redirects == kMaxRedirects) throw;
+        const detail::Redirect& redirect = error.redirect();
+        if (!redirect.ask) cluster->refresh();
+        target = &cluster->pool_for(redirect.host, redirect.port);
+        asking = redirect.ask;
       }
     }
   }
@@ -194,17 +232,73 @@ struct RedisGuard::Impl {
 
   template <std::size_t N>
   bool eval_flag(const Script& script, const std::array<std::string_view, N>& key_and_args) {
-    return with_connection([&](Connection& connection) {
+    return with_connection(key_and_args[0], [&](Connection& connection) {
       return integer_flag(*eval(connection, script, key_and_args), "EVALSHA");
     });
+  }
+
+  // Appends the claim of `key` with `record` (EVALSHA or SET NX GET) to the pipeline.
+  void append_claim(Connection& connection, std::string_view key, std::string_view record) const {
+    if (options.claim_method == ClaimMethod::kSetNxGet) {
+      connection.append(std::array<std::string_view, 7>{"SET", key, record, "NX", "PX", lease_ms, "GET"});
+    } else {
+      connection.append(std::array<std::string_view, 6>{"EVALSHA", claim_script.sha, "1", key, record, lease_ms});
+    }
+  }
+
+  // One claim, routed and checked: nil (first) or the existing record.
+  ReplyPtr claim_one(std::string_view key, std::string_view record) {
+    return with_connection(key, [&](Connection& connection) {
+      append_claim(connection, key, record);
+      ReplyPtr reply = connection.read_reply();
+      if (reply->type == REDIS_REPLY_ERROR && detail::reply_error_is(*reply, "NOSCRIPT")) {
+        load(connection, claim_script);
+        append_claim(connection, key, record);
+        reply = connection.read_reply();
+      }
+      require_set_nx_get_support(*reply);
+      return checked(std::move(reply), "claim");
+    });
+  }
+
+  // Before Redis 7.0, SET rejects NX together with GET: say what to do instead.
+  void require_set_nx_get_support(const redisReply& reply) const {
+    if (options.claim_method == ClaimMethod::kSetNxGet && reply.type == REDIS_REPLY_ERROR &&
+        std::string_view(reply.str, reply.len).starts_with("ERR syntax error")) {
+      throw RedisError("idem: redis rejected SET ... NX ... GET (needs Redis >= 7.0); use ClaimMethod::kLuaScript",
+                       false);
+    }
+  }
+
+  // The claims `indices` of `keys`/`records`, pipelined on `connection`: their replies, in
+  // order, unchecked except for NOSCRIPT (answered by one SCRIPT LOAD and one re-send of the
+  // claims that got it).
+  std::vector<ReplyPtr> pipeline_claims(Connection& connection, const std::vector<std::string>& keys,
+                                        const std::vector<std::string>& records,
+                                        const std::vector<std::size_t>& indices) const {
+    std::vector<ReplyPtr> out(indices.size());
+    for (const std::size_t i : indices) append_claim(connection, keys[i], records[i]);
+    std::vector<std::size_t> noscript;
+    for (std::size_t j = 0; j < indices.size(); ++j) {
+      out[j] = connection.read_reply();
+      if (out[j]->type == REDIS_REPLY_ERROR && detail::reply_error_is(*out[j], "NOSCRIPT")) noscript.push_back(j);
+    }
+    if (!noscript.empty()) {
+      load(connection, claim_script);
+      for (const std::size_t j : noscript) append_claim(connection, keys[indices[j]], records[indices[j]]);
+      for (const std::size_t j : noscript) out[j] = connection.read_reply();
+    }
+    for (const ReplyPtr& reply : out) require_set_nx_get_support(*reply);
+    return out;
   }
 
   RedisGuardOptions options;
   std::string key_prefix;  // "{prefix}:{ns}:", escaped
   std::string lease_ms;
   std::string retention_ms;
-  detail::Pool pool;
   detail::CircuitBreaker breaker;
+  std::unique_ptr<detail::Pool> pool;        // standalone server
+  std::unique_ptr<detail::Cluster> cluster;  // RedisOptions::cluster
   Script claim_script{detail::kClaimScript};
   Script complete_script{detail::kCompleteScript};
   Script release_script{detail::kReleaseScript};
@@ -225,15 +319,7 @@ ClaimResult RedisGuard::claim(std::string_view key, std::string_view request_id,
   const std::string redis_key_text = redis_key(key);
   std::string owner_token = detail::new_owner_token();
   const std::string record = detail::encode_claim(owner_token, request_id, fingerprint);
-  ReplyPtr reply = impl_->with_connection([&](Connection& connection) {
-    if (impl_->options.claim_method == ClaimMethod::kSetNxGet) {
-      return checked(connection.command(std::array<std::string_view, 7>{
-                         "SET", redis_key_text, record, "NX", "PX", impl_->lease_ms, "GET"}),
-                     "SET NX GET");
-    }
-    return Impl::eval(connection, impl_->claim_script,
-                      std::array<std::string_view, 3>{redis_key_text, record, impl_->lease_ms});
-  });
+  const ReplyPtr reply = impl_->claim_one(redis_key_text, record);
   return claim_result(*reply, std::move(owner_token), request_id, fingerprint);
 }
 
@@ -250,33 +336,24 @@ std::vector<ClaimResult> RedisGuard::claim_batch(const std::vector<ClaimRequest>
     owners.push_back(detail::new_owner_token());
     records.push_back(detail::encode_claim(owners.back(), request.request_id, request.fingerprint));
   }
-  const bool use_set = impl_->options.claim_method == ClaimMethod::kSetNxGet;
-  const Script& script = impl_->claim_script;
-  const auto append = [&](Connection& connection, std::size_t i) {
-    if (use_set) {
-      connection.append(std::array<std::string_view, 7>{"SET", keys[i], records[i], "NX", "PX",
-                                                        impl_->lease_ms, "GET"});
-    } else {
-      connection.append(std::array<std::string_view, 6>{"EVALSHA", script.sha, "1", keys[i], records[i],
-                                                        impl_->lease_ms});
+  // One pipeline per node: the whole batch on a standalone server, one group per master in a
+  // cluster. A claim redirected within a pipeline (its slot moved) is re-sent on its own.
+  std::map<detail::Pool*, std::vector<std::size_t>> groups;
+  for (std::size_t i = 0; i < count; ++i) {
+    groups[impl_->cluster != nullptr ? &impl_->cluster->pool_for_slot(detail::key_slot(keys[i])) : nullptr]
+        .push_back(i);
+  }
+  std::vector<ReplyPtr> replies(count);
+  for (const auto& [node, indices] : groups) {
+    std::vector<ReplyPtr> group = impl_->with_connection(keys[indices.front()], [&](Connection& connection) {
+      return impl_->pipeline_claims(connection, keys, records, indices);
+    });
+    for (std::size_t j = 0; j < indices.size(); ++j) {
+      const std::size_t i = indices[j];
+      replies[i] = detail::parse_redirect(*group[j]) ? impl_->claim_one(keys[i], records[i])
+                                                      : checked(std::move(group[j]), "claim");
     }
-  };
-  const std::vector<ReplyPtr> replies = impl_->with_connection([&](Connection& connection) {
-    std::vector<ReplyPtr> out(count);
-    for (std::size_t i = 0; i < count; ++i) append(connection, i);
-    std::vector<std::size_t> noscript;
-    for (std::size_t i = 0; i < count; ++i) {
-      out[i] = connection.read_reply();
-      if (out[i]->type == REDIS_REPLY_ERROR && detail::reply_error_is(*out[i], "NOSCRIPT")) noscript.push_back(i);
-    }
-    if (!noscript.empty()) {
-      Impl::load(connection, script);
-      for (const std::size_t i : noscript) append(connection, i);
-      for (const std::size_t i : noscript) out[i] = connection.read_reply();
-    }
-    for (ReplyPtr& reply : out) reply = checked(std::move(reply), use_set ? "SET NX GET" : "EVALSHA");
-    return out;
-  });
+  }
   std::vector<ClaimResult> results;
   results.reserve(count);
   for (std::size_t i = 0; i < count; ++i) {

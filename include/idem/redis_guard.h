@@ -23,7 +23,7 @@ struct RedisOptions {
   /// `redis://[[user]:password@]host[:port][/db]` (port defaults to 6379, db to 0) or
   /// `unix://path/to/socket[?db=N]`. Credentials are sent with AUTH, the database with SELECT.
   std::string url = "redis://127.0.0.1:6379/0";
-  /// Most connections open at once. Must be ≥ 1.
+  /// Most connections open at once (per master node with `cluster`). Must be ≥ 1.
   std::size_t pool_size = 8;
   /// Longest wait for a free connection when all `pool_size` are in use, in ms; then
   /// idem::RedisError (retryable). 0 means fail at once.
@@ -42,6 +42,10 @@ struct RedisOptions {
   std::chrono::milliseconds reconnect_backoff{10};
   /// Cap of the reconnect backoff, in ms. Must be ≥ reconnect_backoff.
   std::chrono::milliseconds reconnect_backoff_max{1000};
+  /// `url` is a seed node of a Redis Cluster: each key goes to the master of its slot (CRC16
+  /// mod 16384, map from CLUSTER SLOTS), MOVED (reload the map) and ASK (ASKING) are followed,
+  /// up to 5 redirections per call. The URL must be `redis://` with database 0.
+  bool cluster = false;
 };
 
 /// Circuit breaker of a RedisGuard: after `failure_threshold` consecutive calls failed with a
@@ -60,7 +64,8 @@ struct CircuitBreakerOptions {
 enum class ClaimMethod {
   /// `EVALSHA` of lua/claim.lua (loaded once with SCRIPT LOAD; NOSCRIPT reloads once).
   kLuaScript,
-  /// A single `SET key record NX PX lease GET` (Redis ≥ 7.0): no script to load.
+  /// A single `SET key record NX PX lease GET` (Redis ≥ 7.0): no script to load. On an
+  /// older server every claim fails with a non-retryable idem::RedisError saying so.
   kSetNxGet,
 };
 
@@ -81,8 +86,9 @@ struct RedisGuardOptions {
   /// Largest response stored verbatim, in bytes. A larger response is stored as its SHA-256
   /// (lowercase hex) only, and a repeat gets ClaimResult::response_sha256 without a body.
   std::size_t max_response_bytes = 64 * 1024;
-  /// The claim implementation; see docs/redis_guard.md for why the default is the default.
-  ClaimMethod claim_method = ClaimMethod::kLuaScript;
+  /// The claim implementation. Default kSetNxGet: ~1.4× the throughput of the script at one
+  /// client (docs/redis_guard.md, bench/guard.sh); needs Redis ≥ 7.0, else use kLuaScript.
+  ClaimMethod claim_method = ClaimMethod::kSetNxGet;
 };
 
 /// One key of RedisGuard::claim_batch().

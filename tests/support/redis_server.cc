@@ -47,7 +47,7 @@ int run(const std::vector<std::string>& argv, std::string* output) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-int free_port() {
+int any_free_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in address{};
   address.sin_family = AF_INET;
@@ -60,6 +60,15 @@ int free_port() {
   }
   ::close(fd);
   return ntohs(address.sin_port);
+}
+
+// A free loopback port below 55536, so that a cluster node's bus port (port + 10000) is valid.
+int free_port() {
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const int port = any_free_port();
+    if (port < 55536) return port;
+  }
+  throw std::runtime_error("no free port below 55536");
 }
 
 }  // namespace

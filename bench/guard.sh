@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# scripts/dev bench guard [--report-json PATH] [--runs N] [--redis-url redis://host:port]
+#
+# The Redis guard's claim against redis-benchmark on the same server in the same run:
+#   clients_1   idem claim() from 1 thread      vs redis-benchmark -c 1
+#   clients_50  idem claim() from 50 threads    vs redis-benchmark -c 50
+#   batch_16    idem claim_batch() of 16 keys from 50 threads  vs redis-benchmark -c 50 -P 16
+# redis-benchmark runs `SET key:<random> <record> NX EX 30` and `EVALSHA <claim.lua> 1
+# key:<random> <record> 30000` (the script idem runs) with a record the size of idem's. idem runs
+# both claim implementations (Lua script and SET NX GET). Every point is the median of --runs
+# runs (default 3), the tools interleaved. By default a private redis-server is started on a
+# free port (and stopped); --redis-url uses an existing one (its keys are not flushed then).
+# Prints a table; --report-json writes
+#   {"clients_1": {"idem_per_s", "redis_benchmark_set_nx_per_s", "redis_benchmark_evalsha_per_s",
+#                  "ratio_vs_set_nx", "ratio_vs_evalsha", "p99_us", "redis_benchmark_p99_us",
+#                  "idem_lua_ratio_vs_evalsha", "idem_lua_per_s", "idem_set_nx_get_per_s",
+#                  "idem_lua_p99_us", "idem_set_nx_get_p99_us", "redis_benchmark_evalsha_p99_us"},
+#    "clients_50": {…}, "batch_16": {…}, "default_claim_method": "set_nx_get", "runs": N, ...}
+# idem_per_s / p99_us are those of the default claim method; redis_benchmark_p99_us is SET NX's.
+set -euo pipefail
+
+report=""
+runs=3
+redis_url=""
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --report-json) report="$2"; shift 2 ;;
+    --runs) runs="$2"; shift 2 ;;
+    --redis-url) redis_url="$2"; shift 2 ;;
+    *) echo "bench/guard.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="${IDEM_BUILD_DIR:-$root/build}"
+for tool in redis-server redis-cli redis-benchmark; do
+  command -v "$tool" >/dev/null || { echo "bench/guard.sh: $tool not found" >&2; exit 2; }
+done
+cmake --build "$build" --target idem-bench-guard >/dev/null
+harness="$build/bench/idem-bench-guard"
+
+work="$(mktemp -d)"
+server_pid=""
+cleanup() {
+  [[ -n "$server_pid" ]] && kill "$server_pid" 2>/dev/null && wait "$server_pid" 2>/dev/null
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+private=0
+if [[ -z "$redis_url" ]]; then
+  private=1
+  port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+  redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$work" \
+    --logfile "$work/redis.log" >/dev/null &
+  server_pid=$!
+  redis_url="redis://127.0.0.1:$port/0"
+  for _ in $(seq 200); do redis-cli -p "$port" PING 2>/dev/null | grep -q PONG && break; sleep 0.05; done
+fi
+hostport="${redis_url#redis://}"
+hostport="${hostport##*@}"
+hostport="${hostport%%/*}"
+host="${hostport%:*}"
+port="${hostport##*:}"
+cli() { redis-cli -h "$host" -p "$port" "$@"; }
+
+sha="$(cli SCRIPT LOAD "$(cat "$root/lua/claim.lua")")"
+# A record of idem's size: "1I" + 32-hex owner + "14:req-0000000001" + "64:" + 64-hex fp + "-".
+record="1I$(printf 'a%.0s' $(seq 32))14:req-00000000011$(printf '64:%064d' 0)-"
+
+fresh() { if ((private)); then cli FLUSHALL >/dev/null; fi; }
+
+run_idem() {  # method clients requests [batch]
+  fresh
+  local extra=()
+  [[ $# -ge 4 ]] && extra=(--batch "$4")
+  "$harness" --url "$redis_url" --method "$1" --clients "$2" --requests "$3" "${extra[@]}"
+}
+
+# Prints "<requests per second> <p99 µs>" from redis-benchmark's CSV line.
+run_rb() {  # clients requests pipeline command...
+  fresh
+  local clients="$1" requests="$2" pipeline="$3"
+  shift 3
+  redis-benchmark -h "$host" -p "$port" -c "$clients" -n "$requests" -P "$pipeline" -r 1000000000 \
+    --csv "$@" 2>/dev/null | tail -1 | tr -d '"' | awk -F, '{printf "%s %.1f\n", $2, $7 * 1000}'
+}
+
+median() { printf '%s\n' "$@" | sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
+field() { cut -d' ' -f"$1"; }
+
+json="{"
+# idem = the default claim (SET NX GET); lua = idem's Lua-script claim; rb = redis-benchmark.
+printf '%-10s %12s %12s %12s %12s %8s %8s %8s %9s %9s %9s\n' scenario idem_per_s lua_per_s rb_set_nx \
+  rb_evalsha vs_setnx vs_eval lua_vs_ev p99_us lua_p99 rb_p99_us
+for scenario in clients_1 clients_50 batch_16; do
+  case "$scenario" in
+    clients_1) clients=1 requests=20000 pipeline=1 batch=() ;;
+    clients_50) clients=50 requests=100000 pipeline=1 batch=() ;;
+    batch_16) clients=50 requests=400000 pipeline=16 batch=(16) ;;
+  esac
+  lua=() setget=() setnx=() evalsha=()
+  for ((r = 0; r < runs; r++)); do
+    lua+=("$(run_idem lua "$clients" "$requests" "${batch[@]}")")
+    setnx+=("$(run_rb "$clients" "$requests" "$pipeline" SET key:__rand_int__ "$record" NX EX 30)")
+    setget+=("$(run_idem set "$clients" "$requests" "${batch[@]}")")
+    evalsha+=("$(run_rb "$clients" "$requests" "$pipeline" EVALSHA "$sha" 1 key:__rand_int__ "$record" 30000)")
+  done
+  med() { local -n runs_ref=$1; local values=(); for v in "${runs_ref[@]}"; do values+=("$(field "$2" <<<"$v")"); done; median "${values[@]}"; }
+  lua_s="$(med lua 1)" lua_p99="$(med lua 2)"
+  setget_s="$(med setget 1)" setget_p99="$(med setget 2)"
+  setnx_s="$(med setnx 1)" setnx_p99="$(med setnx 2)"
+  eval_s="$(med evalsha 1)" eval_p99="$(med evalsha 2)"
+  # The default claim method is SET NX GET (see docs/redis_guard.md).
+  ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.3f", a / b}'; }
+  ratio_set="$(ratio "$setget_s" "$setnx_s")" ratio_eval="$(ratio "$setget_s" "$eval_s")"
+  lua_ratio_eval="$(ratio "$lua_s" "$eval_s")"
+  printf '%-10s %12.0f %12.0f %12.0f %12.0f %8s %8s %8s %9.1f %9.1f %9.1f\n' "$scenario" "$setget_s" \
+    "$lua_s" "$setnx_s" "$eval_s" "$ratio_set" "$ratio_eval" "$lua_ratio_eval" "$setget_p99" "$lua_p99" \
+    "$setnx_p99"
+  json+="\"$scenario\": {\"idem_per_s\": $setget_s, \"redis_benchmark_set_nx_per_s\": $setnx_s,"
+  json+=" \"redis_benchmark_evalsha_per_s\": $eval_s, \"ratio_vs_set_nx\": $ratio_set,"
+  json+=" \"ratio_vs_evalsha\": $ratio_eval, \"p99_us\": $setget_p99, \"redis_benchmark_p99_us\": $setnx_p99,"
+  json+=" \"idem_lua_ratio_vs_evalsha\": $lua_ratio_eval,"
+  json+=" \"idem_lua_per_s\": $lua_s, \"idem_set_nx_get_per_s\": $setget_s, \"idem_lua_p99_us\": $lua_p99,"
+  json+=" \"idem_set_nx_get_p99_us\": $setget_p99, \"redis_benchmark_evalsha_p99_us\": $eval_p99,"
+  json+=" \"clients\": $clients, \"requests_per_run\": $requests}, "
+done
+load="$(cut -d' ' -f1-3 /proc/loadavg | tr ' ' ',')"
+json+="\"default_claim_method\": \"set_nx_get\", \"runs\": $runs, \"loadavg_1_5_15\": [$load]}"
+
+if [[ -n "$report" ]]; then
+  printf '%s\n' "$json" >"$report"
+  echo "report: $report" >&2
+fi
