@@ -1,0 +1,395 @@
+// idem-mq-consumer: an at-least-once Redis Streams consumer whose business effect happens once.
+//
+//   idem-mq-consumer produce --count 10000 --duplicates 0.2     # XADD payment events
+//   idem-mq-consumer consume --consumer c1                       # run one consumer (run several)
+//
+// Each consumer of the group reads new entries with XREADGROUP and, every --claim-idle-ms / 2,
+// takes over entries that stayed pending longer than --claim-idle-ms with XAUTOCLAIM (a crashed
+// consumer's entries, and entries left pending on purpose, see below). Each entry runs through
+// idem::Deduplicator::run_transactional: the ledger row and the account total commit with idem's
+// claim row, and the entry is XACKed only after that commit. Outcomes:
+//   executed, duplicate (a producer retry or a redelivery)  → XACK
+//   mismatch (same request ID, another payload)             → XACK and report (dead letter)
+//   in progress (the first delivery still runs, or its owner crashed and its lease has not
+//   ended), unavailable, backend error                      → no XACK: redelivered by XAUTOCLAIM
+//
+// Common flags: --redis-url URL (redis://[:password@]host:port[/db]) --pg-url URL --stream S
+//   --group G --schema S --ns NS. URLs default to IDEM_TEST_REDIS_URL / IDEM_TEST_PG_URL.
+// consume: --consumer NAME --batch 64 --block-ms 500 --claim-idle-ms 5000 --lease-ms 30000
+//   --exit-when-idle-ms 0 (0: run until SIGINT/SIGTERM; else exit once nothing was read for that
+//   long and the group has nothing pending) --max-seconds 0 (0: no limit).
+// produce: --count N --duplicates FRACTION --seed N.
+#include <hiredis/hiredis.h>
+#include <signal.h>
+
+#include <pqxx/pqxx>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "idem/deduplicator.h"
+#include "idem/errors.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+struct Settings {
+  std::string mode;
+  std::string redis_url;
+  std::string pg_url;
+  std::string stream = "idem-demo-payments";
+  std::string group = "ledger";
+  std::string schema = "idem_mq";
+  std::string ns = "mq";
+  std::string consumer = "c1";
+  long long batch = 64;
+  milliseconds block{500};
+  milliseconds claim_idle{5000};
+  milliseconds lease{30000};
+  milliseconds exit_when_idle{0};
+  std::chrono::seconds max_run{0};
+  long long count = 1000;
+  double duplicates = 0.2;
+  unsigned long long seed = 1;
+};
+
+[[noreturn]] void usage(const std::string& error) {
+  std::cerr << "idem-mq-consumer: " << error << "\n"
+            << "usage: idem-mq-consumer produce|consume [flags]; see the top of main.cc\n";
+  std::exit(2);
+}
+
+Settings parse_settings(int argc, char** argv) {
+  Settings s;
+  if (argc < 2) usage("produce or consume?");
+  s.mode = argv[1];
+  if (s.mode != "produce" && s.mode != "consume") usage("unknown mode " + s.mode);
+  if (const char* url = std::getenv("IDEM_TEST_REDIS_URL")) s.redis_url = url;
+  if (const char* url = std::getenv("IDEM_TEST_PG_URL")) s.pg_url = url;
+  for (int i = 2; i < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (i + 1 >= argc) usage(flag + " needs a value");
+    const std::string v = argv[i + 1];
+    if (flag == "--redis-url") s.redis_url = v;
+    else if (flag == "--pg-url") s.pg_url = v;
+    else if (flag == "--stream") s.stream = v;
+    else if (flag == "--group") s.group = v;
+    else if (flag == "--schema") s.schema = v;
+    else if (flag == "--ns") s.ns = v;
+    else if (flag == "--consumer") s.consumer = v;
+    else if (flag == "--batch") s.batch = std::stoll(v);
+    else if (flag == "--block-ms") s.block = milliseconds(std::stoll(v));
+    else if (flag == "--claim-idle-ms") s.claim_idle = milliseconds(std::stoll(v));
+    else if (flag == "--lease-ms") s.lease = milliseconds(std::stoll(v));
+    else if (flag == "--exit-when-idle-ms") s.exit_when_idle = milliseconds(std::stoll(v));
+    else if (flag == "--max-seconds") s.max_run = std::chrono::seconds(std::stoll(v));
+    else if (flag == "--count") s.count = std::stoll(v);
+    else if (flag == "--duplicates") s.duplicates = std::stod(v);
+    else if (flag == "--seed") s.seed = std::stoull(v);
+    else usage("unknown flag " + flag);
+  }
+  if (s.redis_url.empty() || (s.mode == "consume" && s.pg_url.empty())) usage("--redis-url and --pg-url are required");
+  return s;
+}
+
+// ---- A minimal hiredis client: RAII handles, argv commands, errors as exceptions. ----
+
+struct ReplyDeleter {
+  void operator()(redisReply* r) const noexcept { freeReplyObject(r); }
+};
+using Reply = std::unique_ptr<redisReply, ReplyDeleter>;
+
+class Redis {
+ public:
+  // `url`: redis://[:password@]host[:port][/db].
+  explicit Redis(const std::string& url) {
+    std::string rest = url.rfind("redis://", 0) == 0 ? url.substr(8) : throw std::invalid_argument("not a redis:// URL");
+    std::string password;
+    if (const auto at = rest.rfind('@'); at != std::string::npos) {
+      const std::string userinfo = rest.substr(0, at);  // [user]:password
+      password = userinfo.substr(userinfo.find(':') == std::string::npos ? 0 : userinfo.find(':') + 1);
+      rest.erase(0, at + 1);
+    }
+    std::string db = "0";
+    if (const auto slash = rest.find('/'); slash != std::string::npos) {
+      db = rest.substr(slash + 1);
+      rest.erase(slash);
+    }
+    const auto colon = rest.rfind(':');
+    const std::string host = rest.substr(0, colon);
+    const int port = colon == std::string::npos ? 6379 : std::stoi(rest.substr(colon + 1));
+    const timeval timeout{2, 0};
+    ctx_.reset(redisConnectWithTimeout(host.c_str(), port, timeout));
+    if (!ctx_ || ctx_->err) throw std::runtime_error("cannot connect to " + host + ":" + std::to_string(port));
+    redisSetTimeout(ctx_.get(), timeval{10, 0});  // longer than any BLOCK below
+    if (!password.empty()) command({"AUTH", password});
+    if (!db.empty() && db != "0") command({"SELECT", db});
+  }
+
+  // Runs one command; throws std::runtime_error on a connection or an error reply.
+  Reply command(const std::vector<std::string>& args) {
+    append(args);
+    return read();
+  }
+  // Pipelining: append() several commands, then read() their replies in order.
+  void append(const std::vector<std::string>& args) {
+    std::vector<const char*> argv;
+    std::vector<size_t> lengths;
+    for (const auto& a : args) {
+      argv.push_back(a.data());
+      lengths.push_back(a.size());
+    }
+    if (redisAppendCommandArgv(ctx_.get(), static_cast<int>(args.size()), argv.data(), lengths.data()) != REDIS_OK) {
+      throw std::runtime_error("redis: out of memory");
+    }
+  }
+  Reply read() {
+    void* raw = nullptr;
+    if (redisGetReply(ctx_.get(), &raw) != REDIS_OK) throw std::runtime_error(std::string("redis: ") + ctx_->errstr);
+    Reply reply(static_cast<redisReply*>(raw));
+    if (reply->type == REDIS_REPLY_ERROR) throw std::runtime_error("redis: " + std::string(reply->str, reply->len));
+    return reply;
+  }
+
+ private:
+  struct ContextDeleter {
+    void operator()(redisContext* c) const noexcept { redisFree(c); }
+  };
+  std::unique_ptr<redisContext, ContextDeleter> ctx_;
+};
+
+std::string text(const redisReply* r) { return r != nullptr && r->str != nullptr ? std::string(r->str, r->len) : ""; }
+
+// ---- The producer: logical payment events, some sent twice (a producer's retry). ----
+
+int produce(const Settings& s) {
+  Redis redis(s.redis_url);
+  std::mt19937_64 random(s.seed);
+  const std::string run = std::to_string(std::chrono::system_clock::now().time_since_epoch().count());
+  std::vector<long long> order;
+  for (long long i = 0; i < s.count; ++i) order.push_back(i);
+  const auto extra = static_cast<long long>(static_cast<double>(s.count) * s.duplicates);
+  for (long long i = 0; i < extra; ++i) order.push_back(static_cast<long long>(random() % static_cast<unsigned long long>(s.count)));
+  std::shuffle(order.begin(), order.end(), random);
+  constexpr std::size_t kPipeline = 500;
+  for (std::size_t start = 0; start < order.size(); start += kPipeline) {
+    const std::size_t end = std::min(order.size(), start + kPipeline);
+    for (std::size_t k = start; k < end; ++k) {
+      const long long i = order[k];
+      const std::string amount = std::to_string(100 + i % 900);
+      redis.append({"XADD", s.stream, "*", "request_id", "pay-" + run + "-" + std::to_string(i), "user",
+                    "u" + std::to_string(i % 50), "payload",
+                    R"({"order_id":"o-)" + std::to_string(i) + R"(","amount_cents":)" + amount + "}"});
+    }
+    for (std::size_t k = start; k < end; ++k) (void)redis.read();
+  }
+  std::cout << "produced " << order.size() << " entries (" << s.count << " payments, " << extra
+            << " duplicates) to " << s.stream << std::endl;
+  return 0;
+}
+
+// ---- The consumer. ----
+
+std::atomic<bool> stop_requested{false};
+
+struct Entry {
+  std::string id;
+  std::map<std::string, std::string> fields;
+};
+
+// Entries of an XREADGROUP / XAUTOCLAIM entry list; entries deleted from the stream (nil) skipped.
+std::vector<Entry> parse_entries(const redisReply* list) {
+  std::vector<Entry> out;
+  if (list == nullptr || list->type != REDIS_REPLY_ARRAY) return out;
+  for (std::size_t i = 0; i < list->elements; ++i) {
+    const redisReply* e = list->element[i];
+    if (e->type != REDIS_REPLY_ARRAY || e->elements < 2 || e->element[1]->type != REDIS_REPLY_ARRAY) continue;
+    Entry entry{text(e->element[0]), {}};
+    for (std::size_t f = 0; f + 1 < e->element[1]->elements; f += 2) {
+      entry.fields[text(e->element[1]->element[f])] = text(e->element[1]->element[f + 1]);
+    }
+    out.push_back(std::move(entry));
+  }
+  return out;
+}
+
+class Consumer {
+ public:
+  explicit Consumer(Settings s) : s_(std::move(s)), redis_(s_.redis_url) {
+    create_tables();
+    idem::RedisGuardOptions guard;
+    guard.redis.url = s_.redis_url;
+    guard.ns = s_.ns;
+    guard.lease = s_.lease;
+    guard.retention = std::chrono::hours(1);  // longer than any redelivery of the stream
+    idem::PgSinkOptions sink;
+    sink.conninfo = s_.pg_url;
+    sink.schema = s_.schema;
+    sink.ns = s_.ns;
+    sink.retention = std::chrono::hours(24 * 7);  // longer than the stream keeps entries
+    idem::DeduplicatorOptions options;
+    options.guard = std::make_shared<idem::RedisGuard>(guard);
+    options.sink = std::make_shared<idem::PgSink>(sink);
+    options.sink->migrate();
+    dedup_ = std::make_unique<idem::Deduplicator>(std::move(options));
+    try {
+      redis_.command({"XGROUP", "CREATE", s_.stream, s_.group, "0", "MKSTREAM"});
+    } catch (const std::runtime_error& e) {
+      if (std::string(e.what()).find("BUSYGROUP") == std::string::npos) throw;
+    }
+  }
+
+  int run() {
+    const auto start = Clock::now();
+    auto last_read = start;
+    auto next_reclaim = start;
+    while (!stop_requested && (s_.max_run.count() == 0 || Clock::now() - start < s_.max_run)) {
+      std::vector<Entry> entries;
+      bool reclaimed = false;
+      if (Clock::now() >= next_reclaim) {
+        entries = autoclaim();
+        reclaimed = !entries.empty();
+        next_reclaim = Clock::now() + s_.claim_idle / 2;
+      }
+      if (entries.empty()) entries = read_new();
+      if (!entries.empty()) {
+        last_read = Clock::now();
+      } else if (s_.exit_when_idle.count() > 0 && Clock::now() - last_read >= s_.exit_when_idle && pending() == 0) {
+        break;
+      }
+      for (const Entry& e : entries) handle(e, reclaimed);
+      if (Clock::now() >= next_report_) report("progress");
+    }
+    report("done");
+    return 0;
+  }
+
+ private:
+  void create_tables() {
+    pqxx::connection conn(s_.pg_url);
+    pqxx::work tx(conn);
+    const std::string schema = tx.quote_name(s_.schema);
+    tx.exec_params("SELECT pg_advisory_xact_lock(hashtext($1))", s_.schema);  // consumers start together
+    tx.exec0("CREATE SCHEMA IF NOT EXISTS " + schema);
+    tx.exec0("CREATE TABLE IF NOT EXISTS " + schema +
+             ".ledger (id bigserial PRIMARY KEY, request_id text NOT NULL, entry_id text NOT NULL,"
+             " user_id text NOT NULL, order_id text NOT NULL, amount_cents bigint NOT NULL)");
+    tx.exec0("CREATE TABLE IF NOT EXISTS " + schema + ".totals (user_id text PRIMARY KEY, amount_cents bigint NOT NULL)");
+    tx.commit();
+  }
+
+  std::vector<Entry> read_new() {
+    const Reply r = redis_.command({"XREADGROUP", "GROUP", s_.group, s_.consumer, "COUNT", std::to_string(s_.batch),
+                                    "BLOCK", std::to_string(s_.block.count()), "STREAMS", s_.stream, ">"});
+    if (r->type != REDIS_REPLY_ARRAY || r->elements == 0) return {};
+    return parse_entries(r->element[0]->element[1]);  // [[stream, entries]]
+  }
+
+  // Takes over entries pending longer than claim_idle (one page of the PEL per call).
+  std::vector<Entry> autoclaim() {
+    const Reply r = redis_.command({"XAUTOCLAIM", s_.stream, s_.group, s_.consumer,
+                                    std::to_string(s_.claim_idle.count()), autoclaim_cursor_, "COUNT",
+                                    std::to_string(s_.batch)});
+    autoclaim_cursor_ = text(r->element[0]);  // "0-0" once the whole PEL was scanned
+    std::vector<Entry> entries = parse_entries(r->element[1]);
+    counts_["reclaimed"] += static_cast<long long>(entries.size());
+    return entries;
+  }
+
+  long long pending() {
+    const Reply r = redis_.command({"XPENDING", s_.stream, s_.group});
+    return r->element[0]->integer;
+  }
+
+  void handle(const Entry& e, bool reclaimed) {
+    ++counts_["delivered"];
+    idem::Request request;
+    request.request_id = e.fields.count("request_id") ? e.fields.at("request_id") : "";
+    request.user = e.fields.count("user") ? e.fields.at("user") : "";
+    request.intent = "ledger";
+    request.payload = e.fields.count("payload") ? e.fields.at("payload") : "";
+    request.attempt = reclaimed ? 2 : 1;  // a redelivery (the exact count is in XPENDING)
+    idem::Outcome outcome;
+    try {
+      outcome = dedup_->run_transactional(request, [&](pqxx::transaction_base& tx) { return book(tx, e, request); });
+    } catch (const idem::Error& error) {
+      // A backend failed mid-call, or the entry is malformed: leave it pending.
+      ++counts_["errors"];
+      std::cout << "error entry=" << e.id << ": " << error.what() << std::endl;
+      return;
+    }
+    ++counts_[std::string(to_string(outcome.kind))];
+    switch (outcome.kind) {
+      case idem::Outcome::Kind::kMismatch:
+        std::cout << "dead-letter entry=" << e.id << " request_id=" << request.request_id
+                  << ": request ID reused with another payload" << std::endl;
+        [[fallthrough]];
+      case idem::Outcome::Kind::kExecuted:
+      case idem::Outcome::Kind::kDuplicate:
+        redis_.command({"XACK", s_.stream, s_.group, e.id});  // only after the commit
+        ++counts_["acked"];
+        return;
+      case idem::Outcome::Kind::kInProgress:
+      case idem::Outcome::Kind::kUnavailable:
+        return;  // nack with delay: XAUTOCLAIM redelivers it after claim_idle
+    }
+  }
+
+  // The business effect, in idem's transaction.
+  std::string book(pqxx::transaction_base& tx, const Entry& e, const idem::Request& request) {
+    const std::string schema = tx.quote_name(s_.schema);
+    const pqxx::row r = tx.exec_params1(
+        "INSERT INTO " + schema + ".ledger (request_id, entry_id, user_id, order_id, amount_cents)"
+        " SELECT $1, $2, $3, p->>'order_id', (p->>'amount_cents')::bigint FROM (SELECT $4::jsonb AS p) x"
+        " RETURNING id, amount_cents",
+        request.request_id, e.id, request.user, request.payload);
+    tx.exec_params0("INSERT INTO " + schema + ".totals VALUES ($1, $2) ON CONFLICT (user_id)"
+                    " DO UPDATE SET amount_cents = totals.amount_cents + excluded.amount_cents",
+                    request.user, r[1].as<long long>());
+    return "ledger entry " + r[0].as<std::string>();
+  }
+
+  void report(const char* what) {
+    std::cout << what << " consumer=" << s_.consumer;
+    for (const auto& [name, n] : counts_) std::cout << " " << name << "=" << n;
+    std::cout << std::endl;
+    next_report_ = Clock::now() + std::chrono::seconds(2);
+  }
+
+  Settings s_;
+  Redis redis_;
+  std::unique_ptr<idem::Deduplicator> dedup_;
+  std::string autoclaim_cursor_ = "0-0";
+  std::map<std::string, long long> counts_;
+  Clock::time_point next_report_ = Clock::now() + std::chrono::seconds(2);
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Settings settings = parse_settings(argc, argv);
+  struct sigaction on_stop {};
+  on_stop.sa_handler = [](int) { stop_requested = true; };  // the loop notices within --block-ms
+  sigaction(SIGINT, &on_stop, nullptr);
+  sigaction(SIGTERM, &on_stop, nullptr);
+  try {
+    if (settings.mode == "produce") return produce(settings);
+    return Consumer(settings).run();
+  } catch (const std::exception& e) {
+    std::cerr << "idem-mq-consumer: error: " << e.what() << "\n";
+    return 1;
+  }
+}

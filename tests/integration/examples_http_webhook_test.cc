@@ -1,0 +1,201 @@
+// examples/http_webhook end to end: the server runs as a child process against the shared
+// Redis and PostgreSQL, in its own schema and Redis namespace, and is driven with an HTTP client.
+#include <gtest/gtest.h>
+
+#include <httplib.h>
+
+#include <pqxx/pqxx>
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "examples_child.h"
+#include "redis_server.h"
+#include "test_env.h"
+
+namespace idem::test {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+constexpr int kHandlerDelayMs = 1000;  // the refund holds its claim this long
+
+struct Reply {
+  int status = 0;
+  bool replayed = false;
+  std::string body;
+};
+
+class HttpWebhookTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    redis_url_ = service_setting("IDEM_TEST_REDIS_URL");
+    pg_url_ = service_setting("IDEM_TEST_PG_URL");
+    if (redis_url_.empty() || pg_url_.empty()) return;
+    schema_ = unique_name("webhook");
+    server_ = new ChildProcess({IDEM_HTTP_WEBHOOK_BIN, "--port", "0", "--redis-url", redis_url_, "--pg-url",
+                                pg_url_, "--schema", schema_, "--ns", schema_, "--handler-delay-ms",
+                                std::to_string(kHandlerDelayMs)});
+    const auto line = server_->wait_for_line("listening on http://127.0.0.1:", seconds(20));
+    if (line) port_ = std::stoi(line->substr(line->rfind(':') + 1));
+  }
+
+  static void TearDownTestSuite() {
+    if (server_ == nullptr) return;
+    server_->signal(SIGTERM);
+    EXPECT_EQ(server_->wait_exit(seconds(10)), 0) << server_->tail();
+    delete server_;
+    server_ = nullptr;
+    pqxx::connection conn(pg_url_);
+    pqxx::work tx(conn);
+    tx.exec0("DROP SCHEMA IF EXISTS " + schema_ + " CASCADE");
+    tx.commit();
+    for (const auto& key : keys()) redis_cli(redis_url_, {"DEL", key});
+  }
+
+  void SetUp() override {
+    IDEM_REQUIRE_SERVICE(redis_url, "IDEM_TEST_REDIS_URL");
+    IDEM_REQUIRE_SERVICE(pg_url, "IDEM_TEST_PG_URL");
+    ASSERT_GT(port_, 0) << "the server did not start:\n" << server_->tail();
+  }
+
+  // The Redis keys of the server's namespace.
+  static std::vector<std::string> keys() {
+    std::vector<std::string> out;
+    const std::string listing = redis_cli(redis_url_, {"--scan", "--pattern", "idem:" + schema_ + ":*"});
+    for (std::size_t start = 0; start < listing.size();) {
+      const std::size_t end = std::min(listing.find('\n', start), listing.size());
+      if (end > start) out.push_back(listing.substr(start, end - start));
+      start = end + 1;
+    }
+    return out;
+  }
+
+  static bool claimed(const std::string& request_id) {
+    for (const auto& key : keys()) {
+      if (key.ends_with(":" + request_id)) return true;
+    }
+    return false;
+  }
+
+  static Reply post(const std::string& body, const httplib::Headers& headers) {
+    httplib::Client client("127.0.0.1", port_);
+    client.set_read_timeout(seconds(10));
+    const auto result = client.Post("/refunds", headers, body, "application/json");
+    if (!result) return {};
+    return {result->status, result->get_header_value("Idempotent-Replayed") == "true", result->body};
+  }
+
+  static Reply refund(const std::string& key, const std::string& order, int account, int amount) {
+    return post(R"({"order_id":")" + order + R"(","account":)" + std::to_string(account) +
+                    R"(,"amount_cents":)" + std::to_string(amount) + "}",
+                {{"Idempotency-Key", "\"" + key + "\""}});
+  }
+
+  static std::int64_t sql_count(const std::string& sql) {
+    pqxx::connection conn(pg_url_);
+    pqxx::work tx(conn);
+    return tx.exec1(sql)[0].as<std::int64_t>();
+  }
+
+  static std::int64_t refunds(const std::string& order) {
+    return sql_count("SELECT count(*) FROM " + schema_ + ".refund_records WHERE order_id = '" + order + "'");
+  }
+
+  static inline std::string redis_url_;
+  static inline std::string pg_url_;
+  static inline std::string schema_;
+  static inline ChildProcess* server_ = nullptr;
+  static inline int port_ = 0;
+};
+
+TEST_F(HttpWebhookTest, ConcurrentIdenticalRequestsBookOneRefund) {
+  constexpr int kClients = 12;
+  std::vector<Reply> replies(kClients);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kClients; ++i) {
+    clients.emplace_back([&, i] { replies[i] = refund("key-concurrent", "o-1", 1, 500); });
+  }
+  for (auto& c : clients) c.join();
+
+  int executed = 0, replayed = 0, conflicts = 0;
+  std::string first_body;
+  for (const Reply& r : replies) {
+    if (r.status == 200 && !r.replayed) {
+      ++executed;
+      first_body = r.body;
+    } else if (r.status == 200) {
+      ++replayed;
+    } else if (r.status == 409) {
+      ++conflicts;
+    }
+  }
+  EXPECT_EQ(executed, 1);
+  EXPECT_EQ(executed + replayed + conflicts, kClients) << server_->tail();
+  EXPECT_EQ(refunds("o-1"), 1);
+  EXPECT_EQ(sql_count("SELECT balance_cents FROM " + schema_ + ".accounts WHERE id = 1"), 500);
+
+  const Reply again = refund("key-concurrent", "o-1", 1, 500);
+  EXPECT_EQ(again.status, 200);
+  EXPECT_TRUE(again.replayed);
+  EXPECT_EQ(again.body, first_body);
+  EXPECT_EQ(refunds("o-1"), 1);
+}
+
+TEST_F(HttpWebhookTest, MissingOrInvalidKeyIs400) {
+  const std::string body = R"({"order_id":"o-2","account":2,"amount_cents":100})";
+  EXPECT_EQ(post(body, {}).status, 400);
+  EXPECT_EQ(post(body, {{"Idempotency-Key", "unquoted-token"}}).status, 400);  // not an sf-string
+  EXPECT_EQ(post(body, {{"Idempotency-Key", "\"has space\""}}).status, 400);   // not a valid ID
+  EXPECT_EQ(post(body, {{"X-Request-ID", "trace-1"}}).status, 400);             // tracing, not a key
+  EXPECT_EQ(refund("key-bad-body", "", 2, 100).status, 400);                    // empty order_id
+  EXPECT_EQ(refunds("o-2"), 0);
+  EXPECT_EQ(post(body, {{"X-Idempotency-Key", "key-x"}}).status, 200);
+  EXPECT_EQ(refunds("o-2"), 1);
+}
+
+TEST_F(HttpWebhookTest, ReusedKeyWithAnotherPayloadIs422) {
+  ASSERT_EQ(refund("key-reuse", "o-3", 3, 100).status, 200);
+  EXPECT_EQ(refund("key-reuse", "o-3", 3, 999).status, 422);
+  EXPECT_EQ(refunds("o-3"), 1);
+  EXPECT_EQ(sql_count("SELECT balance_cents FROM " + schema_ + ".accounts WHERE id = 3"), 100);
+}
+
+TEST_F(HttpWebhookTest, RepeatWhileTheFirstRunsIs409) {
+  Reply first;
+  std::thread a([&] { first = refund("key-inflight", "o-4", 4, 100); });
+  // Once the claim is visible in Redis the first request holds it for kHandlerDelayMs.
+  const auto deadline = std::chrono::steady_clock::now() + seconds(5);
+  while (!claimed("key-inflight")) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the first request never claimed its key";
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  const Reply second = refund("key-inflight", "o-4", 4, 100);
+  a.join();
+  EXPECT_EQ(second.status, 409);
+  EXPECT_EQ(first.status, 200);
+  EXPECT_EQ(refunds("o-4"), 1);
+}
+
+TEST_F(HttpWebhookTest, UnknownAccountIs404AndReleasesTheKey) {
+  EXPECT_EQ(refund("key-no-account", "o-5", 999, 100).status, 404);
+  EXPECT_EQ(refund("key-no-account", "o-5", 999, 100).status, 404);  // ran again: not 409
+  EXPECT_EQ(refunds("o-5"), 0);
+}
+
+TEST_F(HttpWebhookTest, MetricsServePrometheusText) {
+  ASSERT_EQ(refund("key-metrics", "o-6", 6, 100).status, 200);
+  httplib::Client client("127.0.0.1", port_);
+  const auto result = client.Get("/metrics");
+  ASSERT_TRUE(result);
+  EXPECT_EQ(result->status, 200);
+  EXPECT_NE(result->body.find("idem_decisions_total{layer=\"handler\",outcome=\"executed\"}"), std::string::npos)
+      << result->body;
+}
+
+}  // namespace
+}  // namespace idem::test

@@ -1,0 +1,130 @@
+// examples/mq_consumer end to end: three consumer processes share a Redis Streams consumer group,
+// one is SIGKILLed mid-run, and every payment still has exactly one ledger effect.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+
+#include <pqxx/pqxx>
+
+#include <cctype>
+#include <chrono>
+#include <memory>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "examples_child.h"
+#include "redis_server.h"
+#include "test_env.h"
+
+namespace idem::test {
+namespace {
+
+using std::chrono::seconds;
+
+// 10 000 payments plus 20 % duplicate XADDs (a producer's retries) = 12 000 stream entries.
+constexpr int kPayments = 10000;
+
+class MqConsumerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    IDEM_REQUIRE_SERVICE(redis_url, "IDEM_TEST_REDIS_URL");
+    IDEM_REQUIRE_SERVICE(pg_url, "IDEM_TEST_PG_URL");
+    redis_url_ = redis_url;
+    pg_url_ = pg_url;
+    // Postgres folds unquoted names to lower case and keeps 63 bytes; the example quotes them.
+    name_ = unique_name("mq").substr(0, 40);
+    for (char& c : name_) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  }
+
+  void TearDown() override {
+    if (pg_url_.empty()) return;
+    pqxx::connection conn(pg_url_);
+    pqxx::work tx(conn);
+    tx.exec0("DROP SCHEMA IF EXISTS " + name_ + " CASCADE");
+    tx.commit();
+    redis_cli(redis_url_, {"DEL", name_});  // the stream
+    redis_cli(redis_url_, {"EVAL",
+                           "for _, k in ipairs(redis.call('KEYS', ARGV[1])) do redis.call('DEL', k) end return 0",
+                           "0", "idem:" + name_ + ":*"});
+  }
+
+  std::vector<std::string> args(const std::string& mode) const {
+    return {IDEM_MQ_CONSUMER_BIN, mode, "--redis-url", redis_url_, "--pg-url", pg_url_, "--stream", name_,
+            "--group", "ledger", "--schema", name_, "--ns", name_};
+  }
+
+  std::unique_ptr<ChildProcess> consumer(const std::string& name) const {
+    std::vector<std::string> argv = args("consume");
+    argv.insert(argv.end(), {"--consumer", name, "--claim-idle-ms", "1000", "--lease-ms", "2000", "--block-ms",
+                             "200", "--exit-when-idle-ms", "2000", "--max-seconds", "50"});
+    return std::make_unique<ChildProcess>(argv);
+  }
+
+  std::int64_t sql(const std::string& query) const {
+    pqxx::connection conn(pg_url_);
+    pqxx::work tx(conn);
+    return tx.exec1(query)[0].as<std::int64_t>();
+  }
+
+  // Ledger rows so far; 0 while the consumers have not created the table yet.
+  std::int64_t ledger_rows() const {
+    try {
+      return sql("SELECT count(*) FROM " + name_ + ".ledger");
+    } catch (const pqxx::sql_error&) {
+      return 0;
+    }
+  }
+
+  std::string redis_url_;
+  std::string pg_url_;
+  std::string name_;
+};
+
+TEST_F(MqConsumerTest, ThreeConsumersOneKilledEveryPaymentHasExactlyOneEffect) {
+  std::vector<std::string> produce = args("produce");
+  produce.insert(produce.end(), {"--count", std::to_string(kPayments), "--duplicates", "0.2"});
+  ChildProcess producer(produce);
+  ASSERT_EQ(producer.wait_exit(seconds(30)), 0) << producer.tail();
+  ASSERT_EQ(redis_cli(redis_url_, {"XLEN", name_}), std::to_string(kPayments * 12 / 10));
+
+  auto c1 = consumer("c1");
+  auto c2 = consumer("c2");
+  auto c3 = consumer("c3");
+  // SIGKILL c2 once a quarter of the payments are booked: it dies holding delivered, unacked
+  // entries (and possibly claims and open transactions).
+  const auto deadline = std::chrono::steady_clock::now() + seconds(40);
+  while (ledger_rows() < kPayments / 4) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << c1->tail() << c2->tail();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  c2->signal(SIGKILL);
+  ASSERT_EQ(c2->wait_exit(seconds(5)), 128 + SIGKILL);
+
+  ASSERT_EQ(c1->wait_exit(seconds(50)), 0) << c1->tail();
+  ASSERT_EQ(c3->wait_exit(seconds(50)), 0) << c3->tail();
+
+  // Exactly one effect per payment, none lost, nothing left pending.
+  EXPECT_EQ(sql("SELECT count(*) FROM " + name_ + ".ledger"), kPayments);
+  EXPECT_EQ(sql("SELECT count(DISTINCT request_id) FROM " + name_ + ".ledger"), kPayments);
+  EXPECT_EQ(sql("SELECT sum(amount_cents) FROM " + name_ + ".totals"),
+            sql("SELECT sum(amount_cents) FROM " + name_ + ".ledger"));
+  const std::string pending = redis_cli(redis_url_, {"XPENDING", name_, "ledger"});
+  EXPECT_EQ(pending.substr(0, pending.find('\n')), "0") << pending;
+
+  // The survivors took over c2's entries with XAUTOCLAIM.
+  long long reclaimed = 0;
+  const std::regex count(R"(reclaimed=(\d+))");
+  for (ChildProcess* c : {c1.get(), c3.get()}) {
+    std::smatch m;
+    const auto done = c->wait_for_line("done consumer=", seconds(1));
+    ASSERT_TRUE(done);
+    if (std::regex_search(*done, m, count)) reclaimed += std::stoll(m[1]);
+    std::cout << *done << "\n";
+  }
+  EXPECT_GT(reclaimed, 0);
+}
+
+}  // namespace
+}  // namespace idem::test
