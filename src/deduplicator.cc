@@ -30,6 +30,7 @@ struct CallState {
   std::string fingerprint;
   std::string sink_owner;   // request ID, or a generated ID when the request has none
   std::string owner_token;  // non-empty while this call owns a Redis claim
+  std::string previous_bucket_key;  // fallback key of the previous time bucket, when bucketed
   bool reentrant_retry = false;  // REPEAT_SAME of an in-progress reentrant intent: run, unclaimed
   Guard* guard = nullptr;
   std::chrono::milliseconds lease{0};
@@ -145,7 +146,8 @@ class AutoRenewal {
 
 struct Deduplicator::Impl {
   DeduplicatorOptions options;
-  std::optional<Fingerprinter> fingerprinter;
+  std::optional<Fingerprinter> fingerprinter;           // no time bucket: mismatch detection
+  std::optional<Fingerprinter> bucketed_fingerprinter;  // fallback keys, when a bucket is set
   std::optional<LocalCache> local_cache;
   RedisFailurePolicy redis_failure = RedisFailurePolicy::kFailClosed;
   std::stop_source shutdown;
@@ -155,22 +157,24 @@ struct Deduplicator::Impl {
   bool prepare(detail::CallState& call) const {
     const Request& request = *call.request;
     if (!request.request_id.empty()) validate_request_id(request.request_id);
-    if (fingerprinter && !request.payload.empty()) {
-      call.fingerprint = fingerprinter->fingerprint(request.payload, request.user,
-                                                     std::chrono::system_clock::now());
-    }
+    const bool has_payload = fingerprinter && !request.payload.empty();
+    // The mismatch fingerprint carries no time bucket: the same payload must match across one.
+    if (has_payload) call.fingerprint = fingerprinter->fingerprint(request.payload, request.user);
     if (!request.biz_key.empty()) {
       call.key = IdempotencyKey{request.user, request.intent, request.biz_key}.encode();
+    } else if (!request.request_id.empty()) {
+      call.key = "id:" + escape_key_component(request.user, "user") + ':' +
+                 escape_key_component(request.intent, "intent") + ':' +
+                 escape_key_component(request.request_id, "request_id");
+    } else if (has_payload && bucketed_fingerprinter) {
+      const auto window = bucketed_fingerprinter->fingerprint_window(request.payload, request.user,
+                                                                     std::chrono::system_clock::now());
+      call.key = fallback_key(request.user, request.intent, window.current);
+      call.previous_bucket_key = fallback_key(request.user, request.intent, window.previous);
+    } else if (has_payload) {
+      call.key = fallback_key(request.user, request.intent, call.fingerprint);
     } else {
-      const std::string scope = escape_key_component(request.user, "user") + ':' +
-                                escape_key_component(request.intent, "intent") + ':';
-      if (!request.request_id.empty()) {
-        call.key = "id:" + scope + request.request_id;
-      } else if (!call.fingerprint.empty()) {
-        call.key = "fp:" + scope + call.fingerprint;
-      } else {
-        return false;
-      }
+      return false;
     }
     return true;
   }
@@ -196,15 +200,32 @@ struct Deduplicator::Impl {
                              claim.state == RecordState::kInProgress && claim.fingerprint_matches &&
                              options.reentrant_intents.contains(call.request->intent);
       if (call.reentrant_retry) return std::nullopt;
+      if (claim.status == ClaimStatus::kFirst && !call.previous_bucket_key.empty()) {
+        return check_previous_bucket(call);
+      }
       return detail::decide_on_guard(std::move(claim));
     } catch (const BackendError&) {
       record_backend_error(Layer::kRedisGuard);
       if (redis_failure == RedisFailurePolicy::kFailClosed) {
+        release_guard(call);  // held when only the previous-bucket probe failed
         return stopped_by(Layer::kRedisGuard, Outcome::Kind::kUnavailable);
       }
       if (!options.sink) throw;
       return std::nullopt;
     }
+  }
+
+  // Sliding window of a bucketed fallback key: the current bucket's key is ours; a record under
+  // the previous bucket's key makes this a repeat across the boundary. Probing that key claims
+  // it when absent, so the probe is released at once.
+  std::optional<Outcome> check_previous_bucket(detail::CallState& call) {
+    ClaimResult previous = options.guard->claim(call.previous_bucket_key, call.request->request_id, call.fingerprint);
+    if (previous.status == ClaimStatus::kFirst) {
+      (void)options.guard->release(call.previous_bucket_key, previous.owner_token);
+      return std::nullopt;
+    }
+    release_guard(call);
+    return detail::decide_on_guard(std::move(previous));
   }
 
   // Best effort: a failure leaves the record to its lease (or retention).
@@ -370,7 +391,12 @@ Deduplicator::Deduplicator(DeduplicatorOptions options) : impl_(std::make_unique
   if (o.wait_for_result.count() < 0 || o.wait_poll_interval.count() <= 0 || o.auto_renew_interval.count() < 0) {
     throw ConfigError("idem: wait_for_result and auto_renew_interval must be >= 0, wait_poll_interval > 0");
   }
-  if (o.fingerprint) impl_->fingerprinter.emplace(*o.fingerprint);
+  if (o.fingerprint) {
+    FingerprintOptions unbucketed = *o.fingerprint;
+    unbucketed.time_bucket = std::chrono::seconds(0);
+    impl_->fingerprinter.emplace(unbucketed);
+    if (o.fingerprint->time_bucket.count() > 0) impl_->bucketed_fingerprinter.emplace(*o.fingerprint);
+  }
   if (o.local_cache_capacity > 0) {
     LocalCacheOptions cache;
     cache.max_entries = o.local_cache_capacity;

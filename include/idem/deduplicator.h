@@ -127,7 +127,10 @@ struct DeduplicatorOptions {
   /// Shared so several deduplicators can use one pool.
   std::shared_ptr<Guard> guard;
   /// Layer 3: how payloads are fingerprinted (mismatch detection and the fallback key); scope
-  /// is the request's user. nullopt turns the layer off.
+  /// is the request's user. nullopt turns the layer off. With a time_bucket, the fallback key
+  /// of a request without ID or business key is per bucket, and the guard also checks the
+  /// previous bucket's key (a sliding window: a repeat just across a boundary is caught); the
+  /// mismatch fingerprint never includes the bucket.
   std::optional<FingerprintOptions> fingerprint = FingerprintOptions{};
   /// Layer 4. Shared so several deduplicators can use one pool.
   std::shared_ptr<PgSink> sink;

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <stdexcept>
+#include <thread>
 
 #include "idem/deduplicator.h"
 #include "idem/errors.h"
@@ -92,6 +93,30 @@ TEST(InMemoryFacadeInput, InvalidRequestIdIsRejectedBeforeAnyClaim) {
   EXPECT_THROW((void)dedup.run(request("bad\r\nid", "b1"), [] { return std::string(); }), InvalidRequestId);
   EXPECT_THROW((void)dedup.run(request("r1", "b1", "{not json"), [] { return std::string(); }), PayloadError);
   EXPECT_EQ(guard->size(), 0u);
+}
+
+TEST(InMemoryFacadeWindow, FallbackKeyCatchesARepeatJustAcrossABucketBoundaryButNotTwoBucketsLater) {
+  DeduplicatorOptions o;
+  o.guard = std::make_shared<InMemoryGuard>();
+  o.local_cache_capacity = 0;
+  o.fingerprint->time_bucket = std::chrono::seconds(1);
+  Deduplicator dedup(o);
+  Request r;
+  r.user = "u1";
+  r.intent = "notify";
+  r.payload = R"({"text":"hello"})";
+  auto send = [] { return std::string("sent"); };
+  // Start just before a whole second, so the repeat lands in the next bucket.
+  const auto now = std::chrono::system_clock::now();
+  const auto next_second = std::chrono::ceil<std::chrono::seconds>(now);
+  std::this_thread::sleep_until(next_second + std::chrono::milliseconds(900));
+  ASSERT_EQ(dedup.run(r, send).kind, Outcome::Kind::kExecuted);
+  std::this_thread::sleep_until(next_second + std::chrono::milliseconds(1200));  // next bucket
+  const Outcome across = dedup.run(r, send);
+  EXPECT_EQ(across.kind, Outcome::Kind::kDuplicate);
+  EXPECT_EQ(across.response, "sent");
+  std::this_thread::sleep_until(next_second + std::chrono::milliseconds(3200));  // two buckets on
+  EXPECT_EQ(dedup.run(r, send).kind, Outcome::Kind::kExecuted) << "the same content may repeat later";
 }
 
 }  // namespace
