@@ -10,8 +10,8 @@
 //   canonicalize  canonicalize only
 //   seed_md5      python_json_dumps form + MD5 of the canonical bytes (the seed's method)
 #include <algorithm>
-#include <ctime>
 #include <cstdio>
+#include <ctime>
 #include <fstream>
 #include <functional>
 #include <iostream>
@@ -41,7 +41,8 @@ double cpu_seconds() {
 }
 
 // Seconds of the fastest of `passes` passes of `work` over all lines.
-double best_pass(const std::vector<std::string>& lines, int passes, const std::function<std::size_t(const std::string&)>& work) {
+double best_pass(const std::vector<std::string>& lines, int passes,
+                 const std::function<std::size_t(const std::string&)>& work) {
   double best = 1e30;
   std::size_t sink = 0;
   for (int pass = 0; pass < passes; ++pass) {
@@ -70,8 +71,10 @@ int main(int argc, char** argv) {
                                     .hash = idem::HashAlgorithm::kMd5,
                                     .domain_separated = false});
     const std::pair<const char*, std::function<std::size_t(const std::string&)>> cases[] = {
-        {"fingerprint", [&](const std::string& json) { return fingerprinter.fingerprint(json).size(); }},
-        {"canonicalize", [&](const std::string& json) { return fingerprinter.canonicalize(json).size(); }},
+        {"fingerprint",
+         [&](const std::string& json) { return fingerprinter.fingerprint(json).size(); }},
+        {"canonicalize",
+         [&](const std::string& json) { return fingerprinter.canonicalize(json).size(); }},
         {"seed_md5", [&](const std::string& json) { return seed.fingerprint(json).size(); }},
     };
     for (const auto& [name, work] : cases) {

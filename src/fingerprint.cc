@@ -32,25 +32,29 @@ ThreadState& thread_state() {
 // describes the failure when the strict scanner finds none.
 [[noreturn]] void throw_payload_error(std::string_view json, const FingerprintOptions& options,
                                       const std::string& fallback) {
-  if (auto problem = detail::find_payload_problem(json, options.max_depth)) {
-    throw PayloadError("idem: " + problem->message + " at byte " + std::to_string(problem->offset), problem->offset);
+  if (auto problem = detail::find_payload_problem(json, options.max_depth,
+                                                  options.form == CanonicalForm::kRfc8785)) {
+    throw PayloadError("idem: " + problem->message + " at byte " + std::to_string(problem->offset),
+                       problem->offset);
   }
   throw PayloadError("idem: " + fallback);
 }
 
 // The canonical bytes of the selected parts of `json`, valid until the thread's next call.
-std::string_view canonical_bytes(ThreadState& state, std::string_view json, const FingerprintOptions& options,
+std::string_view canonical_bytes(ThreadState& state, std::string_view json,
+                                 const FingerprintOptions& options,
                                  const detail::Selection* selection) {
   if (json.size() > options.max_bytes) {
-    throw PayloadError("idem: payload of " + std::to_string(json.size()) + " bytes is over the limit of " +
-                           std::to_string(options.max_bytes),
+    throw PayloadError("idem: payload of " + std::to_string(json.size()) +
+                           " bytes is over the limit of " + std::to_string(options.max_bytes),
                        options.max_bytes);
   }
   try {
-    return state.writer.write(json, {.form = options.form,
-                                     .max_depth = options.max_depth,
-                                     .selection = selection,
-                                     .absent_include_is_error = options.absent_include == AbsentInclude::kError});
+    return state.writer.write(
+        json, {.form = options.form,
+               .max_depth = options.max_depth,
+               .selection = selection,
+               .absent_include_is_error = options.absent_include == AbsentInclude::kError});
   } catch (const PayloadError& error) {  // the writer knows what, not where
     throw_payload_error(json, options, error.what());
   }
@@ -66,12 +70,15 @@ void update_length_prefixed(detail::Digest& digest, std::string_view field) {
 }
 
 std::string_view version_tag(CanonicalForm form) {
-  return form == CanonicalForm::kRfc8785 ? "idem.fingerprint.v1/rfc8785" : "idem.fingerprint.v1/python_json_dumps";
+  return form == CanonicalForm::kRfc8785 ? "idem.fingerprint.v1/rfc8785"
+                                         : "idem.fingerprint.v1/python_json_dumps";
 }
 
 // Index of the time bucket holding `at` (floor division, also before 1970).
-std::int64_t bucket_index(const FingerprintOptions& options, std::chrono::system_clock::time_point at) {
-  const std::int64_t seconds = std::chrono::floor<std::chrono::seconds>(at.time_since_epoch()).count();
+std::int64_t bucket_index(const FingerprintOptions& options,
+                          std::chrono::system_clock::time_point at) {
+  const std::int64_t seconds =
+      std::chrono::floor<std::chrono::seconds>(at.time_since_epoch()).count();
   const std::int64_t width = options.time_bucket.count();
   return seconds / width - (seconds % width < 0 ? 1 : 0);
 }
@@ -82,8 +89,9 @@ std::string bucket_label(const FingerprintOptions& options, std::int64_t index) 
 }
 
 // Digest of `canonical` for `scope` and `bucket` ("" without buckets).
-std::string digest_hex(ThreadState& state, const FingerprintOptions& options, std::string_view canonical,
-                       std::string_view scope, std::string_view bucket) {
+std::string digest_hex(ThreadState& state, const FingerprintOptions& options,
+                       std::string_view canonical, std::string_view scope,
+                       std::string_view bucket) {
   state.digest.begin(options.hash);
   if (options.domain_separated) {
     update_length_prefixed(state.digest, version_tag(options.form));
@@ -103,7 +111,8 @@ Fingerprinter::Fingerprinter(FingerprintOptions options) : options_(std::move(op
   if (options_.hex_length < 1 || options_.hex_length > digest_hex) {
     throw ConfigError("idem: fingerprint hex_length must be 1.." + std::to_string(digest_hex));
   }
-  if (options_.time_bucket.count() < 0) throw ConfigError("idem: fingerprint time_bucket must not be negative");
+  if (options_.time_bucket.count() < 0)
+    throw ConfigError("idem: fingerprint time_bucket must not be negative");
   if (!options_.domain_separated && options_.time_bucket.count() != 0) {
     throw ConfigError("idem: a time bucket needs domain_separated fingerprints");
   }
@@ -123,22 +132,25 @@ std::string Fingerprinter::canonicalize(std::string_view json) const {
   return std::string(canonical_bytes(state, json, options_, selection_.get()));
 }
 
-std::string Fingerprinter::fingerprint(std::string_view json, std::string_view scope,
-                                       std::optional<std::chrono::system_clock::time_point> at) const {
+std::string Fingerprinter::fingerprint(
+    std::string_view json, std::string_view scope,
+    std::optional<std::chrono::system_clock::time_point> at) const {
   if (!options_.domain_separated && !scope.empty()) {
     throw ConfigError("idem: a fingerprint scope needs domain_separated fingerprints");
   }
   std::string bucket;
   if (options_.time_bucket.count() != 0) {
-    if (!at) throw ConfigError("idem: fingerprint options have a time bucket but no time was given");
+    if (!at)
+      throw ConfigError("idem: fingerprint options have a time bucket but no time was given");
     bucket = bucket_label(options_, bucket_index(options_, *at));
   }
   ThreadState& state = thread_state();
-  return digest_hex(state, options_, canonical_bytes(state, json, options_, selection_.get()), scope, bucket);
+  return digest_hex(state, options_, canonical_bytes(state, json, options_, selection_.get()),
+                    scope, bucket);
 }
 
-Fingerprinter::Window Fingerprinter::fingerprint_window(std::string_view json, std::string_view scope,
-                                                        std::chrono::system_clock::time_point at) const {
+Fingerprinter::Window Fingerprinter::fingerprint_window(
+    std::string_view json, std::string_view scope, std::chrono::system_clock::time_point at) const {
   if (options_.time_bucket.count() == 0) return Window{fingerprint(json, scope), {}};
   if (!options_.domain_separated && !scope.empty()) {
     throw ConfigError("idem: a fingerprint scope needs domain_separated fingerprints");
@@ -146,17 +158,20 @@ Fingerprinter::Window Fingerprinter::fingerprint_window(std::string_view json, s
   ThreadState& state = thread_state();
   const std::string_view canonical = canonical_bytes(state, json, options_, selection_.get());
   const std::int64_t index = bucket_index(options_, at);
-  std::string current = digest_hex(state, options_, canonical, scope, bucket_label(options_, index));
-  return Window{std::move(current), digest_hex(state, options_, canonical, scope, bucket_label(options_, index - 1))};
+  std::string current =
+      digest_hex(state, options_, canonical, scope, bucket_label(options_, index));
+  return Window{std::move(current),
+                digest_hex(state, options_, canonical, scope, bucket_label(options_, index - 1))};
 }
 
 std::string canonicalize_json(std::string_view json) { return Fingerprinter{}.canonicalize(json); }
 
 std::string fingerprint(std::string_view json) { return Fingerprinter{}.fingerprint(json); }
 
-std::string fallback_key(std::string_view user, std::string_view intent, std::string_view fingerprint_hex) {
-  return "fp:" + escape_key_component(user, "user") + ":" + escape_key_component(intent, "intent") + ":" +
-         escape_key_component(fingerprint_hex, "fingerprint");
+std::string fallback_key(std::string_view user, std::string_view intent,
+                         std::string_view fingerprint_hex) {
+  return "fp:" + escape_key_component(user, "user") + ":" + escape_key_component(intent, "intent") +
+         ":" + escape_key_component(fingerprint_hex, "fingerprint");
 }
 
 }  // namespace idem

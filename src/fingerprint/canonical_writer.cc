@@ -16,7 +16,6 @@
 namespace idem::detail {
 namespace {
 
-
 // For each byte, how the string writer of each form writes it: 0 raw, else the letter of its
 // short escape (`\n`), or 'u' for `\u00xx`. Python's ensure_ascii also escapes DEL and
 // everything above it ('U': decode UTF-8, write UTF-16 units).
@@ -40,7 +39,8 @@ constexpr std::array<char, 256> kRfcEscapes = escape_table(false);
 constexpr std::array<char, 256> kAsciiEscapes = escape_table(true);
 
 // The string scan and the key heads read words as little-endian.
-static_assert(std::endian::native == std::endian::little, "idem's canonical writer assumes a little-endian CPU");
+static_assert(std::endian::native == std::endian::little,
+              "idem's canonical writer assumes a little-endian CPU");
 
 constexpr char kHexDigits[] = "0123456789abcdef";
 // Escape scanning, a chunk of bytes at a time: chunk_hits() returns a mask with
@@ -52,9 +52,13 @@ constexpr std::size_t kChunk = 16;
 constexpr int kHitBitsPerByte = 1;
 std::uint64_t chunk_hits(const unsigned char* p, bool ascii) {
   const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  __m128i hits = _mm_or_si128(_mm_cmpeq_epi8(bytes, _mm_set1_epi8('"')), _mm_cmpeq_epi8(bytes, _mm_set1_epi8('\\')));
-  hits = _mm_or_si128(hits, _mm_cmpeq_epi8(_mm_min_epu8(bytes, _mm_set1_epi8(0x1F)), bytes));  // <= 0x1F
-  if (ascii) hits = _mm_or_si128(hits, _mm_cmpeq_epi8(_mm_max_epu8(bytes, _mm_set1_epi8(0x7F)), bytes));  // >= 0x7F
+  __m128i hits = _mm_or_si128(_mm_cmpeq_epi8(bytes, _mm_set1_epi8('"')),
+                              _mm_cmpeq_epi8(bytes, _mm_set1_epi8('\\')));
+  hits = _mm_or_si128(hits,
+                      _mm_cmpeq_epi8(_mm_min_epu8(bytes, _mm_set1_epi8(0x1F)), bytes));  // <= 0x1F
+  if (ascii)
+    hits = _mm_or_si128(
+        hits, _mm_cmpeq_epi8(_mm_max_epu8(bytes, _mm_set1_epi8(0x7F)), bytes));  // >= 0x7F
   return static_cast<std::uint32_t>(_mm_movemask_epi8(hits));
 }
 #else
@@ -69,14 +73,19 @@ constexpr std::uint64_t has_byte(std::uint64_t word, unsigned char byte) {
 std::uint64_t chunk_hits(const unsigned char* p, bool ascii) {
   std::uint64_t word;
   std::memcpy(&word, p, sizeof word);
-  const std::uint64_t hits = ((word - kOnes * 0x20) & ~word & kHighBits) | has_byte(word, '"') | has_byte(word, '\\');
+  const std::uint64_t hits =
+      ((word - kOnes * 0x20) & ~word & kHighBits) | has_byte(word, '"') | has_byte(word, '\\');
   return ascii ? hits | (word & kHighBits) | has_byte(word, 0x7F) : hits;
 }
 #endif
 
 char* write_u_escape(char* out, std::uint32_t unit) {
-  const char escape[6] = {'\\', 'u', kHexDigits[unit >> 12 & 0xF], kHexDigits[unit >> 8 & 0xF],
-                          kHexDigits[unit >> 4 & 0xF], kHexDigits[unit & 0xF]};
+  const char escape[6] = {'\\',
+                          'u',
+                          kHexDigits[unit >> 12 & 0xF],
+                          kHexDigits[unit >> 8 & 0xF],
+                          kHexDigits[unit >> 4 & 0xF],
+                          kHexDigits[unit & 0xF]};
   std::memcpy(out, escape, sizeof escape);
   return out + sizeof escape;
 }
@@ -165,7 +174,8 @@ struct KeyLess {
       }
     } else if constexpr (kForm == CanonicalForm::kRfc8785) {
       const int shift = 56 - std::countl_zero(a.head ^ b.head) / 8 * 8;
-      return utf16_byte_less(static_cast<unsigned char>(a.head >> shift), static_cast<unsigned char>(b.head >> shift));
+      return utf16_byte_less(static_cast<unsigned char>(a.head >> shift),
+                             static_cast<unsigned char>(b.head >> shift));
     } else {
       return a.head < b.head;
     }
@@ -177,11 +187,74 @@ struct KeyLess {
 template <CanonicalForm kForm, class Iterator>
 void sort_members(Iterator first, Iterator last) {
   const KeyLess<kForm> less;
-  if (std::adjacent_find(first, last, [&](const auto& a, const auto& b) { return !less(a, b); }) == last) return;
+  if (std::adjacent_find(first, last, [&](const auto& a, const auto& b) { return !less(a, b); }) ==
+      last)
+    return;
   std::sort(first, last, less);
-  if (std::adjacent_find(first, last, [](const auto& a, const auto& b) { return a.key == b.key; }) != last) {
+  if (std::adjacent_find(first, last,
+                         [](const auto& a, const auto& b) { return a.key == b.key; }) != last) {
     throw PayloadError("duplicate JSON member name");
   }
+}
+
+// True for an integer literal simdjson cannot hold: outside [-2^63, 2^64-1].
+bool wide_integer(std::string_view literal) {
+  std::int64_t signed_value;
+  std::uint64_t unsigned_value;
+  const char* end = literal.data() + literal.size();
+  return literal.front() == '-'
+             ? std::from_chars(literal.data(), end, signed_value).ec != std::errc()
+             : std::from_chars(literal.data(), end, unsigned_value).ec != std::errc();
+}
+
+// Rewrites in place, as `DIGITSeEXP` padded with spaces, every integer literal outside the
+// 64-bit range that is how Number::toString writes some double (RFC 8785 output of a double
+// in [2^64, 1e21)), so that simdjson parses it to that double and canonical text can be
+// canonicalized again. Returns whether it rewrote one. Other wide integers stay (and fail).
+bool rewrite_wide_integers(char* text, std::size_t size) {
+  bool rewrote = false;
+  bool in_string = false;
+  for (std::size_t i = 0; i < size; ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      if (c == '"') in_string = false;
+      continue;
+    }
+    if (c == '"') in_string = true;
+    if (c != '-' && (c < '0' || c > '9')) continue;
+    std::size_t end = i + 1;
+    while (end < size && text[end] >= '0' && text[end] <= '9') ++end;
+    const std::string_view literal(text + i, end - i);
+    const bool integer = end == size || (text[end] != '.' && text[end] != 'e' && text[end] != 'E');
+    if (integer && wide_integer(literal)) {
+      if (const auto value = ecmascript_wide_integer(literal)) {
+        char scientific[32];  // d.ddde+xx
+        const auto written = std::to_chars(scientific, scientific + sizeof scientific, *value,
+                                           std::chars_format::scientific);
+        std::string mantissa_exponent;
+        const char* p = scientific;
+        for (; *p != 'e'; ++p) {
+          if (*p != '.') mantissa_exponent.push_back(*p);
+        }
+        int exponent = 0;
+        std::from_chars(p + 2, written.ptr, exponent);  // after "e+": the value is at least 2^64
+        const auto digits = static_cast<int>(mantissa_exponent.size()) - (*value < 0 ? 1 : 0);
+        mantissa_exponent += 'e' + std::to_string(exponent - (digits - 1));
+        if (mantissa_exponent.size() <= literal.size()) {
+          std::memcpy(text + i, mantissa_exponent.data(), mantissa_exponent.size());
+          std::memset(text + i + mantissa_exponent.size(), ' ',
+                      literal.size() - mantissa_exponent.size());
+          rewrote = true;
+        }
+      }
+    }
+    while (end < size &&
+           std::string_view("0123456789.eE+-").find(text[end]) != std::string_view::npos)
+      ++end;
+    i = end - 1;
+  }
+  return rewrote;
 }
 
 }  // namespace
@@ -190,7 +263,8 @@ bool utf16_less(std::string_view a, std::string_view b) noexcept {
   const auto mismatch = std::mismatch(a.begin(), a.end(), b.begin(), b.end());
   if (mismatch.second == b.end()) return false;
   if (mismatch.first == a.end()) return true;
-  return utf16_byte_less(static_cast<unsigned char>(*mismatch.first), static_cast<unsigned char>(*mismatch.second));
+  return utf16_byte_less(static_cast<unsigned char>(*mismatch.first),
+                         static_cast<unsigned char>(*mismatch.second));
 }
 
 void CanonicalWriter::grow(std::size_t needed) {
@@ -208,9 +282,13 @@ std::string_view CanonicalWriter::write(std::string_view json, const Options& op
     input_ = std::make_unique<char[]>(input_capacity_);
   }
   std::memcpy(input_.get(), json.data(), json.size());
-  if (const auto error = parser_.parse(input_.get(), json.size(), false).error(); error != simdjson::SUCCESS) {
-    throw PayloadError(std::string("invalid JSON: ") + simdjson::error_message(error));
+  auto error = parser_.parse(input_.get(), json.size(), false).error();
+  if (error == simdjson::NUMBER_ERROR && options.form == CanonicalForm::kRfc8785 &&
+      rewrite_wide_integers(input_.get(), json.size())) {
+    error = parser_.parse(input_.get(), json.size(), false).error();
   }
+  if (error != simdjson::SUCCESS)
+    throw PayloadError(std::string("invalid JSON: ") + simdjson::error_message(error));
   tape_ = parser_.doc.tape.get();
   strings_ = parser_.doc.string_buf.get();
   size_ = 0;
@@ -219,7 +297,8 @@ std::string_view CanonicalWriter::write(std::string_view json, const Options& op
   const Selection* selection = options.selection;
   include_hits_.assign(selection != nullptr ? selection->include_count() : 0, false);
   const SelectionNode* node = selection != nullptr ? &selection->root() : nullptr;
-  const bool selected = selection == nullptr || !selection->has_includes() || pick(node, false) == Pick::kWrite;
+  const bool selected =
+      selection == nullptr || !selection->has_includes() || pick(node, false) == Pick::kWrite;
   write_value(1, 0, node, selected);  // tape[0] is the root word
   if (options.absent_include_is_error) {
     for (std::size_t id = 0; id < include_hits_.size(); ++id) {
@@ -267,8 +346,8 @@ bool CanonicalWriter::write_entry(const std::string_view* key, std::size_t value
   return true;
 }
 
-std::size_t CanonicalWriter::write_value(std::size_t index, std::size_t depth, const SelectionNode* node,
-                                         bool selected) {
+std::size_t CanonicalWriter::write_value(std::size_t index, std::size_t depth,
+                                         const SelectionNode* node, bool selected) {
   if (selected) ++selected_values_;
   const std::uint64_t word = tape_[index];
   switch (tape_type(word)) {
@@ -310,8 +389,8 @@ std::size_t CanonicalWriter::write_value(std::size_t index, std::size_t depth, c
   }
 }
 
-std::size_t CanonicalWriter::write_object(std::size_t index, std::size_t depth, const SelectionNode* node,
-                                          bool selected) {
+std::size_t CanonicalWriter::write_object(std::size_t index, std::size_t depth,
+                                          const SelectionNode* node, bool selected) {
   if (depth > options_.max_depth) throw PayloadError("JSON nesting deeper than the limit");
   const std::size_t end = tape_payload(tape_[index]) & 0xFFFFFFFF;  // index after the matching '}'
   const std::size_t begin = members_.size();
@@ -329,7 +408,7 @@ std::size_t CanonicalWriter::write_object(std::size_t index, std::size_t depth, 
   bool empty = true;
   for (std::size_t i = begin; i < members_.size(); ++i) {
     const Member member = members_[i];  // members_ may grow while the value is written
-    if (node == nullptr) {  // no selection below here: write everything
+    if (node == nullptr) {              // no selection below here: write everything
       char* out = reserve(6 * member.key.size() + 4 + kChunk);
       if (!empty) *out++ = ',';
       out = write_string(out, member.key);
@@ -337,7 +416,8 @@ std::size_t CanonicalWriter::write_object(std::size_t index, std::size_t depth, 
       commit(out);
       write_value(member.value, depth, nullptr, true);
       empty = false;
-    } else if (write_entry(&member.key, member.value, depth, node->child(member.key), selected, empty)) {
+    } else if (write_entry(&member.key, member.value, depth, node->child(member.key), selected,
+                           empty)) {
       empty = false;
     }
   }
@@ -346,8 +426,8 @@ std::size_t CanonicalWriter::write_object(std::size_t index, std::size_t depth, 
   return end;
 }
 
-std::size_t CanonicalWriter::write_array(std::size_t index, std::size_t depth, const SelectionNode* node,
-                                         bool selected) {
+std::size_t CanonicalWriter::write_array(std::size_t index, std::size_t depth,
+                                         const SelectionNode* node, bool selected) {
   if (depth > options_.max_depth) throw PayloadError("JSON nesting deeper than the limit");
   const std::size_t end = tape_payload(tape_[index]) & 0xFFFFFFFF;  // index after the matching ']'
   *reserve(1) = '[', ++size_;
@@ -362,7 +442,8 @@ std::size_t CanonicalWriter::write_array(std::size_t index, std::size_t depth, c
     }
     char token[24];
     const auto token_end = std::to_chars(token, token + sizeof token, position).ptr;
-    const SelectionNode* child = node->child(std::string_view(token, static_cast<std::size_t>(token_end - token)));
+    const SelectionNode* child =
+        node->child(std::string_view(token, static_cast<std::size_t>(token_end - token)));
     if (write_entry(nullptr, i, depth, child, selected, empty)) empty = false;
     i = tape_after(tape_, i);
   }

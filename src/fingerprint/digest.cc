@@ -46,7 +46,8 @@ void Digest::update(std::string_view bytes) {
 std::string Digest::finish_hex(std::size_t hex_length) {
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned int size = 0;
-  if (EVP_DigestFinal_ex(context_->ctx, md, &size) != 1) throw Error("idem: EVP_DigestFinal_ex failed");
+  if (EVP_DigestFinal_ex(context_->ctx, md, &size) != 1)
+    throw Error("idem: EVP_DigestFinal_ex failed");
   static constexpr char kHex[] = "0123456789abcdef";
   std::string hex(hex_length, '0');
   for (std::size_t i = 0; i < hex_length; ++i) {

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <set>
 
+#include "fingerprint/number_format.h"
+
 namespace idem::detail {
 namespace {
 
@@ -69,7 +71,8 @@ bool is_digit(char c) { return c >= '0' && c <= '9'; }
 // Recursive descent over a UTF-8-valid text; stops at the first problem.
 class Scanner {
  public:
-  Scanner(std::string_view text, std::size_t max_depth) : text_(text), max_depth_(max_depth) {}
+  Scanner(std::string_view text, std::size_t max_depth, bool ecmascript_wide_integers)
+      : text_(text), max_depth_(max_depth), ecmascript_wide_integers_(ecmascript_wide_integers) {}
 
   std::optional<PayloadProblem> run() {
     skip_whitespace();
@@ -91,22 +94,29 @@ class Scanner {
     return fail(std::string("unexpected character '") + peek() + "' in JSON", pos_);
   }
   void skip_whitespace() {
-    while (!at_end() && (peek() == ' ' || peek() == '\t' || peek() == '\n' || peek() == '\r')) ++pos_;
+    while (!at_end() && (peek() == ' ' || peek() == '\t' || peek() == '\n' || peek() == '\r'))
+      ++pos_;
   }
 
   bool value(std::size_t depth) {
     if (at_end()) return unexpected();
     switch (peek()) {
-      case '{': return object(depth + 1);
-      case '[': return array(depth + 1);
+      case '{':
+        return object(depth + 1);
+      case '[':
+        return array(depth + 1);
       case '"': {
         std::string ignored;
         return string(ignored);
       }
-      case 't': return literal("true");
-      case 'f': return literal("false");
-      case 'n': return literal("null");
-      default: return number();
+      case 't':
+        return literal("true");
+      case 'f':
+        return literal("false");
+      case 'n':
+        return literal("null");
+      default:
+        return number();
     }
   }
 
@@ -136,7 +146,8 @@ class Scanner {
       const std::size_t name_offset = pos_;
       std::string name;
       if (!string(name)) return false;
-      if (!names.insert(name).second) return fail("duplicate JSON member name \"" + name + "\"", name_offset);
+      if (!names.insert(name).second)
+        return fail("duplicate JSON member name \"" + name + "\"", name_offset);
       skip_whitespace();
       if (at_end() || peek() != ':') return unexpected();
       ++pos_;
@@ -177,11 +188,15 @@ class Scanner {
 
   // Four hex digits at pos_ + 2 of a `\uXXXX` escape starting at pos_.
   std::optional<std::uint32_t> u_escape() const {
-    if (pos_ + 6 > text_.size() || text_[pos_] != '\\' || text_[pos_ + 1] != 'u') return std::nullopt;
+    if (pos_ + 6 > text_.size() || text_[pos_] != '\\' || text_[pos_ + 1] != 'u')
+      return std::nullopt;
     std::uint32_t code_unit = 0;
     for (std::size_t i = pos_ + 2; i < pos_ + 6; ++i) {
       const char c = text_[i];
-      const int digit = is_digit(c) ? c - '0' : (c >= 'a' && c <= 'f') ? c - 'a' + 10 : (c >= 'A' && c <= 'F') ? c - 'A' + 10 : -1;
+      const int digit = is_digit(c)              ? c - '0'
+                        : (c >= 'a' && c <= 'f') ? c - 'a' + 10
+                        : (c >= 'A' && c <= 'F') ? c - 'A' + 10
+                                                 : -1;
       if (digit < 0) return std::nullopt;
       code_unit = code_unit << 4 | static_cast<std::uint32_t>(digit);
     }
@@ -198,7 +213,8 @@ class Scanner {
         ++pos_;
         return true;
       }
-      if (static_cast<unsigned char>(c) < 0x20) return fail("unescaped control character in JSON string", pos_);
+      if (static_cast<unsigned char>(c) < 0x20)
+        return fail("unescaped control character in JSON string", pos_);
       if (c != '\\') {
         out.push_back(c);
         ++pos_;
@@ -218,7 +234,8 @@ class Scanner {
       if (!first) return fail("invalid escape in JSON string", escape_offset);
       std::uint32_t code_point = *first;
       pos_ += 6;
-      if (code_point >= 0xDC00 && code_point <= 0xDFFF) return fail("lone surrogate escape in JSON string", escape_offset);
+      if (code_point >= 0xDC00 && code_point <= 0xDFFF)
+        return fail("lone surrogate escape in JSON string", escape_offset);
       if (code_point >= 0xD800 && code_point <= 0xDBFF) {
         const auto second = u_escape();
         if (!second || *second < 0xDC00 || *second > 0xDFFF) {
@@ -255,10 +272,11 @@ class Scanner {
     // other numbers finite doubles.
     const std::string_view token = text_.substr(start, pos_ - start);
     simdjson::dom::parser parser;
+    const bool integer = token.find_first_of(".eE") == std::string_view::npos;
+    if (integer && ecmascript_wide_integers_ && ecmascript_wide_integer(token)) return true;
     if (parser.parse(simdjson::padded_string(token)).error() != simdjson::SUCCESS) {
-      return fail(token.find_first_of(".eE") == std::string_view::npos
-                      ? "JSON integer outside [-2^63, 2^64-1]"
-                      : "JSON number out of the range of a double",
+      return fail(integer ? "JSON integer outside [-2^63, 2^64-1]"
+                          : "JSON number out of the range of a double",
                   start);
     }
     return true;
@@ -266,17 +284,19 @@ class Scanner {
 
   std::string_view text_;
   std::size_t max_depth_;
+  bool ecmascript_wide_integers_;
   std::size_t pos_ = 0;
   std::optional<PayloadProblem> problem_;
 };
 
 }  // namespace
 
-std::optional<PayloadProblem> find_payload_problem(std::string_view json, std::size_t max_depth) {
+std::optional<PayloadProblem> find_payload_problem(std::string_view json, std::size_t max_depth,
+                                                   bool ecmascript_wide_integers) {
   if (const std::size_t offset = invalid_utf8_offset(json); offset != std::string_view::npos) {
     return PayloadProblem{"invalid UTF-8 in JSON payload", offset};
   }
-  return Scanner(json, max_depth).run();
+  return Scanner(json, max_depth, ecmascript_wide_integers).run();
 }
 
 }  // namespace idem::detail

@@ -18,8 +18,11 @@ struct PayloadProblem {
 /// The first problem of `json` in document order under RFC 8259 plus idem's rules: invalid
 /// UTF-8, a lone surrogate escape, a duplicate member name (after unescaping), nesting deeper
 /// than `max_depth`, an integer outside [-2^63, 2^64-1] or another number that overflows a
-/// double.
+/// double. With `ecmascript_wide_integers` (the RFC 8785 form), an integer literal outside that
+/// range is fine when it is how Number::toString writes a double (`100000000000000000000`).
 /// std::nullopt when there is none.
-[[nodiscard]] std::optional<PayloadProblem> find_payload_problem(std::string_view json, std::size_t max_depth);
+[[nodiscard]] std::optional<PayloadProblem> find_payload_problem(std::string_view json,
+                                                                 std::size_t max_depth,
+                                                                 bool ecmascript_wide_integers);
 
 }  // namespace idem::detail

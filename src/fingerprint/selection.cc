@@ -8,7 +8,8 @@ std::vector<std::string> parse_json_pointer(std::string_view pointer) {
   std::vector<std::string> tokens;
   if (pointer.empty()) return tokens;
   if (pointer.front() != '/') {
-    throw ConfigError("idem: JSON Pointer \"" + std::string(pointer) + "\" must be empty or start with '/'");
+    throw ConfigError("idem: JSON Pointer \"" + std::string(pointer) +
+                      "\" must be empty or start with '/'");
   }
   std::string token;
   for (std::size_t i = 1; i <= pointer.size(); ++i) {
@@ -18,7 +19,8 @@ std::vector<std::string> parse_json_pointer(std::string_view pointer) {
     } else if (pointer[i] == '~') {
       const char next = i + 1 < pointer.size() ? pointer[i + 1] : '\0';
       if (next != '0' && next != '1') {
-        throw ConfigError("idem: JSON Pointer \"" + std::string(pointer) + "\" has '~' not followed by 0 or 1");
+        throw ConfigError("idem: JSON Pointer \"" + std::string(pointer) +
+                          "\" has '~' not followed by 0 or 1");
       }
       token.push_back(next == '0' ? '~' : '/');
       ++i;
@@ -52,10 +54,12 @@ SelectionNode& Selection::node_for(const std::vector<std::string>& tokens) {
   return *node;
 }
 
-Selection::Selection(const std::vector<std::string>& include, const std::vector<std::string>& exclude) {
+Selection::Selection(const std::vector<std::string>& include,
+                     const std::vector<std::string>& exclude) {
   for (const std::string& pointer : exclude) {
     const auto tokens = parse_json_pointer(pointer);
-    if (tokens.empty()) throw ConfigError("idem: excluding \"\" would leave nothing to fingerprint");
+    if (tokens.empty())
+      throw ConfigError("idem: excluding \"\" would leave nothing to fingerprint");
     node_for(tokens).excluded = true;
   }
   for (const std::string& pointer : include) {
@@ -64,7 +68,8 @@ Selection::Selection(const std::vector<std::string>& include, const std::vector<
     for (const std::string& token : tokens) {
       walk = walk != nullptr ? walk->child(token) : nullptr;
       if (walk != nullptr && walk->excluded) {
-        throw ConfigError("idem: include pointer \"" + pointer + "\" lies inside an excluded member");
+        throw ConfigError("idem: include pointer \"" + pointer +
+                          "\" lies inside an excluded member");
       }
     }
     SelectionNode& node = node_for(tokens);

@@ -16,8 +16,8 @@ namespace idem::detail {
 /// One reference token position shared by one or more pointers.
 struct SelectionNode {
   std::string token;
-  bool excluded = false;       ///< an exclude pointer ends here: the value is left out
-  int include_id = -1;         ///< an include pointer ends here (its index), else -1
+  bool excluded = false;  ///< an exclude pointer ends here: the value is left out
+  int include_id = -1;    ///< an include pointer ends here (its index), else -1
   std::vector<SelectionNode> children;
 
   /// The child for `token`, or nullptr.
@@ -37,7 +37,9 @@ class Selection {
   /// Number of distinct include pointers; include_id runs over 0..include_count()-1.
   [[nodiscard]] std::size_t include_count() const noexcept { return include_.size(); }
   /// The include pointer with this id, as written in the options.
-  [[nodiscard]] const std::string& include_pointer(int id) const { return include_[static_cast<std::size_t>(id)]; }
+  [[nodiscard]] const std::string& include_pointer(int id) const {
+    return include_[static_cast<std::size_t>(id)];
+  }
 
  private:
   SelectionNode& node_for(const std::vector<std::string>& tokens);

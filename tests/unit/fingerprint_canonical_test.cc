@@ -10,7 +10,8 @@ namespace idem {
 namespace {
 
 TEST(Canonicalize, RemovesWhitespaceAndSortsMembers) {
-  EXPECT_EQ(canonicalize_json(" { \"b\" : [ 1 , true , null ] ,\n\t\"a\" : { \"d\" : \"x\" , \"c\" : false } } "),
+  EXPECT_EQ(canonicalize_json(
+                " { \"b\" : [ 1 , true , null ] ,\n\t\"a\" : { \"d\" : \"x\" , \"c\" : false } } "),
             R"({"a":{"c":false,"d":"x"},"b":[1,true,null]})");
 }
 
@@ -24,7 +25,8 @@ TEST(Canonicalize, ScalarsAtTopLevel) {
 
 TEST(Canonicalize, SortsMembersByUtf16CodeUnitsNotUtf8Bytes) {
   // U+1F600 (lead surrogate D83D) sorts before U+FB33; by UTF-8 bytes it would come after.
-  EXPECT_EQ(canonicalize_json(R"({"\uFB33":1,"\uD83D\uDE00":2})"), "{\"\xF0\x9F\x98\x80\":2,\"\xEF\xAC\xB3\":1}");
+  EXPECT_EQ(canonicalize_json(R"({"\uFB33":1,"\uD83D\uDE00":2})"),
+            "{\"\xF0\x9F\x98\x80\":2,\"\xEF\xAC\xB3\":1}");
   // Within the BMP and by prefix: plain code point order, shorter first.
   EXPECT_EQ(canonicalize_json(R"({"b":1,"a":2,"ab":3,"\u00e9":4,"A":5})"),
             "{\"A\":5,\"a\":2,\"ab\":3,\"b\":1,\"\xC3\xA9\":4}");
@@ -52,23 +54,27 @@ TEST(Canonicalize, DuplicateMemberIsPayloadError) {
 }
 
 TEST(Canonicalize, InvalidJsonIsPayloadError) {
-  for (const char* bad : {"", "{", "[1,]", "{\"a\" 1}", "tru", "01", "\"\\uD800\"", "1 2", "\xFF"}) {
+  for (const char* bad :
+       {"", "{", "[1,]", "{\"a\" 1}", "tru", "01", "\"\\uD800\"", "1 2", "\xFF"}) {
     EXPECT_THROW((void)canonicalize_json(bad), PayloadError) << bad;
   }
 }
 
 TEST(Fingerprint, DefaultIsDomainSeparatedSha256Prefix) {
-  // sha256(len8("idem.fingerprint.v1/rfc8785") || len8("") || len8("") || len8(canonical)), 32 digits.
+  // sha256(len8("idem.fingerprint.v1/rfc8785") || len8("") || len8("") || len8(canonical)), 32
+  // digits.
   EXPECT_EQ(fingerprint(R"({"b":[true,null],"a":1})"), "46c82667060c577ba5730a012d402b18");
 }
 
 TEST(Fingerprint, CanonicalOnlySha256MatchesPlainDigest) {
   const Fingerprinter fp({.domain_separated = false, .hex_length = 64});
-  EXPECT_EQ(fp.fingerprint(" { } "), "44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a");
+  EXPECT_EQ(fp.fingerprint(" { } "),
+            "44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a");
 }
 
 TEST(Fingerprint, SeedCompatibleMd5) {
-  const Fingerprinter fp({.form = CanonicalForm::kPythonJsonDumps, .hash = HashAlgorithm::kMd5,
+  const Fingerprinter fp({.form = CanonicalForm::kPythonJsonDumps,
+                          .hash = HashAlgorithm::kMd5,
                           .domain_separated = false});
   EXPECT_EQ(fp.fingerprint(R"({ "a": 1.0 })"), "e47e54c5e61e4f0a318e2f1a9296c49f");
 }
@@ -85,7 +91,8 @@ TEST(Fingerprint, InvalidOptionsAreConfigErrors) {
   EXPECT_THROW(Fingerprinter({.hash = HashAlgorithm::kMd5, .hex_length = 33}), ConfigError);
   EXPECT_THROW(Fingerprinter({.max_depth = 0}), ConfigError);
   EXPECT_THROW(Fingerprinter({.max_bytes = 0}), ConfigError);
-  EXPECT_THROW(Fingerprinter({.domain_separated = false, .time_bucket = std::chrono::seconds(60)}), ConfigError);
+  EXPECT_THROW(Fingerprinter({.domain_separated = false, .time_bucket = std::chrono::seconds(60)}),
+               ConfigError);
 }
 
 }  // namespace

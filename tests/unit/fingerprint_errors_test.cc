@@ -36,8 +36,8 @@ TEST(PayloadErrors, InvalidJsonNamesTheOffset) {
 
 TEST(PayloadErrors, InvalidUtf8NamesTheOffset) {
   EXPECT_EQ(error_offset("{\"a\":\"ok\xC3\"}", "invalid UTF-8"), 8u);
-  EXPECT_EQ(error_offset("\"\xED\xA0\x80\"", "invalid UTF-8"), 1u);  // an encoded surrogate
-  EXPECT_EQ(error_offset("\"\xC0\xAF\"", "invalid UTF-8"), 1u);      // overlong
+  EXPECT_EQ(error_offset("\"\xED\xA0\x80\"", "invalid UTF-8"), 1u);      // an encoded surrogate
+  EXPECT_EQ(error_offset("\"\xC0\xAF\"", "invalid UTF-8"), 1u);          // overlong
   EXPECT_EQ(error_offset("\"\xF4\x90\x80\x80\"", "invalid UTF-8"), 1u);  // above U+10FFFF
 }
 
@@ -57,7 +57,9 @@ TEST(PayloadErrors, DuplicateMemberNamesAfterUnescaping) {
 }
 
 TEST(PayloadErrors, NestingLimitWithoutStackOverflow) {
-  const auto nested = [](std::size_t depth) { return std::string(depth, '[') + std::string(depth, ']'); };
+  const auto nested = [](std::size_t depth) {
+    return std::string(depth, '[') + std::string(depth, ']');
+  };
   EXPECT_NO_THROW((void)canonicalize_json(nested(128)));
   EXPECT_EQ(error_offset(nested(129), "nesting deeper than the limit of 128"), 128u);
   EXPECT_EQ(error_offset(nested(100000), "nesting deeper"), 128u);
@@ -94,7 +96,8 @@ TEST(PayloadErrors, AbsentIncludeUnderTheErrorPolicy) {
     (void)fp.canonicalize(R"({"a":1,"b":{"d":2}})");
     ADD_FAILURE() << "absent include accepted";
   } catch (const PayloadError& error) {
-    EXPECT_NE(std::string(error.what()).find("\"/b/c\" matches nothing"), std::string::npos) << error.what();
+    EXPECT_NE(std::string(error.what()).find("\"/b/c\" matches nothing"), std::string::npos)
+        << error.what();
     EXPECT_FALSE(error.offset().has_value());
   }
 }

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "fingerprint/number_format.h"
+#include "idem/errors.h"
 #include "idem/fingerprint.h"
 
 namespace idem {
@@ -50,10 +51,29 @@ TEST(NumberForm, Rfc8785AppendixBExamples) {
 
 TEST(NumberForm, Rfc8785NumbersThroughTheParser) {
   // The same values written as JSON float literals reach the same form end to end.
-  EXPECT_EQ(canonicalize_json("[-0.0, 4.9406564584124654e-324, 2.9514790517935283e20, 1e23, 1E-6, "
-                              "9.9999999999999974e-7, -3.3333333333333333e-6, 1.4249539237812062e15]"),
-            "[0,5e-324,295147905179352830000,1e+23,0.000001,9.999999999999997e-7,"
-            "-0.0000033333333333333333,1424953923781206.2]");
+  EXPECT_EQ(
+      canonicalize_json("[-0.0, 4.9406564584124654e-324, 2.9514790517935283e20, 1e23, 1E-6, "
+                        "9.9999999999999974e-7, -3.3333333333333333e-6, 1.4249539237812062e15]"),
+      "[0,5e-324,295147905179352830000,1e+23,0.000001,9.999999999999997e-7,"
+      "-0.0000033333333333333333,1424953923781206.2]");
+}
+
+TEST(NumberForm, CanonicalTextOfLargeDoublesCanBeCanonicalizedAgain) {
+  // Doubles in [2^64, 1e21) come out as integer digits, beyond what an integer literal may
+  // hold; read back, such a literal is that double when its digits are exactly its form.
+  const std::string canonical = canonicalize_json("[1e20,-1.5e20,123e18,18446744073709551616.0]");
+  EXPECT_EQ(
+      canonical,
+      "[100000000000000000000,-150000000000000000000,123000000000000000000,18446744073709552000]");
+  EXPECT_EQ(canonicalize_json(canonical), canonical);
+  EXPECT_EQ(canonicalize_json("{\"a\": 100000000000000000000 , \"s\":\"100000000000000000000\"}"),
+            R"({"a":100000000000000000000,"s":"100000000000000000000"})");
+  // Any other wide integer would be rounded: rejected, in both forms.
+  EXPECT_THROW((void)canonicalize_json("18446744073709551616"), PayloadError);
+  EXPECT_THROW((void)canonicalize_json("123456789012345678901234567890"), PayloadError);
+  EXPECT_THROW((void)Fingerprinter({.form = CanonicalForm::kPythonJsonDumps})
+                   .canonicalize("100000000000000000000"),
+               PayloadError);
 }
 
 TEST(NumberForm, PythonFloatRepr) {
@@ -80,7 +100,8 @@ TEST(NumberForm, LongestTextsFitTheBuffer) {
   EXPECT_LE(python(-1.2345678901234567e-300).size(), detail::kMaxNumberText);
   EXPECT_LE(python(-0.00012345678901234567).size(), detail::kMaxNumberText);
   EXPECT_EQ(python(-0.00012345678901234567), "-0.00012345678901234567");
-  EXPECT_EQ(ecmascript(std::bit_cast<std::uint64_t>(-1.2345678901234567e-7)), "-1.2345678901234566e-7");  // shortest round trip, as Python's repr
+  EXPECT_EQ(ecmascript(std::bit_cast<std::uint64_t>(-1.2345678901234567e-7)),
+            "-1.2345678901234566e-7");  // shortest round trip, as Python's repr
 }
 
 }  // namespace

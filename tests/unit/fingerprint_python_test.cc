@@ -19,14 +19,17 @@ const Fingerprinter& python_form() {
 }
 
 TEST(PythonJsonDumps, EnsureAsciiEscapesAndIntegerFloatDistinction) {
-  EXPECT_EQ(python_form().canonicalize("{\"\xC3\xA9\":\"x\xE2\x80\xA8\x7F\xF0\x9F\x98\x80\\\"\\\\\\n\\u0001\","
-                                       "\"a\":[1.0,-0,10000000000000000000]}"),
-            R"({"a":[1.0,0,10000000000000000000],"\u00e9":"x\u2028\u007f\ud83d\ude00\"\\\n\u0001"})");
+  EXPECT_EQ(
+      python_form().canonicalize(
+          "{\"\xC3\xA9\":\"x\xE2\x80\xA8\x7F\xF0\x9F\x98\x80\\\"\\\\\\n\\u0001\","
+          "\"a\":[1.0,-0,10000000000000000000]}"),
+      R"({"a":[1.0,0,10000000000000000000],"\u00e9":"x\u2028\u007f\ud83d\ude00\"\\\n\u0001"})");
 }
 
 TEST(PythonJsonDumps, KeysInCodePointOrder) {
   // Python orders U+FB33 before U+1F600 (code points); RFC 8785 the reverse (UTF-16 units).
-  EXPECT_EQ(python_form().canonicalize(R"({"\uD83D\uDE00":2,"\uFB33":1})"), R"({"\ufb33":1,"\ud83d\ude00":2})");
+  EXPECT_EQ(python_form().canonicalize(R"({"\uD83D\uDE00":2,"\uFB33":1})"),
+            R"({"\ufb33":1,"\ud83d\ude00":2})");
 }
 
 TEST(PythonJsonDumps, FloatsInReprForm) {
@@ -38,7 +41,8 @@ TEST(PythonJsonDumps, FloatsInReprForm) {
 void expect_seed_md5s(const std::string& name) {
   const std::filesystem::path dir = std::filesystem::path(IDEM_SHARED_DIR) / "baselines";
   if (!std::filesystem::exists(dir / (name + ".jsonl"))) {
-    if (std::getenv("CI") != nullptr) FAIL() << "missing " << dir / (name + ".jsonl") << " (CI requires it)";
+    if (std::getenv("CI") != nullptr)
+      FAIL() << "missing " << dir / (name + ".jsonl") << " (CI requires it)";
     GTEST_SKIP() << "no " << dir / (name + ".jsonl");
   }
   const Fingerprinter seed({.form = CanonicalForm::kPythonJsonDumps,

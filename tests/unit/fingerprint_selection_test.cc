@@ -16,7 +16,8 @@ constexpr const char* kPayload =
 
 TEST(JsonPointer, ParsesTokensWithRfc6901Escapes) {
   EXPECT_TRUE(detail::parse_json_pointer("").empty());
-  EXPECT_EQ(detail::parse_json_pointer("/a~1b/m~0n/0"), (std::vector<std::string>{"a/b", "m~n", "0"}));
+  EXPECT_EQ(detail::parse_json_pointer("/a~1b/m~0n/0"),
+            (std::vector<std::string>{"a/b", "m~n", "0"}));
   EXPECT_EQ(detail::parse_json_pointer("/"), (std::vector<std::string>{""}));
   EXPECT_EQ(detail::parse_json_pointer("/~01"), (std::vector<std::string>{"~1"}));  // not "/"
   EXPECT_THROW((void)detail::parse_json_pointer("a"), ConfigError);
@@ -26,10 +27,12 @@ TEST(JsonPointer, ParsesTokensWithRfc6901Escapes) {
 
 TEST(Selection, ExcludeDropsVolatileMembers) {
   const Fingerprinter fp({.exclude = {"/timestamp", "/traceId", "/absent"}});
-  EXPECT_EQ(fp.canonicalize(kPayload),
-            R"({"a/b":1,"amount":5,"m~n":2,"order":{"id":"o-7","lines":[{"qty":1,"sku":"a"},{"qty":2,"sku":"b"}]}})");
+  EXPECT_EQ(
+      fp.canonicalize(kPayload),
+      R"({"a/b":1,"amount":5,"m~n":2,"order":{"id":"o-7","lines":[{"qty":1,"sku":"a"},{"qty":2,"sku":"b"}]}})");
   // Two requests differing only in excluded members share a fingerprint.
-  EXPECT_EQ(fp.fingerprint(R"({"amount":5,"timestamp":1})"), fp.fingerprint(R"({"timestamp":2,"amount":5})"));
+  EXPECT_EQ(fp.fingerprint(R"({"amount":5,"timestamp":1})"),
+            fp.fingerprint(R"({"timestamp":2,"amount":5})"));
   EXPECT_NE(fp.fingerprint(R"({"amount":5})"), fp.fingerprint(R"({"amount":6})"));
 }
 
@@ -39,7 +42,8 @@ TEST(Selection, IncludeKeepsTheStructureOfSelectedParts) {
 }
 
 TEST(Selection, IncludeArrayElementsAndExcludeInsideThem) {
-  const Fingerprinter fp({.include = {"/order/lines/1", "/order/lines/5"}, .exclude = {"/order/lines/1/qty"}});
+  const Fingerprinter fp(
+      {.include = {"/order/lines/1", "/order/lines/5"}, .exclude = {"/order/lines/1/qty"}});
   EXPECT_EQ(fp.canonicalize(kPayload), R"({"order":{"lines":[{"sku":"b"}]}})");
 }
 

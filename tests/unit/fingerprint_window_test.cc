@@ -13,7 +13,9 @@ namespace {
 using std::chrono::seconds;
 using std::chrono::system_clock;
 
-system_clock::time_point at(std::int64_t unix_seconds) { return system_clock::time_point(seconds(unix_seconds)); }
+system_clock::time_point at(std::int64_t unix_seconds) {
+  return system_clock::time_point(seconds(unix_seconds));
+}
 
 TEST(TimeBucket, SameContentInAnotherBucketIsAnotherFingerprint) {
   const Fingerprinter fp({.time_bucket = seconds(3600)});
@@ -30,7 +32,8 @@ TEST(TimeBucket, BucketWidthIsPartOfTheFingerprint) {
 }
 
 TEST(TimeBucket, TimeIsRequiredWhenBucketsAreOn) {
-  EXPECT_THROW((void)Fingerprinter({.time_bucket = seconds(60)}).fingerprint("{}", "u1"), ConfigError);
+  EXPECT_THROW((void)Fingerprinter({.time_bucket = seconds(60)}).fingerprint("{}", "u1"),
+               ConfigError);
 }
 
 TEST(TimeBucket, BucketsBeforeTheEpochUseFloorDivision) {
