@@ -1,6 +1,6 @@
 // Throughput of idem's payload fingerprint over a JSON-lines file, for bench/fingerprint.sh.
 //
-// usage: fingerprint_throughput FILE [PASSES]
+// usage: idem-bench-fingerprint FILE [PASSES]
 // One run: the best of PASSES (default 5) passes over every line of FILE (split on '\n' only),
 // like ../shared/baselines/07_py_canon_bench.py. MB/s counts input bytes (1 MB = 10^6 B) per
 // second of process CPU time (as `openssl speed` counts user time), so that other processes on
@@ -58,7 +58,7 @@ double best_pass(const std::vector<std::string>& lines, int passes,
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::cerr << "usage: fingerprint_throughput FILE [PASSES]\n";
+    std::cerr << "usage: idem-bench-fingerprint FILE [PASSES]\n";
     return 2;
   }
   try {
@@ -83,7 +83,7 @@ int main(int argc, char** argv) {
                   static_cast<double>(lines.size()) / seconds);
     }
   } catch (const std::exception& error) {
-    std::cerr << "fingerprint_throughput: " << error.what() << "\n";
+    std::cerr << "idem-bench-fingerprint: " << error.what() << "\n";
     return 1;
   }
   return 0;
