@@ -129,6 +129,51 @@ TEST_P(RedisFailureTest, CommandTimeoutDestroysTheConnectionSoTheNextCallGetsIts
   EXPECT_EQ(guard.claim("held", "req-2", "").status, ClaimStatus::kRepeatOther);
 }
 
+TEST_P(RedisFailureTest, ExhaustedPoolFailsAfterTheBorrowTimeout) {
+  test::RedisServer server;
+  RedisGuardOptions guard_options = options(server.url());
+  guard_options.redis.pool_size = 1;
+  guard_options.redis.borrow_timeout = milliseconds(0);
+  guard_options.redis.command_timeout = milliseconds(5000);
+  RedisGuard guard(guard_options);
+  RedisGuardOptions probe_options = options(server.url());
+  probe_options.redis.command_timeout = milliseconds(50);
+  probe_options.breaker.failure_threshold = 0;
+  RedisGuard probe(probe_options);
+
+  auto sleeper = std::async(std::launch::async, [&] { return server.cli({"DEBUG", "SLEEP", "1"}); });
+  bool sleeping = false;  // the probe's claim times out once the server sleeps
+  for (int i = 0; i < 10000 && !sleeping; ++i) {
+    try {
+      (void)probe.claim("probe-" + std::to_string(i), "req", "");
+    } catch (const RedisError&) {
+      sleeping = true;
+    }
+  }
+  ASSERT_TRUE(sleeping);
+  // Two claims on a pool of one while the server sleeps: one waits for its reply, the other
+  // finds no free connection.
+  std::atomic<int> answered{0};
+  std::atomic<int> no_connection{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 2; ++t) {
+    threads.emplace_back([&, t] {
+      try {
+        EXPECT_EQ(guard.claim("k" + std::to_string(t), "req", "").status, ClaimStatus::kFirst);
+        ++answered;
+      } catch (const RedisError& error) {
+        EXPECT_TRUE(error.retryable());
+        EXPECT_NE(std::string(error.what()).find("borrow timeout"), std::string::npos) << error.what();
+        ++no_connection;
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(sleeper.get(), "OK");
+  EXPECT_EQ(answered.load(), 1);
+  EXPECT_EQ(no_connection.load(), 1);
+}
+
 TEST_P(RedisFailureTest, IdleConnectionsClosedByARestartAreReplacedTransparently) {
   test::RedisServer server;
   RedisGuardOptions guard_options = options(server.url());
