@@ -22,7 +22,7 @@ namespace {
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
-constexpr int kHandlerDelayMs = 1000;  // the refund holds its claim this long
+constexpr int kHandlerDelayMs = 3000;  // each refund holds its claim this long (a slow gateway)
 
 struct Reply {
   int status = 0;
