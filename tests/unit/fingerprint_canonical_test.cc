@@ -1,7 +1,10 @@
 // RFC 8785 canonical form and the fingerprint digest: the rules of issue #5, one test each.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "idem/errors.h"
 #include "idem/fingerprint.h"
@@ -83,6 +86,31 @@ TEST(Fingerprint, ScopeChangesTheFingerprint) {
   const Fingerprinter fp;
   EXPECT_NE(fp.fingerprint("{}", "u1"), fp.fingerprint("{}", "u2"));
   EXPECT_EQ(fp.fingerprint("{}", "u1"), fp.fingerprint(" {} ", "u1"));
+}
+
+TEST(Fingerprint, ConcurrentCallsOnOneFingerprinterAgree) {
+  const Fingerprinter fp({.exclude = {"/t"}});
+  std::vector<std::string> payloads;
+  std::vector<std::string> expected;
+  for (int i = 0; i < 16; ++i) {
+    payloads.push_back(R"({"t":)" + std::to_string(i) + R"(,"n":[)" + std::to_string(i % 4) +
+                       R"(,1.5],"s":"x"})");
+    expected.push_back(fp.fingerprint(payloads.back(), "u1"));
+  }
+  std::vector<std::thread> threads;
+  std::atomic<int> mismatches{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < 200; ++round) {
+        const auto i = static_cast<std::size_t>((round + t) % 16);
+        if (fp.fingerprint(payloads[i], "u1") != expected[i]) ++mismatches;
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(mismatches.load(), 0);
+  EXPECT_EQ(expected[0], expected[4]);  // "/t" excluded: only n differs, by i % 4
+  EXPECT_NE(expected[0], expected[1]);
 }
 
 TEST(Fingerprint, InvalidOptionsAreConfigErrors) {
