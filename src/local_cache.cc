@@ -3,31 +3,62 @@
 #include <bit>
 #include <cstdint>
 #include <functional>
-#include <list>
 #include <mutex>
+#include <string_view>
 #include <unordered_map>
 
 #include "idem/errors.h"
 
 namespace idem {
 
+namespace {
+
+struct KeyHash {
+  using is_transparent = void;
+  std::size_t operator()(std::string_view key) const noexcept {
+    return std::hash<std::string_view>{}(key);
+  }
+};
+
+}  // namespace
+
+// One map node per entry: the key, the response and the entry's LRU links, so a hit touches
+// one node (plus its two list neighbours when it moves to the front).
 struct LocalCache::Shard {
   struct Entry {
-    std::string key;
     std::string response;
-    std::int64_t expires_ms;
+    std::int64_t expires_ms = 0;
+    const std::string* key = nullptr;  // the map's key of this node (nodes never move)
+    Entry* prev = nullptr;             // circular LRU list through `head`
+    Entry* next = nullptr;
   };
-  using List = std::list<Entry>;
+
+  Shard() noexcept { head.prev = head.next = &head; }
+
+  void unlink(Entry& e) noexcept {
+    e.prev->next = e.next;
+    e.next->prev = e.prev;
+  }
+  void push_front(Entry& e) noexcept {
+    e.prev = &head;
+    e.next = head.next;
+    head.next->prev = &e;
+    head.next = &e;
+  }
+  void touch(Entry& e) noexcept {
+    if (head.next == &e) return;
+    unlink(e);
+    push_front(e);
+  }
+  void remove(Entry& e) {
+    unlink(e);
+    index.erase(index.find(*e.key));  // by iterator: the key lives in the node being freed
+  }
 
   mutable std::mutex mu;
   std::size_t capacity = 0;
-  List lru;                                                    // front: most recently used
-  std::unordered_map<std::string_view, List::iterator> index;  // views into Entry::key
-
-  void remove(List::iterator it) {
-    index.erase(it->key);
-    lru.erase(it);
-  }
+  Entry head;  // sentinel: head.next is the most recently used entry, head.prev the least
+  std::unordered_map<std::string, Entry, KeyHash, std::equal_to<>> index;
 };
 
 LocalCache::LocalCache(LocalCacheOptions options)
@@ -66,13 +97,13 @@ std::optional<std::string> LocalCache::get(std::string_view key) {
   std::lock_guard lock(shard.mu);
   const auto found = shard.index.find(key);
   if (found == shard.index.end()) return std::nullopt;
-  const auto it = found->second;
-  if (it->expires_ms <= now) {
-    shard.remove(it);
+  Shard::Entry& entry = found->second;
+  if (entry.expires_ms <= now) {
+    shard.remove(entry);
     return std::nullopt;
   }
-  shard.lru.splice(shard.lru.begin(), shard.lru, it);
-  return it->response;
+  shard.touch(entry);
+  return entry.response;
 }
 
 void LocalCache::put(std::string_view key, std::string response) {
@@ -80,15 +111,18 @@ void LocalCache::put(std::string_view key, std::string response) {
   const std::int64_t expires = clock_->now_ms() + ttl_.count();
   std::lock_guard lock(shard.mu);
   if (const auto found = shard.index.find(key); found != shard.index.end()) {
-    const auto it = found->second;
-    it->response = std::move(response);
-    it->expires_ms = expires;
-    shard.lru.splice(shard.lru.begin(), shard.lru, it);
+    Shard::Entry& entry = found->second;
+    entry.response = std::move(response);
+    entry.expires_ms = expires;
+    shard.touch(entry);
     return;
   }
-  if (shard.lru.size() >= shard.capacity) shard.remove(std::prev(shard.lru.end()));
-  shard.lru.push_front(Shard::Entry{std::string(key), std::move(response), expires});
-  shard.index.emplace(shard.lru.front().key, shard.lru.begin());
+  if (shard.index.size() >= shard.capacity) shard.remove(*shard.head.prev);
+  auto& [stored_key, entry] = *shard.index.try_emplace(std::string(key)).first;
+  entry.response = std::move(response);
+  entry.expires_ms = expires;
+  entry.key = &stored_key;
+  shard.push_front(entry);
 }
 
 bool LocalCache::erase(std::string_view key) {
@@ -104,7 +138,7 @@ std::size_t LocalCache::size() const {
   std::size_t total = 0;
   for (std::size_t i = 0; i < shard_count_; ++i) {
     std::lock_guard lock(shards_[i].mu);
-    total += shards_[i].lru.size();
+    total += shards_[i].index.size();
   }
   return total;
 }

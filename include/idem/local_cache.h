@@ -38,9 +38,10 @@ struct LocalCacheOptions {
 /// length + kLongStringOverheadBytes (std::string keeps up to 15 bytes inline).
 class IDEM_EXPORT LocalCache {
  public:
-  /// Upper bound of the heap bytes of one entry beyond its key and response (two heap nodes:
-  /// the LRU list node and the index node, allocator rounding included).
-  static constexpr std::size_t kEntryOverheadBytes = 160;
+  /// Upper bound of the heap bytes of one entry beyond its key and response: one hash-map
+  /// node holding the key, the response, the expiry and the LRU links (allocator rounding
+  /// included).
+  static constexpr std::size_t kEntryOverheadBytes = 128;
   /// Upper bound of the extra heap bytes of a key or response longer than 15 bytes, beyond
   /// its length (terminating NUL and allocator rounding).
   static constexpr std::size_t kLongStringOverheadBytes = 24;

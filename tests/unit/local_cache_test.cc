@@ -87,6 +87,21 @@ TEST(LocalCache, EvictsLeastRecentlyUsedWhenFull) {
   EXPECT_EQ(cache.size(), 3U);
 }
 
+TEST(LocalCache, PutOfAnExistingKeyMakesItMostRecent) {
+  LocalCache cache(options(3, 1, clock_at(0)));
+  cache.put("a", "1");
+  cache.put("b", "2");
+  cache.put("c", "3");
+  cache.put("a", "1b");
+  cache.put("d", "4");  // evicts b, now the least recently used
+  EXPECT_EQ(cache.get("b"), std::nullopt);
+  EXPECT_EQ(cache.get("a"), "1b");
+  cache.put("e", "5");  // evicts c
+  EXPECT_EQ(cache.get("c"), std::nullopt);
+  EXPECT_EQ(cache.get("d"), "4");
+  EXPECT_EQ(cache.size(), 3U);
+}
+
 TEST(LocalCache, NeverHoldsMoreThanMaxEntries) {
   LocalCache cache(options(100, 8, clock_at(0)));
   for (int i = 0; i < 10000; ++i) cache.put("key-" + std::to_string(i), "r");
