@@ -145,11 +145,21 @@ std::size_t tape_after(const std::uint64_t* tape, std::size_t index) {
 }
 
 // The first 8 bytes of `key`, big-endian, zero padded: comparing heads compares prefixes.
-// `key` lies in simdjson's padded string buffer, so 8 bytes are always readable.
+// For RFC 8785 the lead bytes EE and EF (U+E000-U+FFFF) become FE and FF (never in UTF-8), so
+// that they sort after F0-F4 (supplementary characters, UTF-16 surrogates D800-DBFF): then
+// comparing heads compares UTF-16 code units. `key` lies in simdjson's padded string buffer,
+// so 8 bytes are always readable.
+template <CanonicalForm kForm>
 std::uint64_t key_head(std::string_view key) {
   std::uint64_t word;
   std::memcpy(&word, key.data(), sizeof word);
   if (key.size() < 8) word &= (std::uint64_t{1} << (8 * key.size())) - 1;
+  if constexpr (kForm == CanonicalForm::kRfc8785) {
+    constexpr std::uint64_t kLow7 = 0x7F7F7F7F7F7F7F7F;
+    const std::uint64_t x = (word & 0xFEFEFEFEFEFEFEFE) ^ 0xEEEEEEEEEEEEEEEE;  // 0 where EE or EF
+    const std::uint64_t nonzero = (((x & kLow7) + kLow7) | x) & ~kLow7;        // exact, per byte
+    word += ((~nonzero & ~kLow7) >> 7) * 0x10;
+  }
   return __builtin_bswap64(word);
 }
 
@@ -162,22 +172,15 @@ bool utf16_byte_less(unsigned char x, unsigned char y) {
   return x < y;
 }
 
-// Orders members by key in the form's order.
+// Orders members by key in the form's order (heads first, see key_head()).
 template <CanonicalForm kForm>
 struct KeyLess {
   bool operator()(const auto& a, const auto& b) const {
-    if (a.head == b.head) {
-      if constexpr (kForm == CanonicalForm::kRfc8785) {
-        return utf16_less(a.key, b.key);
-      } else {
-        return a.key < b.key;  // Python: code point order, which is UTF-8 byte order
-      }
-    } else if constexpr (kForm == CanonicalForm::kRfc8785) {
-      const int shift = 56 - std::countl_zero(a.head ^ b.head) / 8 * 8;
-      return utf16_byte_less(static_cast<unsigned char>(a.head >> shift),
-                             static_cast<unsigned char>(b.head >> shift));
+    if (a.head != b.head) return a.head < b.head;
+    if constexpr (kForm == CanonicalForm::kRfc8785) {
+      return utf16_less(a.key, b.key);
     } else {
-      return a.head < b.head;
+      return a.key < b.key;  // Python: code point order, which is UTF-8 byte order
     }
   }
 };
@@ -394,9 +397,12 @@ std::size_t CanonicalWriter::write_object(std::size_t index, std::size_t depth,
   if (depth > options_.max_depth) throw PayloadError("JSON nesting deeper than the limit");
   const std::size_t end = tape_payload(tape_[index]) & 0xFFFFFFFF;  // index after the matching '}'
   const std::size_t begin = members_.size();
+  const bool rfc = options_.form == CanonicalForm::kRfc8785;
   for (std::size_t i = index + 1; i + 1 < end; i = tape_after(tape_, i + 1)) {
     const std::string_view key = tape_string(strings_, tape_[i]);
-    members_.push_back({key_head(key), key, i + 1});
+    members_.push_back({rfc ? key_head<CanonicalForm::kRfc8785>(key)
+                            : key_head<CanonicalForm::kPythonJsonDumps>(key),
+                        key, i + 1});
   }
   const auto first = members_.begin() + static_cast<std::ptrdiff_t>(begin);
   if (options_.form == CanonicalForm::kRfc8785) {

@@ -1,7 +1,9 @@
 // RFC 8785 canonical form and the fingerprint digest: the rules of issue #5, one test each.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <string>
 #include <thread>
 #include <vector>
@@ -33,6 +35,53 @@ TEST(Canonicalize, SortsMembersByUtf16CodeUnitsNotUtf8Bytes) {
   // Within the BMP and by prefix: plain code point order, shorter first.
   EXPECT_EQ(canonicalize_json(R"({"b":1,"a":2,"ab":3,"\u00e9":4,"A":5})"),
             "{\"A\":5,\"a\":2,\"ab\":3,\"b\":1,\"\xC3\xA9\":4}");
+}
+
+// UTF-8 of a UTF-16 string (valid pairs only).
+std::string utf8(const std::u16string& text) {
+  std::string out;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    std::uint32_t c = text[i];
+    if (c >= 0xD800 && c <= 0xDBFF) c = 0x10000 + ((c - 0xD800) << 10) + (text[++i] - 0xDC00);
+    if (c < 0x80) {
+      out += static_cast<char>(c);
+    } else if (c < 0x800) {
+      out += {static_cast<char>(0xC0 | c >> 6), static_cast<char>(0x80 | (c & 0x3F))};
+    } else if (c < 0x10000) {
+      out += {static_cast<char>(0xE0 | c >> 12), static_cast<char>(0x80 | (c >> 6 & 0x3F)),
+              static_cast<char>(0x80 | (c & 0x3F))};
+    } else {
+      out += {static_cast<char>(0xF0 | c >> 18), static_cast<char>(0x80 | (c >> 12 & 0x3F)),
+              static_cast<char>(0x80 | (c >> 6 & 0x3F)), static_cast<char>(0x80 | (c & 0x3F))};
+    }
+  }
+  return out;
+}
+
+TEST(Canonicalize, MemberOrderMatchesAUtf16Oracle) {
+  // Keys from characters on both sides of every boundary that matters, short and longer than
+  // the 8-byte prefix the writer compares first; the oracle sorts the UTF-16 strings themselves.
+  const std::u16string pieces[] = {u"a",      u"\u00e9",     u"\ud7ff",     u"\ue000",  u"\ufb33",
+                                   u"\uffff", u"\U0001F600", u"\U0010FFFF", u"abcdefgh"};
+  std::vector<std::u16string> keys;
+  for (const auto& first : pieces) {
+    for (const auto& second : pieces) keys.push_back(first + second);
+  }
+  std::string json = "{";
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    json += (i == 0 ? "\"" : ",\"") + utf8(keys[i]) + "\":" + std::to_string(i);
+  }
+  json += "}";
+  std::vector<std::size_t> order(keys.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&](std::size_t a, std::size_t b) { return keys[a] < keys[b]; });
+  std::string expected = "{";
+  for (const std::size_t i : order) {
+    expected += (expected.size() == 1 ? "\"" : ",\"") + utf8(keys[i]) + "\":" + std::to_string(i);
+  }
+  expected += "}";
+  EXPECT_EQ(canonicalize_json(json), expected);
 }
 
 TEST(Canonicalize, EscapesOnlyWhatTheRfcRequires) {
