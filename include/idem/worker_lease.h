@@ -42,6 +42,11 @@ struct WorkerIdLeaseOptions {
 /// and deletes the key if it is still this owner's. Give it to SnowflakeOptions::lease: the
 /// generator then refuses to issue IDs while the lease is not held.
 ///
+/// Limit: a Redis that loses the key (restart without persistence, failover before
+/// replication) lets another process take the ID while this one still trusts its lease, for
+/// up to `ttl`; the next renewal then finds the other owner and stops this generator. Use a
+/// persistent, replicated Redis, or keep `ttl` short.
+///
 /// Thread-safe: held() and valid_until_ms() are lock-free reads; renew() is serialized.
 class IDEM_EXPORT WorkerIdLease {
  public:
