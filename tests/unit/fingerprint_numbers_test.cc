@@ -49,6 +49,35 @@ TEST(NumberForm, Rfc8785AppendixBExamples) {
   EXPECT_EQ(ecmascript(0x43143ff3c1cb0959), "1424953923781206.2");
 }
 
+TEST(Rfc8785, Section324SampleCanonicalization) {
+  // The complete example of RFC 8785 section 3.2.4 (input of section 3.2.2).
+  const std::string input = R"({
+    "numbers": [333333333.33333329, 1E30, 4.50, 2e-3, 0.000000000000000000000000001],
+    "string": "\u20ac$\u000F\u000aA'\u0042\u0022\u005c\\\"\/",
+    "literals": [null, true, false]
+  })";
+  EXPECT_EQ(canonicalize_json(input),
+            "{\"literals\":[null,true,false],\"numbers\":[333333333.3333333,1e+30,4.5,0.002,1e-27],"
+            "\"string\":\"\xE2\x82\xAC$\\u000f\\nA'B\\\"\\\\\\\\\\\"/\"}");
+}
+
+TEST(Rfc8785, Section323SortingExample) {
+  const std::string input = R"({
+    "\u20ac": "Euro Sign",
+    "\r": "Carriage Return",
+    "\ufb33": "Hebrew Letter Dalet With Dagesh",
+    "1": "One",
+    "\ud83d\ude00": "Emoji: Grinning Face",
+    "\u0080": "Control",
+    "\u00f6": "Latin Small Letter O With Diaeresis"
+  })";
+  EXPECT_EQ(canonicalize_json(input),
+            "{\"\\r\":\"Carriage Return\",\"1\":\"One\",\"\xC2\x80\":\"Control\","
+            "\"\xC3\xB6\":\"Latin Small Letter O With Diaeresis\",\"\xE2\x82\xAC\":\"Euro Sign\","
+            "\"\xF0\x9F\x98\x80\":\"Emoji: Grinning Face\","
+            "\"\xEF\xAC\xB3\":\"Hebrew Letter Dalet With Dagesh\"}");
+}
+
 TEST(NumberForm, Rfc8785NumbersThroughTheParser) {
   // The same values written as JSON float literals reach the same form end to end.
   EXPECT_EQ(
