@@ -22,35 +22,37 @@
 #include <string>
 #include <utility>
 
+#include "idem/export.h"
+
 namespace idem {
 
 /// Base of every exception idem throws.
-class Error : public std::runtime_error {
+class IDEM_EXPORT Error : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
 
 /// Options that cannot work (negative lease, pool size 0, malformed URL, ...).
-class ConfigError : public Error {
+class IDEM_EXPORT ConfigError : public Error {
  public:
   using Error::Error;
 };
 
 /// A request ID or Idempotency-Key value that fails validation. Maps to HTTP 400.
-class InvalidRequestId : public Error {
+class IDEM_EXPORT InvalidRequestId : public Error {
  public:
   using Error::Error;
 };
 
 /// An idempotency-key component that is empty (or otherwise cannot form a key).
-class InvalidKey : public Error {
+class IDEM_EXPORT InvalidKey : public Error {
  public:
   using Error::Error;
 };
 
 /// A payload that cannot be canonicalized: invalid JSON or UTF-8, duplicate member
 /// names, nesting or size over the limit.
-class PayloadError : public Error {
+class IDEM_EXPORT PayloadError : public Error {
  public:
   /// `offset` is the byte offset into the payload where the problem was found, if known.
   explicit PayloadError(const std::string& what, std::optional<std::size_t> offset = std::nullopt)
@@ -63,27 +65,27 @@ class PayloadError : public Error {
 };
 
 /// A request with no request ID, no business key and no payload, under the reject policy.
-class MissingKey : public Error {
+class IDEM_EXPORT MissingKey : public Error {
  public:
   using Error::Error;
 };
 
 /// A Snowflake generator's clock went back further than its configured tolerance.
-class ClockMovedBackwards : public Error {
+class IDEM_EXPORT ClockMovedBackwards : public Error {
  public:
   using Error::Error;
 };
 
 /// Thrown by (or on behalf of) a handler that was cancelled. The Deduplicator rolls back and
 /// keeps the claim until its lease ends; it never releases on cancellation.
-class Cancelled : public Error {
+class IDEM_EXPORT Cancelled : public Error {
  public:
   Cancelled() : Error("idem: handler cancelled") {}
   using Error::Error;
 };
 
 /// A backend (Redis or PostgreSQL) failed.
-class BackendError : public Error {
+class IDEM_EXPORT BackendError : public Error {
  public:
   BackendError(const std::string& what, bool retryable) : Error(what), retryable_(retryable) {}
   /// True when the same call may succeed if repeated (timeout, connection loss, failover,
@@ -95,13 +97,13 @@ class BackendError : public Error {
 };
 
 /// Redis failed: unreachable, timed out, protocol error, or a script error.
-class RedisError : public BackendError {
+class IDEM_EXPORT RedisError : public BackendError {
  public:
   using BackendError::BackendError;
 };
 
 /// PostgreSQL failed. `sqlstate()` is the five-character SQLSTATE when the server sent one.
-class PostgresError : public BackendError {
+class IDEM_EXPORT PostgresError : public BackendError {
  public:
   PostgresError(const std::string& what, bool retryable, std::string sqlstate = {})
       : BackendError(what, retryable), sqlstate_(std::move(sqlstate)) {}

@@ -10,6 +10,8 @@
 #include <string_view>
 #include <vector>
 
+#include "idem/export.h"
+
 namespace idem {
 
 namespace detail {
@@ -78,7 +80,7 @@ struct FingerprintOptions {
 /// Canonicalizes and fingerprints JSON payloads under fixed options.
 /// Thread safety: all const member functions may be called concurrently (each thread reuses its
 /// own parser and buffers).
-class Fingerprinter {
+class IDEM_EXPORT Fingerprinter {
  public:
   /// Throws idem::ConfigError when `options` cannot work.
   explicit Fingerprinter(FingerprintOptions options = {});
@@ -125,15 +127,15 @@ inline constexpr std::chrono::seconds kFallbackKeyRetention{30};
 /// The fallback idempotency key `fp:{user}:{intent}:{fingerprint_hex}` for a request that
 /// carries no request ID; each component is escaped with escape_key_component() (key.h), so
 /// no component can forge another. Throws idem::InvalidKey when a component is empty.
-[[nodiscard]] std::string fallback_key(std::string_view user, std::string_view intent,
-                                       std::string_view fingerprint_hex);
+[[nodiscard]] IDEM_EXPORT std::string fallback_key(std::string_view user, std::string_view intent,
+                                                   std::string_view fingerprint_hex);
 
 /// RFC 8785 canonical form of `json` under default options. Throws idem::PayloadError.
 /// Thread-safe.
-[[nodiscard]] std::string canonicalize_json(std::string_view json);
+[[nodiscard]] IDEM_EXPORT std::string canonicalize_json(std::string_view json);
 
 /// Fingerprinter{}.fingerprint(json): 32 lowercase hex digits of the domain-separated SHA-256
 /// of the RFC 8785 form, empty scope, no time bucket. Throws idem::PayloadError. Thread-safe.
-[[nodiscard]] std::string fingerprint(std::string_view json);
+[[nodiscard]] IDEM_EXPORT std::string fingerprint(std::string_view json);
 
 }  // namespace idem
