@@ -5,8 +5,9 @@
 #   claim              the claim INSERT … ON CONFLICT DO NOTHING RETURNING (autocommit: idem's
 #                      non-transactional claim)
 #   claim_plus_update  BEGIN; the claim; UPDATE accounts …; COMMIT (idem's transact())
-# at 1 and 8 clients; each point is the median of --runs runs (default 3) of --seconds seconds
-# (default 5) per tool, the tools alternating and the records table emptied before each run.
+# at 1 and 8 clients; each point is the median of --runs runs (default 3). A run gives each tool
+# --seconds seconds (default 5, whole seconds) as alternating one-second slices, the records
+# table emptied before each slice, so both tools see the same load on a shared machine.
 # Prints a table; --report-json writes
 #   {"claim": {"clients_1": {"idem_tps", "pgbench_tps", "ratio", "idem_runs", "pgbench_runs"},
 #              "clients_8": {…}}, "claim_plus_update": {…}}
@@ -67,17 +68,32 @@ SQL
 
 empty_table() { psql -q "$url" -c "TRUNCATE $table" >/dev/null; }
 
-run_idem() {  # mode clients
+run_idem() {  # mode clients seconds
   empty_table
-  "$harness" --url "$url" --schema "$schema" --mode "$1" --clients "$2" --seconds "$seconds"
+  "$harness" --url "$url" --schema "$schema" --mode "$1" --clients "$2" --seconds "$3"
 }
 
-run_pgbench() {  # mode clients
+run_pgbench() {  # mode clients seconds
   empty_table
-  pgbench -n -M prepared -c "$2" -j "$2" -T "$seconds" -f "$work/$1.sql" "$url" 2>/dev/null |
+  pgbench -n -M prepared -c "$2" -j "$2" -T "$3" -f "$work/$1.sql" "$url" 2>/dev/null |
     sed -n 's/^tps = \([0-9.]*\) (without initial connection time)$/\1/p'
 }
 
+# One run: each tool for $seconds in total, as alternating one-second slices, so that both see
+# the same load on a shared machine. Prints "idem_tps pgbench_tps" (means over the slices).
+run_pair() {  # mode clients
+  local i a=() b=()
+  for ((i = 0; i < seconds; i++)); do
+    if ((i % 2 == 0)); then
+      a+=("$(run_idem "$1" "$2" 1)"); b+=("$(run_pgbench "$1" "$2" 1)")
+    else
+      b+=("$(run_pgbench "$1" "$2" 1)"); a+=("$(run_idem "$1" "$2" 1)")
+    fi
+  done
+  echo "$(mean "${a[@]}") $(mean "${b[@]}")"
+}
+
+mean() { printf '%s\n' "$@" | awk '{s += $1} END {printf "%.1f", s / NR}'; }
 median() { printf '%s\n' "$@" | sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
 json_list() { local IFS=,; echo "[$*]"; }
 
@@ -88,11 +104,8 @@ for mode in claim claim_plus_update; do
   for clients in 1 8; do
     idem=() pgb=()
     for ((r = 0; r < runs; r++)); do
-      if ((r % 2 == 0)); then
-        idem+=("$(run_idem "$mode" "$clients")"); pgb+=("$(run_pgbench "$mode" "$clients")")
-      else
-        pgb+=("$(run_pgbench "$mode" "$clients")"); idem+=("$(run_idem "$mode" "$clients")")
-      fi
+      read -r i p <<<"$(run_pair "$mode" "$clients")"
+      idem+=("$i"); pgb+=("$p")
     done
     mi="$(median "${idem[@]}")"
     mp="$(median "${pgb[@]}")"
