@@ -19,8 +19,8 @@ Pool::Lease Pool::borrow() {
     idle_.pop_back();
     return Lease(*this, std::move(connection), true);
   }
-  if (last_connect_error_ != nullptr && std::chrono::steady_clock::now() < retry_after_) {
-    std::rethrow_exception(last_connect_error_);
+  if (last_connect_error_.has_value() && std::chrono::steady_clock::now() < retry_after_) {
+    throw RedisError(*last_connect_error_);  // a copy: threads never share an exception object
   }
   ++open_;
   lock.unlock();
@@ -31,15 +31,20 @@ std::unique_ptr<Connection> Pool::connect() {
   try {
     auto connection = std::make_unique<Connection>(settings_.connection);
     std::lock_guard lock(mutex_);
-    last_connect_error_ = nullptr;
+    last_connect_error_.reset();
     backoff_ = std::chrono::milliseconds(0);
     return connection;
+  } catch (const RedisError& error) {
+    std::lock_guard lock(mutex_);
+    --open_;
+    last_connect_error_ = error;
+    backoff_ = std::clamp(backoff_ * 2, settings_.reconnect_backoff, settings_.reconnect_backoff_max);
+    retry_after_ = std::chrono::steady_clock::now() + backoff_;
+    returned_.notify_one();
+    throw;
   } catch (...) {
     std::lock_guard lock(mutex_);
     --open_;
-    last_connect_error_ = std::current_exception();
-    backoff_ = std::clamp(backoff_ * 2, settings_.reconnect_backoff, settings_.reconnect_backoff_max);
-    retry_after_ = std::chrono::steady_clock::now() + backoff_;
     returned_.notify_one();
     throw;
   }

@@ -4,11 +4,12 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
-#include <exception>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
+#include "idem/errors.h"
 #include "redis/connection.h"
 
 namespace idem::detail {
@@ -69,7 +70,7 @@ class Pool {
   // Reconnect backoff after a failed connect.
   std::chrono::steady_clock::time_point retry_after_{};
   std::chrono::milliseconds backoff_{0};
-  std::exception_ptr last_connect_error_;
+  std::optional<RedisError> last_connect_error_;
 };
 
 }  // namespace idem::detail
