@@ -244,7 +244,9 @@ struct Deduplicator::Impl {
     if (local_cache) local_cache->put(call.key, response);
     if (call.owner_token.empty()) return;
     try {
-      (void)options.guard->complete(call.key, call.owner_token, response);
+      const bool fallback_key = call.request->biz_key.empty() && call.request->request_id.empty();
+      (void)options.guard->complete(call.key, call.owner_token, response,
+                                    fallback_key ? options.fallback_retention : std::chrono::milliseconds(0));
     } catch (const Error&) {
       record_backend_error(Layer::kRedisGuard);  // the sink row or the lease decides the next try
     }

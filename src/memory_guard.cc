@@ -105,14 +105,17 @@ ClaimResult InMemoryGuard::claim(std::string_view key, std::string_view request_
   return result;
 }
 
-bool InMemoryGuard::complete(std::string_view key, std::string_view owner_token, std::string_view response) {
+bool InMemoryGuard::complete(std::string_view key, std::string_view owner_token, std::string_view response,
+                             std::chrono::milliseconds retention) {
+  if (retention.count() < 0) throw ConfigError("idem: complete: retention must be >= 0");
+  if (retention.count() == 0) retention = state_->options.retention;
   const std::int64_t now = state_->options.clock->now_ms();
   std::lock_guard lock(state_->mutex);
   Record* record = state_->owned(key, owner_token, now);
   if (record == nullptr) return false;
   record->state = RecordState::kCompleted;
   record->response = response;
-  record->expires_ms = now + state_->options.retention.count();
+  record->expires_ms = now + retention.count();
   return true;
 }
 

@@ -249,13 +249,15 @@ struct RedisGuard::Impl {
   // One claim, routed and checked: nil (first) or the existing record.
   ReplyPtr claim_one(std::string_view key, std::string_view record) {
     return with_connection(key, [&](Connection& connection) {
-      if (options.claim_method == ClaimMethod::kLuaScript) {
-        return eval(connection, claim_script, std::array<std::string_view, 3>{key, record, lease_ms});
+      append_claim(connection, key, record);
+      ReplyPtr reply = connection.read_reply();
+      if (reply->type == REDIS_REPLY_ERROR && detail::reply_error_is(*reply, "NOSCRIPT")) {
+        load(connection, claim_script);
+        append_claim(connection, key, record);
+        reply = connection.read_reply();
       }
-      ReplyPtr reply =
-          connection.command(std::array<std::string_view, 7>{"SET", key, record, "NX", "PX", lease_ms, "GET"});
       require_set_nx_get_support(*reply);
-      return checked(std::move(reply), "SET NX GET");
+      return checked(std::move(reply), "claim");
     });
   }
 
@@ -361,12 +363,18 @@ std::vector<ClaimResult> RedisGuard::claim_batch(const std::vector<ClaimRequest>
   return results;
 }
 
-bool RedisGuard::complete(std::string_view key, std::string_view owner_token, std::string_view response) {
+bool RedisGuard::complete(std::string_view key, std::string_view owner_token, std::string_view response,
+                          std::chrono::milliseconds retention) {
+  if (retention.count() < 0) throw ConfigError("idem: complete: retention must be >= 0");
   const std::string redis_key_text = redis_key(key);
   const std::string response_field = detail::encode_response(response, impl_->options.max_response_bytes);
+  const std::string retention_text = retention.count() == 0 ? impl_->retention_ms : milliseconds_text(retention);
   return impl_->eval_flag(impl_->complete_script,
-                          std::array<std::string_view, 4>{redis_key_text, owner_token, response_field,
-                                                          impl_->retention_ms});
+                          std::array<std::string_view, 4>{redis_key_text, owner_token, response_field, retention_text});
+}
+
+bool RedisGuard::complete(std::string_view key, std::string_view owner_token, std::string_view response) {
+  return complete(key, owner_token, response, std::chrono::milliseconds(0));
 }
 
 bool RedisGuard::release(std::string_view key, std::string_view owner_token) {

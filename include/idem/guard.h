@@ -48,9 +48,11 @@ class IDEM_EXPORT Guard {
   /// `request_id`; on kFirst the record is IN_PROGRESS for lease() and the caller owns it.
   [[nodiscard]] virtual ClaimResult claim(std::string_view key, std::string_view request_id,
                                           std::string_view fingerprint) = 0;
-  /// Marks the claim COMPLETED with `response` and keeps it for the retention. Acts only when
-  /// `owner_token` owns the record; returns false (changing nothing) otherwise.
-  virtual bool complete(std::string_view key, std::string_view owner_token, std::string_view response) = 0;
+  /// Marks the claim COMPLETED with `response` and keeps it for `retention` (ms; 0 means the
+  /// guard's configured retention). Acts only when `owner_token` owns the record; returns false
+  /// (changing nothing) otherwise. Throws idem::ConfigError when `retention` < 0.
+  virtual bool complete(std::string_view key, std::string_view owner_token, std::string_view response,
+                        std::chrono::milliseconds retention) = 0;
   /// Deletes the record if and only if `owner_token` owns it and it is IN_PROGRESS. Returns
   /// whether it deleted. Never deletes another owner's claim.
   virtual bool release(std::string_view key, std::string_view owner_token) = 0;

@@ -1,11 +1,20 @@
 // Umbrella header: the whole public API of idem.
 #pragma once
 
+#include "idem/clock.h"
 #include "idem/deduplicator.h"
 #include "idem/errors.h"
 #include "idem/fingerprint.h"
+#include "idem/guard.h"
 #include "idem/key.h"
+#include "idem/local_cache.h"
+#include "idem/memory_guard.h"
+#include "idem/metrics.h"
+#include "idem/outcome.h"
 #include "idem/pg_sink.h"
 #include "idem/record.h"
 #include "idem/redis_guard.h"
+#include "idem/request_context.h"
 #include "idem/request_id.h"
+#include "idem/snowflake.h"
+#include "idem/worker_lease.h"

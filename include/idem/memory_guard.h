@@ -42,7 +42,12 @@ class IDEM_EXPORT InMemoryGuard final : public Guard {
 
   [[nodiscard]] ClaimResult claim(std::string_view key, std::string_view request_id,
                                   std::string_view fingerprint) override;
-  bool complete(std::string_view key, std::string_view owner_token, std::string_view response) override;
+  bool complete(std::string_view key, std::string_view owner_token, std::string_view response,
+                std::chrono::milliseconds retention) override;
+  /// complete() with the configured retention.
+  bool complete(std::string_view key, std::string_view owner_token, std::string_view response) {
+    return complete(key, owner_token, response, std::chrono::milliseconds(0));
+  }
   bool release(std::string_view key, std::string_view owner_token) override;
   bool renew(std::string_view key, std::string_view owner_token, std::chrono::milliseconds lease) override;
   [[nodiscard]] std::chrono::milliseconds lease() const noexcept override { return lease_; }

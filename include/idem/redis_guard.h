@@ -131,7 +131,10 @@ class IDEM_EXPORT RedisGuard final : public Guard {
   /// Marks the claim COMPLETED with `response` (verbatim, or only its SHA-256 above
   /// max_response_bytes) and sets the retention TTL. Acts only when `owner_token` owns the
   /// record; returns false (and changes nothing) otherwise.
-  bool complete(std::string_view key, std::string_view owner_token, std::string_view response) override;
+  bool complete(std::string_view key, std::string_view owner_token, std::string_view response,
+                std::chrono::milliseconds retention) override;
+  /// complete() with the configured retention.
+  bool complete(std::string_view key, std::string_view owner_token, std::string_view response);
 
   /// Deletes the record if and only if `owner_token` owns it and it is still IN_PROGRESS
   /// (compare-and-delete). Returns whether it deleted. Never deletes another owner's claim.

@@ -95,6 +95,31 @@ TEST(InMemoryFacadeInput, InvalidRequestIdIsRejectedBeforeAnyClaim) {
   EXPECT_EQ(guard->size(), 0u);
 }
 
+TEST(InMemoryFacadeRetention, AFallbackKeyRecordLivesOnlyTheFallbackRetention) {
+  auto clock = std::make_shared<ManualClock>(0);
+  InMemoryGuardOptions guard_options;
+  guard_options.clock = clock;
+  DeduplicatorOptions o;
+  o.guard = std::make_shared<InMemoryGuard>(guard_options);
+  o.local_cache_capacity = 0;
+  o.fallback_retention = std::chrono::seconds(30);
+  Deduplicator dedup(o);
+  Request by_payload;
+  by_payload.user = "u1";
+  by_payload.intent = "notify";
+  by_payload.payload = R"({"text":"hello"})";
+  Request by_id = by_payload;
+  by_id.request_id = "r1";
+  auto send = [] { return std::string("sent"); };
+  ASSERT_EQ(dedup.run(by_payload, send).kind, Outcome::Kind::kExecuted);
+  ASSERT_EQ(dedup.run(by_id, send).kind, Outcome::Kind::kExecuted);
+  clock->advance_ms(29'999);
+  EXPECT_EQ(dedup.run(by_payload, send).kind, Outcome::Kind::kDuplicate);
+  clock->advance_ms(1);
+  EXPECT_EQ(dedup.run(by_payload, send).kind, Outcome::Kind::kExecuted) << "30 s later it may repeat";
+  EXPECT_EQ(dedup.run(by_id, send).kind, Outcome::Kind::kDuplicate) << "an ID keeps the guard's retention";
+}
+
 TEST(InMemoryFacadeWindow, FallbackKeyCatchesARepeatJustAcrossABucketBoundaryButNotTwoBucketsLater) {
   DeduplicatorOptions o;
   o.guard = std::make_shared<InMemoryGuard>();

@@ -76,6 +76,16 @@ TEST_F(InMemoryGuardTest, LeaseAndRetentionAreTtls) {
   EXPECT_EQ(guard_.claim("k", "r2", "fp").status, ClaimStatus::kFirst) << "retention ended";
 }
 
+TEST_F(InMemoryGuardTest, CompleteMayShortenTheRetentionOfOneRecord) {
+  const ClaimResult a = guard_.claim("k", "r1", "fp");
+  ASSERT_TRUE(guard_.complete("k", a.owner_token, "resp", std::chrono::milliseconds(30)));
+  clock_->advance_ms(29);
+  EXPECT_EQ(guard_.claim("k", "r2", "fp").state, RecordState::kCompleted);
+  clock_->advance_ms(1);
+  EXPECT_EQ(guard_.claim("k", "r2", "fp").status, ClaimStatus::kFirst);
+  EXPECT_THROW((void)guard_.complete("k", "t", "r", std::chrono::milliseconds(-1)), ConfigError);
+}
+
 TEST_F(InMemoryGuardTest, FullGuardDropsExpiredRecordsButNeverALiveOne) {
   for (const char* key : {"a", "b", "c", "d"}) ASSERT_EQ(guard_.claim(key, "r", "").status, ClaimStatus::kFirst);
   EXPECT_THROW((void)guard_.claim("e", "r", ""), BackendError);
