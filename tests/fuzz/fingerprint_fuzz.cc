@@ -84,8 +84,9 @@ bool same_value(element a, element b) {
   }
 }
 
-// `json` with ".0" after each integer literal of 20 or more digits: RFC 8785 writes doubles in
-// [2^64, 1e21) as integers (and accepts them back), which a plain simdjson parse rejects.
+// `json` with ".0" after each integer literal of 19 or more digits: RFC 8785 writes doubles in
+// (-1e21, -2^63) and [2^64, 1e21) as integers (and accepts them back), which a plain simdjson
+// parse rejects.
 std::string as_floats(std::string_view json) {
   const auto number_char = [](char c) {
     return std::string_view("0123456789.eE+-").find(c) != std::string_view::npos;
@@ -111,7 +112,7 @@ std::string as_floats(std::string_view json) {
       digits = 0;
     }
     const char next = i + 1 < json.size() ? json[i + 1] : ' ';
-    if (digits >= 20 && !number_char(next)) out += ".0";
+    if (digits >= 19 && !number_char(next)) out += ".0";
   }
   return out;
 }

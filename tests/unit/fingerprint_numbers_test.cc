@@ -95,6 +95,9 @@ TEST(NumberForm, CanonicalTextOfLargeDoublesCanBeCanonicalizedAgain) {
       canonical,
       "[100000000000000000000,-150000000000000000000,123000000000000000000,18446744073709552000]");
   EXPECT_EQ(canonicalize_json(canonical), canonical);
+  // Below -2^63 as well.
+  EXPECT_EQ(canonicalize_json("-9769100000000000000"), "-9769100000000000000");
+  EXPECT_EQ(canonicalize_json("[-0.097691e20]"), "[-9769100000000000000]");
   EXPECT_EQ(canonicalize_json("{\"a\": 100000000000000000000 , \"s\":\"100000000000000000000\"}"),
             R"({"a":100000000000000000000,"s":"100000000000000000000"})");
   // Any other wide integer would be rounded: rejected, in both forms.
