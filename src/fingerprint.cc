@@ -21,6 +21,7 @@ constexpr std::size_t kMaxBytesLimit = std::size_t{64} << 20;
 struct ThreadState {
   detail::CanonicalWriter writer;
   detail::Digest digest;
+  std::string header;  // the length-prefixed fields before the canonical bytes
 };
 
 ThreadState& thread_state() {
@@ -60,13 +61,11 @@ std::string_view canonical_bytes(ThreadState& state, std::string_view json,
   }
 }
 
-// Adds `field` to the digest as an 8-byte big-endian length followed by its bytes.
-void update_length_prefixed(detail::Digest& digest, std::string_view field) {
+// Appends the 8-byte big-endian length of a field of `size` bytes.
+void append_length(std::string& out, std::uint64_t size) {
   char length[8];
-  std::uint64_t size = field.size();
   for (int i = 7; i >= 0; --i, size >>= 8) length[i] = static_cast<char>(size & 0xFF);
-  digest.update(std::string_view(length, sizeof length));
-  digest.update(field);
+  out.append(length, sizeof length);
 }
 
 std::string_view version_tag(CanonicalForm form) {
@@ -94,10 +93,16 @@ std::string digest_hex(ThreadState& state, const FingerprintOptions& options,
                        std::string_view bucket) {
   state.digest.begin(options.hash);
   if (options.domain_separated) {
-    update_length_prefixed(state.digest, version_tag(options.form));
-    update_length_prefixed(state.digest, scope);
-    update_length_prefixed(state.digest, bucket);
-    update_length_prefixed(state.digest, canonical);
+    // Each field as an 8-byte big-endian length and its bytes; one update for all but the last.
+    std::string& header = state.header;
+    header.clear();
+    for (const std::string_view field : {version_tag(options.form), scope, bucket}) {
+      append_length(header, field.size());
+      header.append(field);
+    }
+    append_length(header, canonical.size());
+    state.digest.update(header);
+    state.digest.update(canonical);
   } else {
     state.digest.update(canonical);
   }
