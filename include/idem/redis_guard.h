@@ -86,8 +86,9 @@ struct RedisGuardOptions {
   /// Largest response stored verbatim, in bytes. A larger response is stored as its SHA-256
   /// (lowercase hex) only, and a repeat gets ClaimResult::response_sha256 without a body.
   std::size_t max_response_bytes = 64 * 1024;
-  /// The claim implementation. Default kSetNxGet: ~1.4× the throughput of the script at one
-  /// client (docs/redis_guard.md, bench/guard.sh); needs Redis ≥ 7.0, else use kLuaScript.
+  /// The claim implementation. Default kSetNxGet: one native command, up to ~1.5× the script's
+  /// throughput when Redis' CPU is the limit, equal otherwise (docs/redis_guard.md,
+  /// bench/guard.sh); needs Redis ≥ 7.0, else use kLuaScript.
   ClaimMethod claim_method = ClaimMethod::kSetNxGet;
 };
 
