@@ -249,15 +249,13 @@ struct RedisGuard::Impl {
   // One claim, routed and checked: nil (first) or the existing record.
   ReplyPtr claim_one(std::string_view key, std::string_view record) {
     return with_connection(key, [&](Connection& connection) {
-      append_claim(connection, key, record);
-      ReplyPtr reply = connection.read_reply();
-      if (reply->type == REDIS_REPLY_ERROR && detail::reply_error_is(*reply, "NOSCRIPT")) {
-        load(connection, claim_script);
-        append_claim(connection, key, record);
-        reply = connection.read_reply();
+      if (options.claim_method == ClaimMethod::kLuaScript) {
+        return eval(connection, claim_script, std::array<std::string_view, 3>{key, record, lease_ms});
       }
+      ReplyPtr reply =
+          connection.command(std::array<std::string_view, 7>{"SET", key, record, "NX", "PX", lease_ms, "GET"});
       require_set_nx_get_support(*reply);
-      return checked(std::move(reply), "claim");
+      return checked(std::move(reply), "SET NX GET");
     });
   }
 
