@@ -5,13 +5,12 @@
 // --setup migrates the records table and creates `accounts` (1000 rows). A run prints the
 // transactions per second on stdout; every client first does one untimed warm-up transaction
 // (its connection is opened then, as pgbench excludes connection time).
-#include <pqxx/pqxx>
-
 #include <atomic>
 #include <barrier>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <pqxx/pqxx>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -43,13 +42,20 @@ Args parse(int argc, char** argv) {
       if (i + 1 >= argc) throw std::invalid_argument("missing value after " + std::string(flag));
       return argv[++i];
     };
-    if (flag == "--url") args.url = value();
-    else if (flag == "--schema") args.schema = value();
-    else if (flag == "--mode") args.mode = value();
-    else if (flag == "--clients") args.clients = std::stoi(value());
-    else if (flag == "--seconds") args.seconds = std::stod(value());
-    else if (flag == "--setup") args.setup = true;
-    else throw std::invalid_argument("unknown argument " + std::string(flag));
+    if (flag == "--url")
+      args.url = value();
+    else if (flag == "--schema")
+      args.schema = value();
+    else if (flag == "--mode")
+      args.mode = value();
+    else if (flag == "--clients")
+      args.clients = std::stoi(value());
+    else if (flag == "--seconds")
+      args.seconds = std::stod(value());
+    else if (flag == "--setup")
+      args.setup = true;
+    else
+      throw std::invalid_argument("unknown argument " + std::string(flag));
   }
   if (args.url.empty()) throw std::invalid_argument("--url is required");
   if (args.mode != "claim" && args.mode != "claim_plus_update") {
@@ -93,8 +99,9 @@ double run(const Args& args) {
     clients.emplace_back([&, c] {
       std::mt19937 rng(static_cast<unsigned>(c) + 1);
       std::uniform_int_distribution<int> account(1, kAccounts);
-      const std::string prefix = "idem:" + std::to_string(c) + ":" +
-                                 std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()) + ":";
+      const std::string prefix =
+          "idem:" + std::to_string(c) + ":" +
+          std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()) + ":";
       long n = 0;
       const auto once = [&] {
         const std::string key = prefix + std::to_string(n++);

@@ -2,9 +2,8 @@
 
 #include <openssl/evp.h>
 
-#include <pqxx/pqxx>
-
 #include <array>
+#include <pqxx/pqxx>
 #include <utility>
 
 #include "idem/errors.h"
@@ -65,8 +64,10 @@ std::array<std::string, kCount> statements(const std::string& table) {
                 " (ns, key, request_id, fingerprint, expires_at)"
                 " VALUES ($1, $2, $3, $4, now() + $5::float8 * interval '1 ms')"
                 " ON CONFLICT (ns, key) DO NOTHING RETURNING 1";
-  sql[kLookup] = "SELECT state, fingerprint, request_id, response, response_sha256,"
-                 " expires_at <= now() FROM " + table + " WHERE ns = $1 AND key = $2";
+  sql[kLookup] =
+      "SELECT state, fingerprint, request_id, response, response_sha256,"
+      " expires_at <= now() FROM " +
+      table + " WHERE ns = $1 AND key = $2";
   sql[kTakeOver] = "DELETE FROM " + table + " WHERE ns = $1 AND key = $2 AND expires_at <= now()";
   // $6: the owner's request ID in non-transactional mode; NULL inside the claiming transaction.
   sql[kComplete] = "UPDATE " + table +
@@ -135,7 +136,7 @@ struct PgSink::Impl {
             return SinkClaim{};
           }
           const pqxx::result found = exec(tx, kLookup, options.ns, k);
-          if (found.empty()) continue;  // released or purged since the insert
+          if (found.empty()) continue;   // released or purged since the insert
           if (found[0][5].as<bool>()) {  // expired: take the key over
             exec(tx, kTakeOver, options.ns, k);
             continue;
@@ -242,15 +243,14 @@ SinkClaim PgSink::claim(pqxx::transaction_base& tx, std::string_view key,
                           std::chrono::seconds(impl_->options.retention)));
 }
 
-void PgSink::complete(pqxx::transaction_base& tx, std::string_view key,
-                      std::string_view response) {
+void PgSink::complete(pqxx::transaction_base& tx, std::string_view key, std::string_view response) {
   if (!impl_->complete(tx, key, response, std::nullopt)) {
     throw Error("idem: complete() without an in-progress claim of the key in this transaction");
   }
 }
 
 bool PgSink::run_business_write(pqxx::transaction_base& tx,
-                                 const std::function<void(pqxx::transaction_base&)>& write) {
+                                const std::function<void(pqxx::transaction_base&)>& write) {
   return detail::translating([&] {
     tx.exec0("SAVEPOINT idem_business_write");
     try {

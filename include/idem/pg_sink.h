@@ -53,7 +53,7 @@ struct PgSinkOptions {
   std::chrono::seconds retention{std::chrono::hours(24)};
   /// Largest response stored as is, in bytes. A larger response is not stored: only its SHA-256
   /// is kept, and a duplicate gets no body (SinkClaim::response_sha256 set instead).
-  std::size_t max_response_bytes = 64 * 1024;
+  std::size_t max_response_bytes = std::size_t{64} * 1024;
   /// Names of UNIQUE constraints on the caller's own business tables whose violation (SQLSTATE
   /// 23505) means "this operation was already done", e.g. the seed's
   /// `refund_records_idem_key_key`. See run_business_write(). Any other 23505 is an error.
@@ -62,8 +62,8 @@ struct PgSinkOptions {
 
 /// What a sink claim found.
 enum class SinkStatus {
-  kClaimed,     ///< The row was inserted in the caller's transaction: go on with the business write.
-  kDuplicate,   ///< A committed row already holds the key (see SinkClaim::state).
+  kClaimed,    ///< The row was inserted in the caller's transaction: go on with the business write.
+  kDuplicate,  ///< A committed row already holds the key (see SinkClaim::state).
   kInProgress,  ///< Another transaction holds an uncommitted claim of the key and did not finish
                 ///< within PgSinkOptions::lock_timeout. The caller's transaction is aborted by
                 ///< the cancelled wait: roll it back (transact() does so by itself).

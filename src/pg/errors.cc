@@ -26,21 +26,21 @@ PostgresError translate(const pqxx::failure& error) {
   const std::string what = std::string("idem: postgres: ") + error.what();
   if (dynamic_cast<const pqxx::in_doubt_error*>(&error) != nullptr) {
     // The connection died during COMMIT: not retryable as is, and the connection is gone.
-    return PostgresError(what + " (commit outcome unknown)", false, kConnectionLostSqlstate);
+    return {what + " (commit outcome unknown)", false, kConnectionLostSqlstate};
   }
   if (dynamic_cast<const pqxx::broken_connection*>(&error) != nullptr) {
-    return PostgresError(what, true, kConnectionLostSqlstate);
+    return {what, true, kConnectionLostSqlstate};
   }
   if (const auto* rollback = dynamic_cast<const pqxx::transaction_rollback*>(&error)) {
-    return PostgresError(what, true, rollback_sqlstate(*rollback));
+    return {what, true, rollback_sqlstate(*rollback)};
   }
   const auto* sql = dynamic_cast<const pqxx::sql_error*>(&error);
-  if (sql == nullptr || sql->sqlstate().empty()) return PostgresError(what, false);
+  if (sql == nullptr || sql->sqlstate().empty()) return {what, false};
   static constexpr std::array<std::string_view, 2> kRetryable{"55P03", "57014"};
   const std::string& state = sql->sqlstate();
   bool retryable = is_connection_loss(state);
   for (std::string_view code : kRetryable) retryable = retryable || state == code;
-  return PostgresError(what, retryable, state);
+  return {what, retryable, state};
 }
 
 }  // namespace idem::detail

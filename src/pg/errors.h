@@ -2,7 +2,6 @@
 #pragma once
 
 #include <pqxx/except>
-
 #include <string>
 #include <utility>
 
@@ -15,8 +14,8 @@ inline constexpr const char* kConnectionLostSqlstate = "08006";
 
 /// Translates a libpqxx failure. Retryable: connection loss (class 08, 57P01-57P03, 53300),
 /// any server-side rollback of class 40 (serialization failure 40001, deadlock 40P01), lock
-/// timeout (55P03), statement timeout or cancel (57014). A commit whose outcome is unknown is not retryable. A lost connection
-/// (including during a commit) carries kConnectionLostSqlstate.
+/// timeout (55P03), statement timeout or cancel (57014). A commit whose outcome is unknown is not
+/// retryable. A lost connection (including during a commit) carries kConnectionLostSqlstate.
 [[nodiscard]] PostgresError translate(const pqxx::failure& error);
 
 /// True when `sqlstate` says the connection is gone (or going): it must not be reused.

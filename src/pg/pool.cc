@@ -24,9 +24,8 @@ PgPool::~PgPool() = default;
 PgPool::Lease PgPool::borrow() {
   {
     std::unique_lock lock(mutex_);
-    const bool ready = available_.wait_for(lock, borrow_timeout_, [this] {
-      return !idle_.empty() || open_ < size_;
-    });
+    const bool ready = available_.wait_for(lock, borrow_timeout_,
+                                           [this] { return !idle_.empty() || open_ < size_; });
     if (!ready) {
       throw PostgresError("idem: postgres: no pooled connection free within the borrow timeout",
                           true);
@@ -34,14 +33,14 @@ PgPool::Lease PgPool::borrow() {
     if (!idle_.empty()) {
       auto conn = std::move(idle_.back());
       idle_.pop_back();
-      return Lease(*this, std::move(conn));
+      return {*this, std::move(conn)};
     }
     ++open_;  // reserve the slot; connect outside the lock
   }
   try {
     auto conn = translating([this] { return std::make_unique<pqxx::connection>(conninfo_); });
     translating([&] { setup_(*conn); });
-    return Lease(*this, std::move(conn));
+    return {*this, std::move(conn)};
   } catch (...) {
     give_back(nullptr, false);
     throw;

@@ -1,14 +1,13 @@
 // A bounded, thread-safe pool of libpqxx connections.
 #pragma once
 
-#include <pqxx/connection>
-
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <pqxx/connection>
 #include <string>
 #include <vector>
 

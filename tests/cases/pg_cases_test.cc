@@ -2,10 +2,9 @@
 // real PostgreSQL (IDEM_TEST_PG_URL), each test in its own schema.
 #include <gtest/gtest.h>
 
-#include <pqxx/pqxx>
-
 #include <future>
 #include <memory>
+#include <pqxx/pqxx>
 #include <string>
 #include <thread>
 
@@ -28,9 +27,11 @@ class Cases : public ::testing::Test {
     schema_->exec("CREATE TABLE " + table("refunds") +
                   " (idem_key text NOT NULL CONSTRAINT refunds_idem_key_key UNIQUE,"
                   "  amount bigint NOT NULL);"
-                  "CREATE TABLE " + table("accounts") +
+                  "CREATE TABLE " +
+                  table("accounts") +
                   " (id bigint PRIMARY KEY, balance bigint NOT NULL);"
-                  "INSERT INTO " + table("accounts") + " VALUES (1, 0)");
+                  "INSERT INTO " +
+                  table("accounts") + " VALUES (1, 0)");
   }
 
   [[nodiscard]] std::string table(const std::string& name) const {
@@ -87,7 +88,8 @@ class Cases : public ::testing::Test {
 // The next statement on the (only) pooled connection must succeed: nothing left it aborted.
 void expect_connection_usable(PgSink& sink) {
   std::int64_t one = 0;
-  sink.transact([&](pqxx::transaction_base& tx) { one = tx.exec1("SELECT 1")[0].as<std::int64_t>(); });
+  sink.transact(
+      [&](pqxx::transaction_base& tx) { one = tx.exec1("SELECT 1")[0].as<std::int64_t>(); });
   EXPECT_EQ(one, 1);
 }
 
@@ -121,8 +123,9 @@ TEST_F(Cases, C11_UniqueViolationNeverPoisonsTheTransactionOrThePool) {
   // Another table's 23505 is an error, not a duplicate.
   try {
     sink->transact([&](pqxx::transaction_base& tx) {
-      ASSERT_EQ(sink->claim(tx, IdempotencyKey{"u1", "open", "acct-1"}.encode(), "req-4", "fp").status,
-                SinkStatus::kClaimed);
+      ASSERT_EQ(
+          sink->claim(tx, IdempotencyKey{"u1", "open", "acct-1"}.encode(), "req-4", "fp").status,
+          SinkStatus::kClaimed);
       (void)sink->run_business_write(tx, [&](pqxx::transaction_base& w) {
         w.exec0("INSERT INTO " + table("accounts") + " VALUES (1, 0)");
       });

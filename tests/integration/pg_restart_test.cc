@@ -2,10 +2,9 @@
 // typed errors, nothing marked complete, and the pool recovers afterwards.
 #include <gtest/gtest.h>
 
-#include <pqxx/pqxx>
-
 #include <atomic>
 #include <future>
+#include <pqxx/pqxx>
 #include <string>
 #include <thread>
 #include <vector>
@@ -44,9 +43,8 @@ TEST(PgRestart, TypedErrorNothingCompletedAndThePoolRecovers) {
   options.pool_size = kPoolSize;
   PgSink sink(options);
   sink.migrate();
-  sink.transact([](pqxx::transaction_base& tx) {
-    tx.exec0("CREATE TABLE ledger (order_id text NOT NULL)");
-  });
+  sink.transact(
+      [](pqxx::transaction_base& tx) { tx.exec0("CREATE TABLE ledger (order_id text NOT NULL)"); });
 
   // Fill the pool: kPoolSize connections in use at once, all idle afterwards.
   std::vector<std::thread> fillers;

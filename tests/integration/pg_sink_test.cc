@@ -1,12 +1,13 @@
 // The Postgres sink against a real PostgreSQL (IDEM_TEST_PG_URL), each test in its own schema.
-#include <gtest/gtest.h>
+#include "idem/pg_sink.h"
 
-#include <pqxx/pqxx>
+#include <gtest/gtest.h>
 
 #include <atomic>
 #include <barrier>
 #include <future>
 #include <memory>
+#include <pqxx/pqxx>
 #include <regex>
 #include <stdexcept>
 #include <string>
@@ -14,7 +15,6 @@
 #include <vector>
 
 #include "idem/errors.h"
-#include "idem/pg_sink.h"
 #include "pg_server.h"
 #include "test_env.h"
 
@@ -85,8 +85,8 @@ TEST_F(PgSinkTest, ThirtyTwoThreadsRacingOneKeyCommitExactlyOneBusinessRow) {
       while (!go.load()) std::this_thread::yield();
       const SinkClaim answer = run_once(*sink, "u1:refund:order-7", "req-" + std::to_string(i));
       if (answer.status == SinkStatus::kClaimed) ++claimed;
-      if (answer.status == SinkStatus::kDuplicate &&
-          answer.state == RecordState::kCompleted && answer.response.has_value()) {
+      if (answer.status == SinkStatus::kDuplicate && answer.state == RecordState::kCompleted &&
+          answer.response.has_value()) {
         ++duplicates;
       }
     });
@@ -136,7 +136,6 @@ TEST_F(PgSinkTest, NamespacesKeepTheSameKeyApart) {
   EXPECT_EQ(run_once(*sink, "k3", "req-a").status, SinkStatus::kClaimed);
   EXPECT_EQ(ledger_rows(), 2);
 }
-
 
 TEST_F(PgSinkTest, ClaimAgainstAnOpenTransactionAnswersInProgressWithinTheLockTimeout) {
   PgSinkOptions opts = options();
@@ -202,7 +201,8 @@ TEST_F(PgSinkTest, NonTransactionalClaimCompleteAndRelease) {
 }
 
 TEST_F(PgSinkTest, AnExpiredRowIsTakenOverAndPurgedInBatches) {
-  for (int i = 0; i < 5; ++i) ASSERT_EQ(sink_->claim("e" + std::to_string(i), "r", "").status, SinkStatus::kClaimed);
+  for (int i = 0; i < 5; ++i)
+    ASSERT_EQ(sink_->claim("e" + std::to_string(i), "r", "").status, SinkStatus::kClaimed);
   ASSERT_EQ(sink_->claim("live", "r", "").status, SinkStatus::kClaimed);
   schema_->exec("UPDATE " + schema_->name() +
                 ".idem_records SET expires_at = now() - interval '1 second' WHERE key <> 'live'");
@@ -227,7 +227,8 @@ TEST_F(PgSinkTest, ResponsesOverTheCapKeepOnlyTheirSha256) {
   const SinkClaim big = sink->claim("big", "r", "");
   EXPECT_EQ(big.state, RecordState::kCompleted);
   EXPECT_FALSE(big.response.has_value());
-  EXPECT_EQ(big.response_sha256, "88d4266fd4e6338d13b845fcf289579d209c897823b9217da3e161936f031589");
+  EXPECT_EQ(big.response_sha256,
+            "88d4266fd4e6338d13b845fcf289579d209c897823b9217da3e161936f031589");
 }
 
 TEST_F(PgSinkTest, MigrateIsIdempotentAndSafeConcurrently) {
@@ -251,9 +252,10 @@ TEST_F(PgSinkTest, MigrateIsIdempotentAndSafeConcurrently) {
   EXPECT_EQ(schema_->count("SELECT count(*) FROM pg_indexes WHERE schemaname = '" + opts.schema +
                            "' AND indexname = 'idem_records_expires_at_idx'"),
             1);
-  EXPECT_EQ(schema_->count("SELECT count(*) FROM information_schema.columns WHERE table_schema = '" +
-                           opts.schema + "' AND column_name IN ('ns', 'key') AND is_nullable = 'NO'"),
-            2);
+  EXPECT_EQ(
+      schema_->count("SELECT count(*) FROM information_schema.columns WHERE table_schema = '" +
+                     opts.schema + "' AND column_name IN ('ns', 'key') AND is_nullable = 'NO'"),
+      2);
   schema_->exec("DROP SCHEMA " + opts.schema + " CASCADE");
 }
 
@@ -272,7 +274,9 @@ TEST_F(PgSinkTest, ATerminatedConnectionIsNeverHandedOutAgain) {
   opts.pool_size = 1;
   auto sink = make_sink(opts);
   std::int64_t pid = 0;
-  sink->transact([&](pqxx::transaction_base& tx) { pid = tx.exec1("SELECT pg_backend_pid()")[0].as<std::int64_t>(); });
+  sink->transact([&](pqxx::transaction_base& tx) {
+    pid = tx.exec1("SELECT pg_backend_pid()")[0].as<std::int64_t>();
+  });
   schema_->exec("SELECT pg_terminate_backend(" + std::to_string(pid) + ")");
   try {
     sink->transact([](pqxx::transaction_base& tx) { tx.exec("SELECT 1"); });
@@ -280,7 +284,9 @@ TEST_F(PgSinkTest, ATerminatedConnectionIsNeverHandedOutAgain) {
     EXPECT_TRUE(error.retryable()) << error.what();  // the loss may also be noticed only later
   }
   std::int64_t next = 0;
-  sink->transact([&](pqxx::transaction_base& tx) { next = tx.exec1("SELECT pg_backend_pid()")[0].as<std::int64_t>(); });
+  sink->transact([&](pqxx::transaction_base& tx) {
+    next = tx.exec1("SELECT pg_backend_pid()")[0].as<std::int64_t>();
+  });
   EXPECT_NE(next, pid);
 }
 
@@ -289,8 +295,10 @@ TEST_F(PgSinkTest, DeadlockIsARetryablePostgresError) {
   opts.lock_timeout = std::chrono::milliseconds(0);  // let the deadlock detector decide
   auto sink = make_sink(opts);
   const std::string accounts = schema_->name() + ".accounts";
-  schema_->exec("CREATE TABLE " + accounts + " (id int PRIMARY KEY, n int NOT NULL);"
-                "INSERT INTO " + accounts + " VALUES (1, 0), (2, 0)");
+  schema_->exec("CREATE TABLE " + accounts +
+                " (id int PRIMARY KEY, n int NOT NULL);"
+                "INSERT INTO " +
+                accounts + " VALUES (1, 0), (2, 0)");
   std::barrier both_hold_one(2);
   std::atomic<int> deadlocks{0};
   const auto transfer = [&](int first, int second) {

@@ -5,12 +5,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <pqxx/pqxx>
-
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
 #include <filesystem>
+#include <pqxx/pqxx>
 #include <stdexcept>
 #include <thread>
 
@@ -19,6 +18,7 @@
 // libpqxx 6.4 leaks one PGresult (2 KB) when a connection breaks under a query; the tests that
 // terminate or restart the server hit it. Not idem's allocation: suppressed for LeakSanitizer
 // builds (the hook is unused otherwise).
+// NOLINTNEXTLINE(bugprone-reserved-identifier): the name LeakSanitizer looks up.
 extern "C" const char* __lsan_default_suppressions() { return "leak:libpqxx-6.4.so\n"; }
 
 namespace idem::test {
@@ -121,7 +121,8 @@ void PgServer::stop() {
 }
 
 void PgServer::run_as_owner(const std::string& command) const {
-  const std::string line = ::geteuid() == 0 ? "su postgres -s /bin/sh -c '" + command + "'" : command;
+  const std::string line =
+      ::geteuid() == 0 ? "su postgres -s /bin/sh -c '" + command + "'" : command;
   if (std::system(line.c_str()) != 0) throw std::runtime_error("pg_server: failed: " + command);
 }
 

@@ -1,8 +1,9 @@
 // Pure helpers of the Postgres sink: quoting, the migration script, constraint recognition.
+#include "idem/pg_sql.h"
+
 #include <gtest/gtest.h>
 
 #include "idem/errors.h"
-#include "idem/pg_sql.h"
 #include "pg/sql.h"
 
 namespace idem::detail {
@@ -23,12 +24,14 @@ TEST(PgSql, SubstituteNamesQuotesEachVariable) {
   const auto names = SchemaNames::for_table("my schema", "t\"x");
   EXPECT_EQ(names.versions, "t\"x_versions");
   EXPECT_EQ(names.expires_index, "t\"x_expires_at_idx");
-  EXPECT_EQ(substitute_names("CREATE INDEX :\"expires_index\" ON :\"schema\".:\"table\"; :x", names),
-            "CREATE INDEX \"t\"\"x_expires_at_idx\" ON \"my schema\".\"t\"\"x\"; :x");
+  EXPECT_EQ(
+      substitute_names("CREATE INDEX :\"expires_index\" ON :\"schema\".:\"table\"; :x", names),
+      "CREATE INDEX \"t\"\"x_expires_at_idx\" ON \"my schema\".\"t\"\"x\"; :x");
 }
 
 TEST(PgSql, SplitMigrationsSeparatesPreambleAndSteps) {
-  const auto script = split_migrations("CREATE a;\n-- idem:migration 1\nB;\n-- idem:migration 3\nC;\n");
+  const auto script =
+      split_migrations("CREATE a;\n-- idem:migration 1\nB;\n-- idem:migration 3\nC;\n");
   EXPECT_EQ(script.preamble, "CREATE a;\n");
   ASSERT_EQ(script.steps.size(), 2U);
   EXPECT_EQ(script.steps[0].version, 1);
@@ -65,10 +68,10 @@ TEST(PgSql, NamesConstraintMatchesWholeIdentifiersOnThePrimaryLineOnly) {
   EXPECT_FALSE(names_constraint(
       "ERROR:  duplicate key value violates unique constraint \"refund_records_idem_key_key2\"",
       ours));
-  EXPECT_FALSE(names_constraint(
-      "ERROR:  duplicate key value violates unique constraint \"accounts_pkey\"\n"
-      "DETAIL:  Key (id)=(refund_records_idem_key_key) already exists.\n",
-      ours));
+  EXPECT_FALSE(
+      names_constraint("ERROR:  duplicate key value violates unique constraint \"accounts_pkey\"\n"
+                       "DETAIL:  Key (id)=(refund_records_idem_key_key) already exists.\n",
+                       ours));
   EXPECT_FALSE(names_constraint("anything", {}));
 }
 
