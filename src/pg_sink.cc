@@ -200,13 +200,19 @@ PgSink::~PgSink() = default;
 void PgSink::migrate() {
   const detail::MigrationScript script =
       detail::split_migrations(detail::substitute_names(detail::kSchemaScript, impl_->names));
-  const std::string versions = detail::quote_identifier(impl_->names.schema) + "." +
-                               detail::quote_identifier(impl_->names.versions);
+  const std::string schema = detail::quote_identifier(impl_->names.schema);
+  const std::string versions = schema + "." + detail::quote_identifier(impl_->names.versions);
   impl_->with_connection([&](pqxx::connection& conn) {
     pqxx::work tx(conn);
     tx.exec_params("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
                    "idem.migrate:" + impl_->names.schema + "." + impl_->names.table);
-    tx.exec(script.preamble);
+    // Skipped when present: CREATE … IF NOT EXISTS still demands the CREATE privilege.
+    if (tx.exec_params1("SELECT to_regnamespace($1) IS NULL", schema)[0].as<bool>()) {
+      tx.exec("CREATE SCHEMA IF NOT EXISTS " + schema);
+    }
+    if (tx.exec_params1("SELECT to_regclass($1) IS NULL", versions)[0].as<bool>()) {
+      tx.exec(script.preamble);
+    }
     const int current = tx.exec1("SELECT coalesce(max(version), 0) FROM " + versions)[0].as<int>();
     for (const auto& step : script.steps) {
       if (step.version > current) tx.exec(step.sql);

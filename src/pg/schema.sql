@@ -6,13 +6,14 @@
 --   :"table"          PgSinkOptions::table                        (default idem_records)
 --   :"versions"       <table>_versions: which migrations ran
 --   :"expires_index"  <table>_expires_at_idx
--- A DBA can apply it by hand, in one transaction, with the same names:
+-- A DBA can apply it by hand, in one transaction, with the same names, once the schema exists:
 --   psql -1 -v schema=public -v table=idem_records -v versions=idem_records_versions \
 --        -v expires_index=idem_records_expires_at_idx -f schema.sql
--- Every statement is idempotent. migrate() runs the preamble, then each "-- idem:migration N"
--- block whose N is above the highest version recorded. New blocks are appended, never edited.
+-- Every statement is idempotent. migrate() creates the schema when it is missing, runs the
+-- preamble when the versions table is missing, then each "-- idem:migration N" block whose N is
+-- above the highest version recorded; so once everything is applied, migrate() needs no CREATE
+-- privilege. New blocks are appended, never edited.
 
-CREATE SCHEMA IF NOT EXISTS :"schema";
 CREATE TABLE IF NOT EXISTS :"schema".:"versions" (
   version    integer     PRIMARY KEY,
   applied_at timestamptz NOT NULL DEFAULT now()

@@ -2,6 +2,7 @@
 #include "idem/pg_sink.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <barrier>
@@ -257,6 +258,27 @@ TEST_F(PgSinkTest, MigrateIsIdempotentAndSafeConcurrently) {
                      opts.schema + "' AND column_name IN ('ns', 'key') AND is_nullable = 'NO'"),
       2);
   schema_->exec("DROP SCHEMA " + opts.schema + " CASCADE");
+}
+
+TEST_F(PgSinkTest, OnceMigratedMigrateNeedsNoCreatePrivilege) {
+  std::smatch url;
+  static const std::regex kUser(R"((postgres(?:ql)?://)[^@:/]+@(.*))");
+  if (!std::regex_match(url_, url, kUser)) GTEST_SKIP() << "URL without a user name";
+  const std::string role = "idem_app_" + std::to_string(::getpid());  // cluster-wide: short
+  const std::string table = schema_->name() + ".idem_records";
+  schema_->exec("CREATE ROLE " + role + " LOGIN; GRANT USAGE ON SCHEMA " + schema_->name() +
+                " TO " + role + "; GRANT SELECT, INSERT, UPDATE, DELETE ON " + table + ", " +
+                table + "_versions, " + schema_->name() + ".ledger TO " + role);
+  PgSinkOptions opts = options();
+  opts.conninfo = url[1].str() + role + "@" + url[2].str();
+  try {
+    PgSink app(opts);
+    app.migrate();  // already at the current version: no DDL, no CREATE privilege needed
+    EXPECT_EQ(run_once(app, "k11", "req-a").status, SinkStatus::kClaimed);
+  } catch (const std::exception& error) {
+    ADD_FAILURE() << error.what();
+  }
+  schema_->exec("DROP OWNED BY " + role + "; DROP ROLE " + role);
 }
 
 TEST_F(PgSinkTest, QuotedNamesAreSafe) {
