@@ -342,7 +342,8 @@ std::vector<ClaimResult> RedisGuard::claim_batch(const std::vector<ClaimRequest>
         .push_back(i);
   }
   std::vector<ReplyPtr> replies(count);
-  for (const auto& [node, indices] : groups) {
+  for (const auto& entry : groups) {
+    const std::vector<std::size_t>& indices = entry.second;  // clang 14 cannot capture a structured binding
     std::vector<ReplyPtr> group = impl_->with_connection(keys[indices.front()], [&](Connection& connection) {
       return impl_->pipeline_claims(connection, keys, records, indices);
     });
