@@ -23,6 +23,7 @@ install(FILES ${PROJECT_BINARY_DIR}/idem-config.cmake ${PROJECT_BINARY_DIR}/idem
 # idem.pc finds its prefix relative to itself, so `cmake --install --prefix` relocates it. A static
 # libidem needs its dependencies on every link line (Requires); a shared one only privately.
 file(RELATIVE_PATH IDEM_PC_TO_PREFIX /p/${CMAKE_INSTALL_LIBDIR}/pkgconfig /p)
+string(REGEX REPLACE "/$" "" IDEM_PC_TO_PREFIX "${IDEM_PC_TO_PREFIX}")
 if(BUILD_SHARED_LIBS)
   set(IDEM_PC_REQUIRES "Requires.private")
 else()
