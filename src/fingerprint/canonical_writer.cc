@@ -50,13 +50,14 @@ constexpr char kHexDigits[] = "0123456789abcdef";
 #if defined(__SSE2__)
 constexpr std::size_t kChunk = 16;
 constexpr int kHitBitsPerByte = 1;
-std::uint64_t chunk_hits(const unsigned char* p, bool ascii) {
+template <bool kAscii>
+std::uint64_t chunk_hits(const unsigned char* p) {
   const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   __m128i hits = _mm_or_si128(_mm_cmpeq_epi8(bytes, _mm_set1_epi8('"')),
                               _mm_cmpeq_epi8(bytes, _mm_set1_epi8('\\')));
   hits = _mm_or_si128(hits,
                       _mm_cmpeq_epi8(_mm_min_epu8(bytes, _mm_set1_epi8(0x1F)), bytes));  // <= 0x1F
-  if (ascii)
+  if constexpr (kAscii)
     hits = _mm_or_si128(
         hits, _mm_cmpeq_epi8(_mm_max_epu8(bytes, _mm_set1_epi8(0x7F)), bytes));  // >= 0x7F
   return static_cast<std::uint32_t>(_mm_movemask_epi8(hits));
@@ -70,12 +71,14 @@ constexpr std::uint64_t has_byte(std::uint64_t word, unsigned char byte) {
   const std::uint64_t x = word ^ (kOnes * byte);
   return (x - kOnes) & ~x & kHighBits;
 }
-std::uint64_t chunk_hits(const unsigned char* p, bool ascii) {
+template <bool kAscii>
+std::uint64_t chunk_hits(const unsigned char* p) {
   std::uint64_t word;
   std::memcpy(&word, p, sizeof word);
   const std::uint64_t hits =
       ((word - kOnes * 0x20) & ~word & kHighBits) | has_byte(word, '"') | has_byte(word, '\\');
-  return ascii ? hits | (word & kHighBits) | has_byte(word, 0x7F) : hits;
+  if constexpr (kAscii) return hits | (word & kHighBits) | has_byte(word, 0x7F);
+  return hits;
 }
 #endif
 
@@ -185,17 +188,29 @@ struct KeyLess {
   }
 };
 
-// Sorts `members` by key unless they are in strictly increasing order already; throws on a
-// duplicate name.
+// Sorts `members` by key (insertion sort for the usual small objects: no work when they are
+// in order already); throws on a duplicate name.
 template <CanonicalForm kForm, class Iterator>
 void sort_members(Iterator first, Iterator last) {
+  constexpr std::ptrdiff_t kInsertionSortMax = 24;
   const KeyLess<kForm> less;
-  if (std::adjacent_find(first, last, [&](const auto& a, const auto& b) { return !less(a, b); }) ==
-      last)
-    return;
-  std::sort(first, last, less);
-  if (std::adjacent_find(first, last,
-                         [](const auto& a, const auto& b) { return a.key == b.key; }) != last) {
+  if (last - first > kInsertionSortMax) {
+    std::sort(first, last, less);
+  } else {
+    for (auto i = first + 1; i < last; ++i) {
+      if (less(*(i - 1), *i)) continue;
+      const auto member = *i;
+      auto j = i;
+      do {
+        *j = *(j - 1);
+        --j;
+      } while (j != first && less(member, *(j - 1)));
+      *j = member;
+    }
+  }
+  if (std::adjacent_find(first, last, [](const auto& a, const auto& b) {
+        return a.head == b.head && a.key == b.key;
+      }) != last) {
     throw PayloadError("duplicate JSON member name");
   }
 }
@@ -260,6 +275,36 @@ bool rewrite_wide_integers(char* text, std::size_t size) {
   return rewrote;
 }
 
+// Writes `text` quoted, in the form's escaping, at `out` (room for 6 * size + 2 + kChunk
+// bytes); returns the end. Works a chunk at a time: `text` lies in simdjson's string buffer,
+// which has SIMDJSON_PADDING readable bytes after every string, so the last chunk may read past
+// its end (those bytes are masked off and overwritten).
+template <CanonicalForm kForm>
+char* write_string(char* out, std::string_view text) {
+  constexpr bool kAscii = kForm == CanonicalForm::kPythonJsonDumps;
+  const std::array<char, 256>& escapes = kAscii ? kAsciiEscapes : kRfcEscapes;
+  *out++ = '"';
+  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
+  const auto* const end = p + text.size();
+  while (p < end) {
+    std::memcpy(out, p, kChunk);
+    const auto valid = static_cast<std::size_t>(std::min<std::ptrdiff_t>(end - p, kChunk));
+    std::uint64_t hits = chunk_hits<kAscii>(p);
+    if (valid < kChunk) hits &= (std::uint64_t{1} << (kHitBitsPerByte * valid)) - 1;
+    if (hits == 0) {
+      out += valid;
+      p += valid;
+      continue;
+    }
+    const auto clean = static_cast<std::size_t>(std::countr_zero(hits) / kHitBitsPerByte);
+    out += clean;
+    p += clean;
+    out = write_escape(out, p, escapes[*p]);
+  }
+  *out++ = '"';
+  return out;
+}
+
 }  // namespace
 
 bool utf16_less(std::string_view a, std::string_view b) noexcept {
@@ -302,7 +347,11 @@ std::string_view CanonicalWriter::write(std::string_view json, const Options& op
   const SelectionNode* node = selection != nullptr ? &selection->root() : nullptr;
   const bool selected =
       selection == nullptr || !selection->has_includes() || pick(node, false) == Pick::kWrite;
-  write_value(1, 0, node, selected);  // tape[0] is the root word
+  if (options.form == CanonicalForm::kRfc8785) {  // tape[0] is the root word
+    write_value<CanonicalForm::kRfc8785>(1, 0, node, selected);
+  } else {
+    write_value<CanonicalForm::kPythonJsonDumps>(1, 0, node, selected);
+  }
   if (options.absent_include_is_error) {
     for (std::size_t id = 0; id < include_hits_.size(); ++id) {
       if (!include_hits_[id]) {
@@ -326,6 +375,7 @@ CanonicalWriter::Pick CanonicalWriter::pick(const SelectionNode* child, bool sel
   return selected ? Pick::kWrite : Pick::kProbe;  // kept if something inside is selected
 }
 
+template <CanonicalForm kForm>
 bool CanonicalWriter::write_entry(const std::string_view* key, std::size_t value, std::size_t depth,
                                   const SelectionNode* child, bool selected, bool first) {
   const Pick choice = pick(child, selected);
@@ -337,11 +387,11 @@ bool CanonicalWriter::write_entry(const std::string_view* key, std::size_t value
   char* out = reserve(key != nullptr ? 6 * key->size() + 4 + kChunk : 1);
   if (!first) *out++ = ',';
   if (key != nullptr) {
-    out = write_string(out, *key);
+    out = write_string<kForm>(out, *key);
     *out++ = ':';
   }
   commit(out);
-  write_value(value, depth, child, choice == Pick::kWrite);
+  write_value<kForm>(value, depth, child, choice == Pick::kWrite);
   if (choice == Pick::kProbe && selected_values_ == selected_before) {
     size_ = mark;
     return false;
@@ -349,18 +399,19 @@ bool CanonicalWriter::write_entry(const std::string_view* key, std::size_t value
   return true;
 }
 
+template <CanonicalForm kForm>
 std::size_t CanonicalWriter::write_value(std::size_t index, std::size_t depth,
                                          const SelectionNode* node, bool selected) {
   if (selected) ++selected_values_;
   const std::uint64_t word = tape_[index];
   switch (tape_type(word)) {
     case '{':
-      return write_object(index, depth + 1, node, selected);
+      return write_object<kForm>(index, depth + 1, node, selected);
     case '[':
-      return write_array(index, depth + 1, node, selected);
+      return write_array<kForm>(index, depth + 1, node, selected);
     case '"': {
       const std::string_view text = tape_string(strings_, word);
-      commit(write_string(reserve(6 * text.size() + 2 + kChunk), text));
+      commit(write_string<kForm>(reserve(6 * text.size() + 2 + kChunk), text));
       return index + 1;
     }
     case 'l': {
@@ -376,8 +427,8 @@ std::size_t CanonicalWriter::write_value(std::size_t index, std::size_t depth,
     case 'd': {
       char* out = reserve(kMaxNumberText);
       const auto number = std::bit_cast<double>(tape_[index + 1]);
-      commit(options_.form == CanonicalForm::kRfc8785 ? write_ecmascript_number(out, number)
-                                                      : write_python_float(out, number));
+      commit(kForm == CanonicalForm::kRfc8785 ? write_ecmascript_number(out, number)
+                                              : write_python_float(out, number));
       return index + 2;
     }
     case 't':
@@ -392,24 +443,18 @@ std::size_t CanonicalWriter::write_value(std::size_t index, std::size_t depth,
   }
 }
 
+template <CanonicalForm kForm>
 std::size_t CanonicalWriter::write_object(std::size_t index, std::size_t depth,
                                           const SelectionNode* node, bool selected) {
   if (depth > options_.max_depth) throw PayloadError("JSON nesting deeper than the limit");
   const std::size_t end = tape_payload(tape_[index]) & 0xFFFFFFFF;  // index after the matching '}'
   const std::size_t begin = members_.size();
-  const bool rfc = options_.form == CanonicalForm::kRfc8785;
   for (std::size_t i = index + 1; i + 1 < end; i = tape_after(tape_, i + 1)) {
     const std::string_view key = tape_string(strings_, tape_[i]);
-    members_.push_back({rfc ? key_head<CanonicalForm::kRfc8785>(key)
-                            : key_head<CanonicalForm::kPythonJsonDumps>(key),
-                        key, i + 1});
+    members_.push_back({key_head<kForm>(key), key, i + 1});
   }
   const auto first = members_.begin() + static_cast<std::ptrdiff_t>(begin);
-  if (options_.form == CanonicalForm::kRfc8785) {
-    sort_members<CanonicalForm::kRfc8785>(first, members_.end());
-  } else {
-    sort_members<CanonicalForm::kPythonJsonDumps>(first, members_.end());
-  }
+  sort_members<kForm>(first, members_.end());
   *reserve(1) = '{', ++size_;
   bool empty = true;
   for (std::size_t i = begin; i < members_.size(); ++i) {
@@ -417,13 +462,13 @@ std::size_t CanonicalWriter::write_object(std::size_t index, std::size_t depth,
     if (node == nullptr) {              // no selection below here: write everything
       char* out = reserve(6 * member.key.size() + 4 + kChunk);
       if (!empty) *out++ = ',';
-      out = write_string(out, member.key);
+      out = write_string<kForm>(out, member.key);
       *out++ = ':';
       commit(out);
-      write_value(member.value, depth, nullptr, true);
+      write_value<kForm>(member.value, depth, nullptr, true);
       empty = false;
-    } else if (write_entry(&member.key, member.value, depth, node->child(member.key), selected,
-                           empty)) {
+    } else if (write_entry<kForm>(&member.key, member.value, depth, node->child(member.key),
+                                  selected, empty)) {
       empty = false;
     }
   }
@@ -432,6 +477,7 @@ std::size_t CanonicalWriter::write_object(std::size_t index, std::size_t depth,
   return end;
 }
 
+template <CanonicalForm kForm>
 std::size_t CanonicalWriter::write_array(std::size_t index, std::size_t depth,
                                          const SelectionNode* node, bool selected) {
   if (depth > options_.max_depth) throw PayloadError("JSON nesting deeper than the limit");
@@ -442,7 +488,7 @@ std::size_t CanonicalWriter::write_array(std::size_t index, std::size_t depth,
   for (std::size_t i = index + 1; i + 1 < end; ++position) {
     if (node == nullptr) {  // no selection below here: write everything
       if (!empty) *reserve(1) = ',', ++size_;
-      i = write_value(i, depth, nullptr, true);
+      i = write_value<kForm>(i, depth, nullptr, true);
       empty = false;
       continue;
     }
@@ -450,40 +496,11 @@ std::size_t CanonicalWriter::write_array(std::size_t index, std::size_t depth,
     const auto token_end = std::to_chars(token, token + sizeof token, position).ptr;
     const SelectionNode* child =
         node->child(std::string_view(token, static_cast<std::size_t>(token_end - token)));
-    if (write_entry(nullptr, i, depth, child, selected, empty)) empty = false;
+    if (write_entry<kForm>(nullptr, i, depth, child, selected, empty)) empty = false;
     i = tape_after(tape_, i);
   }
   *reserve(1) = ']', ++size_;
   return end;
-}
-
-// Writes `text` quoted, in the form's escaping, at `out` (room for 6 * size + 2 + kChunk
-// bytes); returns the end. Works a chunk at a time: `text` lies in simdjson's string buffer,
-// which has SIMDJSON_PADDING readable bytes after every string, so the last chunk may read past
-// its end (those bytes are masked off and overwritten).
-char* CanonicalWriter::write_string(char* out, std::string_view text) const {
-  const bool ascii = options_.form == CanonicalForm::kPythonJsonDumps;
-  const std::array<char, 256>& escapes = ascii ? kAsciiEscapes : kRfcEscapes;
-  *out++ = '"';
-  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
-  const auto* const end = p + text.size();
-  while (p < end) {
-    std::memcpy(out, p, kChunk);
-    const auto valid = static_cast<std::size_t>(std::min<std::ptrdiff_t>(end - p, kChunk));
-    std::uint64_t hits = chunk_hits(p, ascii);
-    if (valid < kChunk) hits &= (std::uint64_t{1} << (kHitBitsPerByte * valid)) - 1;
-    if (hits == 0) {
-      out += valid;
-      p += valid;
-      continue;
-    }
-    const auto clean = static_cast<std::size_t>(std::countr_zero(hits) / kHitBitsPerByte);
-    out += clean;
-    p += clean;
-    out = write_escape(out, p, escapes[*p]);
-  }
-  *out++ = '"';
-  return out;
 }
 
 }  // namespace idem::detail

@@ -47,18 +47,22 @@ class CanonicalWriter {
   enum class Pick { kDrop, kWrite, kProbe };
 
   [[nodiscard]] Pick pick(const SelectionNode* child, bool selected);
+  // The writers are templates on the form, so that its choices cost nothing per value.
   // Writes `key:` (unless null) and the value at tape index `value` when the selection keeps
   // it; false when dropped.
+  template <CanonicalForm kForm>
   bool write_entry(const std::string_view* key, std::size_t value, std::size_t depth,
                    const SelectionNode* child, bool selected, bool first);
   // Each writes the value at tape index `index` and returns the index after it.
+  template <CanonicalForm kForm>
   std::size_t write_value(std::size_t index, std::size_t depth, const SelectionNode* node,
                           bool selected);
+  template <CanonicalForm kForm>
   std::size_t write_object(std::size_t index, std::size_t depth, const SelectionNode* node,
                            bool selected);
+  template <CanonicalForm kForm>
   std::size_t write_array(std::size_t index, std::size_t depth, const SelectionNode* node,
                           bool selected);
-  char* write_string(char* out, std::string_view text) const;
 
   // Room for `extra` more output bytes; returns where they go.
   char* reserve(std::size_t extra) {
