@@ -2,8 +2,10 @@
 
 #include <charconv>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 
 namespace idem::detail {
 namespace {
@@ -15,7 +17,33 @@ struct Decimal {
   int point = 0;
 };
 
+// The common case without a general shortest-digits search: `value` is m / 10^k for an integer
+// m < 10^15 and k <= 22. Both are exact doubles, so the division is correctly rounded, exactly
+// as a parser reads the decimal m·10^-k: that decimal round-trips. Two decimals of at most 15
+// significant digits (DBL_DIG) never round to one double, so it is also the shortest round trip
+// (after dropping trailing zeros). std::nullopt when no such m, k exists.
+std::optional<Decimal> short_decimal(double value) {
+  static constexpr double kPowersOfTen[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,
+                                            1e8,  1e9,  1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
+                                            1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+  constexpr double kMaxMantissa = 1e15;
+  for (int k = 0; k < static_cast<int>(std::size(kPowersOfTen)); ++k) {
+    const double scaled = value * kPowersOfTen[k];
+    if (scaled >= kMaxMantissa) return std::nullopt;
+    const auto mantissa = static_cast<std::uint64_t>(scaled + 0.5);
+    if (mantissa == 0 || static_cast<double>(mantissa) / kPowersOfTen[k] != value) continue;
+    Decimal d;
+    d.count = static_cast<int>(std::to_chars(d.digits, d.digits + sizeof d.digits, mantissa).ptr -
+                               d.digits);
+    d.point = d.count - k;
+    while (d.digits[d.count - 1] == '0') --d.count;
+    return d;
+  }
+  return std::nullopt;
+}
+
 Decimal shortest_decimal(double value) {
+  if (const auto d = short_decimal(value)) return *d;
   // to_chars in scientific form without precision gives the shortest round trip: d.ddde±xx.
   char buf[32];
   const auto result = std::to_chars(buf, buf + sizeof buf, value, std::chars_format::scientific);

@@ -2,7 +2,10 @@
 #include <gtest/gtest.h>
 
 #include <bit>
+#include <charconv>
+#include <cmath>
 #include <cstdint>
+#include <random>
 #include <string>
 
 #include "fingerprint/number_format.h"
@@ -125,6 +128,53 @@ TEST(NumberForm, PythonFloatRepr) {
   EXPECT_EQ(python(1e100), "1e+100");
   EXPECT_EQ(python(-1.5e-7), "-1.5e-07");
   EXPECT_EQ(python(0.001234), "0.001234");
+}
+
+// The significant digits of a number's text, without sign, point, exponent, leading or
+// trailing zeros: "-0.00120e-5" -> "12".
+std::string significant_digits(std::string_view text) {
+  std::string digits;
+  for (const char c : text.substr(0, text.find_first_of("eE"))) {
+    if (c >= '0' && c <= '9' && !(digits.empty() && c == '0')) digits.push_back(c);
+  }
+  while (!digits.empty() && digits.back() == '0') digits.pop_back();
+  return digits;
+}
+
+// Short decimals (m / 10^k) take a fast path; it must give the digits of the general shortest
+// round trip (std::to_chars) and read back to the same double, in both forms.
+TEST(NumberForm, ShortestDigitsMatchToChars) {
+  std::mt19937_64 random(20261130);
+  std::uniform_int_distribution<int> exponent(0, 24);
+  constexpr double kPowers[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,
+                                1e9,  1e10, 1e11, 1e12, 1e13, 1e14, 1e15, 1e16, 1e17,
+                                1e18, 1e19, 1e20, 1e21, 1e22, 1e23, 1e24};
+  for (int i = 0; i < 200000; ++i) {
+    double value = 0;
+    switch (i % 3) {
+      case 0:  // a short decimal
+        value = static_cast<double>(random() % 1000000000000000) / kPowers[exponent(random)];
+        break;
+      case 1:  // up to 17 digits
+        value = static_cast<double>(random() % 100000000000000000) / kPowers[exponent(random)];
+        break;
+      default:  // any finite double
+        value = std::bit_cast<double>(random());
+        if (!std::isfinite(value)) continue;
+    }
+    if (value == 0) continue;
+    char expected[64];
+    const auto end =
+        std::to_chars(expected, expected + sizeof expected, value, std::chars_format::scientific);
+    const std::string want = significant_digits(std::string_view(expected, end.ptr));
+    for (const std::string& text :
+         {ecmascript(std::bit_cast<std::uint64_t>(value)), python(value)}) {
+      ASSERT_EQ(significant_digits(text), want) << text;
+      double read = 0;
+      std::from_chars(text.data(), text.data() + text.size(), read);
+      ASSERT_EQ(read, value) << text;
+    }
+  }
 }
 
 TEST(NumberForm, LongestTextsFitTheBuffer) {
