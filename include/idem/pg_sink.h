@@ -23,7 +23,7 @@ namespace idem {
 /// Options of a PgSink. Validated once by the PgSink constructor (idem::ConfigError).
 struct PgSinkOptions {
   /// libpq connection string: a `postgresql://` URL or `key=value` keywords. Required.
-  std::string conninfo;
+  std::string conninfo{};
   /// Schema and table of the records. Quoted as identifiers, so any non-empty name without a
   /// NUL byte is safe. migrate() creates them.
   std::string schema = "public";
@@ -57,7 +57,7 @@ struct PgSinkOptions {
   /// Names of UNIQUE constraints on the caller's own business tables whose violation (SQLSTATE
   /// 23505) means "this operation was already done", e.g. the seed's
   /// `refund_records_idem_key_key`. See run_business_write(). Any other 23505 is an error.
-  std::vector<std::string> business_constraints;
+  std::vector<std::string> business_constraints{};
 };
 
 /// What a sink claim found.
@@ -80,10 +80,10 @@ struct SinkClaim {
   /// Whether the existing row was claimed by the same request ID (a retry or redelivery).
   bool same_request = true;
   /// Stored response of a COMPLETED row, when it was within PgSinkOptions::max_response_bytes.
-  std::optional<std::string> response;
+  std::optional<std::string> response{};
   /// Lowercase hex SHA-256 of a COMPLETED row's response that was over the size cap; empty
   /// otherwise.
-  std::string response_sha256;
+  std::string response_sha256{};
 };
 
 /// The Postgres sink. Thread-safe: one instance serves all threads through its bounded

@@ -15,12 +15,6 @@
 
 #include "test_env.h"
 
-// libpqxx 6.4 leaks one PGresult (2 KB) when a connection breaks under a query; the tests that
-// terminate or restart the server hit it. Not idem's allocation: suppressed for LeakSanitizer
-// builds (the hook is unused otherwise).
-// NOLINTNEXTLINE(bugprone-reserved-identifier): the name LeakSanitizer looks up.
-extern "C" const char* __lsan_default_suppressions() { return "leak:libpqxx-6.4.so\n"; }
-
 namespace idem::test {
 namespace {
 
