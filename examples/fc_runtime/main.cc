@@ -27,19 +27,17 @@
 #include <pthread.h>
 #include <signal.h>
 
-#include <pqxx/pqxx>
-
 #include <chrono>
 #include <cstdlib>
 #include <iostream>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
+#include <pqxx/pqxx>
 #include <stdexcept>
 #include <string>
 #include <thread>
-
-#include <nlohmann/json.hpp>
 
 #include "idem/deduplicator.h"
 #include "idem/errors.h"
@@ -58,7 +56,8 @@ struct Settings {
 
 [[noreturn]] void usage(const std::string& error) {
   std::cerr << "idem-fc-runtime: " << error << "\n"
-            << "usage: idem-fc-runtime [--host H] [--port N] [--redis-url URL] [--pg-url URL] [--schema S] [--ns NS]\n";
+            << "usage: idem-fc-runtime [--host H] [--port N] [--redis-url URL] [--pg-url URL] "
+               "[--schema S] [--ns NS]\n";
   std::exit(2);
 }
 
@@ -71,13 +70,24 @@ Settings parse_settings(int argc, char** argv) {
     const std::string flag = argv[i];
     if (i + 1 >= argc) usage(flag + " needs a value");
     const std::string value = argv[i + 1];
-    if (flag == "--port") s.port = std::stoi(value);
-    else if (flag == "--host") s.host = value;
-    else if (flag == "--redis-url") s.redis_url = value;
-    else if (flag == "--pg-url") s.pg_url = value;
-    else if (flag == "--schema") s.schema = value;
-    else if (flag == "--ns") s.ns = value;
-    else usage("unknown flag " + flag);
+    try {
+      if (flag == "--port")
+        s.port = std::stoi(value);
+      else if (flag == "--host")
+        s.host = value;
+      else if (flag == "--redis-url")
+        s.redis_url = value;
+      else if (flag == "--pg-url")
+        s.pg_url = value;
+      else if (flag == "--schema")
+        s.schema = value;
+      else if (flag == "--ns")
+        s.ns = value;
+      else
+        usage("unknown flag " + flag);
+    } catch (const std::logic_error&) {  // std::stoi and friends
+      usage(flag + " needs a number");
+    }
   }
   if (s.redis_url.empty() || s.pg_url.empty()) usage("--redis-url and --pg-url are required");
   return s;
@@ -92,7 +102,8 @@ void print_line(const std::string& line) {
 
 // A function error, reported to the platform as 404 + x-fc-status: 404.
 struct FunctionError : std::runtime_error {
-  FunctionError(std::string type, const std::string& message) : std::runtime_error(message), type(std::move(type)) {}
+  FunctionError(std::string type, const std::string& message)
+      : std::runtime_error(message), type(std::move(type)) {}
   std::string type;
 };
 
@@ -127,26 +138,30 @@ class Function {
       pqxx::work tx(conn);
       const std::string schema = tx.quote_name(settings_.schema);
       tx.exec0("CREATE SCHEMA IF NOT EXISTS " + schema);
-      tx.exec0("CREATE TABLE IF NOT EXISTS " + schema + ".orders (order_id text PRIMARY KEY, paid boolean NOT NULL)");
       tx.exec0("CREATE TABLE IF NOT EXISTS " + schema +
-               ".point_grants (id bigserial PRIMARY KEY, request_id text NOT NULL, user_id text NOT NULL,"
-               " order_id text NOT NULL, points bigint NOT NULL, created_at timestamptz NOT NULL DEFAULT now())");
+               ".orders (order_id text PRIMARY KEY, paid boolean NOT NULL)");
+      tx.exec0("CREATE TABLE IF NOT EXISTS " + schema +
+               ".point_grants (id bigserial PRIMARY KEY, request_id text NOT NULL, user_id text "
+               "NOT NULL,"
+               " order_id text NOT NULL, points bigint NOT NULL, created_at timestamptz NOT NULL "
+               "DEFAULT now())");
       tx.exec0("CREATE TABLE IF NOT EXISTS " + schema +
                ".loyalty (user_id text PRIMARY KEY, points bigint NOT NULL)");
-      tx.exec0("INSERT INTO " + schema + ".orders SELECT 'o-' || g, true FROM generate_series(1, 100) g"
+      tx.exec0("INSERT INTO " + schema +
+               ".orders SELECT 'o-' || g, true FROM generate_series(1, 100) g"
                " ON CONFLICT DO NOTHING");
       tx.commit();
 
       idem::RedisGuardOptions guard;
       guard.redis.url = settings_.redis_url;
       guard.ns = settings_.ns;
-      guard.lease = std::chrono::seconds(60);       // longer than the function's timeout
-      guard.retention = std::chrono::hours(1);      // covers the platform's async retries
+      guard.lease = std::chrono::seconds(60);   // longer than the function's timeout
+      guard.retention = std::chrono::hours(1);  // covers the platform's async retries
       idem::PgSinkOptions sink;
       sink.conninfo = settings_.pg_url;
       sink.schema = settings_.schema;
       sink.ns = settings_.ns;
-      sink.retention = std::chrono::hours(24);      // a late resubmission still replays
+      sink.retention = std::chrono::hours(24);  // a late resubmission still replays
       idem::DeduplicatorOptions options;
       options.guard = std::make_shared<idem::RedisGuard>(guard);
       options.sink = std::make_shared<idem::PgSink>(sink);
@@ -191,9 +206,11 @@ class Function {
       case idem::Outcome::Kind::kDuplicate:
         return outcome.response.value_or(R"({"status":"duplicate"})");
       case idem::Outcome::Kind::kInProgress:
-        throw FunctionError("InProgress", "the first delivery of " + request.request_id + " is still running");
+        throw FunctionError("InProgress",
+                            "the first delivery of " + request.request_id + " is still running");
       case idem::Outcome::Kind::kMismatch:
-        throw FunctionError("IdempotencyMismatch", request.request_id + " was used with another event");
+        throw FunctionError("IdempotencyMismatch",
+                            request.request_id + " was used with another event");
       case idem::Outcome::Kind::kUnavailable:
         throw FunctionError("Unavailable", "storage unavailable; nothing was executed");
     }
@@ -202,19 +219,27 @@ class Function {
 
  private:
   // The business effect, in idem's transaction.
-  std::string grant_points(pqxx::transaction_base& tx, const std::string& request_id, const Event& e) const {
+  std::string grant_points(pqxx::transaction_base& tx, const std::string& request_id,
+                           const Event& e) const {
     const std::string schema = tx.quote_name(settings_.schema);
-    if (tx.exec_params("SELECT 1 FROM " + schema + ".orders WHERE order_id = $1 AND paid", e.order_id).empty()) {
+    if (tx.exec_params("SELECT 1 FROM " + schema + ".orders WHERE order_id = $1 AND paid",
+                       e.order_id)
+            .empty()) {
       // Not replicated here yet: fail, release the claim, and let the platform retry.
       throw FunctionError("OrderNotFound", "no paid order " + e.order_id);
     }
-    tx.exec_params0("INSERT INTO " + schema + ".point_grants (request_id, user_id, order_id, points) VALUES ($1, $2, $3, $4)",
-                    request_id, e.user, e.order_id, e.points);
+    tx.exec_params0(
+        "INSERT INTO " + schema +
+            ".point_grants (request_id, user_id, order_id, points) VALUES ($1, $2, $3, $4)",
+        request_id, e.user, e.order_id, e.points);
     const pqxx::row balance = tx.exec_params1(
-        "INSERT INTO " + schema + ".loyalty VALUES ($1, $2) ON CONFLICT (user_id)"
-        " DO UPDATE SET points = loyalty.points + excluded.points RETURNING points",
+        "INSERT INTO " + schema +
+            ".loyalty VALUES ($1, $2) ON CONFLICT (user_id)"
+            " DO UPDATE SET points = loyalty.points + excluded.points RETURNING points",
         e.user, e.points);
-    return nlohmann::json{{"user", e.user}, {"order_id", e.order_id}, {"granted", e.points},
+    return nlohmann::json{{"user", e.user},
+                          {"order_id", e.order_id},
+                          {"granted", e.points},
                           {"balance", balance[0].as<std::int64_t>()}}
         .dump();
   }
@@ -240,9 +265,11 @@ void serve(const char* phase, const httplib::Request& req, httplib::Response& re
   } catch (const FunctionError& e) {
     reply(res, 404, nlohmann::json{{"errorType", e.type}, {"errorMessage", e.what()}}.dump());
   } catch (const std::exception& e) {
-    reply(res, 404, nlohmann::json{{"errorType", "UnhandledError"}, {"errorMessage", e.what()}}.dump());
+    reply(res, 404,
+          nlohmann::json{{"errorType", "UnhandledError"}, {"errorMessage", e.what()}}.dump());
   }
-  print_line("FC " + std::string(phase) + " End RequestId: " + id + " status=" + std::to_string(res.status));
+  print_line("FC " + std::string(phase) + " End RequestId: " + id +
+             " status=" + std::to_string(res.status));
 }
 
 }  // namespace
@@ -267,10 +294,12 @@ int main(int argc, char** argv) {
     serve("Invoke", req, res, [&](const std::string& id) { return function.invoke(id, req.body); });
   });
 
-  const int port = settings.port == 0 ? server.bind_to_any_port(settings.host)
-                                      : (server.bind_to_port(settings.host, settings.port) ? settings.port : -1);
+  const int port = settings.port == 0
+                       ? server.bind_to_any_port(settings.host)
+                       : (server.bind_to_port(settings.host, settings.port) ? settings.port : -1);
   if (port < 0) {
-    std::cerr << "idem-fc-runtime: cannot listen on " << settings.host << ":" << settings.port << "\n";
+    std::cerr << "idem-fc-runtime: cannot listen on " << settings.host << ":" << settings.port
+              << "\n";
     return 1;
   }
   std::thread([&] {

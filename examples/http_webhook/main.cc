@@ -21,20 +21,18 @@
 #include <pthread.h>
 #include <signal.h>
 
-#include <pqxx/pqxx>
-
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
+#include <pqxx/pqxx>
 #include <stdexcept>
 #include <string>
 #include <thread>
-
-#include <nlohmann/json.hpp>
 
 #include "idem/deduplicator.h"
 #include "idem/errors.h"
@@ -67,14 +65,26 @@ Settings parse_settings(int argc, char** argv) {
     const std::string flag = argv[i];
     if (i + 1 >= argc) usage(flag + " needs a value");
     const std::string value = argv[i + 1];
-    if (flag == "--port") s.port = std::stoi(value);
-    else if (flag == "--host") s.host = value;
-    else if (flag == "--redis-url") s.redis_url = value;
-    else if (flag == "--pg-url") s.pg_url = value;
-    else if (flag == "--schema") s.schema = value;
-    else if (flag == "--ns") s.ns = value;
-    else if (flag == "--handler-delay-ms") s.handler_delay = std::chrono::milliseconds(std::stoi(value));
-    else usage("unknown flag " + flag);
+    try {
+      if (flag == "--port")
+        s.port = std::stoi(value);
+      else if (flag == "--host")
+        s.host = value;
+      else if (flag == "--redis-url")
+        s.redis_url = value;
+      else if (flag == "--pg-url")
+        s.pg_url = value;
+      else if (flag == "--schema")
+        s.schema = value;
+      else if (flag == "--ns")
+        s.ns = value;
+      else if (flag == "--handler-delay-ms")
+        s.handler_delay = std::chrono::milliseconds(std::stoi(value));
+      else
+        usage("unknown flag " + flag);
+    } catch (const std::logic_error&) {  // std::stoi and friends
+      usage(flag + " needs a number");
+    }
   }
   if (s.redis_url.empty() || s.pg_url.empty()) usage("--redis-url and --pg-url are required");
   return s;
@@ -98,13 +108,13 @@ void create_tables(const Settings& s) {
   tx.commit();
 }
 
-std::unique_ptr<idem::Deduplicator> make_deduplicator(const Settings& s,
-                                                      std::shared_ptr<idem::InProcessMetrics> metrics) {
+std::unique_ptr<idem::Deduplicator> make_deduplicator(
+    const Settings& s, std::shared_ptr<idem::InProcessMetrics> metrics) {
   idem::RedisGuardOptions guard;
   guard.redis.url = s.redis_url;
   guard.ns = s.ns;
   guard.lease = std::chrono::seconds(10) + s.handler_delay;  // longer than any refund takes
-  guard.retention = std::chrono::hours(24);                 // covers payment reconciliation
+  guard.retention = std::chrono::hours(24);                  // covers payment reconciliation
   idem::PgSinkOptions sink;
   sink.conninfo = s.pg_url;
   sink.schema = s.schema;
@@ -123,7 +133,8 @@ std::unique_ptr<idem::Deduplicator> make_deduplicator(const Settings& s,
     static std::mutex out;
     const std::lock_guard lock(out);
     std::cout << "decision request_id=" << e.request_id << " outcome=" << to_string(e.outcome)
-              << " layer=" << to_string(e.layer) << " latency_us=" << e.latency.count() << std::endl;
+              << " layer=" << to_string(e.layer) << " latency_us=" << e.latency.count()
+              << std::endl;
   };
   return std::make_unique<idem::Deduplicator>(std::move(options));
 }
@@ -154,13 +165,15 @@ std::string book_refund(pqxx::transaction_base& tx, const Settings& s, const std
                         const Refund& r) {
   const std::string schema = tx.quote_name(s.schema);
   const pqxx::result balance = tx.exec_params(
-      "UPDATE " + schema + ".accounts SET balance_cents = balance_cents + $1 WHERE id = $2 RETURNING balance_cents",
+      "UPDATE " + schema +
+          ".accounts SET balance_cents = balance_cents + $1 WHERE id = $2 RETURNING balance_cents",
       r.amount_cents, r.account);
   if (balance.empty()) throw UnknownAccount("no account " + std::to_string(r.account));
-  const pqxx::row id = tx.exec_params1("INSERT INTO " + schema +
-                                           ".refund_records (idempotency_key, order_id, account, amount_cents)"
-                                           " VALUES ($1, $2, $3, $4) RETURNING id",
-                                       key, r.order_id, r.account, r.amount_cents);
+  const pqxx::row id =
+      tx.exec_params1("INSERT INTO " + schema +
+                          ".refund_records (idempotency_key, order_id, account, amount_cents)"
+                          " VALUES ($1, $2, $3, $4) RETURNING id",
+                      key, r.order_id, r.account, r.amount_cents);
   std::this_thread::sleep_for(s.handler_delay);
   return nlohmann::json{{"refund_id", id[0].as<std::int64_t>()},
                         {"order_id", r.order_id},
@@ -210,8 +223,9 @@ void handle_refund(const Settings& s, idem::Deduplicator& dedup, const httplib::
   }
 
   try {
-    const idem::Outcome outcome = dedup.run_transactional(
-        request, [&](pqxx::transaction_base& tx) { return book_refund(tx, s, request.request_id, refund); });
+    const idem::Outcome outcome = dedup.run_transactional(request, [&](pqxx::transaction_base& tx) {
+      return book_refund(tx, s, request.request_id, refund);
+    });
     switch (outcome.kind) {
       case idem::Outcome::Kind::kExecuted:
         res.status = 200;
@@ -264,9 +278,12 @@ int main(int argc, char** argv) {
       res.set_content(metrics->prometheus_text(), "text/plain; version=0.0.4");
     });
 
-    const int port = settings.port == 0 ? server.bind_to_any_port(settings.host)
-                                        : (server.bind_to_port(settings.host, settings.port) ? settings.port : -1);
-    if (port < 0) throw std::runtime_error("cannot listen on " + settings.host + ":" + std::to_string(settings.port));
+    const int port = settings.port == 0
+                         ? server.bind_to_any_port(settings.host)
+                         : (server.bind_to_port(settings.host, settings.port) ? settings.port : -1);
+    if (port < 0)
+      throw std::runtime_error("cannot listen on " + settings.host + ":" +
+                               std::to_string(settings.port));
     std::thread stopper([&] {
       int signal = 0;
       sigwait(&stop_signals, &signal);

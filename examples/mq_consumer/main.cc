@@ -22,8 +22,6 @@
 #include <hiredis/hiredis.h>
 #include <signal.h>
 
-#include <pqxx/pqxx>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -32,6 +30,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <pqxx/pqxx>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -83,25 +82,47 @@ Settings parse_settings(int argc, char** argv) {
     const std::string flag = argv[i];
     if (i + 1 >= argc) usage(flag + " needs a value");
     const std::string v = argv[i + 1];
-    if (flag == "--redis-url") s.redis_url = v;
-    else if (flag == "--pg-url") s.pg_url = v;
-    else if (flag == "--stream") s.stream = v;
-    else if (flag == "--group") s.group = v;
-    else if (flag == "--schema") s.schema = v;
-    else if (flag == "--ns") s.ns = v;
-    else if (flag == "--consumer") s.consumer = v;
-    else if (flag == "--batch") s.batch = std::stoll(v);
-    else if (flag == "--block-ms") s.block = milliseconds(std::stoll(v));
-    else if (flag == "--claim-idle-ms") s.claim_idle = milliseconds(std::stoll(v));
-    else if (flag == "--lease-ms") s.lease = milliseconds(std::stoll(v));
-    else if (flag == "--exit-when-idle-ms") s.exit_when_idle = milliseconds(std::stoll(v));
-    else if (flag == "--max-seconds") s.max_run = std::chrono::seconds(std::stoll(v));
-    else if (flag == "--count") s.count = std::stoll(v);
-    else if (flag == "--duplicates") s.duplicates = std::stod(v);
-    else if (flag == "--seed") s.seed = std::stoull(v);
-    else usage("unknown flag " + flag);
+    try {
+      if (flag == "--redis-url")
+        s.redis_url = v;
+      else if (flag == "--pg-url")
+        s.pg_url = v;
+      else if (flag == "--stream")
+        s.stream = v;
+      else if (flag == "--group")
+        s.group = v;
+      else if (flag == "--schema")
+        s.schema = v;
+      else if (flag == "--ns")
+        s.ns = v;
+      else if (flag == "--consumer")
+        s.consumer = v;
+      else if (flag == "--batch")
+        s.batch = std::stoll(v);
+      else if (flag == "--block-ms")
+        s.block = milliseconds(std::stoll(v));
+      else if (flag == "--claim-idle-ms")
+        s.claim_idle = milliseconds(std::stoll(v));
+      else if (flag == "--lease-ms")
+        s.lease = milliseconds(std::stoll(v));
+      else if (flag == "--exit-when-idle-ms")
+        s.exit_when_idle = milliseconds(std::stoll(v));
+      else if (flag == "--max-seconds")
+        s.max_run = std::chrono::seconds(std::stoll(v));
+      else if (flag == "--count")
+        s.count = std::stoll(v);
+      else if (flag == "--duplicates")
+        s.duplicates = std::stod(v);
+      else if (flag == "--seed")
+        s.seed = std::stoull(v);
+      else
+        usage("unknown flag " + flag);
+    } catch (const std::logic_error&) {  // std::stoi and friends
+      usage(flag + " needs a number");
+    }
   }
-  if (s.redis_url.empty() || (s.mode == "consume" && s.pg_url.empty())) usage("--redis-url and --pg-url are required");
+  if (s.redis_url.empty() || (s.mode == "consume" && s.pg_url.empty()))
+    usage("--redis-url and --pg-url are required");
   return s;
 }
 
@@ -116,11 +137,13 @@ class Redis {
  public:
   // `url`: redis://[:password@]host[:port][/db].
   explicit Redis(const std::string& url) {
-    std::string rest = url.rfind("redis://", 0) == 0 ? url.substr(8) : throw std::invalid_argument("not a redis:// URL");
+    if (url.rfind("redis://", 0) != 0) throw std::invalid_argument("not a redis:// URL: " + url);
+    std::string rest = url.substr(8);
     std::string password;
     if (const auto at = rest.rfind('@'); at != std::string::npos) {
       const std::string userinfo = rest.substr(0, at);  // [user]:password
-      password = userinfo.substr(userinfo.find(':') == std::string::npos ? 0 : userinfo.find(':') + 1);
+      password =
+          userinfo.substr(userinfo.find(':') == std::string::npos ? 0 : userinfo.find(':') + 1);
       rest.erase(0, at + 1);
     }
     std::string db = "0";
@@ -133,7 +156,8 @@ class Redis {
     const int port = colon == std::string::npos ? 6379 : std::stoi(rest.substr(colon + 1));
     const timeval timeout{2, 0};
     ctx_.reset(redisConnectWithTimeout(host.c_str(), port, timeout));
-    if (!ctx_ || ctx_->err) throw std::runtime_error("cannot connect to " + host + ":" + std::to_string(port));
+    if (!ctx_ || ctx_->err)
+      throw std::runtime_error("cannot connect to " + host + ":" + std::to_string(port));
     redisSetTimeout(ctx_.get(), timeval{10, 0});  // longer than any BLOCK below
     if (!password.empty()) command({"AUTH", password});
     if (!db.empty() && db != "0") command({"SELECT", db});
@@ -152,15 +176,18 @@ class Redis {
       argv.push_back(a.data());
       lengths.push_back(a.size());
     }
-    if (redisAppendCommandArgv(ctx_.get(), static_cast<int>(args.size()), argv.data(), lengths.data()) != REDIS_OK) {
+    if (redisAppendCommandArgv(ctx_.get(), static_cast<int>(args.size()), argv.data(),
+                               lengths.data()) != REDIS_OK) {
       throw std::runtime_error("redis: out of memory");
     }
   }
   Reply read() {
     void* raw = nullptr;
-    if (redisGetReply(ctx_.get(), &raw) != REDIS_OK) throw std::runtime_error(std::string("redis: ") + ctx_->errstr);
+    if (redisGetReply(ctx_.get(), &raw) != REDIS_OK)
+      throw std::runtime_error(std::string("redis: ") + ctx_->errstr);
     Reply reply(static_cast<redisReply*>(raw));
-    if (reply->type == REDIS_REPLY_ERROR) throw std::runtime_error("redis: " + std::string(reply->str, reply->len));
+    if (reply->type == REDIS_REPLY_ERROR)
+      throw std::runtime_error("redis: " + std::string(reply->str, reply->len));
     return reply;
   }
 
@@ -171,18 +198,22 @@ class Redis {
   std::unique_ptr<redisContext, ContextDeleter> ctx_;
 };
 
-std::string text(const redisReply* r) { return r != nullptr && r->str != nullptr ? std::string(r->str, r->len) : ""; }
+std::string text(const redisReply* r) {
+  return r != nullptr && r->str != nullptr ? std::string(r->str, r->len) : "";
+}
 
 // ---- The producer: logical payment events, some sent twice (a producer's retry). ----
 
 int produce(const Settings& s) {
   Redis redis(s.redis_url);
   std::mt19937_64 random(s.seed);
-  const std::string run = std::to_string(std::chrono::system_clock::now().time_since_epoch().count());
+  const std::string run =
+      std::to_string(std::chrono::system_clock::now().time_since_epoch().count());
   std::vector<long long> order;
   for (long long i = 0; i < s.count; ++i) order.push_back(i);
   const auto extra = static_cast<long long>(static_cast<double>(s.count) * s.duplicates);
-  for (long long i = 0; i < extra; ++i) order.push_back(static_cast<long long>(random() % static_cast<unsigned long long>(s.count)));
+  for (long long i = 0; i < extra; ++i)
+    order.push_back(static_cast<long long>(random() % static_cast<unsigned long long>(s.count)));
   std::shuffle(order.begin(), order.end(), random);
   constexpr std::size_t kPipeline = 500;
   for (std::size_t start = 0; start < order.size(); start += kPipeline) {
@@ -190,9 +221,10 @@ int produce(const Settings& s) {
     for (std::size_t k = start; k < end; ++k) {
       const long long i = order[k];
       const std::string amount = std::to_string(100 + i % 900);
-      redis.append({"XADD", s.stream, "*", "request_id", "pay-" + run + "-" + std::to_string(i), "user",
-                    "u" + std::to_string(i % 50), "payload",
-                    R"({"order_id":"o-)" + std::to_string(i) + R"(","amount_cents":)" + amount + "}"});
+      redis.append(
+          {"XADD", s.stream, "*", "request_id", "pay-" + run + "-" + std::to_string(i), "user",
+           "u" + std::to_string(i % 50), "payload",
+           R"({"order_id":"o-)" + std::to_string(i) + R"(","amount_cents":)" + amount + "}"});
     }
     for (std::size_t k = start; k < end; ++k) (void)redis.read();
   }
@@ -216,7 +248,8 @@ std::vector<Entry> parse_entries(const redisReply* list) {
   if (list == nullptr || list->type != REDIS_REPLY_ARRAY) return out;
   for (std::size_t i = 0; i < list->elements; ++i) {
     const redisReply* e = list->element[i];
-    if (e->type != REDIS_REPLY_ARRAY || e->elements < 2 || e->element[1]->type != REDIS_REPLY_ARRAY) continue;
+    if (e->type != REDIS_REPLY_ARRAY || e->elements < 2 || e->element[1]->type != REDIS_REPLY_ARRAY)
+      continue;
     Entry entry{text(e->element[0]), {}};
     for (std::size_t f = 0; f + 1 < e->element[1]->elements; f += 2) {
       entry.fields[text(e->element[1]->element[f])] = text(e->element[1]->element[f + 1]);
@@ -267,7 +300,8 @@ class Consumer {
       if (entries.empty()) entries = read_new();
       if (!entries.empty()) {
         last_read = Clock::now();
-      } else if (s_.exit_when_idle.count() > 0 && Clock::now() - last_read >= s_.exit_when_idle && pending() == 0) {
+      } else if (s_.exit_when_idle.count() > 0 && Clock::now() - last_read >= s_.exit_when_idle &&
+                 pending() == 0) {
         break;
       }
       for (const Entry& e : entries) handle(e, reclaimed);
@@ -282,18 +316,21 @@ class Consumer {
     pqxx::connection conn(s_.pg_url);
     pqxx::work tx(conn);
     const std::string schema = tx.quote_name(s_.schema);
-    tx.exec_params("SELECT pg_advisory_xact_lock(hashtext($1))", s_.schema);  // consumers start together
+    tx.exec_params("SELECT pg_advisory_xact_lock(hashtext($1))",
+                   s_.schema);  // consumers start together
     tx.exec0("CREATE SCHEMA IF NOT EXISTS " + schema);
     tx.exec0("CREATE TABLE IF NOT EXISTS " + schema +
              ".ledger (id bigserial PRIMARY KEY, request_id text NOT NULL, entry_id text NOT NULL,"
              " user_id text NOT NULL, order_id text NOT NULL, amount_cents bigint NOT NULL)");
-    tx.exec0("CREATE TABLE IF NOT EXISTS " + schema + ".totals (user_id text PRIMARY KEY, amount_cents bigint NOT NULL)");
+    tx.exec0("CREATE TABLE IF NOT EXISTS " + schema +
+             ".totals (user_id text PRIMARY KEY, amount_cents bigint NOT NULL)");
     tx.commit();
   }
 
   std::vector<Entry> read_new() {
-    const Reply r = redis_.command({"XREADGROUP", "GROUP", s_.group, s_.consumer, "COUNT", std::to_string(s_.batch),
-                                    "BLOCK", std::to_string(s_.block.count()), "STREAMS", s_.stream, ">"});
+    const Reply r = redis_.command({"XREADGROUP", "GROUP", s_.group, s_.consumer, "COUNT",
+                                    std::to_string(s_.batch), "BLOCK",
+                                    std::to_string(s_.block.count()), "STREAMS", s_.stream, ">"});
     if (r->type != REDIS_REPLY_ARRAY || r->elements == 0) return {};
     return parse_entries(r->element[0]->element[1]);  // [[stream, entries]]
   }
@@ -301,8 +338,8 @@ class Consumer {
   // Takes over entries pending longer than claim_idle (one page of the PEL per call).
   std::vector<Entry> autoclaim() {
     const Reply r = redis_.command({"XAUTOCLAIM", s_.stream, s_.group, s_.consumer,
-                                    std::to_string(s_.claim_idle.count()), autoclaim_cursor_, "COUNT",
-                                    std::to_string(s_.batch)});
+                                    std::to_string(s_.claim_idle.count()), autoclaim_cursor_,
+                                    "COUNT", std::to_string(s_.batch)});
     autoclaim_cursor_ = text(r->element[0]);  // "0-0" once the whole PEL was scanned
     std::vector<Entry> entries = parse_entries(r->element[1]);
     counts_["reclaimed"] += static_cast<long long>(entries.size());
@@ -324,7 +361,8 @@ class Consumer {
     request.attempt = reclaimed ? 2 : 1;  // a redelivery (the exact count is in XPENDING)
     idem::Outcome outcome;
     try {
-      outcome = dedup_->run_transactional(request, [&](pqxx::transaction_base& tx) { return book(tx, e, request); });
+      outcome = dedup_->run_transactional(
+          request, [&](pqxx::transaction_base& tx) { return book(tx, e, request); });
     } catch (const idem::Error& error) {
       // A backend failed mid-call, or the entry is malformed: leave it pending.
       ++counts_["errors"];
@@ -351,13 +389,16 @@ class Consumer {
   // The business effect, in idem's transaction.
   std::string book(pqxx::transaction_base& tx, const Entry& e, const idem::Request& request) {
     const std::string schema = tx.quote_name(s_.schema);
-    const pqxx::row r = tx.exec_params1(
-        "INSERT INTO " + schema + ".ledger (request_id, entry_id, user_id, order_id, amount_cents)"
-        " SELECT $1, $2, $3, p->>'order_id', (p->>'amount_cents')::bigint FROM (SELECT $4::jsonb AS p) x"
-        " RETURNING id, amount_cents",
-        request.request_id, e.id, request.user, request.payload);
-    tx.exec_params0("INSERT INTO " + schema + ".totals VALUES ($1, $2) ON CONFLICT (user_id)"
-                    " DO UPDATE SET amount_cents = totals.amount_cents + excluded.amount_cents",
+    const pqxx::row r =
+        tx.exec_params1("INSERT INTO " + schema +
+                            ".ledger (request_id, entry_id, user_id, order_id, amount_cents)"
+                            " SELECT $1, $2, $3, p->>'order_id', (p->>'amount_cents')::bigint FROM "
+                            "(SELECT $4::jsonb AS p) x"
+                            " RETURNING id, amount_cents",
+                        request.request_id, e.id, request.user, request.payload);
+    tx.exec_params0("INSERT INTO " + schema +
+                        ".totals VALUES ($1, $2) ON CONFLICT (user_id)"
+                        " DO UPDATE SET amount_cents = totals.amount_cents + excluded.amount_cents",
                     request.user, r[1].as<long long>());
     return "ledger entry " + r[0].as<std::string>();
   }

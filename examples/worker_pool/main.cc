@@ -48,9 +48,10 @@ struct Settings {
 };
 
 [[noreturn]] void usage(const std::string& error) {
-  std::cerr << "idem-worker-pool: " << error << "\n"
-            << "usage: idem-worker-pool [--redis-url URL] [--ns NS] [--run ID] [--tasks N] [--threads N]"
-               " [--batch N] [--seed N]\n";
+  std::cerr
+      << "idem-worker-pool: " << error << "\n"
+      << "usage: idem-worker-pool [--redis-url URL] [--ns NS] [--run ID] [--tasks N] [--threads N]"
+         " [--batch N] [--seed N]\n";
   std::exit(2);
 }
 
@@ -61,26 +62,43 @@ Settings parse_settings(int argc, char** argv) {
     const std::string flag = argv[i];
     if (i + 1 >= argc) usage(flag + " needs a value");
     const std::string v = argv[i + 1];
-    if (flag == "--redis-url") s.redis_url = v;
-    else if (flag == "--ns") s.ns = v;
-    else if (flag == "--run") s.run = v;
-    else if (flag == "--tasks") s.tasks = std::stoi(v);
-    else if (flag == "--threads") s.threads = std::stoi(v);
-    else if (flag == "--batch") s.batch = std::stoul(v);
-    else if (flag == "--seed") s.seed = static_cast<unsigned>(std::stoul(v));
-    else usage("unknown flag " + flag);
+    try {
+      if (flag == "--redis-url")
+        s.redis_url = v;
+      else if (flag == "--ns")
+        s.ns = v;
+      else if (flag == "--run")
+        s.run = v;
+      else if (flag == "--tasks")
+        s.tasks = std::stoi(v);
+      else if (flag == "--threads")
+        s.threads = std::stoi(v);
+      else if (flag == "--batch")
+        s.batch = std::stoul(v);
+      else if (flag == "--seed")
+        s.seed = static_cast<unsigned>(std::stoul(v));
+      else
+        usage("unknown flag " + flag);
+    } catch (const std::logic_error&) {  // std::stoi and friends
+      usage(flag + " needs a number");
+    }
   }
   if (s.redis_url.empty()) usage("--redis-url is required");
-  if (s.tasks <= 0 || s.threads <= 0 || s.batch == 0) usage("--tasks, --threads and --batch must be positive");
+  if (s.tasks <= 0 || s.threads <= 0 || s.batch == 0)
+    usage("--tasks, --threads and --batch must be positive");
   return s;
 }
+
+// The number of the pool thread running the caller (1-based; 0 outside the pool).
+thread_local int worker_number = 0;
 
 // A fixed pool of threads running submitted jobs in order of submission.
 class ThreadPool {
  public:
   explicit ThreadPool(int threads) {
     for (int i = 0; i < threads; ++i) {
-      workers_.emplace_back([this] {
+      workers_.emplace_back([this, i] {
+        worker_number = i + 1;
         for (std::function<void()> job; take(job);) job();
       });
     }
@@ -121,8 +139,8 @@ class ThreadPool {
 struct Task {
   std::string request_id;  // one delivery chain of a request; a resubmission has a new one
   std::string user;
-  std::string job;         // the business identity: one email per job
-  bool fails_once = false; // a transient failure on its first run
+  std::string job;          // the business identity: one email per job
+  bool fails_once = false;  // a transient failure on its first run
 };
 
 // What the workers did, shared by all threads.
@@ -196,13 +214,16 @@ std::deque<Task> make_deliveries(const Settings& s) {
 
 std::string describe(const idem::ClaimResult& r) {
   switch (r.status) {
-    case idem::ClaimStatus::kFirst: return "FIRST -> run";
+    case idem::ClaimStatus::kFirst:
+      return "FIRST -> run";
     case idem::ClaimStatus::kRepeatSame:
-      return r.state == idem::RecordState::kCompleted ? "REPEAT_SAME completed -> skip (redelivery)"
-                                                       : "REPEAT_SAME in_progress -> skip (redelivery while running)";
+      return r.state == idem::RecordState::kCompleted
+                 ? "REPEAT_SAME completed -> skip (redelivery)"
+                 : "REPEAT_SAME in_progress -> skip (redelivery while running)";
     case idem::ClaimStatus::kRepeatOther:
-      return r.state == idem::RecordState::kCompleted ? "REPEAT_OTHER completed -> skip (resubmission)"
-                                                       : "REPEAT_OTHER in_progress -> skip (resubmission while running)";
+      return r.state == idem::RecordState::kCompleted
+                 ? "REPEAT_OTHER completed -> skip (resubmission)"
+                 : "REPEAT_OTHER in_progress -> skip (resubmission while running)";
   }
   return "?";
 }
@@ -211,8 +232,8 @@ std::string describe(const idem::ClaimResult& r) {
 // context, not in its arguments.
 std::string send_email(const Task& task, Ledger& ledger, int attempt) {
   if (task.fails_once && attempt == 1) throw std::runtime_error("mail server busy");
-  ledger.print("  worker " + std::to_string(std::hash<std::thread::id>{}(std::this_thread::get_id()) % 1000) +
-               " request_id=" + idem::current_request_id() + " sent " + task.job + " to " + task.user);
+  ledger.print("  worker " + std::to_string(worker_number) + " request_id=" +
+               idem::current_request_id() + " sent " + task.job + " to " + task.user);
   if (idem::current_request_id() != task.request_id) ledger.count("context_mismatches");
   ledger.effect(task.job);
   return "sent " + task.job;
@@ -248,14 +269,17 @@ int main(int argc, char** argv) {
       while (!inbound.empty() && batch.size() < s.batch) {
         batch.push_back(std::move(inbound.front()));
         inbound.pop_front();
-        keys.push_back(idem::IdempotencyKey{batch.back().user, "send-email", batch.back().job}.encode());
+        keys.push_back(
+            idem::IdempotencyKey{batch.back().user, "send-email", batch.back().job}.encode());
       }
       deliveries += batch.size();
       std::vector<idem::ClaimRequest> requests;
-      for (std::size_t i = 0; i < batch.size(); ++i) requests.push_back({keys[i], batch[i].request_id, ""});
+      for (std::size_t i = 0; i < batch.size(); ++i)
+        requests.push_back({keys[i], batch[i].request_id, ""});
       const std::vector<idem::ClaimResult> claims = guard.claim_batch(requests);  // one round trip
 
-      ledger.print("batch " + std::to_string(batch_no) + ": " + std::to_string(batch.size()) + " messages");
+      ledger.print("batch " + std::to_string(batch_no) + ": " + std::to_string(batch.size()) +
+                   " messages");
       for (std::size_t i = 0; i < batch.size(); ++i) {
         ledger.print("  " + batch[i].request_id + " " + describe(claims[i]));
         ledger.count(claims[i].status == idem::ClaimStatus::kFirst ? "claimed" : "skipped");
@@ -264,13 +288,14 @@ int main(int argc, char** argv) {
         const int attempt = ++attempts[batch[i].request_id];
         // bind() carries the request's context to whichever worker thread runs the job.
         pool.submit(idem::RequestContext(batch[i].request_id)
-                        .bind([&guard, &ledger, task = batch[i], key = keys[i], token = claims[i].owner_token,
-                               attempt] {
+                        .bind([&guard, &ledger, task = batch[i], key = keys[i],
+                               token = claims[i].owner_token, attempt] {
                           std::string result;
                           try {
                             result = send_email(task, ledger, attempt);
                           } catch (const std::exception& e) {
-                            ledger.print("  request_id=" + idem::current_request_id() + " failed (" + e.what() +
+                            ledger.print("  request_id=" + idem::current_request_id() +
+                                         " failed (" + e.what() +
                                          "): claim released, task redelivered");
                             ledger.count("released");
                             try {
@@ -284,8 +309,10 @@ int main(int argc, char** argv) {
                           try {
                             (void)guard.complete(key, token, result);
                           } catch (const idem::Error& e) {
-                            // The effect happened; the record stays IN_PROGRESS until its lease ends.
-                            ledger.print("  request_id=" + idem::current_request_id() + " complete failed: " + e.what());
+                            // The effect happened; the record stays IN_PROGRESS until its lease
+                            // ends.
+                            ledger.print("  request_id=" + idem::current_request_id() +
+                                         " complete failed: " + e.what());
                           }
                           ledger.finished(std::nullopt);
                         }));

@@ -62,7 +62,8 @@ void ChildProcess::read_output(int fd) {
   changed_.notify_all();
 }
 
-std::optional<std::string> ChildProcess::wait_for_line(std::string_view prefix, std::chrono::milliseconds timeout) {
+std::optional<std::string> ChildProcess::wait_for_line(std::string_view prefix,
+                                                       std::chrono::milliseconds timeout) {
   std::unique_lock lock(mutex_);
   std::size_t seen = 0;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -70,7 +71,8 @@ std::optional<std::string> ChildProcess::wait_for_line(std::string_view prefix, 
     for (; seen < lines_.size(); ++seen) {
       if (lines_[seen].starts_with(prefix)) return lines_[seen];
     }
-    if (output_closed_ || changed_.wait_until(lock, deadline) == std::cv_status::timeout) return std::nullopt;
+    if (output_closed_ || changed_.wait_until(lock, deadline) == std::cv_status::timeout)
+      return std::nullopt;
   }
 }
 
@@ -101,8 +103,14 @@ std::vector<std::string> ChildProcess::lines() const {
 std::string ChildProcess::tail(std::size_t n) const {
   std::lock_guard lock(mutex_);
   std::string out;
-  for (std::size_t i = lines_.size() > n ? lines_.size() - n : 0; i < lines_.size(); ++i) out += lines_[i] + "\n";
+  for (std::size_t i = lines_.size() > n ? lines_.size() - n : 0; i < lines_.size(); ++i)
+    out += lines_[i] + "\n";
   return out;
+}
+
+long long summary_field(const std::string& line, const std::string& name) {
+  const std::size_t at = line.find(" " + name + "=");
+  return at == std::string::npos ? 0 : std::stoll(line.substr(at + name.size() + 2));
 }
 
 }  // namespace idem::test

@@ -28,7 +28,8 @@ class ChildProcess {
 
   /// The first output line starting with `prefix`, waiting up to `timeout`; nullopt on timeout
   /// or when the child closed its output first.
-  std::optional<std::string> wait_for_line(std::string_view prefix, std::chrono::milliseconds timeout);
+  std::optional<std::string> wait_for_line(std::string_view prefix,
+                                           std::chrono::milliseconds timeout);
   /// Sends `signal` to the child (no-op once it was reaped).
   void signal(int signal);
   /// Waits up to `timeout` for the child to exit; its exit code (128 + signal when killed), or
@@ -50,5 +51,8 @@ class ChildProcess {
   bool output_closed_ = false;
   std::thread reader_;
 };
+
+/// The integer after ` name=` in a `key=value ...` summary line an example printed; 0 when absent.
+long long summary_field(const std::string& line, const std::string& name);
 
 }  // namespace idem::test

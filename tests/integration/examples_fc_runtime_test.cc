@@ -1,13 +1,11 @@
 // examples/fc_runtime end to end: the custom runtime runs as a child process and the test plays
 // the Function Compute platform, replaying invocations the way its asynchronous retries do.
 #include <gtest/gtest.h>
-
 #include <httplib.h>
 #include <signal.h>
 
-#include <pqxx/pqxx>
-
 #include <chrono>
+#include <pqxx/pqxx>
 #include <string>
 #include <thread>
 #include <vector>
@@ -34,8 +32,9 @@ class FcRuntimeTest : public ::testing::Test {
     pg_url_ = service_setting("IDEM_TEST_PG_URL");
     if (redis_url_.empty() || pg_url_.empty()) return;
     schema_ = unique_name("fc");
-    runtime_ = new ChildProcess({IDEM_FC_RUNTIME_BIN, "--host", "127.0.0.1", "--port", "0", "--redis-url",
-                                 redis_url_, "--pg-url", pg_url_, "--schema", schema_, "--ns", schema_});
+    runtime_ =
+        new ChildProcess({IDEM_FC_RUNTIME_BIN, "--host", "127.0.0.1", "--port", "0", "--redis-url",
+                          redis_url_, "--pg-url", pg_url_, "--schema", schema_, "--ns", schema_});
     const auto line = runtime_->wait_for_line("listening on http://127.0.0.1:", seconds(20));
     if (line) port_ = std::stoi(line->substr(line->rfind(':') + 1));
   }
@@ -50,7 +49,8 @@ class FcRuntimeTest : public ::testing::Test {
     pqxx::work tx(conn);
     tx.exec0("DROP SCHEMA IF EXISTS " + schema_ + " CASCADE");
     tx.commit();
-    const std::string keys = redis_cli(redis_url_, {"--scan", "--pattern", "idem:" + schema_ + ":*"});
+    const std::string keys =
+        redis_cli(redis_url_, {"--scan", "--pattern", "idem:" + schema_ + ":*"});
     for (std::size_t start = 0; start < keys.size();) {
       const std::size_t end = std::min(keys.find('\n', start), keys.size());
       if (end > start) redis_cli(redis_url_, {"DEL", keys.substr(start, end - start)});
@@ -66,11 +66,13 @@ class FcRuntimeTest : public ::testing::Test {
   }
 
   // What the platform sends: POST with x-fc-request-id and the event as an octet stream.
-  static Answer call(const std::string& path, const std::string& fc_request_id, const std::string& event) {
+  static Answer call(const std::string& path, const std::string& fc_request_id,
+                     const std::string& event) {
     httplib::Client client("127.0.0.1", port_);
     client.set_read_timeout(seconds(10));
-    const auto result = client.Post(path.c_str(), {{"x-fc-request-id", fc_request_id}, {"x-fc-control-path", path}},
-                                    event, "application/octet-stream");
+    const auto result =
+        client.Post(path.c_str(), {{"x-fc-request-id", fc_request_id}, {"x-fc-control-path", path}},
+                    event, "application/octet-stream");
     if (!result) return {};
     return {result->status, result->get_header_value("x-fc-status"), result->body};
   }
@@ -82,7 +84,9 @@ class FcRuntimeTest : public ::testing::Test {
   static std::int64_t grants(const std::string& order) {
     pqxx::connection conn(pg_url_);
     pqxx::work tx(conn);
-    return tx.exec_params1("SELECT count(*) FROM " + schema_ + ".point_grants WHERE order_id = $1", order)[0]
+    return tx
+        .exec_params1("SELECT count(*) FROM " + schema_ + ".point_grants WHERE order_id = $1",
+                      order)[0]
         .as<std::int64_t>();
   }
 

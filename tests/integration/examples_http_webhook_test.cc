@@ -1,13 +1,11 @@
 // examples/http_webhook end to end: the server runs as a child process against the shared
 // Redis and PostgreSQL, in its own schema and Redis namespace, and is driven with an HTTP client.
 #include <gtest/gtest.h>
-
 #include <httplib.h>
-
-#include <pqxx/pqxx>
 
 #include <algorithm>
 #include <chrono>
+#include <pqxx/pqxx>
 #include <string>
 #include <thread>
 #include <vector>
@@ -37,9 +35,9 @@ class HttpWebhookTest : public ::testing::Test {
     pg_url_ = service_setting("IDEM_TEST_PG_URL");
     if (redis_url_.empty() || pg_url_.empty()) return;
     schema_ = unique_name("webhook");
-    server_ = new ChildProcess({IDEM_HTTP_WEBHOOK_BIN, "--port", "0", "--redis-url", redis_url_, "--pg-url",
-                                pg_url_, "--schema", schema_, "--ns", schema_, "--handler-delay-ms",
-                                std::to_string(kHandlerDelayMs)});
+    server_ = new ChildProcess({IDEM_HTTP_WEBHOOK_BIN, "--port", "0", "--redis-url", redis_url_,
+                                "--pg-url", pg_url_, "--schema", schema_, "--ns", schema_,
+                                "--handler-delay-ms", std::to_string(kHandlerDelayMs)});
     const auto line = server_->wait_for_line("listening on http://127.0.0.1:", seconds(20));
     if (line) port_ = std::stoi(line->substr(line->rfind(':') + 1));
   }
@@ -66,7 +64,8 @@ class HttpWebhookTest : public ::testing::Test {
   // The Redis keys of the server's namespace.
   static std::vector<std::string> keys() {
     std::vector<std::string> out;
-    const std::string listing = redis_cli(redis_url_, {"--scan", "--pattern", "idem:" + schema_ + ":*"});
+    const std::string listing =
+        redis_cli(redis_url_, {"--scan", "--pattern", "idem:" + schema_ + ":*"});
     for (std::size_t start = 0; start < listing.size();) {
       const std::size_t end = std::min(listing.find('\n', start), listing.size());
       if (end > start) out.push_back(listing.substr(start, end - start));
@@ -87,7 +86,8 @@ class HttpWebhookTest : public ::testing::Test {
     client.set_read_timeout(seconds(10));
     const auto result = client.Post("/refunds", headers, body, "application/json");
     if (!result) return {};
-    return {result->status, result->get_header_value("Idempotent-Replayed") == "true", result->body};
+    return {result->status, result->get_header_value("Idempotent-Replayed") == "true",
+            result->body};
   }
 
   static Reply refund(const std::string& key, const std::string& order, int account, int amount) {
@@ -103,7 +103,8 @@ class HttpWebhookTest : public ::testing::Test {
   }
 
   static std::int64_t refunds(const std::string& order) {
-    return sql_count("SELECT count(*) FROM " + schema_ + ".refund_records WHERE order_id = '" + order + "'");
+    return sql_count("SELECT count(*) FROM " + schema_ + ".refund_records WHERE order_id = '" +
+                     order + "'");
   }
 
   static inline std::string redis_url_;
@@ -151,8 +152,8 @@ TEST_F(HttpWebhookTest, MissingOrInvalidKeyIs400) {
   EXPECT_EQ(post(body, {}).status, 400);
   EXPECT_EQ(post(body, {{"Idempotency-Key", "unquoted-token"}}).status, 400);  // not an sf-string
   EXPECT_EQ(post(body, {{"Idempotency-Key", "\"has space\""}}).status, 400);   // not a valid ID
-  EXPECT_EQ(post(body, {{"X-Request-ID", "trace-1"}}).status, 400);             // tracing, not a key
-  EXPECT_EQ(refund("key-bad-body", "", 2, 100).status, 400);                    // empty order_id
+  EXPECT_EQ(post(body, {{"X-Request-ID", "trace-1"}}).status, 400);            // tracing, not a key
+  EXPECT_EQ(refund("key-bad-body", "", 2, 100).status, 400);                   // empty order_id
   EXPECT_EQ(refunds("o-2"), 0);
   EXPECT_EQ(post(body, {{"X-Idempotency-Key", "key-x"}}).status, 200);
   EXPECT_EQ(refunds("o-2"), 1);
@@ -171,7 +172,8 @@ TEST_F(HttpWebhookTest, RepeatWhileTheFirstRunsIs409) {
   // Once the claim is visible in Redis the first request holds it for kHandlerDelayMs.
   const auto deadline = std::chrono::steady_clock::now() + seconds(5);
   while (!claimed("key-inflight")) {
-    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the first request never claimed its key";
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline)
+        << "the first request never claimed its key";
     std::this_thread::sleep_for(milliseconds(10));
   }
   const Reply second = refund("key-inflight", "o-4", 4, 100);
@@ -193,7 +195,8 @@ TEST_F(HttpWebhookTest, MetricsServePrometheusText) {
   const auto result = client.Get("/metrics");
   ASSERT_TRUE(result);
   EXPECT_EQ(result->status, 200);
-  EXPECT_NE(result->body.find("idem_decisions_total{layer=\"handler\",outcome=\"executed\"}"), std::string::npos)
+  EXPECT_NE(result->body.find("idem_decisions_total{layer=\"handler\",outcome=\"executed\"}"),
+            std::string::npos)
       << result->body;
 }
 
