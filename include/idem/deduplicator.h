@@ -39,13 +39,13 @@ namespace idem {
 /// (`id:{user}:{intent}:{request_id}`), else from the payload fingerprint (the fallback key
 /// `fp:{user}:{intent}:{hex}`). The three forms never collide.
 struct Request {
-  std::string request_id;  ///< Request ID (validated, see request_id.h); empty when none.
-  std::string user;        ///< User or account; required (idem::InvalidKey when empty).
-  std::string intent;      ///< Operation name, e.g. "refund"; required.
-  std::string biz_key;     ///< Business identity, e.g. "order-7"; empty when none.
-  std::string payload;     ///< JSON payload to fingerprint; empty when none.
+  std::string request_id{};  ///< Request ID (validated, see request_id.h); empty when none.
+  std::string user{};        ///< User or account; required (idem::InvalidKey when empty).
+  std::string intent{};      ///< Operation name, e.g. "refund"; required.
+  std::string biz_key{};     ///< Business identity, e.g. "order-7"; empty when none.
+  std::string payload{};     ///< JSON payload to fingerprint; empty when none.
   int attempt = 1;         ///< Delivery count reported by the caller (MQ, FC retry); for logs.
-  std::stop_token stop;    ///< Cancels the handler when stop is requested (see Context).
+  std::stop_token stop{};    ///< Cancels the handler when stop is requested (see Context).
 };
 
 /// What happens when Redis is unreachable, slow or its circuit breaker is open.
@@ -78,7 +78,7 @@ enum class FailureAction {
 /// The caller's verdict on a handler exception.
 struct FailureDecision {
   FailureAction action = FailureAction::kRelease;
-  std::string response;  ///< The response to store with kStoreAsResponse.
+  std::string response{};  ///< The response to store with kStoreAsResponse.
 };
 
 namespace detail {
@@ -125,7 +125,7 @@ struct DeduplicatorOptions {
   std::chrono::milliseconds local_cache_ttl{std::chrono::seconds(30)};
   /// Layer 2: a RedisGuard (shared across processes) or an InMemoryGuard (one process).
   /// Shared so several deduplicators can use one pool.
-  std::shared_ptr<Guard> guard;
+  std::shared_ptr<Guard> guard{};
   /// Layer 3: how payloads are fingerprinted (mismatch detection and the fallback key); scope
   /// is the request's user. nullopt turns the layer off. With a time_bucket, the fallback key
   /// of a request without ID or business key is per bucket, and the guard also checks the
@@ -133,13 +133,13 @@ struct DeduplicatorOptions {
   /// mismatch fingerprint never includes the bucket.
   std::optional<FingerprintOptions> fingerprint = FingerprintOptions{};
   /// Layer 4. Shared so several deduplicators can use one pool.
-  std::shared_ptr<PgSink> sink;
+  std::shared_ptr<PgSink> sink{};
   /// How long the guard keeps a completed fallback-key record (a request with neither request
   /// ID nor business key, keyed by its payload), in ms; other keys keep the guard's retention.
   std::chrono::milliseconds fallback_retention{kFallbackKeyRetention};
 
   /// Redis failure policy. Unset: kFailOpen when a sink is configured, kFailClosed otherwise.
-  std::optional<RedisFailurePolicy> on_redis_failure;
+  std::optional<RedisFailurePolicy> on_redis_failure{};
   /// Missing-key policy. Default: reject.
   MissingKeyPolicy on_missing_key = MissingKeyPolicy::kReject;
   /// Concurrent-duplicate policy. Default: answer InProgress at once.
@@ -151,19 +151,19 @@ struct DeduplicatorOptions {
   /// Intents whose handler is naturally idempotent (updates, notifications): a retry of the
   /// same request ID (REPEAT_SAME) while the first is in progress runs the handler too, without
   /// a claim, instead of answering InProgress.
-  std::set<std::string, std::less<>> reentrant_intents;
+  std::set<std::string, std::less<>> reentrant_intents{};
   /// Decides what a handler exception does to the claim. Empty: always release. Called with
   /// the exception; must not throw.
-  std::function<FailureDecision(std::exception_ptr)> on_handler_failure;
+  std::function<FailureDecision(std::exception_ptr)> on_handler_failure{};
   /// Renews the Redis lease of a running handler at this interval (a helper thread per call);
   /// 0 (default) turns automatic renewal off. Failures show in Context::lease_lost().
   std::chrono::milliseconds auto_renew_interval{0};
 
   /// Counters and histograms (e.g. an InProcessMetrics); null for none.
-  std::shared_ptr<Metrics> metrics;
+  std::shared_ptr<Metrics> metrics{};
   /// Called once per decision with the request ID, key, fingerprint, layer, outcome, latency and
   /// attempt. Must not throw; nothing is logged when empty.
-  std::function<void(const DecisionEvent&)> on_decision;
+  std::function<void(const DecisionEvent&)> on_decision{};
 };
 
 /// The idempotency facade. Thread-safe: one instance serves all threads.

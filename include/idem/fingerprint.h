@@ -102,8 +102,8 @@ class IDEM_EXPORT Fingerprinter {
   /// for a sliding-window check: a repeat one second across a bucket boundary matches
   /// `previous`. Without a time bucket, `previous` is empty. Throws as fingerprint().
   struct Window {
-    std::string current;
-    std::string previous;
+    std::string current{};
+    std::string previous{};
     /// True when `stored` is the current or the previous bucket's fingerprint.
     [[nodiscard]] bool matches(std::string_view stored) const noexcept {
       return stored == current || (!previous.empty() && stored == previous);

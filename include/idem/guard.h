@@ -24,17 +24,17 @@ struct ClaimResult {
   ClaimStatus status = ClaimStatus::kFirst;
   /// The caller's owner token (32 lowercase hex characters, 128 random bits, unique per
   /// attempt) when status is kFirst; needed for complete/release/renew. Empty otherwise.
-  std::string owner_token;
+  std::string owner_token{};
   /// State of the record found (kInProgress for a fresh claim).
   RecordState state = RecordState::kInProgress;
   /// Whether the stored fingerprint equals the caller's. True for a fresh claim, and when
   /// either side has no fingerprint (empty string).
   bool fingerprint_matches = true;
   /// The stored response of a COMPLETED record, when it was stored verbatim.
-  std::optional<std::string> response;
+  std::optional<std::string> response{};
   /// SHA-256 (lowercase hex) of the stored response of a COMPLETED record whose response was
   /// larger than the guard's response cap (then `response` is empty).
-  std::optional<std::string> response_sha256;
+  std::optional<std::string> response_sha256{};
 };
 
 /// A guard: claims idempotency keys atomically, and completes, releases or renews a claim only

@@ -14,9 +14,9 @@ namespace idem {
 /// separators and braces included, because encode() escapes them. The namespace is not part of
 /// this struct: it is an option of the guard and of the sink.
 struct IdempotencyKey {
-  std::string user;     ///< User or account the operation belongs to, e.g. "u-1029".
-  std::string intent;   ///< What the operation does, e.g. "refund".
-  std::string biz_key;  ///< The business identity, e.g. an order number "order-7".
+  std::string user{};     ///< User or account the operation belongs to, e.g. "u-1029".
+  std::string intent{};   ///< What the operation does, e.g. "refund".
+  std::string biz_key{};  ///< The business identity, e.g. an order number "order-7".
 
   /// The key text `user:intent:biz_key`, each component escaped by escape_key_component().
   /// Injective: user `1:x` + intent `y` never equals user `1` + intent `x:y`.

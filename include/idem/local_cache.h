@@ -26,7 +26,7 @@ struct LocalCacheOptions {
   /// Independently locked shards: a power of two, 1–256. Default 16.
   std::size_t shards = 16;
   /// Time source for expiry; null means steady_clock() (monotonic, immune to wall-clock steps).
-  std::shared_ptr<Clock> clock;
+  std::shared_ptr<Clock> clock{};
 };
 
 /// A bounded, expiring, sharded LRU map from request ID (or idempotency key) to the stored

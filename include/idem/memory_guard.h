@@ -26,7 +26,7 @@ struct InMemoryGuardOptions {
   /// because dropping a live record could let a duplicate through. Must be ≥ 1.
   std::size_t max_records = 100000;
   /// Time source for the TTLs; null means steady_clock() (monotonic).
-  std::shared_ptr<Clock> clock;
+  std::shared_ptr<Clock> clock{};
 };
 
 /// Guard over a mutex-protected hash map. Same answers as RedisGuard for the same calls

@@ -16,9 +16,9 @@ namespace idem {
 
 /// What the facade decided for one call. The views are valid only during the callback.
 struct DecisionEvent {
-  std::string_view request_id;   ///< Validated request ID; empty when the request had none.
-  std::string_view key;          ///< The idempotency key text (escaped, safe to log).
-  std::string_view fingerprint;  ///< Payload fingerprint (hex); empty when not computed.
+  std::string_view request_id{};   ///< Validated request ID; empty when the request had none.
+  std::string_view key{};          ///< The idempotency key text (escaped, safe to log).
+  std::string_view fingerprint{};  ///< Payload fingerprint (hex); empty when not computed.
   Layer layer = Layer::kHandler; ///< The layer that decided.
   Outcome::Kind outcome = Outcome::Kind::kExecuted;
   std::chrono::microseconds latency{0};  ///< Whole call, handler included.

@@ -33,7 +33,7 @@ struct Outcome {
   };
   Kind kind = Kind::kExecuted;
   Layer layer = Layer::kHandler;        ///< Which layer decided.
-  std::optional<std::string> response;  ///< Handler's or replayed response.
+  std::optional<std::string> response{};  ///< Handler's or replayed response.
 
   /// True when `response` is a replay of an earlier execution's response.
   [[nodiscard]] bool replayed() const noexcept { return kind == Kind::kDuplicate && response.has_value(); }

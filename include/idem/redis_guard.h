@@ -71,8 +71,8 @@ enum class ClaimMethod {
 
 /// Options of a RedisGuard.
 struct RedisGuardOptions {
-  RedisOptions redis;
-  CircuitBreakerOptions breaker;
+  RedisOptions redis{};
+  CircuitBreakerOptions breaker{};
   /// First component of every Redis key: `{prefix}:{ns}:{key text}`. Escaped like a key
   /// component (see escape_key_component()). Must be non-empty.
   std::string prefix = "idem";

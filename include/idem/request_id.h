@@ -86,8 +86,8 @@ enum class RequestIdHeader {
 
 /// A request ID taken from inbound headers.
 struct InboundRequestId {
-  std::string id;          ///< Always a valid request ID.
-  RequestIdHeader source;  ///< The header it came from.
+  std::string id{};          ///< Always a valid request ID.
+  RequestIdHeader source{};  ///< The header it came from.
   /// True when the `X-Request-ID` value was invalid (control bytes, CR/LF, over 64 bytes,
   /// empty, several fields) and `id` was generated instead; log it, the bad value is dropped.
   bool replaced = false;

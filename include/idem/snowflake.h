@@ -38,11 +38,11 @@ struct SnowflakeOptions {
   /// idem::ClockMovedBackwards at once. Default 10 ms; 0 never waits; >= 0.
   std::chrono::milliseconds max_backward_wait{10};
   /// Time source (ms since the Unix epoch); null means system_clock().
-  std::shared_ptr<Clock> clock;
+  std::shared_ptr<Clock> clock{};
   /// Optional Redis lease on the worker ID (worker_lease.h). When set, worker_id may stay -1
   /// (the lease's is used) or must equal the lease's, and next() refuses to issue IDs once
   /// the clock reaches the lease's valid_until_ms() (lost, or not renewed in time).
-  std::shared_ptr<const WorkerIdLease> lease;
+  std::shared_ptr<const WorkerIdLease> lease{};
 };
 
 /// The fields of a Snowflake ID.

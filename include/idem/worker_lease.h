@@ -16,12 +16,12 @@ namespace idem {
 struct WorkerIdLeaseOptions {
   /// Where the lease lives. Only url, connect_timeout, command_timeout and keepalive are used
   /// (one connection, owned by the lease).
-  RedisOptions redis;
+  RedisOptions redis{};
   /// The worker ID to lease, 0–1023. Required: the default -1 is a ConfigError.
   std::int32_t worker_id = -1;
   /// This process' identity, stored as the key's value (shown by GET, useful when a start-up
   /// is refused). Empty (the default) means a fresh UUIDv7.
-  std::string owner;
+  std::string owner{};
   /// The key is key_prefix + worker ID in decimal: "idem:worker:17" by default.
   std::string key_prefix = "idem:worker:";
   /// Lease time to live, ms (SET … PX): how long the ID stays reserved after this process
@@ -32,7 +32,7 @@ struct WorkerIdLeaseOptions {
   std::chrono::milliseconds renew_interval{3000};
   /// Time source for valid_until_ms(), ms since the Unix epoch; null means system_clock().
   /// Give a SnowflakeGenerator that uses this lease the same clock.
-  std::shared_ptr<Clock> clock;
+  std::shared_ptr<Clock> clock{};
 };
 
 /// Holds `SET {key_prefix}{worker_id} {owner} NX PX {ttl}` on Redis for its lifetime and renews
