@@ -32,6 +32,8 @@ struct CallState {
   std::string owner_token;  // non-empty while this call owns a Redis claim
   std::string previous_bucket_key;  // fallback key of the previous time bucket, when bucketed
   bool reentrant_retry = false;  // REPEAT_SAME of an in-progress reentrant intent: run, unclaimed
+  bool handler_started = false;  // the handler was called (inside the sink's transaction)
+  bool commit_started = false;   // the handler returned and the commit was under way
   Guard* guard = nullptr;
   std::chrono::milliseconds lease{0};
   std::atomic<SteadyClock::rep> lease_deadline{0};
@@ -257,24 +259,34 @@ struct Deduplicator::Impl {
   Outcome run_in_transaction(detail::CallState& call, const ErasedHandler& handler, Context& context,
                              bool claim_row) {
     Outcome outcome;
-    bool handler_started = false;
     try {
-      options.sink->transact([&](pqxx::transaction_base& tx) {
+      options.sink->transact_if([&](pqxx::transaction_base& tx) {
         if (claim_row) {
           SinkClaim claim = options.sink->claim(tx, call.key, call.sink_owner, call.fingerprint);
           if (auto stopped = detail::decide_on_sink(std::move(claim))) {
             outcome = *std::move(stopped);
-            return;
+            return false;
           }
         }
-        handler_started = true;
-        std::string response = handler(&tx, context);
+        call.handler_started = true;
+        std::string response;
+        const auto business_write = [&](pqxx::transaction_base& t) { response = handler(&t, context); };
+        if (options.sink->options().business_constraints.empty()) {
+          business_write(tx);
+        } else if (!options.sink->run_business_write(tx, business_write)) {
+          // A UNIQUE constraint of the caller's own tables says the effect already exists (C11):
+          // a duplicate, with no response to replay; nothing of this call commits.
+          outcome = detail::decide_repeat(Layer::kPgSink, RecordState::kCompleted, true, std::nullopt);
+          return false;
+        }
         if (claim_row) options.sink->complete(tx, call.key, response);
+        call.commit_started = true;
         outcome = executed(std::move(response));
+        return true;
       });
     } catch (const PostgresError&) {
       record_backend_error(Layer::kPgSink);
-      if (handler_started) throw;  // the commit may or may not have happened: keep the claim
+      if (call.handler_started) throw;  // decide() tells a handler's error from a failed commit
       return stopped_by(Layer::kPgSink, Outcome::Kind::kUnavailable);
     }
     return outcome;
@@ -373,7 +385,12 @@ struct Deduplicator::Impl {
     } catch (const Cancelled&) {
       throw;  // the claim lives until its lease ends: never released on cancellation
     } catch (const PostgresError&) {
-      throw;  // a failed commit: the outcome is unknown, so the claim is kept
+      // A failed commit leaves the outcome unknown: the claim is kept. An error of the
+      // handler's own statements is a business failure like any other.
+      if (!call.commit_started && !call.stop_requested()) {
+        on_failure(call, transactional, std::current_exception());
+      }
+      throw;
     } catch (...) {
       if (!call.stop_requested()) on_failure(call, transactional, std::current_exception());
       throw;

@@ -296,6 +296,8 @@ bool PgSink::release(std::string_view key, std::string_view request_id) {
   });
 }
 
+const PgSinkOptions& PgSink::options() const noexcept { return impl_->options; }
+
 std::size_t PgSink::purge_expired(std::size_t batch_size) {
   if (batch_size == 0) throw ConfigError("idem: purge_expired batch_size must be >= 1");
   std::size_t total = 0;

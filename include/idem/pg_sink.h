@@ -159,6 +159,9 @@ class IDEM_EXPORT PgSink {
   /// Returns how many rows were deleted.
   std::size_t purge_expired(std::size_t batch_size = 1000);
 
+  /// The options in force (as validated by the constructor).
+  [[nodiscard]] const PgSinkOptions& options() const noexcept;
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;

@@ -484,5 +484,43 @@ TEST_F(DeduplicatorTest, MetricsAndDecisionEventsSeeEveryCall) {
   EXPECT_EQ(events[1], "r2|u1:refund:e1|redis_guard|duplicate|1");
 }
 
+TEST_F(DeduplicatorTest, ABusinessTablesUniqueViolationIsADuplicateAndTheConnectionStaysUsable) {
+  {
+    pqxx::connection conn(pg_url_);
+    pqxx::work tx(conn);
+    tx.exec0("CREATE UNIQUE INDEX ledger_order_key ON " + schema_ + ".ledger (order_id)");
+    tx.exec0("INSERT INTO " + schema_ + ".ledger VALUES ('b1', 5)");  // done before idem was there
+    tx.commit();
+  }
+  Setup s = setup();
+  s.sink.pool_size = 1;  // the next call must reuse the connection of the violation
+  s.sink.business_constraints = {"ledger_order_key"};
+  const auto guarded = make(s);
+  const Outcome outcome = guarded->run_transactional(request("r1", "b1"), refund("b1"));
+  EXPECT_EQ(outcome.kind, Outcome::Kind::kDuplicate);
+  EXPECT_EQ(outcome.layer, Layer::kPgSink);
+  EXPECT_FALSE(outcome.response.has_value());
+  EXPECT_EQ(ledger_rows(), 1);
+  EXPECT_EQ(guarded->run_transactional(request("r2", "b2"), refund("b2")).kind, Outcome::Kind::kExecuted);
+  EXPECT_EQ(ledger_rows(), 2);
+}
+
+TEST_F(DeduplicatorTest, AnotherConstraintsViolationInTheHandlerIsABusinessErrorThatReleases) {
+  {
+    pqxx::connection conn(pg_url_);
+    pqxx::work tx(conn);
+    tx.exec0("ALTER TABLE " + schema_ + ".ledger ADD CONSTRAINT positive CHECK (amount > 0)");
+    tx.commit();
+  }
+  auto negative = [this](pqxx::transaction_base& tx) {
+    tx.exec0("INSERT INTO " + schema_ + ".ledger VALUES ('b3', -1)");
+    return std::string("never");
+  };
+  EXPECT_THROW((void)dedup_->run_transactional(request("r1", "b3"), negative), PostgresError);
+  const Outcome retry = dedup_->run_transactional(request("r1", "b3"), refund("b3"));
+  EXPECT_EQ(retry.kind, Outcome::Kind::kExecuted) << "the claim of the failed attempt was released";
+  EXPECT_EQ(ledger_rows(), 1);
+}
+
 }  // namespace
 }  // namespace idem

@@ -28,8 +28,9 @@ std::string unique_name(const std::string& stem) {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
   std::string name = stem + "_" + std::to_string(::getpid()) + "_" + std::to_string(counter++);
   if (info != nullptr) name += std::string("_") + info->name();
+  // Lowercase: a name used unquoted in SQL folds to lowercase, quoted it does not; both must agree.
   for (char& c : name) {
-    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+    c = std::isalnum(static_cast<unsigned char>(c)) ? static_cast<char>(std::tolower(static_cast<unsigned char>(c))) : '_';
   }
   return name;
 }

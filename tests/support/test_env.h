@@ -15,7 +15,8 @@ namespace idem::test {
 /// The value of `name` from the environment or the services file; empty when neither has it.
 std::string service_setting(const std::string& name);
 
-/// A name unique to this test process and test, for key prefixes, namespaces and schemas.
+/// A lowercase name unique to this test process and test, for key prefixes, namespaces and
+/// schemas ([a-z0-9_] only, so it is the same SQL identifier quoted or not).
 std::string unique_name(const std::string& stem);
 
 }  // namespace idem::test
