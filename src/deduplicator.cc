@@ -189,8 +189,13 @@ struct Deduplicator::Impl {
   // Redis claim when call.owner_token is set).
   std::optional<Outcome> claim_fast_layers(detail::CallState& call) {
     if (local_cache) {
-      if (auto response = local_cache->get(call.key)) {
-        return detail::decide_repeat(Layer::kRequestId, RecordState::kCompleted, true, std::move(response));
+      if (auto entry = local_cache->get(call.key)) {
+        // The entry is "<fingerprint>\0<response>" (a fingerprint is hex: it holds no NUL).
+        const std::size_t split = entry->find('\0');
+        const std::string_view stored_fingerprint = std::string_view(*entry).substr(0, split);
+        const bool matches = stored_fingerprint.empty() || call.fingerprint.empty() ||
+                             stored_fingerprint == call.fingerprint;
+        return detail::decide_repeat(Layer::kRequestId, RecordState::kCompleted, matches, entry->substr(split + 1));
       }
     }
     if (!options.guard) return std::nullopt;
@@ -243,7 +248,7 @@ struct Deduplicator::Impl {
   }
 
   void complete_guard(detail::CallState& call, const std::string& response) noexcept {
-    if (local_cache) local_cache->put(call.key, response);
+    if (local_cache) local_cache->put(call.key, call.fingerprint + '\0' + response);
     if (call.owner_token.empty()) return;
     try {
       const bool fallback_key = call.request->biz_key.empty() && call.request->request_id.empty();

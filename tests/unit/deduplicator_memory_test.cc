@@ -51,6 +51,17 @@ TEST_F(InMemoryFacade, ABusinessErrorReleasesAndACancellationKeeps) {
   EXPECT_EQ(retry.layer, Layer::kRedisGuard);
 }
 
+TEST_F(InMemoryFacade, TheLocalCacheAlsoAnswersMismatchForAnotherPayload) {
+  (void)dedup_.run(request("r1", "b5", R"({"amount":1})"), handler_);
+  const Outcome other = dedup_.run(request("r2", "b5", R"({"amount":2})"), handler_);
+  EXPECT_EQ(other.kind, Outcome::Kind::kMismatch);
+  EXPECT_EQ(other.layer, Layer::kRequestId);
+  const Outcome same = dedup_.run(request("r3", "b5", R"({ "amount" : 1 })"), handler_);
+  EXPECT_EQ(same.kind, Outcome::Kind::kDuplicate);
+  EXPECT_EQ(same.response, "sent 1");
+  EXPECT_EQ(runs_, 1);
+}
+
 TEST_F(InMemoryFacade, SameKeyOtherPayloadIsMismatch) {
   (void)dedup_.run(request("r1", "b4", R"({"amount":1})"), handler_);
   DeduplicatorOptions no_cache;
