@@ -277,8 +277,9 @@ bool rewrite_wide_integers(char* text, std::size_t size) {
 
 // Writes `text` quoted, in the form's escaping, at `out` (room for 6 * size + 2 + kChunk
 // bytes); returns the end. Works a chunk at a time: `text` lies in simdjson's string buffer,
-// which has SIMDJSON_PADDING readable bytes after every string, so the last chunk may read past
-// its end (those bytes are masked off and overwritten).
+// where every string ends with a NUL byte (doc/tape.md) followed by readable padding, so the
+// scan needs no length checks: the NUL is the first "control character" at or after the end.
+// The bytes a chunk copies past it are overwritten.
 template <CanonicalForm kForm>
 char* write_string(char* out, std::string_view text) {
   constexpr bool kAscii = kForm == CanonicalForm::kPythonJsonDumps;
@@ -286,19 +287,18 @@ char* write_string(char* out, std::string_view text) {
   *out++ = '"';
   const auto* p = reinterpret_cast<const unsigned char*>(text.data());
   const auto* const end = p + text.size();
-  while (p < end) {
+  for (;;) {
     std::memcpy(out, p, kChunk);
-    const auto valid = static_cast<std::size_t>(std::min<std::ptrdiff_t>(end - p, kChunk));
-    std::uint64_t hits = chunk_hits<kAscii>(p);
-    if (valid < kChunk) hits &= (std::uint64_t{1} << (kHitBitsPerByte * valid)) - 1;
+    const std::uint64_t hits = chunk_hits<kAscii>(p);
     if (hits == 0) {
-      out += valid;
-      p += valid;
+      out += kChunk;
+      p += kChunk;
       continue;
     }
     const auto clean = static_cast<std::size_t>(std::countr_zero(hits) / kHitBitsPerByte);
     out += clean;
     p += clean;
+    if (p == end) break;
     out = write_escape(out, p, escapes[*p]);
   }
   *out++ = '"';
