@@ -4,7 +4,6 @@
 # path against the sum of its parts, against the services of scripts/dev (see
 # bench/facade_bench.cc for what each figure means).
 set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-build="${IDEM_BUILD_DIR:-$root/build}"
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cmake --build "$build" --target idem-bench-facade >/dev/null
 exec "$build/bench/idem-bench-facade" --redis-url "$IDEM_TEST_REDIS_URL" --pg-url "$IDEM_TEST_PG_URL" "$@"

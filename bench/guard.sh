@@ -22,17 +22,9 @@ set -euo pipefail
 report=""
 runs=3
 redis_url=""
-while [[ $# -gt 0 ]]; do
-  case "$1" in
-    --report-json) report="$2"; shift 2 ;;
-    --runs) runs="$2"; shift 2 ;;
-    --redis-url) redis_url="$2"; shift 2 ;;
-    *) echo "bench/guard.sh: unknown argument $1" >&2; exit 2 ;;
-  esac
-done
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+parse_bench_args "$@"
 
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-build="${IDEM_BUILD_DIR:-$root/build}"
 for tool in redis-server redis-cli redis-benchmark; do
   command -v "$tool" >/dev/null || { echo "bench/guard.sh: $tool not found" >&2; exit 2; }
 done
@@ -86,7 +78,6 @@ run_rb() {  # clients requests pipeline command...
     --csv "$@" 2>/dev/null | tail -1 | tr -d '"' | awk -F, '{printf "%s %.1f\n", $2, $7 * 1000}'
 }
 
-median() { printf '%s\n' "$@" | sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
 field() { cut -d' ' -f"$1"; }
 
 json="{"
@@ -126,10 +117,6 @@ for scenario in clients_1 clients_50 batch_16; do
   json+=" \"idem_set_nx_get_p99_us\": $setget_p99, \"redis_benchmark_evalsha_p99_us\": $eval_p99,"
   json+=" \"clients\": $clients, \"requests_per_run\": $requests}, "
 done
-load="$(cut -d' ' -f1-3 /proc/loadavg | tr ' ' ',')"
-json+="\"default_claim_method\": \"set_nx_get\", \"runs\": $runs, \"loadavg_1_5_15\": [$load]}"
+json+="\"default_claim_method\": \"set_nx_get\", \"runs\": $runs, \"loadavg_1_5_15\": $(loadavg_json)}"
 
-if [[ -n "$report" ]]; then
-  printf '%s\n' "$json" >"$report"
-  echo "report: $report" >&2
-fi
+write_report "$json"

@@ -16,17 +16,9 @@ set -euo pipefail
 report=""
 seconds=5
 runs=3
-while [[ $# -gt 0 ]]; do
-  case "$1" in
-    --report-json) report="$2"; shift 2 ;;
-    --seconds) seconds="$2"; shift 2 ;;
-    --runs) runs="$2"; shift 2 ;;
-    *) echo "bench/pg.sh: unknown argument $1" >&2; exit 2 ;;
-  esac
-done
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+parse_bench_args "$@"
 
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-build="${IDEM_BUILD_DIR:-$root/build}"
 url="${IDEM_TEST_PG_URL:-}"
 if [[ -z "$url" ]]; then
   services="${IDEM_SERVICES_FILE:-$root/.services/env}"
@@ -94,7 +86,6 @@ run_pair() {  # mode clients
 }
 
 mean() { printf '%s\n' "$@" | awk '{s += $1} END {printf "%.1f", s / NR}'; }
-median() { printf '%s\n' "$@" | sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
 json_list() { local IFS=,; echo "[$*]"; }
 
 json="{"
@@ -119,10 +110,6 @@ for mode in claim claim_plus_update; do
   [[ $mode == claim ]] && json+=", "
 done
 # The load on the machine during the run (benchmarks on shared cores are noisy: compare ratios).
-load="$(cut -d' ' -f1-3 /proc/loadavg | tr ' ' ',')"
-json+=", \"seconds_per_run\": $seconds, \"runs\": $runs, \"loadavg_1_5_15\": [$load]}"
+json+=", \"seconds_per_run\": $seconds, \"runs\": $runs, \"loadavg_1_5_15\": $(loadavg_json)}"
 
-if [[ -n "$report" ]]; then
-  printf '%s\n' "$json" >"$report"
-  echo "report: $report" >&2
-fi
+write_report "$json"

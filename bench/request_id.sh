@@ -21,17 +21,9 @@ set -euo pipefail
 report=""
 seconds=1
 runs=5
-while [[ $# -gt 0 ]]; do
-  case "$1" in
-    --report-json) report="$2"; shift 2 ;;
-    --seconds) seconds="$2"; shift 2 ;;
-    --runs) runs="$2"; shift 2 ;;
-    *) echo "bench/request_id.sh: unknown argument $1" >&2; exit 2 ;;
-  esac
-done
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+parse_bench_args "$@"
 
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-build="${IDEM_BUILD_DIR:-$root/build}"
 cmake --build "$build" --target idem-bench-request-id >/dev/null
 harness="$build/bench/idem-bench-request-id"
 
@@ -41,7 +33,6 @@ for ((r = 0; r < runs; r++)); do
   "$harness" --seconds "$seconds" >"$work/run$r.txt"
 done
 
-median() { printf '%s\n' "$@" | sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
 json_list() { local IFS=,; echo "[$*]"; }
 
 limit=4096000
@@ -70,11 +61,7 @@ ratio="$(awk -v a="${med[local_cache_lookups_per_s]}" -v b="${med[map_mutex_look
   'BEGIN {printf "%.3f", a / b}')"
 printf '%-40s %14s\n' "local_cache_vs_map_mutex_ratio" "$ratio"
 json+="\"local_cache_vs_map_mutex_ratio\": $ratio, "
-load="$(cut -d' ' -f1-3 /proc/loadavg | tr ' ' ',')"
-json+="\"seconds_per_run\": $seconds, \"runs\": $runs, \"loadavg_1_5_15\": [$load], "
+json+="\"seconds_per_run\": $seconds, \"runs\": $runs, \"loadavg_1_5_15\": $(loadavg_json), "
 json+="\"runs_detail\": {${detail%, }}}"
 
-if [[ -n "$report" ]]; then
-  printf '%s\n' "$json" >"$report"
-  echo "report: $report" >&2
-fi
+write_report "$json"
