@@ -315,14 +315,6 @@ bool utf16_less(std::string_view a, std::string_view b) noexcept {
                          static_cast<unsigned char>(*mismatch.second));
 }
 
-void CanonicalWriter::grow(std::size_t needed) {
-  const std::size_t capacity = std::max(needed, capacity_ * 2);
-  auto bigger = std::make_unique<char[]>(capacity);
-  if (size_ != 0) std::memcpy(bigger.get(), out_.get(), size_);
-  out_ = std::move(bigger);
-  capacity_ = capacity;
-}
-
 std::string_view CanonicalWriter::write(std::string_view json, const Options& options) {
   options_ = options;
   if (input_capacity_ < json.size() + simdjson::SIMDJSON_PADDING) {
@@ -339,8 +331,14 @@ std::string_view CanonicalWriter::write(std::string_view json, const Options& op
     throw PayloadError(std::string("invalid JSON: ") + simdjson::error_message(error));
   tape_ = parser_.doc.tape.get();
   strings_ = parser_.doc.string_buf.get();
+  // The canonical text is at most 6 bytes per input byte (a raw DEL becomes \u007f in the
+  // python form; numbers grow less: 1e20 becomes 21 digits), plus the string writer's chunk.
+  const std::size_t max_output = 6 * json.size() + 2 * kChunk;
+  if (capacity_ < max_output) {
+    capacity_ = std::max<std::size_t>(max_output, 4096);
+    out_ = std::make_unique_for_overwrite<char[]>(capacity_);
+  }
   size_ = 0;
-  reserve(json.size() + 64);
   members_.clear();
   const Selection* selection = options.selection;
   include_hits_.assign(selection != nullptr ? selection->include_count() : 0, false);
@@ -384,7 +382,7 @@ bool CanonicalWriter::write_entry(const std::string_view* key, std::size_t value
   if (choice == Pick::kProbe && type != '{' && type != '[') return false;
   const std::size_t mark = size_;
   const std::size_t selected_before = selected_values_;
-  char* out = reserve(key != nullptr ? 6 * key->size() + 4 + kChunk : 1);
+  char* out = cursor();
   if (!first) *out++ = ',';
   if (key != nullptr) {
     out = write_string<kForm>(out, *key);
@@ -411,34 +409,34 @@ std::size_t CanonicalWriter::write_value(std::size_t index, std::size_t depth,
       return write_array<kForm>(index, depth + 1, node, selected);
     case '"': {
       const std::string_view text = tape_string(strings_, word);
-      commit(write_string<kForm>(reserve(6 * text.size() + 2 + kChunk), text));
+      commit(write_string<kForm>(cursor(), text));
       return index + 1;
     }
     case 'l': {
-      char* out = reserve(24);
+      char* out = cursor();
       commit(std::to_chars(out, out + 24, static_cast<std::int64_t>(tape_[index + 1])).ptr);
       return index + 2;
     }
     case 'u': {
-      char* out = reserve(24);
+      char* out = cursor();
       commit(std::to_chars(out, out + 24, tape_[index + 1]).ptr);
       return index + 2;
     }
     case 'd': {
-      char* out = reserve(kMaxNumberText);
+      char* out = cursor();
       const auto number = std::bit_cast<double>(tape_[index + 1]);
       commit(kForm == CanonicalForm::kRfc8785 ? write_ecmascript_number(out, number)
                                               : write_python_float(out, number));
       return index + 2;
     }
     case 't':
-      commit(std::copy_n("true", 4, reserve(4)));
+      commit(std::copy_n("true", 4, cursor()));
       return index + 1;
     case 'f':
-      commit(std::copy_n("false", 5, reserve(5)));
+      commit(std::copy_n("false", 5, cursor()));
       return index + 1;
     default:  // 'n'
-      commit(std::copy_n("null", 4, reserve(4)));
+      commit(std::copy_n("null", 4, cursor()));
       return index + 1;
   }
 }
@@ -455,12 +453,12 @@ std::size_t CanonicalWriter::write_object(std::size_t index, std::size_t depth,
   }
   const auto first = members_.begin() + static_cast<std::ptrdiff_t>(begin);
   sort_members<kForm>(first, members_.end());
-  *reserve(1) = '{', ++size_;
+  *cursor() = '{', ++size_;
   bool empty = true;
   for (std::size_t i = begin; i < members_.size(); ++i) {
     const Member member = members_[i];  // members_ may grow while the value is written
     if (node == nullptr) {              // no selection below here: write everything
-      char* out = reserve(6 * member.key.size() + 4 + kChunk);
+      char* out = cursor();
       if (!empty) *out++ = ',';
       out = write_string<kForm>(out, member.key);
       *out++ = ':';
@@ -472,7 +470,7 @@ std::size_t CanonicalWriter::write_object(std::size_t index, std::size_t depth,
       empty = false;
     }
   }
-  *reserve(1) = '}', ++size_;
+  *cursor() = '}', ++size_;
   members_.resize(begin);
   return end;
 }
@@ -482,12 +480,12 @@ std::size_t CanonicalWriter::write_array(std::size_t index, std::size_t depth,
                                          const SelectionNode* node, bool selected) {
   if (depth > options_.max_depth) throw PayloadError("JSON nesting deeper than the limit");
   const std::size_t end = tape_payload(tape_[index]) & 0xFFFFFFFF;  // index after the matching ']'
-  *reserve(1) = '[', ++size_;
+  *cursor() = '[', ++size_;
   bool empty = true;
   std::size_t position = 0;
   for (std::size_t i = index + 1; i + 1 < end; ++position) {
     if (node == nullptr) {  // no selection below here: write everything
-      if (!empty) *reserve(1) = ',', ++size_;
+      if (!empty) *cursor() = ',', ++size_;
       i = write_value<kForm>(i, depth, nullptr, true);
       empty = false;
       continue;
@@ -499,7 +497,7 @@ std::size_t CanonicalWriter::write_array(std::size_t index, std::size_t depth,
     if (write_entry<kForm>(nullptr, i, depth, child, selected, empty)) empty = false;
     i = tape_after(tape_, i);
   }
-  *reserve(1) = ']', ++size_;
+  *cursor() = ']', ++size_;
   return end;
 }
 

@@ -64,13 +64,10 @@ class CanonicalWriter {
   std::size_t write_array(std::size_t index, std::size_t depth, const SelectionNode* node,
                           bool selected);
 
-  // Room for `extra` more output bytes; returns where they go.
-  char* reserve(std::size_t extra) {
-    if (size_ + extra > capacity_) grow(size_ + extra);
-    return out_.get() + size_;
-  }
+  // Where the next output byte goes: write() sizes the buffer for the longest possible output
+  // up front, so the writers never check for room.
+  char* cursor() { return out_.get() + size_; }
   void commit(const char* end) { size_ = static_cast<std::size_t>(end - out_.get()); }
-  void grow(std::size_t needed);
 
   simdjson::dom::parser parser_;
   const std::uint64_t* tape_ = nullptr;  // parser_.doc's tape and strings (simdjson doc/tape.md)

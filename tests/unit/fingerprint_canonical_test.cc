@@ -99,6 +99,23 @@ TEST(Canonicalize, IntegersBeyondTwoToThe53KeepTheirDigits) {
             "[9007199254740993,-9223372036854775808,18446744073709551615]");
 }
 
+// The writer sizes its buffer for the longest output up front (6 bytes per input byte): the
+// inputs that grow the most must come out whole (and, under ASan, stay inside the buffer).
+TEST(Canonicalize, OutputsThatGrowTheMostFit) {
+  const Fingerprinter python({.form = CanonicalForm::kPythonJsonDumps});
+  std::string escaped;
+  for (int i = 0; i < 1000; ++i) escaped += "\\u007f";
+  EXPECT_EQ(python.canonicalize("\"" + std::string(1000, '\x7F') + "\""), "\"" + escaped + "\"");
+  std::string numbers = "[1e20";
+  std::string expected = "[100000000000000000000";
+  for (int i = 0; i < 500; ++i) {
+    numbers += ",1e20";
+    expected += ",100000000000000000000";
+  }
+  EXPECT_EQ(canonicalize_json(numbers + "]"), expected + "]");
+  EXPECT_EQ(python.canonicalize("[1e15,1e15]"), "[1000000000000000.0,1000000000000000.0]");
+}
+
 TEST(Canonicalize, DuplicateMemberIsPayloadError) {
   EXPECT_THROW((void)canonicalize_json(R"({"a":1,"b":2,"a":3})"), PayloadError);
   // Duplicates are compared after unescaping.
