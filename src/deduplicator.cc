@@ -28,8 +28,8 @@ struct CallState {
   const Request* request = nullptr;
   std::string key;
   std::string fingerprint;
-  std::string sink_owner;   // request ID, or a generated ID when the request has none
-  std::string owner_token;  // non-empty while this call owns a Redis claim
+  std::string sink_owner;           // request ID, or a generated ID when the request has none
+  std::string owner_token;          // non-empty while this call owns a Redis claim
   std::string previous_bucket_key;  // fallback key of the previous time bucket, when bucketed
   bool reentrant_retry = false;  // REPEAT_SAME of an in-progress reentrant intent: run, unclaimed
   bool handler_started = false;  // the handler was called (inside the sink's transaction)
@@ -101,8 +101,10 @@ std::stop_token Context::stop_token() const noexcept { return state_->stop_token
 
 std::chrono::milliseconds Context::remaining_lease() const noexcept {
   if (state_->owner_token.empty()) return std::chrono::milliseconds(0);
-  const auto deadline = SteadyClock::time_point(SteadyClock::duration(state_->lease_deadline.load()));
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now());
+  const auto deadline =
+      SteadyClock::time_point(SteadyClock::duration(state_->lease_deadline.load()));
+  const auto left =
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now());
   return std::max(left, std::chrono::milliseconds(0));
 }
 
@@ -114,10 +116,11 @@ Outcome executed(std::string response) {
   return outcome;
 }
 
-Outcome stopped_by(Layer layer, Outcome::Kind kind) {
+Outcome unavailable(Layer layer, const BackendError& error) {
   Outcome outcome;
-  outcome.kind = kind;
+  outcome.kind = Outcome::Kind::kUnavailable;
   outcome.layer = layer;
+  outcome.error = error.what();
   return outcome;
 }
 
@@ -161,7 +164,10 @@ struct Deduplicator::Impl {
     if (!request.request_id.empty()) validate_request_id(request.request_id);
     const bool has_payload = fingerprinter && !request.payload.empty();
     // The mismatch fingerprint carries no time bucket: the same payload must match across one.
-    if (has_payload) call.fingerprint = fingerprinter->fingerprint(request.payload, request.user);
+    // Scoped by user, except in the seed-compatible form, whose digest has no scope (the key
+    // text still carries the user).
+    const std::string_view scope = fingerprinter && fingerprinter->options().domain_separated ? request.user : "";
+    if (has_payload) call.fingerprint = fingerprinter->fingerprint(request.payload, scope);
     if (!request.biz_key.empty()) {
       call.key = IdempotencyKey{request.user, request.intent, request.biz_key}.encode();
     } else if (!request.request_id.empty()) {
@@ -169,8 +175,8 @@ struct Deduplicator::Impl {
                  escape_key_component(request.intent, "intent") + ':' +
                  escape_key_component(request.request_id, "request_id");
     } else if (has_payload && bucketed_fingerprinter) {
-      const auto window = bucketed_fingerprinter->fingerprint_window(request.payload, request.user,
-                                                                     std::chrono::system_clock::now());
+      const auto window = bucketed_fingerprinter->fingerprint_window(
+          request.payload, request.user, std::chrono::system_clock::now());
       call.key = fallback_key(request.user, request.intent, window.current);
       call.previous_bucket_key = fallback_key(request.user, request.intent, window.previous);
     } else if (has_payload) {
@@ -195,12 +201,14 @@ struct Deduplicator::Impl {
         const std::string_view stored_fingerprint = std::string_view(*entry).substr(0, split);
         const bool matches = stored_fingerprint.empty() || call.fingerprint.empty() ||
                              stored_fingerprint == call.fingerprint;
-        return detail::decide_repeat(Layer::kRequestId, RecordState::kCompleted, matches, entry->substr(split + 1));
+        return detail::decide_repeat(Layer::kRequestId, RecordState::kCompleted, matches,
+                                     entry->substr(split + 1));
       }
     }
     if (!options.guard) return std::nullopt;
     try {
-      ClaimResult claim = options.guard->claim(call.key, call.request->request_id, call.fingerprint);
+      ClaimResult claim =
+          options.guard->claim(call.key, call.request->request_id, call.fingerprint);
       call.owner_token = claim.owner_token;
       if (!call.owner_token.empty()) call.extend_lease();
       call.reentrant_retry = claim.status == ClaimStatus::kRepeatSame &&
@@ -211,14 +219,13 @@ struct Deduplicator::Impl {
         return check_previous_bucket(call);
       }
       return detail::decide_on_guard(std::move(claim));
-    } catch (const BackendError&) {
+    } catch (const BackendError& error) {
       record_backend_error(Layer::kRedisGuard);
       if (redis_failure == RedisFailurePolicy::kFailClosed) {
         release_guard(call);  // held when only the previous-bucket probe failed
-        return stopped_by(Layer::kRedisGuard, Outcome::Kind::kUnavailable);
+        return unavailable(Layer::kRedisGuard, error);
       }
-      if (!options.sink) throw;
-      return std::nullopt;
+      return std::nullopt;  // fail open: on to the sink, or unguarded when there is none
     }
   }
 
@@ -226,7 +233,8 @@ struct Deduplicator::Impl {
   // the previous bucket's key makes this a repeat across the boundary. Probing that key claims
   // it when absent, so the probe is released at once.
   std::optional<Outcome> check_previous_bucket(detail::CallState& call) {
-    ClaimResult previous = options.guard->claim(call.previous_bucket_key, call.request->request_id, call.fingerprint);
+    ClaimResult previous =
+        options.guard->claim(call.previous_bucket_key, call.request->request_id, call.fingerprint);
     if (previous.status == ClaimStatus::kFirst) {
       (void)options.guard->release(call.previous_bucket_key, previous.owner_token);
       return std::nullopt;
@@ -252,8 +260,9 @@ struct Deduplicator::Impl {
     if (call.owner_token.empty()) return;
     try {
       const bool fallback_key = call.request->biz_key.empty() && call.request->request_id.empty();
-      (void)options.guard->complete(call.key, call.owner_token, response,
-                                    fallback_key ? options.fallback_retention : std::chrono::milliseconds(0));
+      (void)options.guard->complete(
+          call.key, call.owner_token, response,
+          fallback_key ? options.fallback_retention : std::chrono::milliseconds(0));
     } catch (const Error&) {
       record_backend_error(Layer::kRedisGuard);  // the sink row or the lease decides the next try
     }
@@ -261,8 +270,8 @@ struct Deduplicator::Impl {
   }
 
   // Layer 4 and the handler, transactional: claim row, handler, complete row, one commit.
-  Outcome run_in_transaction(detail::CallState& call, const ErasedHandler& handler, Context& context,
-                             bool claim_row) {
+  Outcome run_in_transaction(detail::CallState& call, const ErasedHandler& handler,
+                             Context& context, bool claim_row) {
     Outcome outcome;
     try {
       options.sink->transact_if([&](pqxx::transaction_base& tx) {
@@ -275,13 +284,16 @@ struct Deduplicator::Impl {
         }
         call.handler_started = true;
         std::string response;
-        const auto business_write = [&](pqxx::transaction_base& t) { response = handler(&t, context); };
+        const auto business_write = [&](pqxx::transaction_base& t) {
+          response = handler(&t, context);
+        };
         if (options.sink->options().business_constraints.empty()) {
           business_write(tx);
         } else if (!options.sink->run_business_write(tx, business_write)) {
           // A UNIQUE constraint of the caller's own tables says the effect already exists (C11):
           // a duplicate, with no response to replay; nothing of this call commits.
-          outcome = detail::decide_repeat(Layer::kPgSink, RecordState::kCompleted, true, std::nullopt);
+          outcome =
+              detail::decide_repeat(Layer::kPgSink, RecordState::kCompleted, true, std::nullopt);
           return false;
         }
         if (claim_row) options.sink->complete(tx, call.key, response);
@@ -289,22 +301,23 @@ struct Deduplicator::Impl {
         outcome = executed(std::move(response));
         return true;
       });
-    } catch (const PostgresError&) {
+    } catch (const PostgresError& error) {
       record_backend_error(Layer::kPgSink);
       if (call.handler_started) throw;  // decide() tells a handler's error from a failed commit
-      return stopped_by(Layer::kPgSink, Outcome::Kind::kUnavailable);
+      return unavailable(Layer::kPgSink, error);
     }
     return outcome;
   }
 
   // Layer 4 and the handler, non-transactional: the row is committed before the handler.
-  Outcome run_with_sink_row(detail::CallState& call, const ErasedHandler& handler, Context& context) {
+  Outcome run_with_sink_row(detail::CallState& call, const ErasedHandler& handler,
+                            Context& context) {
     SinkClaim claim;
     try {
       claim = options.sink->claim(call.key, call.sink_owner, call.fingerprint);
-    } catch (const PostgresError&) {
+    } catch (const PostgresError& error) {
       record_backend_error(Layer::kPgSink);
-      return stopped_by(Layer::kPgSink, Outcome::Kind::kUnavailable);
+      return unavailable(Layer::kPgSink, error);
     }
     if (auto stopped = detail::decide_on_sink(std::move(claim))) return *std::move(stopped);
     std::string response = handler(nullptr, context);
@@ -400,7 +413,8 @@ struct Deduplicator::Impl {
       if (!call.stop_requested()) on_failure(call, transactional, std::current_exception());
       throw;
     }
-    if (outcome.kind == Outcome::Kind::kExecuted || (outcome.kind == Outcome::Kind::kDuplicate && outcome.response)) {
+    if (outcome.kind == Outcome::Kind::kExecuted ||
+        (outcome.kind == Outcome::Kind::kDuplicate && outcome.response)) {
       complete_guard(call, *outcome.response);
     } else {
       release_guard(call);  // a later layer stopped it; the first owner's record stands there
@@ -412,14 +426,20 @@ struct Deduplicator::Impl {
 Deduplicator::Deduplicator(DeduplicatorOptions options) : impl_(std::make_unique<Impl>()) {
   impl_->options = std::move(options);
   const DeduplicatorOptions& o = impl_->options;
-  if (o.wait_for_result.count() < 0 || o.wait_poll_interval.count() <= 0 || o.auto_renew_interval.count() < 0) {
-    throw ConfigError("idem: wait_for_result and auto_renew_interval must be >= 0, wait_poll_interval > 0");
+  if (o.wait_for_result.count() < 0 || o.wait_poll_interval.count() <= 0 ||
+      o.auto_renew_interval.count() < 0) {
+    throw ConfigError(
+        "idem: wait_for_result and auto_renew_interval must be >= 0, wait_poll_interval > 0");
   }
+  if (o.fallback_retention.count() <= 0) throw ConfigError("idem: fallback_retention must be > 0");
   if (o.fingerprint) {
+    impl_->bucketed_fingerprinter.emplace(*o.fingerprint);  // validates the options as given
+    if (o.fingerprint->time_bucket.count() == 0) impl_->bucketed_fingerprinter.reset();
     FingerprintOptions unbucketed = *o.fingerprint;
     unbucketed.time_bucket = std::chrono::seconds(0);
     impl_->fingerprinter.emplace(unbucketed);
-    if (o.fingerprint->time_bucket.count() > 0) impl_->bucketed_fingerprinter.emplace(*o.fingerprint);
+    if (o.fingerprint->time_bucket.count() > 0)
+      impl_->bucketed_fingerprinter.emplace(*o.fingerprint);
   }
   if (o.local_cache_capacity > 0) {
     LocalCacheOptions cache;
@@ -429,14 +449,15 @@ Deduplicator::Deduplicator(DeduplicatorOptions options) : impl_(std::make_unique
     impl_->local_cache.emplace(cache);
   }
   impl_->redis_failure = o.on_redis_failure.value_or(o.sink ? RedisFailurePolicy::kFailOpen
-                                                              : RedisFailurePolicy::kFailClosed);
+                                                            : RedisFailurePolicy::kFailClosed);
 }
 
 Deduplicator::~Deduplicator() = default;
 
 void Deduplicator::shutdown() noexcept { impl_->shutdown.request_stop(); }
 
-Outcome Deduplicator::run_handler(const Request& request, bool transactional, const ErasedHandler& handler) {
+Outcome Deduplicator::run_handler(const Request& request, bool transactional,
+                                  const ErasedHandler& handler) {
   if (transactional && !impl_->options.sink) {
     throw ConfigError("idem: run_transactional needs a sink (DeduplicatorOptions::sink)");
   }
@@ -459,10 +480,17 @@ Outcome Deduplicator::run_handler(const Request& request, bool transactional, co
     event.fingerprint = call.fingerprint;
     event.layer = outcome.layer;
     event.outcome = outcome.kind;
-    event.latency = std::chrono::duration_cast<std::chrono::microseconds>(SteadyClock::now() - start);
+    event.latency =
+        std::chrono::duration_cast<std::chrono::microseconds>(SteadyClock::now() - start);
     event.attempt = request.attempt;
     if (impl_->options.metrics) impl_->options.metrics->record_decision(event);
-    if (impl_->options.on_decision) impl_->options.on_decision(event);
+    if (impl_->options.on_decision) {
+      try {
+        impl_->options.on_decision(event);
+      } catch (...) {
+        // A failing log sink must not turn an executed request into an error.
+      }
+    }
   }
   return outcome;
 }

@@ -5,7 +5,7 @@
 //   idem-storm --redis-url redis://127.0.0.1:6379/0 --pg-url postgresql://... [options]
 //
 // Run it through `scripts/dev demo`, which starts throwaway servers and passes their URLs.
-#include <pqxx/pqxx>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -14,14 +14,13 @@
 #include <fstream>
 #include <iostream>
 #include <map>
-#include <optional>
 #include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <pqxx/pqxx>
 #include <string>
 #include <thread>
-#include <unistd.h>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "idem/deduplicator.h"
 #include "idem/errors.h"
@@ -50,7 +49,8 @@ struct ConfigResult {
   std::size_t duplicates_injected = 0;
   std::int64_t duplicate_effects = 0;
   std::int64_t lost_requests = 0;
-  std::size_t redeliveries = 0;  ///< Attempts redelivered after InProgress, Unavailable or an error.
+  std::size_t redeliveries =
+      0;  ///< Attempts redelivered after InProgress, Unavailable or an error.
   std::map<std::string, std::size_t> stopped_by_layer;
   std::map<std::string, std::size_t> outcomes;
   double deliveries_per_s = 0;
@@ -58,14 +58,18 @@ struct ConfigResult {
   double p99_us = 0;
 };
 
-[[noreturn]] void usage(const std::string& error) {
-  std::cerr << "idem-storm: " << error << "\n"
-            << "usage: idem-storm --redis-url URL --pg-url URL [--seed N] [--requests N]\n"
-            << "                  [--workers N] [--retention-ms N] [--lease-ms N] [--chaos]\n"
-            << "                  [--configs none,request-id,redis,all] [--report-json PATH]\n"
-            << "  --chaos restarts Redis and PostgreSQL once each mid-run, with the commands in\n"
-            << "  IDEM_CHAOS_RESTART_REDIS and IDEM_CHAOS_RESTART_PG (scripts/dev demo sets them).\n";
-  std::exit(2);
+// Prints the usage to stderr and exits: 0 for --help, 2 after `error`.
+[[noreturn]] void usage(const std::string& error = {}) {
+  if (!error.empty()) std::cerr << "idem-storm: " << error << "\n";
+  std::cerr
+      << "usage: idem-storm --redis-url URL --pg-url URL [--seed N] [--requests N]\n"
+      << "                  [--workers N] [--retention-ms N] [--lease-ms N] [--chaos]\n"
+      << "                  [--configs none,request-id,redis,all] [--report-json PATH]\n"
+      << "  The workload is the same for a --seed; how workers interleave is not, so which\n"
+      << "  layer stops a given duplicate varies between runs (the all-layer total does not).\n"
+      << "  --chaos restarts Redis and PostgreSQL once each mid-run, with the commands in\n"
+      << "  IDEM_CHAOS_RESTART_REDIS and IDEM_CHAOS_RESTART_PG (scripts/dev demo sets them).\n";
+  std::exit(error.empty() ? 0 : 2);
 }
 
 std::size_t parse_count(const std::string& flag, const std::string& text) {
@@ -84,21 +88,29 @@ Settings parse_settings(int argc, char** argv) {
   if (const char* url = std::getenv("IDEM_TEST_PG_URL")) s.pg_url = url;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
-    if (flag == "--help" || flag == "-h") usage("help");
+    if (flag == "--help" || flag == "-h") usage();
     if (flag == "--chaos") {
       s.chaos = true;
       continue;
     }
     if (i + 1 >= argc) usage(flag + " needs a value");
     const std::string value = argv[++i];
-    if (flag == "--seed") s.seed = parse_count(flag, value);
-    else if (flag == "--requests") s.requests = parse_count(flag, value);
-    else if (flag == "--workers") s.workers = parse_count(flag, value);
-    else if (flag == "--retention-ms") s.retention = std::chrono::milliseconds(parse_count(flag, value));
-    else if (flag == "--lease-ms") s.lease = std::chrono::milliseconds(parse_count(flag, value));
-    else if (flag == "--redis-url") s.redis_url = value;
-    else if (flag == "--pg-url") s.pg_url = value;
-    else if (flag == "--report-json") s.report_json = value;
+    if (flag == "--seed")
+      s.seed = parse_count(flag, value);
+    else if (flag == "--requests")
+      s.requests = parse_count(flag, value);
+    else if (flag == "--workers")
+      s.workers = parse_count(flag, value);
+    else if (flag == "--retention-ms")
+      s.retention = std::chrono::milliseconds(parse_count(flag, value));
+    else if (flag == "--lease-ms")
+      s.lease = std::chrono::milliseconds(parse_count(flag, value));
+    else if (flag == "--redis-url")
+      s.redis_url = value;
+    else if (flag == "--pg-url")
+      s.pg_url = value;
+    else if (flag == "--report-json")
+      s.report_json = value;
     else if (flag == "--configs") {
       s.configs.clear();
       for (std::size_t start = 0; start <= value.size();) {
@@ -107,15 +119,19 @@ Settings parse_settings(int argc, char** argv) {
         start = end + 1;
       }
       for (const auto& c : s.configs) {
-        if (c != "none" && c != "request-id" && c != "redis" && c != "all") usage("unknown config '" + c + "'");
+        if (c != "none" && c != "request-id" && c != "redis" && c != "all")
+          usage("unknown config '" + c + "'");
       }
     } else {
       usage("unknown flag " + flag);
     }
   }
   if (s.redis_url.empty() || s.pg_url.empty()) usage("--redis-url and --pg-url are required");
-  if (s.chaos && (std::getenv("IDEM_CHAOS_RESTART_REDIS") == nullptr || std::getenv("IDEM_CHAOS_RESTART_PG") == nullptr)) {
-    usage("--chaos needs IDEM_CHAOS_RESTART_REDIS and IDEM_CHAOS_RESTART_PG (run it as scripts/dev demo --chaos)");
+  if (s.chaos && (std::getenv("IDEM_CHAOS_RESTART_REDIS") == nullptr ||
+                  std::getenv("IDEM_CHAOS_RESTART_PG") == nullptr)) {
+    usage(
+        "--chaos needs IDEM_CHAOS_RESTART_REDIS and IDEM_CHAOS_RESTART_PG (run it as scripts/dev "
+        "demo --chaos)");
   }
   return s;
 }
@@ -131,9 +147,11 @@ void reset_business_tables(const Settings& s) {
   tx.exec0(std::string("CREATE SCHEMA ") + kSchema);
   tx.exec0(std::string("CREATE TABLE ") + kSchema +
            ".accounts (id bigint PRIMARY KEY, balance_cents bigint NOT NULL)");
-  tx.exec0(std::string("CREATE TABLE ") + kSchema +
-           ".refund_records (id bigserial PRIMARY KEY, order_id text NOT NULL, request_id text NOT NULL,"
-           " account bigint NOT NULL, amount_cents bigint NOT NULL, created_at timestamptz DEFAULT now())");
+  tx.exec0(
+      std::string("CREATE TABLE ") + kSchema +
+      ".refund_records (id bigserial PRIMARY KEY, order_id text NOT NULL, request_id text NOT NULL,"
+      " account bigint NOT NULL, amount_cents bigint NOT NULL, created_at timestamptz DEFAULT "
+      "now())");
   tx.exec_params0(std::string("INSERT INTO ") + kSchema +
                       ".accounts SELECT g, 100000000 FROM generate_series(0, $1 - 1) g",
                   s.accounts);
@@ -142,9 +160,10 @@ void reset_business_tables(const Settings& s) {
 
 // The business effect: one ledger row and one balance update, in the caller's transaction.
 std::string apply_refund(pqxx::transaction_base& tx, const storm::Delivery& d) {
-  tx.exec_params0(std::string("INSERT INTO ") + kSchema +
-                      ".refund_records (order_id, request_id, account, amount_cents) VALUES ($1, $2, $3, $4)",
-                  d.order_id, d.request_id, d.account, d.amount_cents);
+  tx.exec_params0(
+      std::string("INSERT INTO ") + kSchema +
+          ".refund_records (order_id, request_id, account, amount_cents) VALUES ($1, $2, $3, $4)",
+      d.order_id, d.request_id, d.account, d.amount_cents);
   tx.exec_params0(std::string("UPDATE ") + kSchema +
                       ".accounts SET balance_cents = balance_cents - $1 WHERE id = $2",
                   d.amount_cents, d.account);
@@ -154,7 +173,8 @@ std::string apply_refund(pqxx::transaction_base& tx, const storm::Delivery& d) {
 
 // One Deduplicator per worker: each worker stands for one service instance, with its own
 // layer-1 cache, sharing Redis and PostgreSQL (and, here, their connection pools) with the others.
-std::vector<std::unique_ptr<idem::Deduplicator>> make_instances(const Settings& s, const std::string& config) {
+std::vector<std::unique_ptr<idem::Deduplicator>> make_instances(const Settings& s,
+                                                                const std::string& config) {
   std::vector<std::unique_ptr<idem::Deduplicator>> instances(s.workers);
   if (config == "none") return instances;
   idem::DeduplicatorOptions options;
@@ -197,11 +217,16 @@ idem::Request request_for(const std::string& config, const storm::Delivery& d) {
 
 std::string outcome_name(idem::Outcome::Kind kind) {
   switch (kind) {
-    case idem::Outcome::Kind::kExecuted: return "executed";
-    case idem::Outcome::Kind::kDuplicate: return "duplicate";
-    case idem::Outcome::Kind::kInProgress: return "in_progress";
-    case idem::Outcome::Kind::kMismatch: return "mismatch";
-    case idem::Outcome::Kind::kUnavailable: return "unavailable";
+    case idem::Outcome::Kind::kExecuted:
+      return "executed";
+    case idem::Outcome::Kind::kDuplicate:
+      return "duplicate";
+    case idem::Outcome::Kind::kInProgress:
+      return "in_progress";
+    case idem::Outcome::Kind::kMismatch:
+      return "mismatch";
+    case idem::Outcome::Kind::kUnavailable:
+      return "unavailable";
   }
   return "unknown";
 }
@@ -237,8 +262,8 @@ std::optional<idem::Outcome> deliver_once(const std::string& config, idem::Dedup
       return idem::Outcome{};
     }
     if (config == "all") {
-      return dedup->run_transactional(request_for(config, d),
-                                      [&](pqxx::transaction_base& tx) { return apply_refund(tx, d); });
+      return dedup->run_transactional(
+          request_for(config, d), [&](pqxx::transaction_base& tx) { return apply_refund(tx, d); });
     }
     return dedup->run(request_for(config, d), own_transaction);
   } catch (const std::exception&) {
@@ -270,7 +295,8 @@ void deliver(const Settings& s, const std::string& config,
         while (true) {
           const auto start = Clock::now();
           outcome = deliver_once(config, dedup, deliveries[i], conn);
-          local_latencies.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count());
+          local_latencies.push_back(
+              std::chrono::duration<double, std::micro>(Clock::now() - start).count());
           const bool decided = outcome && outcome->kind != idem::Outcome::Kind::kInProgress &&
                                outcome->kind != idem::Outcome::Kind::kUnavailable;
           if (decided || Clock::now() > give_up) break;
@@ -302,7 +328,8 @@ double percentile(std::vector<double>& values, double p) {
   return values[n];
 }
 
-ConfigResult run_config(const Settings& s, const std::string& config, const storm::Workload& workload) {
+ConfigResult run_config(const Settings& s, const std::string& config,
+                        const storm::Workload& workload) {
   reset_business_tables(s);
   const auto instances = make_instances(s, config);
   ConfigResult result;
@@ -319,9 +346,11 @@ ConfigResult run_config(const Settings& s, const std::string& config, const stor
     auto next_line = Clock::now() + std::chrono::seconds(5);
     while (!done) {
       if (terminal) {
-        std::cerr << "\r[" << config << "] " << delivered << "/" << result.deliveries << " deliveries" << std::flush;
+        std::cerr << "\r[" << config << "] " << delivered << "/" << result.deliveries
+                  << " deliveries" << std::flush;
       } else if (Clock::now() >= next_line) {
-        std::cerr << "[" << config << "] " << delivered << "/" << result.deliveries << " deliveries\n";
+        std::cerr << "[" << config << "] " << delivered << "/" << result.deliveries
+                  << " deliveries\n";
         next_line += std::chrono::seconds(5);
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
@@ -330,12 +359,15 @@ ConfigResult run_config(const Settings& s, const std::string& config, const stor
   // --chaos: restart Redis at a third of the deliveries and PostgreSQL at two thirds.
   std::thread chaos([&] {
     if (!s.chaos) return;
-    for (const auto& [thirds, variable] : {std::pair{1, "IDEM_CHAOS_RESTART_REDIS"}, {2, "IDEM_CHAOS_RESTART_PG"}}) {
+    for (const auto& [thirds, variable] :
+         {std::pair{1, "IDEM_CHAOS_RESTART_REDIS"}, {2, "IDEM_CHAOS_RESTART_PG"}}) {
       const std::size_t at = workload.deliveries.size() * static_cast<std::size_t>(thirds) / 3;
       while (!done && delivered < at) std::this_thread::sleep_for(std::chrono::milliseconds(5));
       if (done) return;
-      std::cerr << "\n[" << config << "] chaos at delivery " << delivered << ": " << std::getenv(variable) << "\n";
-      if (std::system(std::getenv(variable)) != 0) std::cerr << "[" << config << "] chaos command failed\n";
+      std::cerr << "\n[" << config << "] chaos at delivery " << delivered << ": "
+                << std::getenv(variable) << "\n";
+      if (std::system(std::getenv(variable)) != 0)
+        std::cerr << "[" << config << "] chaos command failed\n";
     }
   });
   const auto start = Clock::now();
@@ -374,8 +406,8 @@ void print_table(const Settings& s, const std::map<std::string, ConfigResult>& r
     for (const auto& [layer, n] : r.stopped_by_layer) {
       stopped += (stopped.empty() ? "" : " ") + layer + "=" + std::to_string(n);
     }
-    std::printf("%-11s %10zu %10zu %10lld %6lld  %-44s %12.0f %9.0f %9.0f\n", config.c_str(), r.deliveries,
-                r.duplicates_injected, static_cast<long long>(r.duplicate_effects),
+    std::printf("%-11s %10zu %10zu %10lld %6lld  %-44s %12.0f %9.0f %9.0f\n", config.c_str(),
+                r.deliveries, r.duplicates_injected, static_cast<long long>(r.duplicate_effects),
                 static_cast<long long>(r.lost_requests), stopped.empty() ? "-" : stopped.c_str(),
                 r.deliveries_per_s, r.p50_us, r.p99_us);
   }
@@ -405,18 +437,22 @@ void write_report(const std::string& path, const std::map<std::string, ConfigRes
 int main(int argc, char** argv) {
   const Settings settings = parse_settings(argc, argv);
   try {
-    const storm::Workload workload = storm::make_workload(settings.seed, settings.requests, settings.accounts);
+    const storm::Workload workload =
+        storm::make_workload(settings.seed, settings.requests, settings.accounts);
     std::cerr << "idem-storm: " << workload.logical_requests << " logical requests, "
               << workload.deliveries.size() + workload.late_deliveries.size() << " deliveries ("
               << workload.duplicates << " duplicates), " << settings.workers << " workers, seed "
               << settings.seed << "\n";
     std::map<std::string, ConfigResult> results;
-    for (const auto& config : settings.configs) results[config] = run_config(settings, config, workload);
+    for (const auto& config : settings.configs)
+      results[config] = run_config(settings, config, workload);
     print_table(settings, results);
     if (!settings.report_json.empty()) write_report(settings.report_json, results);
     const auto all = results.find("all");
-    if (all != results.end() && (all->second.duplicate_effects != 0 || all->second.lost_requests != 0)) {
-      std::cerr << "idem-storm: FAILED: the all-layer configuration let duplicates through or lost requests\n";
+    if (all != results.end() &&
+        (all->second.duplicate_effects != 0 || all->second.lost_requests != 0)) {
+      std::cerr << "idem-storm: FAILED: the all-layer configuration let duplicates through or lost "
+                   "requests\n";
       return 1;
     }
     return 0;

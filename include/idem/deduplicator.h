@@ -26,10 +26,10 @@
 #include "idem/export.h"
 #include "idem/fingerprint.h"
 #include "idem/guard.h"
+#include "idem/memory_guard.h"
 #include "idem/metrics.h"
 #include "idem/outcome.h"
 #include "idem/pg_sink.h"
-#include "idem/memory_guard.h"
 #include "idem/redis_guard.h"
 
 namespace idem {
@@ -44,13 +44,14 @@ struct Request {
   std::string intent{};      ///< Operation name, e.g. "refund"; required.
   std::string biz_key{};     ///< Business identity, e.g. "order-7"; empty when none.
   std::string payload{};     ///< JSON payload to fingerprint; empty when none.
-  int attempt = 1;         ///< Delivery count reported by the caller (MQ, FC retry); for logs.
+  int attempt = 1;           ///< Delivery count reported by the caller (MQ, FC retry); for logs.
   std::stop_token stop{};    ///< Cancels the handler when stop is requested (see Context).
 };
 
 /// What happens when Redis is unreachable, slow or its circuit breaker is open.
 enum class RedisFailurePolicy {
-  kFailOpen,    ///< Go on without the guard: the sink (if any) still stops duplicates.
+  kFailOpen,    ///< Go on without the guard: the sink still stops duplicates; without a sink,
+                ///< the handler runs unguarded.
   kFailClosed,  ///< Answer Unavailable (layer kRedisGuard); nothing is executed.
 };
 
@@ -135,7 +136,8 @@ struct DeduplicatorOptions {
   /// Layer 4. Shared so several deduplicators can use one pool.
   std::shared_ptr<PgSink> sink{};
   /// How long the guard keeps a completed fallback-key record (a request with neither request
-  /// ID nor business key, keyed by its payload), in ms; other keys keep the guard's retention.
+  /// ID nor business key, keyed by its payload), in ms, > 0; other keys keep the guard's
+  /// retention.
   std::chrono::milliseconds fallback_retention{kFallbackKeyRetention};
 
   /// Redis failure policy. Unset: kFailOpen when a sink is configured, kFailClosed otherwise.
@@ -162,7 +164,7 @@ struct DeduplicatorOptions {
   /// Counters and histograms (e.g. an InProcessMetrics); null for none.
   std::shared_ptr<Metrics> metrics{};
   /// Called once per decision with the request ID, key, fingerprint, layer, outcome, latency and
-  /// attempt. Must not throw; nothing is logged when empty.
+  /// attempt; nothing is logged when empty. An exception it throws is swallowed.
   std::function<void(const DecisionEvent&)> on_decision{};
 };
 
@@ -173,10 +175,9 @@ struct DeduplicatorOptions {
 /// between commit and the Redis complete is safe: the Postgres row decides the next attempt.
 ///
 /// Throws idem::InvalidRequestId, idem::InvalidKey, idem::PayloadError, idem::MissingKey for
-/// bad input; idem::RedisError (BackendError) when the guard fails under kFailOpen with no sink
-/// to fall back on;
-/// idem::PostgresError when the commit itself failed (outcome unknown; the claim is kept);
-/// idem::Cancelled after shutdown(); and whatever the handler throws.
+/// bad input; idem::PostgresError when the commit itself failed (outcome unknown; the claim is
+/// kept); idem::Cancelled after shutdown(); and whatever the handler throws. An unreachable
+/// backend is not an exception: it is Outcome::Kind::kUnavailable with Outcome::error.
 class IDEM_EXPORT Deduplicator {
  public:
   /// Throws idem::ConfigError on inconsistent options.
@@ -190,13 +191,14 @@ class IDEM_EXPORT Deduplicator {
   /// own short transaction before the handler and completed after it (non-transactional mode).
   template <class Handler>
   [[nodiscard]] Outcome run(const Request& request, Handler&& handler) {
-    return run_handler(request, false, [&](pqxx::transaction_base*, Context& context) -> std::string {
-      if constexpr (std::is_invocable_v<Handler&, Context&>) {
-        return handler(context);
-      } else {
-        return handler();
-      }
-    });
+    return run_handler(request, false,
+                       [&](pqxx::transaction_base*, Context& context) -> std::string {
+                         if constexpr (std::is_invocable_v<Handler&, Context&>) {
+                           return handler(context);
+                         } else {
+                           return handler();
+                         }
+                       });
   }
 
   /// Runs `handler` (`std::string(pqxx::transaction_base&)` or
@@ -205,13 +207,14 @@ class IDEM_EXPORT Deduplicator {
   /// all. Requires a sink (idem::ConfigError otherwise).
   template <class Handler>
   [[nodiscard]] Outcome run_transactional(const Request& request, Handler&& handler) {
-    return run_handler(request, true, [&](pqxx::transaction_base* tx, Context& context) -> std::string {
-      if constexpr (std::is_invocable_v<Handler&, pqxx::transaction_base&, Context&>) {
-        return handler(*tx, context);
-      } else {
-        return handler(*tx);
-      }
-    });
+    return run_handler(
+        request, true, [&](pqxx::transaction_base* tx, Context& context) -> std::string {
+          if constexpr (std::is_invocable_v<Handler&, pqxx::transaction_base&, Context&>) {
+            return handler(*tx, context);
+          } else {
+            return handler(*tx);
+          }
+        });
   }
 
   /// Requests stop on every running handler's Context and makes later calls throw

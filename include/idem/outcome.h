@@ -11,11 +11,11 @@ namespace idem {
 
 /// The layer that decided an outcome.
 enum class Layer {
-  kHandler,     ///< No layer stopped the request: the handler ran (Outcome::Kind::kExecuted).
-  kRequestId,   ///< Layer 1: a repeat of a request ID completed earlier in this process.
-  kRedisGuard,  ///< Layer 2: the Redis claim.
-  kFingerprint, ///< Layer 3: the payload fingerprint (fallback key or mismatch).
-  kPgSink,      ///< Layer 4: the Postgres unique index.
+  kHandler,      ///< No layer stopped the request: the handler ran (Outcome::Kind::kExecuted).
+  kRequestId,    ///< Layer 1: a repeat of a request ID completed earlier in this process.
+  kRedisGuard,   ///< Layer 2: the Redis claim.
+  kFingerprint,  ///< Layer 3: the payload fingerprint (fallback key or mismatch).
+  kPgSink,       ///< Layer 4: the Postgres unique index.
 };
 
 /// Stable lowercase name of a layer ("handler", "request_id", "redis_guard", "fingerprint",
@@ -25,18 +25,21 @@ enum class Layer {
 /// The result of Deduplicator::run(). A value, not an exception: duplicates are normal.
 struct Outcome {
   enum class Kind {
-    kExecuted,    ///< First time: the handler ran and committed; `response` is its result.
-    kDuplicate,   ///< Repeat of a completed request; `response` is the stored one, if kept.
-    kInProgress,  ///< Repeat while the first execution is still running (HTTP 409).
-    kMismatch,    ///< Same key, different payload fingerprint (HTTP 422).
-    kUnavailable, ///< A required backend was unreachable; nothing was executed.
+    kExecuted,     ///< First time: the handler ran and committed; `response` is its result.
+    kDuplicate,    ///< Repeat of a completed request; `response` is the stored one, if kept.
+    kInProgress,   ///< Repeat while the first execution is still running (HTTP 409).
+    kMismatch,     ///< Same key, different payload fingerprint (HTTP 422).
+    kUnavailable,  ///< A required backend was unreachable; nothing was executed.
   };
   Kind kind = Kind::kExecuted;
-  Layer layer = Layer::kHandler;        ///< Which layer decided.
+  Layer layer = Layer::kHandler;          ///< Which layer decided.
   std::optional<std::string> response{};  ///< Handler's or replayed response.
+  std::string error{};                    ///< kUnavailable: the backend's error message.
 
   /// True when `response` is a replay of an earlier execution's response.
-  [[nodiscard]] bool replayed() const noexcept { return kind == Kind::kDuplicate && response.has_value(); }
+  [[nodiscard]] bool replayed() const noexcept {
+    return kind == Kind::kDuplicate && response.has_value();
+  }
 };
 
 /// Stable lowercase name of an outcome kind ("executed", "duplicate", "in_progress",

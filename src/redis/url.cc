@@ -7,14 +7,27 @@
 namespace idem::detail {
 namespace {
 
+// `url` with any credentials (between "://" and the last '@' of the authority) replaced by
+// "***", so that an error message never carries a password into a log.
+std::string redacted(std::string_view url) {
+  const std::size_t scheme_end = url.find("://");
+  if (scheme_end == std::string_view::npos) return std::string(url);
+  const std::size_t authority = scheme_end + 3;
+  const std::size_t path = url.find('/', authority);
+  const std::size_t at = url.substr(0, path).rfind('@');
+  if (at == std::string_view::npos || at < authority) return std::string(url);
+  return std::string(url.substr(0, authority)) + "***" + std::string(url.substr(at));
+}
+
 [[noreturn]] void bad_url(std::string_view url, std::string_view why) {
-  throw ConfigError("idem: bad Redis URL '" + std::string(url) + "': " + std::string(why));
+  throw ConfigError("idem: bad Redis URL '" + redacted(url) + "': " + std::string(why));
 }
 
 int parse_number(std::string_view url, std::string_view text, int max, std::string_view what) {
   int value = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (text.empty() || ec != std::errc() || end != text.data() + text.size() || value < 0 || value > max) {
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size() || value < 0 ||
+      value > max) {
     bad_url(url, std::string(what) + " must be a number in [0, " + std::to_string(max) + "]");
   }
   return value;
@@ -30,7 +43,8 @@ std::string percent_decode(std::string_view url, std::string_view text) {
     int byte = 0;
     const auto hex = text.substr(i + 1, 2);
     const auto [end, ec] = std::from_chars(hex.data(), hex.data() + hex.size(), byte, 16);
-    if (hex.size() != 2 || ec != std::errc() || end != hex.data() + 2) bad_url(url, "bad percent-escape");
+    if (hex.size() != 2 || ec != std::errc() || end != hex.data() + 2)
+      bad_url(url, "bad percent-escape");
     out.push_back(static_cast<char>(byte));
     i += 2;
   }
@@ -69,7 +83,8 @@ RedisEndpoint parse_redis_url(std::string_view url) {
     rest = rest.substr(at + 1);
   }
   if (const auto slash = rest.find('/'); slash != std::string_view::npos) {
-    if (slash + 1 < rest.size()) endpoint.db = parse_number(url, rest.substr(slash + 1), 1 << 20, "db");
+    if (slash + 1 < rest.size())
+      endpoint.db = parse_number(url, rest.substr(slash + 1), 1 << 20, "db");
     rest = rest.substr(0, slash);
   }
   std::string_view host = rest;

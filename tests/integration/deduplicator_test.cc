@@ -1,16 +1,16 @@
 // The facade against real Redis and PostgreSQL.
-#include <gtest/gtest.h>
+#include "idem/deduplicator.h"
 
-#include <pqxx/pqxx>
+#include <gtest/gtest.h>
 
 #include <atomic>
 #include <future>
 #include <mutex>
+#include <pqxx/pqxx>
 #include <stdexcept>
 #include <thread>
 #include <vector>
 
-#include "idem/deduplicator.h"
 #include "idem/errors.h"
 #include "idem/fingerprint.h"
 #include "test_env.h"
@@ -28,7 +28,8 @@ class DeduplicatorTest : public ::testing::Test {
     pqxx::connection conn(pg_url_);
     pqxx::work tx(conn);
     tx.exec0("CREATE SCHEMA " + schema_);
-    tx.exec0("CREATE TABLE " + schema_ + ".ledger (order_id text NOT NULL, amount bigint NOT NULL)");
+    tx.exec0("CREATE TABLE " + schema_ +
+             ".ledger (order_id text NOT NULL, amount bigint NOT NULL)");
     tx.commit();
 
     redis_url_ = redis_url;
@@ -136,8 +137,10 @@ TEST_F(DeduplicatorTest, SinkStopsARedeliveryAfterTheGuardRetention) {
 }
 
 TEST_F(DeduplicatorTest, SameKeyOtherPayloadIsMismatch) {
-  ASSERT_EQ(dedup_->run_transactional(request("r1", "o3"), refund("o3")).kind, Outcome::Kind::kExecuted);
-  const Outcome other = dedup_->run_transactional(request("r2", "o3", R"({"amount":6})"), refund("o3"));
+  ASSERT_EQ(dedup_->run_transactional(request("r1", "o3"), refund("o3")).kind,
+            Outcome::Kind::kExecuted);
+  const Outcome other =
+      dedup_->run_transactional(request("r2", "o3", R"({"amount":6})"), refund("o3"));
   EXPECT_EQ(other.kind, Outcome::Kind::kMismatch);
   EXPECT_EQ(ledger_rows(), 1);
 }
@@ -154,9 +157,10 @@ TEST_F(DeduplicatorTest, BusinessErrorReleasesTheClaimSoARetryRuns) {
 }
 
 TEST_F(DeduplicatorTest, CancellationKeepsTheClaim) {
-  EXPECT_THROW((void)dedup_->run_transactional(request("r1", "o5"),
-                                               [](pqxx::transaction_base&) -> std::string { throw Cancelled(); }),
-               Cancelled);
+  EXPECT_THROW(
+      (void)dedup_->run_transactional(
+          request("r1", "o5"), [](pqxx::transaction_base&) -> std::string { throw Cancelled(); }),
+      Cancelled);
   const Outcome retry = dedup_->run_transactional(request("r1", "o5"), refund("o5"));
   EXPECT_EQ(retry.kind, Outcome::Kind::kInProgress);
   EXPECT_EQ(retry.layer, Layer::kRedisGuard);
@@ -169,7 +173,8 @@ TEST_F(DeduplicatorTest, ConcurrentDeliveriesOfOneRequestHaveOneEffect) {
   std::vector<std::thread> threads;
   for (int i = 0; i < kThreads; ++i) {
     threads.emplace_back([&, i] {
-      const Outcome o = dedup_->run_transactional(request("r" + std::to_string(i), "o6"), refund("o6"));
+      const Outcome o =
+          dedup_->run_transactional(request("r" + std::to_string(i), "o6"), refund("o6"));
       if (o.kind == Outcome::Kind::kExecuted) ++executed;
     });
   }
@@ -182,7 +187,8 @@ TEST_F(DeduplicatorTest, ConcurrentDeliveriesOfOneRequestHaveOneEffect) {
 // release() is called; started() returns once it is inside.
 class BlockedHandler {
  public:
-  BlockedHandler(Deduplicator& dedup, Request request, std::function<std::string(pqxx::transaction_base&)> body)
+  BlockedHandler(Deduplicator& dedup, Request request,
+                 std::function<std::string(pqxx::transaction_base&)> body)
       : thread_([this, &dedup, request = std::move(request), body = std::move(body)] {
           outcome_ = dedup.run_transactional(request, [&](pqxx::transaction_base& tx) {
             started_.set_value();
@@ -211,10 +217,11 @@ TEST_F(DeduplicatorTest, RepeatWhileFirstInProgressIsInProgressAndDoesNotRun) {
   BlockedHandler first(*dedup_, request("r1", "p1"), refund("p1"));
   first.wait_started();
   bool ran = false;
-  const Outcome repeat = dedup_->run_transactional(request("r2", "p1"), [&](pqxx::transaction_base&) {
-    ran = true;
-    return std::string();
-  });
+  const Outcome repeat =
+      dedup_->run_transactional(request("r2", "p1"), [&](pqxx::transaction_base&) {
+        ran = true;
+        return std::string();
+      });
   EXPECT_EQ(repeat.kind, Outcome::Kind::kInProgress);
   EXPECT_EQ(repeat.layer, Layer::kRedisGuard);
   EXPECT_FALSE(ran);
@@ -251,13 +258,18 @@ TEST_F(DeduplicatorTest, ReentrantIntentRunsARetryOfTheSameRequestWhileInProgres
   EXPECT_EQ(ledger_rows(), 2);  // the reentrant retry ran: its effect must be idempotent itself
 }
 
-std::string throw_declined(pqxx::transaction_base&) { throw std::invalid_argument("card declined"); }
+std::string throw_declined(pqxx::transaction_base&) {
+  throw std::invalid_argument("card declined");
+}
 
 TEST_F(DeduplicatorTest, FailurePolicyKeepLeavesTheClaimUntilTheLeaseEnds) {
   Setup s = setup();
-  s.dedup.on_handler_failure = [](std::exception_ptr) { return FailureDecision{FailureAction::kKeepUntilLeaseEnds, {}}; };
+  s.dedup.on_handler_failure = [](std::exception_ptr) {
+    return FailureDecision{FailureAction::kKeepUntilLeaseEnds, {}};
+  };
   const auto keeping = make(s);
-  EXPECT_THROW((void)keeping->run_transactional(request("r1", "f1"), throw_declined), std::invalid_argument);
+  EXPECT_THROW((void)keeping->run_transactional(request("r1", "f1"), throw_declined),
+               std::invalid_argument);
   const Outcome retry = keeping->run_transactional(request("r1", "f1"), refund("f1"));
   EXPECT_EQ(retry.kind, Outcome::Kind::kInProgress);
   EXPECT_EQ(ledger_rows(), 0);
@@ -275,7 +287,8 @@ TEST_F(DeduplicatorTest, FailurePolicyStoreReplaysTheBusinessErrorFromBothLayers
     }
   };
   const auto storing = make(s);
-  EXPECT_THROW((void)storing->run_transactional(request("r1", "f2"), throw_declined), std::invalid_argument);
+  EXPECT_THROW((void)storing->run_transactional(request("r1", "f2"), throw_declined),
+               std::invalid_argument);
   const Outcome from_guard = storing->run_transactional(request("r1", "f2"), refund("f2"));
   EXPECT_EQ(from_guard.kind, Outcome::Kind::kDuplicate);
   EXPECT_EQ(from_guard.layer, Layer::kRedisGuard);
@@ -292,28 +305,31 @@ TEST_F(DeduplicatorTest, StopRequestedTurnsAHandlerErrorIntoCancellationAndKeeps
   std::stop_source stop;
   Request r = request("r1", "c1");
   r.stop = stop.get_token();
-  EXPECT_THROW((void)dedup_->run_transactional(r,
-                                               [&](pqxx::transaction_base&, Context& context) -> std::string {
-                                                 stop.request_stop();
-                                                 EXPECT_TRUE(context.stop_token().stop_requested());
-                                                 throw std::runtime_error("aborted by stop");
-                                               }),
+  EXPECT_THROW((void)dedup_->run_transactional(
+                   r,
+                   [&](pqxx::transaction_base&, Context& context) -> std::string {
+                     stop.request_stop();
+                     EXPECT_TRUE(context.stop_token().stop_requested());
+                     throw std::runtime_error("aborted by stop");
+                   }),
                std::runtime_error);
-  EXPECT_EQ(dedup_->run_transactional(request("r1", "c1"), refund("c1")).kind, Outcome::Kind::kInProgress);
+  EXPECT_EQ(dedup_->run_transactional(request("r1", "c1"), refund("c1")).kind,
+            Outcome::Kind::kInProgress);
   EXPECT_EQ(ledger_rows(), 0);
 }
 
 TEST_F(DeduplicatorTest, ShutdownStopsRunningHandlersAndRefusesNewCalls) {
   std::promise<void> inside;
   std::thread running([&] {
-    EXPECT_THROW((void)dedup_->run_transactional(request("r1", "c2"),
-                                                 [&](pqxx::transaction_base&, Context& context) -> std::string {
-                                                   inside.set_value();
-                                                   while (!context.stop_token().stop_requested()) {
-                                                     std::this_thread::sleep_for(std::chrono::milliseconds(1));
-                                                   }
-                                                   throw Cancelled();
-                                                 }),
+    EXPECT_THROW((void)dedup_->run_transactional(
+                     request("r1", "c2"),
+                     [&](pqxx::transaction_base&, Context& context) -> std::string {
+                       inside.set_value();
+                       while (!context.stop_token().stop_requested()) {
+                         std::this_thread::sleep_for(std::chrono::milliseconds(1));
+                       }
+                       throw Cancelled();
+                     }),
                  Cancelled);
   });
   inside.get_future().wait();
@@ -321,18 +337,31 @@ TEST_F(DeduplicatorTest, ShutdownStopsRunningHandlersAndRefusesNewCalls) {
   running.join();
   EXPECT_THROW((void)dedup_->run_transactional(request("r2", "c3"), refund("c3")), Cancelled);
   const auto next = make(setup());
-  EXPECT_EQ(next->run_transactional(request("r1", "c2"), refund("c2")).kind, Outcome::Kind::kInProgress);
+  EXPECT_EQ(next->run_transactional(request("r1", "c2"), refund("c2")).kind,
+            Outcome::Kind::kInProgress);
 }
 
 TEST_F(DeduplicatorTest, RedisUnreachableFailsOpenToTheSink) {
   Setup s = setup();
   s.guard.redis.url = "redis://127.0.0.1:1/0";  // nothing listens on port 1
   const auto open = make(s);
-  EXPECT_EQ(open->run_transactional(request("r1", "u1"), refund("u1")).kind, Outcome::Kind::kExecuted);
+  EXPECT_EQ(open->run_transactional(request("r1", "u1"), refund("u1")).kind,
+            Outcome::Kind::kExecuted);
   const Outcome again = open->run_transactional(request("r1", "u1"), refund("u1"));
   EXPECT_EQ(again.kind, Outcome::Kind::kDuplicate);
   EXPECT_EQ(again.layer, Layer::kPgSink);
   EXPECT_EQ(ledger_rows(), 1);
+}
+
+TEST_F(DeduplicatorTest, RedisUnreachableFailOpenWithoutSinkRunsUnguarded) {
+  Setup s = setup();
+  s.guard.redis.url = "redis://127.0.0.1:1/0";
+  s.with_sink = false;
+  s.dedup.on_redis_failure = RedisFailurePolicy::kFailOpen;
+  const auto open = make(s);
+  int runs = 0;
+  EXPECT_EQ(open->run(request("r1", "u0"), [&] { return std::to_string(++runs); }).kind, Outcome::Kind::kExecuted);
+  EXPECT_EQ(runs, 1);
 }
 
 TEST_F(DeduplicatorTest, RedisUnreachableFailsClosedAsUnavailable) {
@@ -353,14 +382,17 @@ TEST_F(DeduplicatorTest, PostgresUnreachableIsUnavailableAndReleasesTheGuardClai
   s.dedup.sink = std::make_shared<PgSink>(s.sink);  // migrate() would throw: never reached
   const auto down = make(s);
   bool ran = false;
-  const Outcome outcome = down->run_transactional(request("r1", "u3"), [&](pqxx::transaction_base&) {
-    ran = true;
-    return std::string();
-  });
+  const Outcome outcome =
+      down->run_transactional(request("r1", "u3"), [&](pqxx::transaction_base&) {
+        ran = true;
+        return std::string();
+      });
   EXPECT_EQ(outcome.kind, Outcome::Kind::kUnavailable);
   EXPECT_EQ(outcome.layer, Layer::kPgSink);
   EXPECT_FALSE(ran);
-  EXPECT_EQ(dedup_->run_transactional(request("r1", "u3"), refund("u3")).kind, Outcome::Kind::kExecuted)
+  EXPECT_NE(outcome.error.find("127.0.0.1"), std::string::npos) << "the reason: " << outcome.error;
+  EXPECT_EQ(dedup_->run_transactional(request("r1", "u3"), refund("u3")).kind,
+            Outcome::Kind::kExecuted)
       << "nothing ran, so the guard claim must not block the retry";
 }
 
@@ -398,13 +430,14 @@ TEST_F(DeduplicatorTest, AutomaticRenewalKeepsALongHandlerExclusivePastItsInitia
   std::promise<void> inside;
   std::promise<void> checked;
   std::thread first([&] {
-    const Outcome o = renewing->run_transactional(request("r1", "l1"), [&](pqxx::transaction_base& tx, Context& context) {
-      inside.set_value();
-      checked.get_future().wait();
-      EXPECT_FALSE(context.lease_lost());
-      EXPECT_GT(context.remaining_lease().count(), 0);
-      return refund("l1")(tx);
-    });
+    const Outcome o = renewing->run_transactional(
+        request("r1", "l1"), [&](pqxx::transaction_base& tx, Context& context) {
+          inside.set_value();
+          checked.get_future().wait();
+          EXPECT_FALSE(context.lease_lost());
+          EXPECT_GT(context.remaining_lease().count(), 0);
+          return refund("l1")(tx);
+        });
     EXPECT_EQ(o.kind, Outcome::Kind::kExecuted);
   });
   inside.get_future().wait();
@@ -470,8 +503,9 @@ TEST_F(DeduplicatorTest, MetricsAndDecisionEventsSeeEveryCall) {
   s.dedup.metrics = metrics;
   s.dedup.on_decision = [&](const DecisionEvent& e) {
     std::lock_guard lock(events_mutex);
-    events.push_back(std::string(e.request_id) + "|" + std::string(e.key) + "|" + std::string(to_string(e.layer)) +
-                     "|" + std::string(to_string(e.outcome)) + "|" + std::to_string(e.attempt));
+    events.push_back(std::string(e.request_id) + "|" + std::string(e.key) + "|" +
+                     std::string(to_string(e.layer)) + "|" + std::string(to_string(e.outcome)) +
+                     "|" + std::to_string(e.attempt));
   };
   const auto observed = make(s);
   (void)observed->run_transactional(request("r1", "e1"), refund("e1"));
@@ -501,7 +535,8 @@ TEST_F(DeduplicatorTest, ABusinessTablesUniqueViolationIsADuplicateAndTheConnect
   EXPECT_EQ(outcome.layer, Layer::kPgSink);
   EXPECT_FALSE(outcome.response.has_value());
   EXPECT_EQ(ledger_rows(), 1);
-  EXPECT_EQ(guarded->run_transactional(request("r2", "b2"), refund("b2")).kind, Outcome::Kind::kExecuted);
+  EXPECT_EQ(guarded->run_transactional(request("r2", "b2"), refund("b2")).kind,
+            Outcome::Kind::kExecuted);
   EXPECT_EQ(ledger_rows(), 2);
 }
 

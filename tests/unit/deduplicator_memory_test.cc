@@ -10,7 +10,8 @@
 namespace idem {
 namespace {
 
-Request request(const std::string& id, const std::string& biz_key, const std::string& payload = "{\"a\":1}") {
+Request request(const std::string& id, const std::string& biz_key,
+                const std::string& payload = "{\"a\":1}") {
   Request r;
   r.request_id = id;
   r.user = "u1";
@@ -42,10 +43,12 @@ TEST_F(InMemoryFacade, FirstRunsThenRepeatsReplayFromTheLocalCache) {
 }
 
 TEST_F(InMemoryFacade, ABusinessErrorReleasesAndACancellationKeeps) {
-  EXPECT_THROW((void)dedup_.run(request("r1", "b2"), []() -> std::string { throw std::logic_error("no"); }),
-               std::logic_error);
+  EXPECT_THROW(
+      (void)dedup_.run(request("r1", "b2"), []() -> std::string { throw std::logic_error("no"); }),
+      std::logic_error);
   EXPECT_EQ(dedup_.run(request("r1", "b2"), handler_).kind, Outcome::Kind::kExecuted);
-  EXPECT_THROW((void)dedup_.run(request("r1", "b3"), []() -> std::string { throw Cancelled(); }), Cancelled);
+  EXPECT_THROW((void)dedup_.run(request("r1", "b3"), []() -> std::string { throw Cancelled(); }),
+               Cancelled);
   const Outcome retry = dedup_.run(request("r1", "b3"), handler_);
   EXPECT_EQ(retry.kind, Outcome::Kind::kInProgress);
   EXPECT_EQ(retry.layer, Layer::kRedisGuard);
@@ -80,7 +83,8 @@ TEST(InMemoryFacadeFailure, AFailingGuardWithoutSinkFailsClosed) {
   DeduplicatorOptions o;
   o.guard = guard;
   Deduplicator dedup(o);
-  ASSERT_EQ(dedup.run(request("r1", "b1"), [] { return std::string(); }).kind, Outcome::Kind::kExecuted);
+  ASSERT_EQ(dedup.run(request("r1", "b1"), [] { return std::string(); }).kind,
+            Outcome::Kind::kExecuted);
   bool ran = false;
   const Outcome full = dedup.run(request("r2", "b2"), [&] {
     ran = true;
@@ -92,7 +96,8 @@ TEST(InMemoryFacadeFailure, AFailingGuardWithoutSinkFailsClosed) {
 
 TEST(InMemoryFacadeConfig, RunTransactionalWithoutSinkIsAConfigError) {
   Deduplicator dedup(DeduplicatorOptions{});
-  EXPECT_THROW((void)dedup.run_transactional(request("r1", "b1"), [](pqxx::transaction_base&) { return std::string(); }),
+  EXPECT_THROW((void)dedup.run_transactional(request("r1", "b1"),
+                                             [](pqxx::transaction_base&) { return std::string(); }),
                ConfigError);
 }
 
@@ -101,8 +106,10 @@ TEST(InMemoryFacadeInput, InvalidRequestIdIsRejectedBeforeAnyClaim) {
   DeduplicatorOptions o;
   o.guard = guard;
   Deduplicator dedup(o);
-  EXPECT_THROW((void)dedup.run(request("bad\r\nid", "b1"), [] { return std::string(); }), InvalidRequestId);
-  EXPECT_THROW((void)dedup.run(request("r1", "b1", "{not json"), [] { return std::string(); }), PayloadError);
+  EXPECT_THROW((void)dedup.run(request("bad\r\nid", "b1"), [] { return std::string(); }),
+               InvalidRequestId);
+  EXPECT_THROW((void)dedup.run(request("r1", "b1", "{not json"), [] { return std::string(); }),
+               PayloadError);
   EXPECT_EQ(guard->size(), 0u);
 }
 
@@ -127,11 +134,14 @@ TEST(InMemoryFacadeRetention, AFallbackKeyRecordLivesOnlyTheFallbackRetention) {
   clock->advance_ms(29'999);
   EXPECT_EQ(dedup.run(by_payload, send).kind, Outcome::Kind::kDuplicate);
   clock->advance_ms(1);
-  EXPECT_EQ(dedup.run(by_payload, send).kind, Outcome::Kind::kExecuted) << "30 s later it may repeat";
-  EXPECT_EQ(dedup.run(by_id, send).kind, Outcome::Kind::kDuplicate) << "an ID keeps the guard's retention";
+  EXPECT_EQ(dedup.run(by_payload, send).kind, Outcome::Kind::kExecuted)
+      << "30 s later it may repeat";
+  EXPECT_EQ(dedup.run(by_id, send).kind, Outcome::Kind::kDuplicate)
+      << "an ID keeps the guard's retention";
 }
 
-TEST(InMemoryFacadeWindow, FallbackKeyCatchesARepeatJustAcrossABucketBoundaryButNotTwoBucketsLater) {
+TEST(InMemoryFacadeWindow,
+     FallbackKeyCatchesARepeatJustAcrossABucketBoundaryButNotTwoBucketsLater) {
   DeduplicatorOptions o;
   o.guard = std::make_shared<InMemoryGuard>();
   o.local_cache_capacity = 0;
@@ -152,7 +162,45 @@ TEST(InMemoryFacadeWindow, FallbackKeyCatchesARepeatJustAcrossABucketBoundaryBut
   EXPECT_EQ(across.kind, Outcome::Kind::kDuplicate);
   EXPECT_EQ(across.response, "sent");
   std::this_thread::sleep_until(next_second + std::chrono::milliseconds(3200));  // two buckets on
-  EXPECT_EQ(dedup.run(r, send).kind, Outcome::Kind::kExecuted) << "the same content may repeat later";
+  EXPECT_EQ(dedup.run(r, send).kind, Outcome::Kind::kExecuted)
+      << "the same content may repeat later";
+}
+
+TEST(InMemoryFacadeConfig, BadDurationsAndFingerprintOptionsAreConfigErrors) {
+  DeduplicatorOptions negative_fallback;
+  negative_fallback.fallback_retention = std::chrono::milliseconds(-1);
+  EXPECT_THROW(Deduplicator{negative_fallback}, ConfigError);
+  DeduplicatorOptions negative_bucket;
+  negative_bucket.fingerprint->time_bucket = std::chrono::seconds(-1);
+  EXPECT_THROW(Deduplicator{negative_bucket}, ConfigError);
+}
+
+TEST(InMemoryFacadeConfig, TheSeedCompatibleFingerprintWorksThroughTheFacade) {
+  DeduplicatorOptions o;
+  o.guard = std::make_shared<InMemoryGuard>();
+  o.local_cache_capacity = 0;
+  o.fingerprint->form = CanonicalForm::kPythonJsonDumps;
+  o.fingerprint->hash = HashAlgorithm::kMd5;
+  o.fingerprint->domain_separated = false;
+  Deduplicator dedup(o);
+  std::string seen;
+  (void)dedup.run(request("r1", "b1", R"({"b":1,"a":"x"})"), [&](Context& context) {
+    seen = context.fingerprint();
+    return std::string();
+  });
+  // md5 of Python's json.dumps({"a":"x","b":1}, sort_keys=True, separators=(",",":")), 32 hex digits
+  EXPECT_EQ(seen, "ee0d9126fa9a3ac9850bed8a722d2d11");
+}
+
+TEST(InMemoryFacadeEvents, AThrowingDecisionSinkDoesNotTurnAnExecutionIntoAnError) {
+  DeduplicatorOptions o;
+  o.guard = std::make_shared<InMemoryGuard>();
+  o.on_decision = [](const DecisionEvent&) { throw std::runtime_error("log sink down"); };
+  Deduplicator dedup(o);
+  int runs = 0;
+  const Outcome outcome = dedup.run(request("r1", "b1"), [&] { return std::to_string(++runs); });
+  EXPECT_EQ(outcome.kind, Outcome::Kind::kExecuted);
+  EXPECT_EQ(runs, 1);
 }
 
 }  // namespace

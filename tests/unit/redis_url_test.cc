@@ -1,9 +1,8 @@
 // RedisOptions::url parsing (src/redis/url.h).
-#include "redis/url.h"
-
 #include <gtest/gtest.h>
 
 #include "idem/errors.h"
+#include "redis/url.h"
 
 namespace idem::detail {
 namespace {
@@ -33,6 +32,17 @@ TEST(RedisUrl, UserAndPercentDecodedPassword) {
   EXPECT_EQ(endpoint.port, 7000);
 }
 
+TEST(RedisUrl, ErrorMessagesNeverCarryThePassword) {
+  try {
+    (void)parse_redis_url("redis://app:S3CRETPW@127.0.0.1:99999/0");
+    FAIL() << "a port over 65535 must be rejected";
+  } catch (const ConfigError& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(what.find("S3CRETPW"), std::string::npos) << what;
+    EXPECT_NE(what.find("redis://***@127.0.0.1:99999/0"), std::string::npos) << what;
+  }
+}
+
 TEST(RedisUrl, PasswordOnly) {
   const RedisEndpoint endpoint = parse_redis_url("redis://:secret@localhost");
   EXPECT_TRUE(endpoint.user.empty());
@@ -55,9 +65,10 @@ TEST(RedisUrl, UnixSocketWithDatabase) {
 }
 
 TEST(RedisUrl, MalformedUrlsAreConfigErrors) {
-  for (const char* bad : {"http://localhost", "redis://", "redis://:6379", "redis://host:port", "redis://host:0",
-                          "redis://host:70000", "redis://host/db", "redis://host/-1", "redis://[::1",
-                          "redis://p%4@host", "unix://", "unix:///s.sock?timeout=1", "localhost:6379"}) {
+  for (const char* bad :
+       {"http://localhost", "redis://", "redis://:6379", "redis://host:port", "redis://host:0",
+        "redis://host:70000", "redis://host/db", "redis://host/-1", "redis://[::1",
+        "redis://p%4@host", "unix://", "unix:///s.sock?timeout=1", "localhost:6379"}) {
     EXPECT_THROW((void)parse_redis_url(bad), ConfigError) << bad;
   }
 }
