@@ -393,12 +393,14 @@ struct Deduplicator::Impl {
       }
       std::this_thread::sleep_for(options.wait_poll_interval);
     }
-    std::optional<AutoRenewal> renewal;
-    if (options.auto_renew_interval.count() > 0 && !call.owner_token.empty()) {
-      renewal.emplace(call, options.auto_renew_interval);
-    }
     Outcome outcome;
     try {
+      // The renewal thread reads the claim: it is joined (also when unwinding) before anything
+      // below completes or releases it.
+      std::optional<AutoRenewal> renewal;
+      if (options.auto_renew_interval.count() > 0 && !call.owner_token.empty()) {
+        renewal.emplace(call, options.auto_renew_interval);
+      }
       outcome = run_layers(call, transactional, handler, context, true);
     } catch (const Cancelled&) {
       throw;  // the claim lives until its lease ends: never released on cancellation
