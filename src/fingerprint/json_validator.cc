@@ -91,7 +91,14 @@ class Scanner {
   char peek() const { return text_[pos_]; }
   bool unexpected() {
     if (at_end()) return fail("unexpected end of JSON input", pos_);
-    return fail(std::string("unexpected character '") + peek() + "' in JSON", pos_);
+    // Printable ASCII is quoted as is; any other byte as hex, so no raw input byte (a control
+    // byte, invalid UTF-8) reaches a message that may be logged.
+    const auto byte = static_cast<unsigned char>(peek());
+    if (byte >= 0x20 && byte < 0x7F) {
+      return fail(std::string("unexpected character '") + peek() + "' in JSON", pos_);
+    }
+    static constexpr char kHex[] = "0123456789ABCDEF";
+    return fail(std::string("unexpected byte 0x") + kHex[byte >> 4] + kHex[byte & 0x0F] + " in JSON", pos_);
   }
   void skip_whitespace() {
     while (!at_end() && (peek() == ' ' || peek() == '\t' || peek() == '\n' || peek() == '\r'))

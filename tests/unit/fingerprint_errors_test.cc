@@ -34,6 +34,11 @@ TEST(PayloadErrors, InvalidJsonNamesTheOffset) {
   EXPECT_EQ(error_offset("", "unexpected end"), 0u);
 }
 
+TEST(PayloadErrors, MessagesNeverCarryARawNonPrintableByte) {
+  EXPECT_EQ(error_offset("\xEF\xBB\xBF{}", "unexpected byte 0xEF"), 0u);  // a UTF-8 BOM
+  EXPECT_EQ(error_offset("[\x01]", "unexpected byte 0x01"), 1u);
+}
+
 TEST(PayloadErrors, InvalidUtf8NamesTheOffset) {
   EXPECT_EQ(error_offset("{\"a\":\"ok\xC3\"}", "invalid UTF-8"), 8u);
   EXPECT_EQ(error_offset("\"\xED\xA0\x80\"", "invalid UTF-8"), 1u);      // an encoded surrogate
