@@ -11,7 +11,7 @@
 //   UPDATE + complete in one transaction. ratio_vs_sum_of_parts = sum of the parts' time per
 //   call / the facade's time per call (1.0: the facade adds nothing).
 // Each figure is the median of --runs runs of --seconds seconds.
-#include <pqxx/pqxx>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -19,8 +19,8 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <pqxx/pqxx>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "idem/deduplicator.h"
@@ -47,11 +47,13 @@ double ns_per_call(double seconds, const std::function<void(std::uint64_t)>& op)
   while (Clock::now() < end) {
     for (int i = 0; i < 64; ++i, ++calls) op(next++);
   }
-  return std::chrono::duration<double, std::nano>(Clock::now() - start).count() / static_cast<double>(calls);
+  return std::chrono::duration<double, std::nano>(Clock::now() - start).count() /
+         static_cast<double>(calls);
 }
 
 double median(std::vector<double> values) {
-  std::nth_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(values.size() / 2), values.end());
+  std::nth_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(values.size() / 2),
+                   values.end());
   return values[values.size() / 2];
 }
 
@@ -108,9 +110,10 @@ std::string overhead_json(const Args& args) {
   const double guard_ns = medians[0];
   const double facade_ns = medians[1];
   char out[256];
-  std::snprintf(out, sizeof out,
-                R"({"facade_ns_per_call": %.0f, "guard_only_ns_per_call": %.0f, "facade_overhead_ns": %.0f})",
-                facade_ns, guard_ns, facade_ns - guard_ns);
+  std::snprintf(
+      out, sizeof out,
+      R"({"facade_ns_per_call": %.0f, "guard_only_ns_per_call": %.0f, "facade_overhead_ns": %.0f})",
+      facade_ns, guard_ns, facade_ns - guard_ns);
   return out;
 }
 
@@ -141,8 +144,10 @@ std::string all_layers_json(const Args& args) {
   options.sink = sink;
   idem::Deduplicator dedup(options);
   const idem::Fingerprinter fingerprinter;
-  const std::string payload = R"({"order_id":"order-1","amount":{"value":12.5,"currency":"EUR"},"reason":"damaged"})";
-  const std::string update = "UPDATE " + schema + ".accounts SET balance = balance + 1 WHERE id = $1";
+  const std::string payload =
+      R"({"order_id":"order-1","amount":{"value":12.5,"currency":"EUR"},"reason":"damaged"})";
+  const std::string update =
+      "UPDATE " + schema + ".accounts SET balance = balance + 1 WHERE id = $1";
   auto business_write = [&](pqxx::transaction_base& tx, std::uint64_t i) {
     tx.exec_params0(update, static_cast<int>(i % 1000));
     return std::string(R"({"status":"refunded"})");
@@ -151,8 +156,9 @@ std::string all_layers_json(const Args& args) {
   const auto medians = interleaved_medians(
       args, {[&] {
                return ns_per_call(args.seconds, [&](std::uint64_t i) {
-                 (void)dedup.run_transactional(request_for(i, payload),
-                                               [&](pqxx::transaction_base& tx) { return business_write(tx, i); });
+                 (void)dedup.run_transactional(
+                     request_for(i, payload),
+                     [&](pqxx::transaction_base& tx) { return business_write(tx, i); });
                });
              },
              [&] {
@@ -188,12 +194,13 @@ std::string all_layers_json(const Args& args) {
   }
   const double parts_ns = guard_ns + fingerprint_ns + sink_ns;
   char out[512];
-  std::snprintf(out, sizeof out,
-                R"({"facade_calls_per_s": %.0f, "facade_us_per_call": %.1f, "guard_us_per_call": %.1f, )"
-                R"("fingerprint_us_per_call": %.2f, "sink_transaction_us_per_call": %.1f, )"
-                R"("sum_of_parts_us_per_call": %.1f, "ratio_vs_sum_of_parts": %.3f})",
-                1e9 / facade_ns, facade_ns / 1e3, guard_ns / 1e3, fingerprint_ns / 1e3, sink_ns / 1e3,
-                parts_ns / 1e3, parts_ns / facade_ns);
+  std::snprintf(
+      out, sizeof out,
+      R"({"facade_calls_per_s": %.0f, "facade_us_per_call": %.1f, "guard_us_per_call": %.1f, )"
+      R"("fingerprint_us_per_call": %.2f, "sink_transaction_us_per_call": %.1f, )"
+      R"("sum_of_parts_us_per_call": %.1f, "ratio_vs_sum_of_parts": %.3f})",
+      1e9 / facade_ns, facade_ns / 1e3, guard_ns / 1e3, fingerprint_ns / 1e3, sink_ns / 1e3,
+      parts_ns / 1e3, parts_ns / facade_ns);
   return out;
 }
 
@@ -212,18 +219,26 @@ int main(int argc, char** argv) {
     const std::string flag = argv[i];
     if (i + 1 >= argc) usage(flag + " needs a value");
     const std::string value = argv[++i];
-    if (flag == "--seconds") args.seconds = std::stod(value);
-    else if (flag == "--runs") args.runs = std::stoi(value);
-    else if (flag == "--redis-url") args.redis_url = value;
-    else if (flag == "--pg-url") args.pg_url = value;
-    else if (flag == "--report-json") args.report_json = value;
-    else usage("unknown flag " + flag);
+    if (flag == "--seconds")
+      args.seconds = std::stod(value);
+    else if (flag == "--runs")
+      args.runs = std::stoi(value);
+    else if (flag == "--redis-url")
+      args.redis_url = value;
+    else if (flag == "--pg-url")
+      args.pg_url = value;
+    else if (flag == "--report-json")
+      args.report_json = value;
+    else
+      usage("unknown flag " + flag);
   }
   if (args.runs < 1 || args.seconds <= 0) usage("--runs and --seconds must be positive");
   try {
     std::string json = "{\"overhead\": " + overhead_json(args);
-    if (!args.redis_url.empty() && !args.pg_url.empty()) json += ", \"all_layers\": " + all_layers_json(args);
-    json += ", \"runs\": " + std::to_string(args.runs) + ", \"seconds_per_run\": " + std::to_string(args.seconds) + "}";
+    if (!args.redis_url.empty() && !args.pg_url.empty())
+      json += ", \"all_layers\": " + all_layers_json(args);
+    json += ", \"runs\": " + std::to_string(args.runs) +
+            ", \"seconds_per_run\": " + std::to_string(args.seconds) + "}";
     std::cout << json << "\n";
     if (!args.report_json.empty()) std::ofstream(args.report_json) << json << "\n";
     return 0;

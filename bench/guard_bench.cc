@@ -32,8 +32,9 @@ struct Args {
 };
 
 [[noreturn]] void usage() {
-  std::fprintf(stderr,
-               "usage: idem-bench-guard --url URL --method lua|set --clients C --requests N [--batch B]\n");
+  std::fprintf(
+      stderr,
+      "usage: idem-bench-guard --url URL --method lua|set --clients C --requests N [--batch B]\n");
   std::exit(2);
 }
 
@@ -57,7 +58,8 @@ Args parse(int argc, char** argv) {
       usage();
     }
   }
-  if (args.url.empty() || args.clients < 1 || args.requests < 1 || args.batch < 0 || argc % 2 == 0) usage();
+  if (args.url.empty() || args.clients < 1 || args.requests < 1 || args.batch < 0 || argc % 2 == 0)
+    usage();
   return args;
 }
 
@@ -76,7 +78,8 @@ int main(int argc, char** argv) {
   const int per_call = std::max(args.batch, 1);
   const long calls_per_client = std::max(1L, args.requests / per_call / args.clients);
   const std::string fingerprint(64, 'f');
-  std::vector<std::vector<std::chrono::nanoseconds>> latencies(static_cast<std::size_t>(args.clients));
+  std::vector<std::vector<std::chrono::nanoseconds>> latencies(
+      static_cast<std::size_t>(args.clients));
   std::latch ready(args.clients + 1);
   std::latch go(1);
   std::vector<std::thread> threads;
@@ -113,7 +116,8 @@ int main(int argc, char** argv) {
   const auto start = std::chrono::steady_clock::now();
   go.count_down();
   for (std::thread& thread : threads) thread.join();
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   std::vector<std::chrono::nanoseconds> all;
   for (const auto& mine : latencies) all.insert(all.end(), mine.begin(), mine.end());

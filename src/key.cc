@@ -15,7 +15,8 @@ std::string escape_key_component(std::string_view component, std::string_view wh
   out.reserve(component.size());
   for (const char c : component) {
     const auto byte = static_cast<unsigned char>(c);
-    const bool unreserved = byte >= 0x21 && byte <= 0x7E && c != ':' && c != '%' && c != '{' && c != '}';
+    const bool unreserved =
+        byte >= 0x21 && byte <= 0x7E && c != ':' && c != '%' && c != '{' && c != '}';
     if (unreserved) {
       out.push_back(c);
     } else {

@@ -24,7 +24,9 @@ struct Record {
 // Hashes std::string and std::string_view alike, so lookups need no temporary string.
 struct KeyHash {
   using is_transparent = void;
-  std::size_t operator()(std::string_view key) const noexcept { return std::hash<std::string_view>{}(key); }
+  std::size_t operator()(std::string_view key) const noexcept {
+    return std::hash<std::string_view>{}(key);
+  }
 };
 
 std::string random_owner_token() {
@@ -89,8 +91,9 @@ ClaimResult InMemoryGuard::claim(std::string_view key, std::string_view request_
   std::lock_guard lock(state_->mutex);
   ClaimResult result;
   if (const Record* record = state_->live(key, now)) {
-    result.status = !request_id.empty() && record->request_id == request_id ? ClaimStatus::kRepeatSame
-                                                                              : ClaimStatus::kRepeatOther;
+    result.status = !request_id.empty() && record->request_id == request_id
+                        ? ClaimStatus::kRepeatSame
+                        : ClaimStatus::kRepeatOther;
     result.state = record->state;
     result.fingerprint_matches =
         fingerprint.empty() || record->fingerprint.empty() || record->fingerprint == fingerprint;
@@ -99,14 +102,17 @@ ClaimResult InMemoryGuard::claim(std::string_view key, std::string_view request_
   }
   state_->make_room(now);
   result.owner_token = random_owner_token();
-  state_->records.insert_or_assign(std::string(key),
-                                   Record{std::string(request_id), result.owner_token, std::string(fingerprint),
-                                          RecordState::kInProgress, {}, now + lease_.count()});
+  state_->records.insert_or_assign(std::string(key), Record{std::string(request_id),
+                                                            result.owner_token,
+                                                            std::string(fingerprint),
+                                                            RecordState::kInProgress,
+                                                            {},
+                                                            now + lease_.count()});
   return result;
 }
 
-bool InMemoryGuard::complete(std::string_view key, std::string_view owner_token, std::string_view response,
-                             std::chrono::milliseconds retention) {
+bool InMemoryGuard::complete(std::string_view key, std::string_view owner_token,
+                             std::string_view response, std::chrono::milliseconds retention) {
   if (retention.count() < 0) throw ConfigError("idem: complete: retention must be >= 0");
   if (retention.count() == 0) retention = state_->options.retention;
   const std::int64_t now = state_->options.clock->now_ms();
@@ -128,7 +134,8 @@ bool InMemoryGuard::release(std::string_view key, std::string_view owner_token) 
   return true;
 }
 
-bool InMemoryGuard::renew(std::string_view key, std::string_view owner_token, std::chrono::milliseconds lease) {
+bool InMemoryGuard::renew(std::string_view key, std::string_view owner_token,
+                          std::chrono::milliseconds lease) {
   if (lease.count() <= 0) throw ConfigError("idem: renew needs a lease > 0");
   const std::int64_t now = state_->options.clock->now_ms();
   std::lock_guard lock(state_->mutex);

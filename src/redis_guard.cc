@@ -39,7 +39,9 @@ struct Script {
   std::string sha;
 };
 
-std::string milliseconds_text(std::chrono::milliseconds duration) { return std::to_string(duration.count()); }
+std::string milliseconds_text(std::chrono::milliseconds duration) {
+  return std::to_string(duration.count());
+}
 
 void require(bool condition, const char* what) {
   if (!condition) throw ConfigError(std::string("idem: RedisGuardOptions: ") + what);
@@ -61,15 +63,14 @@ detail::PoolSettings pool_settings(const RedisOptions& redis) {
   require(redis.reconnect_backoff.count() >= 0, "redis.reconnect_backoff must be >= 0");
   require(redis.reconnect_backoff_max >= redis.reconnect_backoff,
           "redis.reconnect_backoff_max must be >= redis.reconnect_backoff");
-  return detail::PoolSettings{
-      .connection = {.endpoint = detail::parse_redis_url(redis.url),
-                     .connect_timeout = redis.connect_timeout,
-                     .command_timeout = redis.command_timeout,
-                     .keepalive = redis.keepalive},
-      .size = redis.pool_size,
-      .borrow_timeout = redis.borrow_timeout,
-      .reconnect_backoff = redis.reconnect_backoff,
-      .reconnect_backoff_max = redis.reconnect_backoff_max};
+  return detail::PoolSettings{.connection = {.endpoint = detail::parse_redis_url(redis.url),
+                                             .connect_timeout = redis.connect_timeout,
+                                             .command_timeout = redis.command_timeout,
+                                             .keepalive = redis.keepalive},
+                              .size = redis.pool_size,
+                              .borrow_timeout = redis.borrow_timeout,
+                              .reconnect_backoff = redis.reconnect_backoff,
+                              .reconnect_backoff_max = redis.reconnect_backoff_max};
 }
 
 const RedisGuardOptions& validated(const RedisGuardOptions& options) {
@@ -95,8 +96,8 @@ bool integer_flag(const redisReply& reply, std::string_view during) {
 }
 
 // The answer to a claim whose reply is `reply`: nil = first, a string = the existing record.
-ClaimResult claim_result(const redisReply& reply, std::string owner_token, std::string_view request_id,
-                         std::string_view fingerprint) {
+ClaimResult claim_result(const redisReply& reply, std::string owner_token,
+                         std::string_view request_id, std::string_view fingerprint) {
   ClaimResult result;
   if (reply.type == REDIS_REPLY_NIL) {
     result.owner_token = std::move(owner_token);
@@ -110,8 +111,9 @@ ClaimResult claim_result(const redisReply& reply, std::string owner_token, std::
     result.owner_token = std::move(owner_token);
     return result;
   }
-  result.status = !request_id.empty() && record.request_id == request_id ? ClaimStatus::kRepeatSame
-                                                                         : ClaimStatus::kRepeatOther;
+  result.status = !request_id.empty() && record.request_id == request_id
+                      ? ClaimStatus::kRepeatSame
+                      : ClaimStatus::kRepeatOther;
   result.state = record.state;
   result.fingerprint_matches =
       fingerprint.empty() || record.fingerprint.empty() || record.fingerprint == fingerprint;
@@ -132,8 +134,9 @@ struct RedisGuard::Impl {
         breaker(options.breaker) {
     detail::PoolSettings settings = pool_settings(options.redis);
     if (options.redis.cluster) {
-      require(settings.connection.endpoint.socket_path.empty() && settings.connection.endpoint.db == 0,
-              "a Redis Cluster URL must be redis://host:port with database 0");
+      require(
+          settings.connection.endpoint.socket_path.empty() && settings.connection.endpoint.db == 0,
+          "a Redis Cluster URL must be redis://host:port with database 0");
       cluster = std::make_unique<detail::Cluster>(std::move(settings));
     } else {
       pool = std::make_unique<detail::Pool>(std::move(settings));
@@ -145,12 +148,14 @@ struct RedisGuard::Impl {
   // (even an error reply) as a success. `body` must be safe to repeat (every guard command
   // is: a repeated claim recognises its own owner token).
   template <class Body>
-  auto with_connection(std::string_view routing_key, Body&& body) -> decltype(body(std::declval<Connection&>())) {
+  auto with_connection(std::string_view routing_key, Body&& body)
+      -> decltype(body(std::declval<Connection&>())) {
     if (!breaker.allow(detail::CircuitBreaker::Clock::now())) {
       throw RedisError("idem: redis guard: circuit breaker open, Redis not tried", true);
     }
     try {
-      auto result = cluster != nullptr ? run_on_cluster(routing_key, body) : run_on_pool(*pool, body);
+      auto result =
+          cluster != nullptr ? run_on_cluster(routing_key, body) : run_on_pool(*pool, body);
       breaker.on_success();
       return result;
     } catch (const RedisError& error) {
@@ -170,7 +175,8 @@ struct RedisGuard::Impl {
   // the server (a restart, an idle timeout), the other idle connections are dropped and `body`
   // runs once more on a fresh connection; a timeout is never retried.
   template <class Body>
-  static auto run_on_pool(detail::Pool& target, Body& body) -> decltype(body(std::declval<Connection&>())) {
+  static auto run_on_pool(detail::Pool& target, Body& body)
+      -> decltype(body(std::declval<Connection&>())) {
     for (bool retried = false;; retried = true) {
       auto lease = target.borrow();
       try {
@@ -185,7 +191,8 @@ struct RedisGuard::Impl {
   // Routes `body` to the master of `routing_key`'s slot and follows MOVED (reloading the slot
   // map) and ASK (ASKING first, on the named node) up to kMaxRedirects times.
   template <class Body>
-  auto run_on_cluster(std::string_view routing_key, Body& body) -> decltype(body(std::declval<Connection&>())) {
+  auto run_on_cluster(std::string_view routing_key, Body& body)
+      -> decltype(body(std::declval<Connection&>())) {
     constexpr int kMaxRedirects = 5;
     detail::Pool* target = &cluster->pool_for_slot(detail::key_slot(routing_key));
     bool asking = false;
@@ -211,7 +218,8 @@ struct RedisGuard::Impl {
     const ReplyPtr reply =
         checked(connection.command(std::array<std::string_view, 3>{"SCRIPT", "LOAD", script.body}),
                 "SCRIPT LOAD");
-    if (reply->type != REDIS_REPLY_STRING || std::string_view(reply->str, reply->len) != script.sha) {
+    if (reply->type != REDIS_REPLY_STRING ||
+        std::string_view(reply->str, reply->len) != script.sha) {
       throw RedisError("idem: redis SCRIPT LOAD returned an unexpected SHA-1", false);
     }
   }
@@ -240,9 +248,11 @@ struct RedisGuard::Impl {
   // Appends the claim of `key` with `record` (EVALSHA or SET NX GET) to the pipeline.
   void append_claim(Connection& connection, std::string_view key, std::string_view record) const {
     if (options.claim_method == ClaimMethod::kSetNxGet) {
-      connection.append(std::array<std::string_view, 7>{"SET", key, record, "NX", "PX", lease_ms, "GET"});
+      connection.append(
+          std::array<std::string_view, 7>{"SET", key, record, "NX", "PX", lease_ms, "GET"});
     } else {
-      connection.append(std::array<std::string_view, 6>{"EVALSHA", claim_script.sha, "1", key, record, lease_ms});
+      connection.append(
+          std::array<std::string_view, 6>{"EVALSHA", claim_script.sha, "1", key, record, lease_ms});
     }
   }
 
@@ -250,10 +260,11 @@ struct RedisGuard::Impl {
   ReplyPtr claim_one(std::string_view key, std::string_view record) {
     return with_connection(key, [&](Connection& connection) {
       if (options.claim_method == ClaimMethod::kLuaScript) {
-        return eval(connection, claim_script, std::array<std::string_view, 3>{key, record, lease_ms});
+        return eval(connection, claim_script,
+                    std::array<std::string_view, 3>{key, record, lease_ms});
       }
-      ReplyPtr reply =
-          connection.command(std::array<std::string_view, 7>{"SET", key, record, "NX", "PX", lease_ms, "GET"});
+      ReplyPtr reply = connection.command(
+          std::array<std::string_view, 7>{"SET", key, record, "NX", "PX", lease_ms, "GET"});
       require_set_nx_get_support(*reply);
       return checked(std::move(reply), "SET NX GET");
     });
@@ -263,15 +274,18 @@ struct RedisGuard::Impl {
   void require_set_nx_get_support(const redisReply& reply) const {
     if (options.claim_method == ClaimMethod::kSetNxGet && reply.type == REDIS_REPLY_ERROR &&
         std::string_view(reply.str, reply.len).starts_with("ERR syntax error")) {
-      throw RedisError("idem: redis rejected SET ... NX ... GET (needs Redis >= 7.0); use ClaimMethod::kLuaScript",
-                       false);
+      throw RedisError(
+          "idem: redis rejected SET ... NX ... GET (needs Redis >= 7.0); use "
+          "ClaimMethod::kLuaScript",
+          false);
     }
   }
 
   // The claims `indices` of `keys`/`records`, pipelined on `connection`: their replies, in
   // order, unchecked except for NOSCRIPT (answered by one SCRIPT LOAD and one re-send of the
   // claims that got it).
-  std::vector<ReplyPtr> pipeline_claims(Connection& connection, const std::vector<std::string>& keys,
+  std::vector<ReplyPtr> pipeline_claims(Connection& connection,
+                                        const std::vector<std::string>& keys,
                                         const std::vector<std::string>& records,
                                         const std::vector<std::size_t>& indices) const {
     std::vector<ReplyPtr> out(indices.size());
@@ -279,11 +293,13 @@ struct RedisGuard::Impl {
     std::vector<std::size_t> noscript;
     for (std::size_t j = 0; j < indices.size(); ++j) {
       out[j] = connection.read_reply();
-      if (out[j]->type == REDIS_REPLY_ERROR && detail::reply_error_is(*out[j], "NOSCRIPT")) noscript.push_back(j);
+      if (out[j]->type == REDIS_REPLY_ERROR && detail::reply_error_is(*out[j], "NOSCRIPT"))
+        noscript.push_back(j);
     }
     if (!noscript.empty()) {
       load(connection, claim_script);
-      for (const std::size_t j : noscript) append_claim(connection, keys[indices[j]], records[indices[j]]);
+      for (const std::size_t j : noscript)
+        append_claim(connection, keys[indices[j]], records[indices[j]]);
       for (const std::size_t j : noscript) out[j] = connection.read_reply();
     }
     for (const ReplyPtr& reply : out) require_set_nx_get_support(*reply);
@@ -303,7 +319,8 @@ struct RedisGuard::Impl {
   Script renew_script{detail::kRenewScript};
 };
 
-RedisGuard::RedisGuard(RedisGuardOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
+RedisGuard::RedisGuard(RedisGuardOptions options)
+    : impl_(std::make_unique<Impl>(std::move(options))) {}
 
 RedisGuard::~RedisGuard() = default;
 
@@ -338,19 +355,22 @@ std::vector<ClaimResult> RedisGuard::claim_batch(const std::vector<ClaimRequest>
   // cluster. A claim redirected within a pipeline (its slot moved) is re-sent on its own.
   std::map<detail::Pool*, std::vector<std::size_t>> groups;
   for (std::size_t i = 0; i < count; ++i) {
-    groups[impl_->cluster != nullptr ? &impl_->cluster->pool_for_slot(detail::key_slot(keys[i])) : nullptr]
+    groups[impl_->cluster != nullptr ? &impl_->cluster->pool_for_slot(detail::key_slot(keys[i]))
+                                     : nullptr]
         .push_back(i);
   }
   std::vector<ReplyPtr> replies(count);
   for (const auto& entry : groups) {
-    const std::vector<std::size_t>& indices = entry.second;  // clang 14 cannot capture a structured binding
-    std::vector<ReplyPtr> group = impl_->with_connection(keys[indices.front()], [&](Connection& connection) {
-      return impl_->pipeline_claims(connection, keys, records, indices);
-    });
+    const std::vector<std::size_t>& indices =
+        entry.second;  // clang 14 cannot capture a structured binding
+    std::vector<ReplyPtr> group =
+        impl_->with_connection(keys[indices.front()], [&](Connection& connection) {
+          return impl_->pipeline_claims(connection, keys, records, indices);
+        });
     for (std::size_t j = 0; j < indices.size(); ++j) {
       const std::size_t i = indices[j];
       replies[i] = detail::parse_redirect(*group[j]) ? impl_->claim_one(keys[i], records[i])
-                                                      : checked(std::move(group[j]), "claim");
+                                                     : checked(std::move(group[j]), "claim");
     }
   }
   std::vector<ClaimResult> results;
@@ -362,26 +382,32 @@ std::vector<ClaimResult> RedisGuard::claim_batch(const std::vector<ClaimRequest>
   return results;
 }
 
-bool RedisGuard::complete(std::string_view key, std::string_view owner_token, std::string_view response,
-                          std::chrono::milliseconds retention) {
+bool RedisGuard::complete(std::string_view key, std::string_view owner_token,
+                          std::string_view response, std::chrono::milliseconds retention) {
   if (retention.count() < 0) throw ConfigError("idem: complete: retention must be >= 0");
   const std::string redis_key_text = redis_key(key);
-  const std::string response_field = detail::encode_response(response, impl_->options.max_response_bytes);
-  const std::string retention_text = retention.count() == 0 ? impl_->retention_ms : milliseconds_text(retention);
-  return impl_->eval_flag(impl_->complete_script,
-                          std::array<std::string_view, 4>{redis_key_text, owner_token, response_field, retention_text});
+  const std::string response_field =
+      detail::encode_response(response, impl_->options.max_response_bytes);
+  const std::string retention_text =
+      retention.count() == 0 ? impl_->retention_ms : milliseconds_text(retention);
+  return impl_->eval_flag(
+      impl_->complete_script,
+      std::array<std::string_view, 4>{redis_key_text, owner_token, response_field, retention_text});
 }
 
-bool RedisGuard::complete(std::string_view key, std::string_view owner_token, std::string_view response) {
+bool RedisGuard::complete(std::string_view key, std::string_view owner_token,
+                          std::string_view response) {
   return complete(key, owner_token, response, std::chrono::milliseconds(0));
 }
 
 bool RedisGuard::release(std::string_view key, std::string_view owner_token) {
   const std::string redis_key_text = redis_key(key);
-  return impl_->eval_flag(impl_->release_script, std::array<std::string_view, 2>{redis_key_text, owner_token});
+  return impl_->eval_flag(impl_->release_script,
+                          std::array<std::string_view, 2>{redis_key_text, owner_token});
 }
 
-bool RedisGuard::renew(std::string_view key, std::string_view owner_token, std::chrono::milliseconds lease) {
+bool RedisGuard::renew(std::string_view key, std::string_view owner_token,
+                       std::chrono::milliseconds lease) {
   if (lease.count() <= 0) throw ConfigError("idem: renew: lease must be > 0");
   const std::string redis_key_text = redis_key(key);
   const std::string lease_text = milliseconds_text(lease);

@@ -21,9 +21,11 @@ int main() {
   // Every field the seed's log lines must carry. Key and request ID are validated and escaped:
   // no control byte from input reaches the log.
   options.on_decision = [log](const idem::DecisionEvent& e) {
-    log->info("idem decision request_id={} key={} fingerprint={} layer={} outcome={} latency_us={} attempt={}",
-              e.request_id, e.key, e.fingerprint, idem::to_string(e.layer), idem::to_string(e.outcome),
-              e.latency.count(), e.attempt);
+    log->info(
+        "idem decision request_id={} key={} fingerprint={} layer={} outcome={} latency_us={} "
+        "attempt={}",
+        e.request_id, e.key, e.fingerprint, idem::to_string(e.layer), idem::to_string(e.outcome),
+        e.latency.count(), e.attempt);
   };
   idem::Deduplicator dedup(options);
 

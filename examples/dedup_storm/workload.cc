@@ -1,10 +1,9 @@
 #include "workload.h"
 
 #include <algorithm>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <utility>
-
-#include <nlohmann/json.hpp>
 
 namespace storm {
 namespace {
@@ -12,9 +11,14 @@ namespace {
 // Share of duplicates among all deliveries in the seed incident.
 constexpr double kDuplicateShare = 0.117;
 
-constexpr const char* kReasons[] = {
-    "商品未收到", "Doppelte Abbuchung", "Возврат по заявке", "late delivery \"express\"",
-    "retour: colis abîmé 📦", "تم الإلغاء", "wrong size\tM→L", "Ελαττωματικό προϊόν"};
+constexpr const char* kReasons[] = {"商品未收到",
+                                    "Doppelte Abbuchung",
+                                    "Возврат по заявке",
+                                    "late delivery \"express\"",
+                                    "retour: colis abîmé 📦",
+                                    "تم الإلغاء",
+                                    "wrong size\tM→L",
+                                    "Ελαττωματικό προϊόν"};
 constexpr const char* kCurrencies[] = {"CNY", "EUR", "USD", "RUB", "GBP"};
 
 std::string payload_for(std::mt19937_64& rng, const Delivery& d) {
@@ -28,8 +32,9 @@ std::string payload_for(std::mt19937_64& rng, const Delivery& d) {
   nlohmann::json payload = {
       {"order_id", d.order_id},
       {"user_id", d.user},
-      {"amount", {{"value", static_cast<double>(d.amount_cents) / 100.0},
-                  {"currency", kCurrencies[rng() % std::size(kCurrencies)]}}},
+      {"amount",
+       {{"value", static_cast<double>(d.amount_cents) / 100.0},
+        {"currency", kCurrencies[rng() % std::size(kCurrencies)]}}},
       {"reason", kReasons[rng() % std::size(kReasons)]},
       {"items", std::move(items)},
       {"ledger_seq", 9007199254740993ULL + rng() % 1000000},

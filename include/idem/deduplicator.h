@@ -78,8 +78,8 @@ enum class FailureAction {
 
 /// The caller's verdict on a handler exception.
 struct FailureDecision {
-  FailureAction action = FailureAction::kRelease;
-  std::string response{};  ///< The response to store with kStoreAsResponse.
+  FailureAction action = FailureAction::kRelease;  ///< What happens to the claim.
+  std::string response{};                          ///< The response to store with kStoreAsResponse.
 };
 
 namespace detail {
@@ -90,6 +90,7 @@ struct CallState;
 /// valid only during the handler call. Thread-safe.
 class IDEM_EXPORT Context {
  public:
+  /// Made by the Deduplicator for each call; handlers only receive it.
   explicit Context(detail::CallState& state) noexcept : state_(&state) {}
 
   /// The request ID (empty when the request had none).

@@ -87,6 +87,7 @@ class IDEM_EXPORT Cancelled : public Error {
 /// A backend (Redis or PostgreSQL) failed.
 class IDEM_EXPORT BackendError : public Error {
  public:
+  /// `what` describes the failure; `retryable` whether repeating the call may succeed.
   BackendError(const std::string& what, bool retryable) : Error(what), retryable_(retryable) {}
   /// True when the same call may succeed if repeated (timeout, connection loss, failover,
   /// serialization failure, deadlock); false for errors a retry cannot fix.
@@ -99,12 +100,14 @@ class IDEM_EXPORT BackendError : public Error {
 /// Redis failed: unreachable, timed out, protocol error, or a script error.
 class IDEM_EXPORT RedisError : public BackendError {
  public:
+  /// As BackendError(what, retryable).
   using BackendError::BackendError;
 };
 
 /// PostgreSQL failed. `sqlstate()` is the five-character SQLSTATE when the server sent one.
 class IDEM_EXPORT PostgresError : public BackendError {
  public:
+  /// As BackendError(what, retryable), with the server's SQLSTATE when it sent one.
   PostgresError(const std::string& what, bool retryable, std::string sqlstate = {})
       : BackendError(what, retryable), sqlstate_(std::move(sqlstate)) {}
   /// SQLSTATE code (e.g. "40001"), or empty when the error did not come from the server.

@@ -102,13 +102,14 @@ class IDEM_EXPORT Fingerprinter {
   /// for a sliding-window check: a repeat one second across a bucket boundary matches
   /// `previous`. Without a time bucket, `previous` is empty. Throws as fingerprint().
   struct Window {
-    std::string current{};
-    std::string previous{};
+    std::string current{};   ///< Fingerprint in the bucket holding `at`.
+    std::string previous{};  ///< Fingerprint in the bucket before it; empty without buckets.
     /// True when `stored` is the current or the previous bucket's fingerprint.
     [[nodiscard]] bool matches(std::string_view stored) const noexcept {
       return stored == current || (!previous.empty() && stored == previous);
     }
   };
+  /// The Window of `json` for `scope` at `at` (see Window). Throws as fingerprint().
   [[nodiscard]] Window fingerprint_window(std::string_view json, std::string_view scope,
                                           std::chrono::system_clock::time_point at) const;
 

@@ -21,7 +21,7 @@ enum class ClaimStatus {
 
 /// Answer of Guard::claim().
 struct ClaimResult {
-  ClaimStatus status = ClaimStatus::kFirst;
+  ClaimStatus status = ClaimStatus::kFirst;  ///< What the claim found.
   /// The caller's owner token (32 lowercase hex characters, 128 random bits, unique per
   /// attempt) when status is kFirst; needed for complete/release/renew. Empty otherwise.
   std::string owner_token{};
@@ -51,14 +51,15 @@ class IDEM_EXPORT Guard {
   /// Marks the claim COMPLETED with `response` and keeps it for `retention` (ms; 0 means the
   /// guard's configured retention). Acts only when `owner_token` owns the record; returns false
   /// (changing nothing) otherwise. Throws idem::ConfigError when `retention` < 0.
-  virtual bool complete(std::string_view key, std::string_view owner_token, std::string_view response,
-                        std::chrono::milliseconds retention) = 0;
+  virtual bool complete(std::string_view key, std::string_view owner_token,
+                        std::string_view response, std::chrono::milliseconds retention) = 0;
   /// Deletes the record if and only if `owner_token` owns it and it is IN_PROGRESS. Returns
   /// whether it deleted. Never deletes another owner's claim.
   virtual bool release(std::string_view key, std::string_view owner_token) = 0;
   /// Extends the IN_PROGRESS claim owned by `owner_token` to `lease` (ms) from now. Returns
   /// false when the caller no longer owns it.
-  virtual bool renew(std::string_view key, std::string_view owner_token, std::chrono::milliseconds lease) = 0;
+  virtual bool renew(std::string_view key, std::string_view owner_token,
+                     std::chrono::milliseconds lease) = 0;
   /// The lease a fresh claim gets, in ms.
   [[nodiscard]] virtual std::chrono::milliseconds lease() const noexcept = 0;
 };

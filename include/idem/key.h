@@ -23,6 +23,7 @@ struct IdempotencyKey {
   /// Throws idem::InvalidKey when a component is empty.
   [[nodiscard]] IDEM_EXPORT std::string encode() const;
 
+  /// Equal when every component is byte-for-byte equal.
   friend bool operator==(const IdempotencyKey&, const IdempotencyKey&) = default;
 };
 
@@ -35,6 +36,7 @@ struct IdempotencyKey {
 ///   pct-byte   = "%" 2( DIGIT / %x41-46 )                   ; every other byte, uppercase hex
 ///
 /// Throws idem::InvalidKey (naming `what`, e.g. "user") when `component` is empty.
-[[nodiscard]] IDEM_EXPORT std::string escape_key_component(std::string_view component, std::string_view what);
+[[nodiscard]] IDEM_EXPORT std::string escape_key_component(std::string_view component,
+                                                           std::string_view what);
 
 }  // namespace idem

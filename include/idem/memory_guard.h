@@ -49,7 +49,8 @@ class IDEM_EXPORT InMemoryGuard final : public Guard {
     return complete(key, owner_token, response, std::chrono::milliseconds(0));
   }
   bool release(std::string_view key, std::string_view owner_token) override;
-  bool renew(std::string_view key, std::string_view owner_token, std::chrono::milliseconds lease) override;
+  bool renew(std::string_view key, std::string_view owner_token,
+             std::chrono::milliseconds lease) override;
   [[nodiscard]] std::chrono::milliseconds lease() const noexcept override { return lease_; }
 
   /// Records held now, expired ones not yet dropped included.

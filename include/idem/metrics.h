@@ -19,10 +19,10 @@ struct DecisionEvent {
   std::string_view request_id{};   ///< Validated request ID; empty when the request had none.
   std::string_view key{};          ///< The idempotency key text (escaped, safe to log).
   std::string_view fingerprint{};  ///< Payload fingerprint (hex); empty when not computed.
-  Layer layer = Layer::kHandler; ///< The layer that decided.
-  Outcome::Kind outcome = Outcome::Kind::kExecuted;
-  std::chrono::microseconds latency{0};  ///< Whole call, handler included.
-  int attempt = 1;               ///< Request::attempt: the delivery count the caller reported.
+  Layer layer = Layer::kHandler;   ///< The layer that decided.
+  Outcome::Kind outcome = Outcome::Kind::kExecuted;  ///< What was decided.
+  std::chrono::microseconds latency{0};              ///< Whole call, handler included.
+  int attempt = 1;  ///< Request::attempt: the delivery count the caller reported.
 };
 
 /// Receives the facade's counts. Implementations must be thread-safe and must not throw.
@@ -72,7 +72,8 @@ class IDEM_EXPORT InProcessMetrics final : public Metrics {
   static constexpr std::size_t kKinds = 5;
   std::array<std::atomic<std::uint64_t>, kLayers * kKinds> decisions_{};
   std::array<std::atomic<std::uint64_t>, kLayers> backend_errors_{};
-  std::array<std::array<std::atomic<std::uint64_t>, kLatencyBucketsUs.size() + 1>, kLayers> latency_buckets_{};
+  std::array<std::array<std::atomic<std::uint64_t>, kLatencyBucketsUs.size() + 1>, kLayers>
+      latency_buckets_{};
   std::array<std::atomic<std::int64_t>, kLayers> latency_sum_us_{};
   std::atomic<std::uint64_t> releases_{0};
   std::atomic<std::uint64_t> renewals_ok_{0};

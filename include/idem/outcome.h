@@ -24,6 +24,7 @@ enum class Layer {
 
 /// The result of Deduplicator::run(). A value, not an exception: duplicates are normal.
 struct Outcome {
+  /// What happened to the request.
   enum class Kind {
     kExecuted,     ///< First time: the handler ran and committed; `response` is its result.
     kDuplicate,    ///< Repeat of a completed request; `response` is the stored one, if kept.
@@ -31,7 +32,7 @@ struct Outcome {
     kMismatch,     ///< Same key, different payload fingerprint (HTTP 422).
     kUnavailable,  ///< A required backend was unreachable; nothing was executed.
   };
-  Kind kind = Kind::kExecuted;
+  Kind kind = Kind::kExecuted;            ///< What happened.
   Layer layer = Layer::kHandler;          ///< Which layer decided.
   std::optional<std::string> response{};  ///< Handler's or replayed response.
   std::string error{};                    ///< kUnavailable: the backend's error message.

@@ -24,9 +24,10 @@ namespace idem {
 struct PgSinkOptions {
   /// libpq connection string: a `postgresql://` URL or `key=value` keywords. Required.
   std::string conninfo{};
-  /// Schema and table of the records. Quoted as identifiers, so any non-empty name without a
-  /// NUL byte is safe. migrate() creates them.
+  /// Schema of the records. Quoted as an identifier, so any non-empty name without a NUL
+  /// byte is safe (used exactly as given, case included). migrate() creates it.
   std::string schema = "public";
+  /// Table of the records, in `schema`; quoted like it. migrate() creates it.
   std::string table = "idem_records";
   /// Namespace (service or tenant) stored with each row; part of the unique key. Non-empty.
   std::string ns = "default";
@@ -71,7 +72,7 @@ enum class SinkStatus {
 
 /// Answer of PgSink::claim().
 struct SinkClaim {
-  SinkStatus status = SinkStatus::kClaimed;
+  SinkStatus status = SinkStatus::kClaimed;  ///< What the claim found.
   /// State of the existing row (kInProgress for a fresh claim or an open competitor).
   RecordState state = RecordState::kInProgress;
   /// Whether the stored fingerprint equals the caller's. An empty fingerprint (on either side)

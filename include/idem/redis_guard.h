@@ -71,8 +71,8 @@ enum class ClaimMethod {
 
 /// Options of a RedisGuard.
 struct RedisGuardOptions {
-  RedisOptions redis{};
-  CircuitBreakerOptions breaker{};
+  RedisOptions redis{};             ///< Where Redis is and how to connect.
+  CircuitBreakerOptions breaker{};  ///< When to stop trying Redis for a while.
   /// First component of every Redis key: `{prefix}:{ns}:{key text}`. Escaped like a key
   /// component (see escape_key_component()). Must be non-empty.
   std::string prefix = "idem";
@@ -144,7 +144,8 @@ class IDEM_EXPORT RedisGuard final : public Guard {
   /// Extends the lease of an IN_PROGRESS claim owned by `owner_token` to `lease` from now
   /// (Redis' clock), in ms. Returns false (and changes nothing) when the caller no longer owns
   /// it. Throws idem::ConfigError when `lease` ≤ 0.
-  bool renew(std::string_view key, std::string_view owner_token, std::chrono::milliseconds lease) override;
+  bool renew(std::string_view key, std::string_view owner_token,
+             std::chrono::milliseconds lease) override;
 
   /// renew() with the configured lease.
   bool renew(std::string_view key, std::string_view owner_token);

@@ -98,7 +98,8 @@ class Scanner {
       return fail(std::string("unexpected character '") + peek() + "' in JSON", pos_);
     }
     static constexpr char kHex[] = "0123456789ABCDEF";
-    return fail(std::string("unexpected byte 0x") + kHex[byte >> 4] + kHex[byte & 0x0F] + " in JSON", pos_);
+    return fail(
+        std::string("unexpected byte 0x") + kHex[byte >> 4] + kHex[byte & 0x0F] + " in JSON", pos_);
   }
   void skip_whitespace() {
     while (!at_end() && (peek() == ' ' || peek() == '\t' || peek() == '\n' || peek() == '\r'))

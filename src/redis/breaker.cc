@@ -6,8 +6,10 @@ bool CircuitBreaker::allow(Clock::time_point now) {
   if (options_.failure_threshold == 0) return true;
   std::lock_guard lock(mutex_);
   switch (state_) {
-    case BreakerState::kClosed: return true;
-    case BreakerState::kHalfOpen: return false;
+    case BreakerState::kClosed:
+      return true;
+    case BreakerState::kHalfOpen:
+      return false;
     case BreakerState::kOpen:
       if (now < open_until_) return false;
       state_ = BreakerState::kHalfOpen;

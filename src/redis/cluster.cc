@@ -29,7 +29,8 @@ constexpr std::array<std::uint16_t, 256> kCrc16 = crc16_table();
 std::uint16_t crc16(std::string_view data) noexcept {
   std::uint16_t crc = 0;
   for (const char c : data) {
-    crc = static_cast<std::uint16_t>((crc << 8) ^ kCrc16[((crc >> 8) ^ static_cast<unsigned char>(c)) & 0xFF]);
+    crc = static_cast<std::uint16_t>((crc << 8) ^
+                                     kCrc16[((crc >> 8) ^ static_cast<unsigned char>(c)) & 0xFF]);
   }
   return crc;
 }
@@ -41,7 +42,8 @@ std::string_view text_of(const redisReply& reply) { return {reply.str, reply.len
 int key_slot(std::string_view key) noexcept {
   if (const auto open = key.find('{'); open != std::string_view::npos) {
     const auto close = key.find('}', open + 1);
-    if (close != std::string_view::npos && close > open + 1) key = key.substr(open + 1, close - open - 1);
+    if (close != std::string_view::npos && close > open + 1)
+      key = key.substr(open + 1, close - open - 1);
   }
   return crc16(key) % kClusterSlots;
 }
@@ -61,7 +63,8 @@ std::optional<Redirect> parse_redirect(const redisReply& reply) {
   }
   const auto space = rest.find(' ');
   const auto colon = rest.rfind(':');
-  if (space == std::string_view::npos || colon == std::string_view::npos || colon < space) return std::nullopt;
+  if (space == std::string_view::npos || colon == std::string_view::npos || colon < space)
+    return std::nullopt;
   const auto slot = rest.substr(0, space);
   const auto port = rest.substr(colon + 1);
   if (std::from_chars(slot.data(), slot.data() + slot.size(), redirect.slot).ec != std::errc() ||
@@ -96,12 +99,14 @@ Pool& Cluster::pool_for(const std::string& host, int port) {
 Pool& Cluster::pool_for_slot(int slot) {
   {
     std::shared_lock lock(mutex_);
-    if (loaded_ && slots_[static_cast<std::size_t>(slot)] != nullptr) return *slots_[static_cast<std::size_t>(slot)];
+    if (loaded_ && slots_[static_cast<std::size_t>(slot)] != nullptr)
+      return *slots_[static_cast<std::size_t>(slot)];
   }
   refresh();
   std::shared_lock lock(mutex_);
   Pool* pool = slots_[static_cast<std::size_t>(slot)];
-  if (pool == nullptr) throw RedisError("idem: redis cluster: no node serves slot " + std::to_string(slot), true);
+  if (pool == nullptr)
+    throw RedisError("idem: redis cluster: no node serves slot " + std::to_string(slot), true);
   return *pool;
 }
 
@@ -112,7 +117,8 @@ void Cluster::refresh() {
     for (const auto& entry : pools_) candidates.push_back(entry.first);
   }
   const Address seed{seed_.connection.endpoint.host, seed_.connection.endpoint.port};
-  if (std::find(candidates.begin(), candidates.end(), seed) == candidates.end()) candidates.push_back(seed);
+  if (std::find(candidates.begin(), candidates.end(), seed) == candidates.end())
+    candidates.push_back(seed);
 
   std::optional<RedisError> last_error;
   for (const Address& address : candidates) {
@@ -130,15 +136,16 @@ void Cluster::refresh() {
       slots_.fill(nullptr);
       for (std::size_t i = 0; i < reply->elements; ++i) {
         const redisReply& range = *reply->element[i];
-        if (range.type != REDIS_REPLY_ARRAY || range.elements < 3 || range.element[2]->type != REDIS_REPLY_ARRAY ||
-            range.element[2]->elements < 2) {
+        if (range.type != REDIS_REPLY_ARRAY || range.elements < 3 ||
+            range.element[2]->type != REDIS_REPLY_ARRAY || range.element[2]->elements < 2) {
           throw RedisError("idem: redis cluster: malformed CLUSTER SLOTS reply", false);
         }
         const redisReply& master = *range.element[2];
         std::string host(master.element[0]->str, master.element[0]->len);
         if (host.empty() || host == "?") host = address.first;  // the node does not know its own IP
         Pool& pool = pool_locked({host, static_cast<int>(master.element[1]->integer)});
-        for (long long slot = range.element[0]->integer; slot <= range.element[1]->integer; ++slot) {
+        for (long long slot = range.element[0]->integer; slot <= range.element[1]->integer;
+             ++slot) {
           if (slot >= 0 && slot < kClusterSlots) slots_[static_cast<std::size_t>(slot)] = &pool;
         }
       }

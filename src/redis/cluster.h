@@ -38,7 +38,8 @@ struct Redirect {
 /// Thrown (as a retryable RedisError) when a reply is MOVED/ASK; the guard follows it.
 class RedirectError : public RedisError {
  public:
-  RedirectError(const std::string& what, Redirect redirect) : RedisError(what, true), redirect_(std::move(redirect)) {}
+  RedirectError(const std::string& what, Redirect redirect)
+      : RedisError(what, true), redirect_(std::move(redirect)) {}
   [[nodiscard]] const Redirect& redirect() const noexcept { return redirect_; }
 
  private:

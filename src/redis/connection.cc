@@ -32,15 +32,18 @@ struct Argv {
 
 }  // namespace
 
-void Connection::ContextDeleter::operator()(redisContext* context) const noexcept { redisFree(context); }
+void Connection::ContextDeleter::operator()(redisContext* context) const noexcept {
+  redisFree(context);
+}
 
 Connection::Connection(const ConnectionSettings& settings) {
   const RedisEndpoint& endpoint = settings.endpoint;
   const timeval connect_timeout = to_timeval(settings.connect_timeout);
   errno = 0;
-  context_.reset(endpoint.socket_path.empty()
-                     ? redisConnectWithTimeout(endpoint.host.c_str(), endpoint.port, connect_timeout)
-                     : redisConnectUnixWithTimeout(endpoint.socket_path.c_str(), connect_timeout));
+  context_.reset(
+      endpoint.socket_path.empty()
+          ? redisConnectWithTimeout(endpoint.host.c_str(), endpoint.port, connect_timeout)
+          : redisConnectUnixWithTimeout(endpoint.socket_path.c_str(), connect_timeout));
   if (context_ == nullptr || context_->err != 0) fail(errno, "connect");
   if (redisSetTimeout(context_.get(), to_timeval(settings.command_timeout)) != REDIS_OK) {
     fail(errno, "set timeout");
@@ -56,7 +59,8 @@ Connection::Connection(const ConnectionSettings& settings) {
   if (!endpoint.password.empty() && endpoint.user.empty()) {
     expect_ok(command(Args2{"AUTH", endpoint.password}), "AUTH");
   } else if (!endpoint.password.empty()) {
-    expect_ok(command(std::array<std::string_view, 3>{"AUTH", endpoint.user, endpoint.password}), "AUTH");
+    expect_ok(command(std::array<std::string_view, 3>{"AUTH", endpoint.user, endpoint.password}),
+              "AUTH");
   }
   if (endpoint.db != 0) {
     const std::string db = std::to_string(endpoint.db);
@@ -72,8 +76,8 @@ ReplyPtr Connection::command(std::span<const std::string_view> args) {
 void Connection::append(std::span<const std::string_view> args) {
   Argv argv(args);
   errno = 0;
-  if (redisAppendCommandArgv(context_.get(), argv.count(), argv.pointers.data(), argv.sizes.data()) !=
-      REDIS_OK) {
+  if (redisAppendCommandArgv(context_.get(), argv.count(), argv.pointers.data(),
+                             argv.sizes.data()) != REDIS_OK) {
     fail(errno, "append");
   }
 }
@@ -87,10 +91,11 @@ ReplyPtr Connection::read_reply() {
 
 void Connection::fail(int saved_errno, std::string_view during) {
   broken_ = true;
-  closed_by_server_ = context_ != nullptr &&
-                      (context_->err == REDIS_ERR_EOF ||
-                       (context_->err == REDIS_ERR_IO &&
-                        (saved_errno == ECONNRESET || saved_errno == EPIPE || saved_errno == ECONNABORTED)));
+  closed_by_server_ =
+      context_ != nullptr &&
+      (context_->err == REDIS_ERR_EOF ||
+       (context_->err == REDIS_ERR_IO &&
+        (saved_errno == ECONNRESET || saved_errno == EPIPE || saved_errno == ECONNABORTED)));
   throw context_error(context_.get(), saved_errno, during);
 }
 

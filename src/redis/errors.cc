@@ -46,7 +46,8 @@ RedisError reply_error(const redisReply& reply, std::string_view during) {
   static constexpr std::array<std::string_view, 8> kTransient = {
       "LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY", "MOVED", "ASK"};
   bool retryable = false;
-  for (const std::string_view code : kTransient) retryable = retryable || reply_error_is(reply, code);
+  for (const std::string_view code : kTransient)
+    retryable = retryable || reply_error_is(reply, code);
   return RedisError(prefix(during) + std::string(reply.str, reply.len), retryable);
 }
 

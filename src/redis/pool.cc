@@ -9,8 +9,8 @@ namespace idem::detail {
 
 Pool::Lease Pool::borrow() {
   std::unique_lock lock(mutex_);
-  const bool available = returned_.wait_for(lock, settings_.borrow_timeout,
-                                            [this] { return !idle_.empty() || open_ < settings_.size; });
+  const bool available = returned_.wait_for(
+      lock, settings_.borrow_timeout, [this] { return !idle_.empty() || open_ < settings_.size; });
   if (!available) {
     throw RedisError("idem: redis pool: no connection free within the borrow timeout", true);
   }
@@ -38,7 +38,8 @@ std::unique_ptr<Connection> Pool::connect() {
     std::lock_guard lock(mutex_);
     --open_;
     last_connect_error_ = error;
-    backoff_ = std::clamp(backoff_ * 2, settings_.reconnect_backoff, settings_.reconnect_backoff_max);
+    backoff_ =
+        std::clamp(backoff_ * 2, settings_.reconnect_backoff, settings_.reconnect_backoff_max);
     retry_after_ = std::chrono::steady_clock::now() + backoff_;
     returned_.notify_one();
     throw;

@@ -71,7 +71,8 @@ std::string encode_response(std::string_view response, std::size_t max_bytes) {
   if (response.size() <= max_bytes) return tagged('B', response);
   std::array<unsigned char, EVP_MAX_MD_SIZE> digest{};
   unsigned int size = 0;
-  if (EVP_Digest(response.data(), response.size(), digest.data(), &size, EVP_sha256(), nullptr) != 1) {
+  if (EVP_Digest(response.data(), response.size(), digest.data(), &size, EVP_sha256(), nullptr) !=
+      1) {
     throw Error("idem: SHA-256 of the response failed");
   }
   return tagged('H', to_hex(digest.data(), size));
@@ -95,10 +96,16 @@ StoredRecord decode_record(std::string_view value) {
   if (pos >= value.size()) malformed("missing response");
   const std::string_view rest = value.substr(pos + 1);
   switch (value[pos]) {
-    case '-': break;
-    case 'B': record.response = std::string(rest); break;
-    case 'H': record.response_sha256 = std::string(rest); break;
-    default: malformed("unknown response kind");
+    case '-':
+      break;
+    case 'B':
+      record.response = std::string(rest);
+      break;
+    case 'H':
+      record.response_sha256 = std::string(rest);
+      break;
+    default:
+      malformed("unknown response kind");
   }
   return record;
 }

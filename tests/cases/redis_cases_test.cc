@@ -101,8 +101,8 @@ TEST(Cases, C04_NoscriptAfterScriptFlushReloadsOnceAndRetries) {
   EXPECT_EQ(script_loads(server), 2);  // exactly one transparent reload
 
   server.cli({"SCRIPT", "FLUSH"});
-  const std::vector<ClaimResult> batch = guard.claim_batch({{.key = "u:i:k", .request_id = "req-1"},
-                                                            {.key = "u:i:k2", .request_id = "req-1"}});
+  const std::vector<ClaimResult> batch = guard.claim_batch(
+      {{.key = "u:i:k", .request_id = "req-1"}, {.key = "u:i:k2", .request_id = "req-1"}});
   EXPECT_EQ(batch[0].status, ClaimStatus::kRepeatSame);
   EXPECT_EQ(batch[1].status, ClaimStatus::kFirst);
   EXPECT_EQ(script_loads(server), 3);

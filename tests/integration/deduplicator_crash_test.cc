@@ -5,10 +5,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <pqxx/pqxx>
-
 #include <chrono>
 #include <cstdlib>
+#include <pqxx/pqxx>
 #include <thread>
 
 #include "idem/deduplicator.h"
@@ -30,7 +29,8 @@ Request refund_request() {
 }
 
 std::unique_ptr<Deduplicator> make(const std::string& redis_url, const std::string& pg_url,
-                                   const std::string& schema, std::chrono::milliseconds command_timeout) {
+                                   const std::string& schema,
+                                   std::chrono::milliseconds command_timeout) {
   RedisGuardOptions guard;
   guard.redis.url = redis_url;
   guard.redis.command_timeout = command_timeout;

@@ -360,7 +360,8 @@ TEST_F(DeduplicatorTest, RedisUnreachableFailOpenWithoutSinkRunsUnguarded) {
   s.dedup.on_redis_failure = RedisFailurePolicy::kFailOpen;
   const auto open = make(s);
   int runs = 0;
-  EXPECT_EQ(open->run(request("r1", "u0"), [&] { return std::to_string(++runs); }).kind, Outcome::Kind::kExecuted);
+  EXPECT_EQ(open->run(request("r1", "u0"), [&] { return std::to_string(++runs); }).kind,
+            Outcome::Kind::kExecuted);
   EXPECT_EQ(runs, 1);
 }
 

@@ -22,25 +22,28 @@ class RedisClusterTest : public ::testing::TestWithParam<ClaimMethod> {
   static void SetUpTestSuite() {
     for (int i = 0; i < 3; ++i) {
       nodes_.push_back(std::make_unique<test::RedisServer>(
-          false, std::vector<std::string>{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                                          "--cluster-node-timeout", "5000"}));
+          false, std::vector<std::string>{"--cluster-enabled", "yes", "--cluster-config-file",
+                                          "nodes.conf", "--cluster-node-timeout", "5000"}));
     }
     std::vector<std::string> create = {"--cluster", "create"};
     for (const auto& node : nodes_) create.push_back(address(*node));
     create.insert(create.end(), {"--cluster-replicas", "0", "--cluster-yes"});
     (void)nodes_[0]->cli(create);
-    for (int i = 0; i < 400 && !all_ok(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    for (int i = 0; i < 400 && !all_ok(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
     ASSERT_TRUE(all_ok()) << "the cluster never became ok";
   }
   static void TearDownTestSuite() { nodes_.clear(); }
 
   static std::string address(const test::RedisServer& node) {
     const std::string url = node.url();
-    return url.substr(std::string("redis://").size(), url.rfind('/') - std::string("redis://").size());
+    return url.substr(std::string("redis://").size(),
+                      url.rfind('/') - std::string("redis://").size());
   }
   static bool all_ok() {
     for (const auto& node : nodes_) {
-      if (node->cli({"CLUSTER", "INFO"}).find("cluster_state:ok") == std::string::npos) return false;
+      if (node->cli({"CLUSTER", "INFO"}).find("cluster_state:ok") == std::string::npos)
+        return false;
     }
     return true;
   }
@@ -56,7 +59,8 @@ class RedisClusterTest : public ::testing::TestWithParam<ClaimMethod> {
         at = line.find_first_of("0123456789", at);
         if (at == std::string::npos) break;
         const auto end = line.find(' ', at);
-        const std::string range = line.substr(at, end == std::string::npos ? std::string::npos : end - at);
+        const std::string range =
+            line.substr(at, end == std::string::npos ? std::string::npos : end - at);
         const auto dash = range.find('-');
         const int low = std::stoi(range.substr(0, dash));
         const int high = dash == std::string::npos ? low : std::stoi(range.substr(dash + 1));
@@ -98,7 +102,9 @@ TEST_P(RedisClusterTest, ClaimsRouteToTheMasterOfEachSlot) {
     ASSERT_EQ(slot, detail::key_slot(guard.redis_key(key)));
     const int owner = owner_of(slot);
     ASSERT_GE(owner, 0);
-    EXPECT_NE(nodes_[static_cast<std::size_t>(owner)]->cli({"CLUSTER", "COUNTKEYSINSLOT", std::to_string(slot)}), "0");
+    EXPECT_NE(nodes_[static_cast<std::size_t>(owner)]->cli(
+                  {"CLUSTER", "COUNTKEYSINSLOT", std::to_string(slot)}),
+              "0");
   }
   EXPECT_TRUE(guard.complete("u:i:k0", firsts[0].owner_token, "done"));
   EXPECT_EQ(guard.claim("u:i:k0", "req-2", "fp").response, "done");
@@ -118,7 +124,8 @@ TEST_P(RedisClusterTest, ClaimBatchSpansNodesAndAnswersInOrder) {
   for (const ClaimResult& result : first) EXPECT_EQ(result.status, ClaimStatus::kFirst);
   ASSERT_TRUE(guard.complete(keys[5], first[5].owner_token, "five"));
   const std::vector<ClaimResult> again = guard.claim_batch(batch);
-  for (std::size_t i = 0; i < keys.size(); ++i) EXPECT_EQ(again[i].status, ClaimStatus::kRepeatSame) << keys[i];
+  for (std::size_t i = 0; i < keys.size(); ++i)
+    EXPECT_EQ(again[i].status, ClaimStatus::kRepeatSame) << keys[i];
   EXPECT_EQ(again[5].response, "five");
 }
 
@@ -149,9 +156,11 @@ TEST_P(RedisClusterTest, FollowsAskDuringASlotMigrationAndMovedAfterIt) {
   const ClaimResult moved_first = guard.claim(other, "req-2", "fp");
   EXPECT_EQ(moved_first.status, ClaimStatus::kFirst);
   EXPECT_EQ(to.cli({"CLUSTER", "COUNTKEYSINSLOT", slot_text}), "1");
-  EXPECT_EQ(guard.claim("u:i:moving", "req-1", "fp").status, ClaimStatus::kRepeatSame);  // still on the source
+  EXPECT_EQ(guard.claim("u:i:moving", "req-1", "fp").status,
+            ClaimStatus::kRepeatSame);  // still on the source
 
-  const std::string to_port = to.url().substr(to.url().rfind(':') + 1, to.url().rfind('/') - to.url().rfind(':') - 1);
+  const std::string to_port =
+      to.url().substr(to.url().rfind(':') + 1, to.url().rfind('/') - to.url().rfind(':') - 1);
   ASSERT_EQ(from.cli({"MIGRATE", "127.0.0.1", to_port, "", "0", "5000", "KEYS", held_key}), "OK");
   for (const auto& node : nodes_) (void)node->cli({"CLUSTER", "SETSLOT", slot_text, "NODE", to_id});
 

@@ -54,10 +54,13 @@ TEST_P(RedisFailureTest, SigkillMidRunGivesTypedErrorsAndNeverAWrongFirst) {
   std::vector<ClaimRequest> held;
   std::vector<std::string> held_keys;
   for (int t = 0; t < kThreads; ++t) {
-    for (int i = 0; i < kKeysPerThread; i += 2) held_keys.push_back(std::to_string(t) + "-" + std::to_string(i));
+    for (int i = 0; i < kKeysPerThread; i += 2)
+      held_keys.push_back(std::to_string(t) + "-" + std::to_string(i));
   }
-  for (const std::string& key : held_keys) held.push_back({.key = key, .request_id = "req-holder", .fingerprint = ""});
-  for (const ClaimResult& result : guard.claim_batch(held)) ASSERT_EQ(result.status, ClaimStatus::kFirst);
+  for (const std::string& key : held_keys)
+    held.push_back({.key = key, .request_id = "req-holder", .fingerprint = ""});
+  for (const ClaimResult& result : guard.claim_batch(held))
+    ASSERT_EQ(result.status, ClaimStatus::kFirst);
 
   std::atomic<int> done{0};
   std::atomic<int> errors{0};
@@ -96,7 +99,8 @@ TEST_P(RedisFailureTest, SigkillMidRunGivesTypedErrorsAndNeverAWrongFirst) {
     ASSERT_EQ(again.status, ClaimStatus::kRepeatSame) << key;
   }
   for (const std::string& key : held_keys) {
-    ASSERT_EQ(eventually([&] { return guard.claim(key, "req-holder", ""); }).status, ClaimStatus::kRepeatSame);
+    ASSERT_EQ(eventually([&] { return guard.claim(key, "req-holder", ""); }).status,
+              ClaimStatus::kRepeatSame);
   }
 }
 
@@ -110,7 +114,9 @@ TEST_P(RedisFailureTest, CommandTimeoutDestroysTheConnectionSoTheNextCallGetsIts
   ASSERT_EQ(guard.claim("held", "req-1", "").status, ClaimStatus::kFirst);
 
   // A late reply to claim("held") would say "repeat"; a fresh claim must say kFirst.
-  auto sleeper = std::async(std::launch::async, [&] { return server.cli({"DEBUG", "SLEEP", "1.5"}); });
+  auto sleeper = std::async(std::launch::async, [&] {
+    return server.cli({"DEBUG", "SLEEP", "1.5"});
+  });
   bool timed_out = false;
   for (int i = 0; i < 10000 && !timed_out; ++i) {
     try {
@@ -141,7 +147,9 @@ TEST_P(RedisFailureTest, ExhaustedPoolFailsAfterTheBorrowTimeout) {
   probe_options.breaker.failure_threshold = 0;
   RedisGuard probe(probe_options);
 
-  auto sleeper = std::async(std::launch::async, [&] { return server.cli({"DEBUG", "SLEEP", "1"}); });
+  auto sleeper = std::async(std::launch::async, [&] {
+    return server.cli({"DEBUG", "SLEEP", "1"});
+  });
   bool sleeping = false;  // the probe's claim times out once the server sleeps
   for (int i = 0; i < 10000 && !sleeping; ++i) {
     try {
@@ -163,7 +171,8 @@ TEST_P(RedisFailureTest, ExhaustedPoolFailsAfterTheBorrowTimeout) {
         ++answered;
       } catch (const RedisError& error) {
         EXPECT_TRUE(error.retryable());
-        EXPECT_NE(std::string(error.what()).find("borrow timeout"), std::string::npos) << error.what();
+        EXPECT_NE(std::string(error.what()).find("borrow timeout"), std::string::npos)
+            << error.what();
         ++no_connection;
       }
     });
@@ -211,12 +220,14 @@ TEST_P(RedisFailureTest, UnreachableServerOpensTheBreakerWhichThenFailsFast) {
     ADD_FAILURE() << "the open breaker let a call through";
   } catch (const RedisError& error) {
     EXPECT_TRUE(error.retryable());
-    EXPECT_NE(std::string(error.what()).find("circuit breaker open"), std::string::npos) << error.what();
+    EXPECT_NE(std::string(error.what()).find("circuit breaker open"), std::string::npos)
+        << error.what();
   }
 }
 
 TEST_P(RedisFailureTest, AuthWithPasswordAndAclUserFromTheUrl) {
-  test::RedisServer server(false, {"--requirepass", "s3cret", "--user", "app", "on", ">app:pw", "~*", "+@all"});
+  test::RedisServer server(
+      false, {"--requirepass", "s3cret", "--user", "app", "on", ">app:pw", "~*", "+@all"});
   const std::string host_port = server.url().substr(std::string("redis://").size());
   RedisGuard with_password(options("redis://:s3cret@" + host_port));
   EXPECT_EQ(with_password.claim("k", "req", "").status, ClaimStatus::kFirst);

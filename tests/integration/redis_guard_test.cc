@@ -33,8 +33,9 @@ class RedisGuardTest : public ::testing::TestWithParam<ClaimMethod> {
 };
 
 bool is_owner_token(const std::string& token) {
-  return token.size() == 32 &&
-         std::all_of(token.begin(), token.end(), [](char c) { return std::isxdigit(c) && !std::isupper(c); });
+  return token.size() == 32 && std::all_of(token.begin(), token.end(), [](char c) {
+           return std::isxdigit(c) && !std::isupper(c);
+         });
 }
 
 TEST_P(RedisGuardTest, FirstClaimOwnsTheKeyAndARetryIsRepeatSame) {
@@ -107,7 +108,8 @@ TEST_P(RedisGuardTest, SixtyFourThreadsRacingOverAThousandKeysGetOneFirstPerKey)
       for (int k = 0; k < kKeys; ++k) order[k] = k;
       std::shuffle(order.begin(), order.end(), std::mt19937(static_cast<unsigned>(t)));
       for (const int k : order) {
-        if (guard.claim("k" + std::to_string(k), "req-" + std::to_string(t), "").status == ClaimStatus::kFirst) {
+        if (guard.claim("k" + std::to_string(k), "req-" + std::to_string(t), "").status ==
+            ClaimStatus::kFirst) {
           ++firsts[k];
         }
       }
@@ -200,7 +202,8 @@ TEST_P(RedisGuardTest, ResponseOverTheCapIsStoredAsItsSha256Only) {
   const ClaimResult repeat = guard.claim("large", "req-2", "");
   EXPECT_EQ(repeat.state, RecordState::kCompleted);
   EXPECT_FALSE(repeat.response.has_value());
-  EXPECT_EQ(repeat.response_sha256, "84d89877f0d4041efb6bf91a16f0248f2fd573e6af05c19f96bedb9f882f7882");
+  EXPECT_EQ(repeat.response_sha256,
+            "84d89877f0d4041efb6bf91a16f0248f2fd573e6af05c19f96bedb9f882f7882");
 }
 
 TEST_P(RedisGuardTest, RenewExtendsOnlyTheOwnersLease) {
@@ -215,7 +218,8 @@ TEST_P(RedisGuardTest, RenewExtendsOnlyTheOwnersLease) {
   EXPECT_TRUE(guard.renew("k", first.owner_token, std::chrono::hours(1)));
   EXPECT_GT(std::stol(test::redis_cli(url, {"PTTL", guard.redis_key("k")})), 10000);
   EXPECT_FALSE(guard.renew("absent", first.owner_token));
-  EXPECT_THROW((void)guard.renew("k", first.owner_token, std::chrono::milliseconds(0)), ConfigError);
+  EXPECT_THROW((void)guard.renew("k", first.owner_token, std::chrono::milliseconds(0)),
+               ConfigError);
 }
 
 TEST_P(RedisGuardTest, ClaimBatchAnswersPerKeyInOrder) {
@@ -287,11 +291,14 @@ TEST(RedisGuardOptions, InvalidOptionsAreConfigErrors) {
     return RedisGuard(options);
   };
   EXPECT_THROW(make([](RedisGuardOptions& o) { o.redis.pool_size = 0; }), ConfigError);
-  EXPECT_THROW(make([](RedisGuardOptions& o) { o.redis.command_timeout = std::chrono::milliseconds(0); }),
-               ConfigError);
+  EXPECT_THROW(
+      make([](RedisGuardOptions& o) { o.redis.command_timeout = std::chrono::milliseconds(0); }),
+      ConfigError);
   EXPECT_THROW(make([](RedisGuardOptions& o) { o.redis.url = "http://localhost"; }), ConfigError);
-  EXPECT_THROW(make([](RedisGuardOptions& o) { o.lease = std::chrono::milliseconds(-1); }), ConfigError);
-  EXPECT_THROW(make([](RedisGuardOptions& o) { o.retention = std::chrono::milliseconds(0); }), ConfigError);
+  EXPECT_THROW(make([](RedisGuardOptions& o) { o.lease = std::chrono::milliseconds(-1); }),
+               ConfigError);
+  EXPECT_THROW(make([](RedisGuardOptions& o) { o.retention = std::chrono::milliseconds(0); }),
+               ConfigError);
   EXPECT_THROW(make([](RedisGuardOptions& o) { o.ns = ""; }), ConfigError);
   EXPECT_THROW(make([](RedisGuardOptions& o) { o.prefix = ""; }), ConfigError);
   EXPECT_NO_THROW(make([](RedisGuardOptions&) {}));

@@ -37,7 +37,8 @@ int run(const std::vector<std::string>& argv, std::string* output) {
   ::close(pipe_fds[1]);
   std::string text;
   char buffer[4096];
-  for (ssize_t n; (n = ::read(pipe_fds[0], buffer, sizeof buffer)) > 0;) text.append(buffer, static_cast<std::size_t>(n));
+  for (ssize_t n; (n = ::read(pipe_fds[0], buffer, sizeof buffer)) > 0;)
+    text.append(buffer, static_cast<std::size_t>(n));
   ::close(pipe_fds[0]);
   if (spawned != 0) throw std::runtime_error("cannot run " + argv[0]);
   int status = 0;
@@ -111,11 +112,24 @@ void RedisServer::restart() {
 }
 
 void RedisServer::start() {
-  std::vector<std::string> argv = {"redis-server", "--port", std::to_string(port_), "--bind", "127.0.0.1",
-                                   "--dir", dir_.string(), "--logfile", (dir_ / "redis.log").string(),
-                                   "--save", "", "--daemonize", "no", "--enable-debug-command", "local"};
+  std::vector<std::string> argv = {"redis-server",
+                                   "--port",
+                                   std::to_string(port_),
+                                   "--bind",
+                                   "127.0.0.1",
+                                   "--dir",
+                                   dir_.string(),
+                                   "--logfile",
+                                   (dir_ / "redis.log").string(),
+                                   "--save",
+                                   "",
+                                   "--daemonize",
+                                   "no",
+                                   "--enable-debug-command",
+                                   "local"};
   if (persistent_) {
-    for (const char* arg : {"--appendonly", "yes", "--appendfsync", "always"}) argv.emplace_back(arg);
+    for (const char* arg : {"--appendonly", "yes", "--appendfsync", "always"})
+      argv.emplace_back(arg);
   }
   argv.insert(argv.end(), extra_args_.begin(), extra_args_.end());
   std::vector<char*> args;

@@ -3,8 +3,8 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <cstdlib>
 #include <cctype>
+#include <cstdlib>
 #include <fstream>
 
 namespace idem::test {
@@ -14,7 +14,8 @@ std::string service_setting(const std::string& name) {
     return value;
   }
   const char* file = std::getenv("IDEM_SERVICES_FILE");
-  std::ifstream in(file != nullptr ? std::string(file) : std::string(IDEM_SOURCE_DIR "/.services/env"));
+  std::ifstream in(file != nullptr ? std::string(file)
+                                   : std::string(IDEM_SOURCE_DIR "/.services/env"));
   std::string line;
   const std::string wanted = name + "=";
   while (std::getline(in, line)) {
@@ -30,7 +31,9 @@ std::string unique_name(const std::string& stem) {
   if (info != nullptr) name += std::string("_") + info->name();
   // Lowercase: a name used unquoted in SQL folds to lowercase, quoted it does not; both must agree.
   for (char& c : name) {
-    c = std::isalnum(static_cast<unsigned char>(c)) ? static_cast<char>(std::tolower(static_cast<unsigned char>(c))) : '_';
+    c = std::isalnum(static_cast<unsigned char>(c))
+            ? static_cast<char>(std::tolower(static_cast<unsigned char>(c)))
+            : '_';
   }
   return name;
 }

@@ -22,9 +22,9 @@ std::string unique_name(const std::string& stem);
 }  // namespace idem::test
 
 /// Declares `var` holding the URL named `setting`; skips (or fails under CI) when it is unset.
-#define IDEM_REQUIRE_SERVICE(var, setting)                                               \
-  const std::string var = ::idem::test::service_setting(setting);                        \
-  if (var.empty()) {                                                                     \
-    if (std::getenv("CI") != nullptr) FAIL() << setting " is not set (CI requires it)";  \
-    GTEST_SKIP() << setting " is not set; run `scripts/dev services start`";             \
+#define IDEM_REQUIRE_SERVICE(var, setting)                                              \
+  const std::string var = ::idem::test::service_setting(setting);                       \
+  if (var.empty()) {                                                                    \
+    if (std::getenv("CI") != nullptr) FAIL() << setting " is not set (CI requires it)"; \
+    GTEST_SKIP() << setting " is not set; run `scripts/dev services start`";            \
   }

@@ -1,7 +1,7 @@
 // The facade's decision rules, exhaustively, without servers.
-#include <gtest/gtest.h>
-
 #include "decision.h"
+
+#include <gtest/gtest.h>
 
 namespace idem::detail {
 namespace {
@@ -13,9 +13,7 @@ TEST(Decision, GuardFirstGoesOn) {
   EXPECT_FALSE(decide_on_guard(claim).has_value());
 }
 
-TEST(Decision, SinkClaimedGoesOn) {
-  EXPECT_FALSE(decide_on_sink(SinkClaim{}).has_value());
-}
+TEST(Decision, SinkClaimedGoesOn) { EXPECT_FALSE(decide_on_sink(SinkClaim{}).has_value()); }
 
 struct RepeatCase {
   RecordState state;
@@ -53,20 +51,24 @@ TEST_P(DecisionRepeat, GuardAndSinkAgreeOnEveryRepeat) {
   EXPECT_EQ(outcome->response, c.expected_response);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllStates, DecisionRepeat,
-    ::testing::Values(
-        RepeatCase{RecordState::kCompleted, true, "r", Outcome::Kind::kDuplicate, "r"},
-        RepeatCase{RecordState::kCompleted, true, std::nullopt, Outcome::Kind::kDuplicate, std::nullopt},
-        RepeatCase{RecordState::kCompleted, false, "r", Outcome::Kind::kMismatch, std::nullopt},
-        RepeatCase{RecordState::kInProgress, true, std::nullopt, Outcome::Kind::kInProgress, std::nullopt},
-        RepeatCase{RecordState::kInProgress, false, std::nullopt, Outcome::Kind::kMismatch, std::nullopt}),
-    [](const ::testing::TestParamInfo<RepeatCase>& info) {
-      const RepeatCase& c = info.param;
-      return std::string(c.state == RecordState::kCompleted ? "Completed" : "InProgress") +
-             (c.fingerprint_matches ? "SameFingerprint" : "OtherFingerprint") +
-             (c.response ? "WithResponse" : "NoResponse");
-    });
+INSTANTIATE_TEST_SUITE_P(AllStates, DecisionRepeat,
+                         ::testing::Values(RepeatCase{RecordState::kCompleted, true, "r",
+                                                      Outcome::Kind::kDuplicate, "r"},
+                                           RepeatCase{RecordState::kCompleted, true, std::nullopt,
+                                                      Outcome::Kind::kDuplicate, std::nullopt},
+                                           RepeatCase{RecordState::kCompleted, false, "r",
+                                                      Outcome::Kind::kMismatch, std::nullopt},
+                                           RepeatCase{RecordState::kInProgress, true, std::nullopt,
+                                                      Outcome::Kind::kInProgress, std::nullopt},
+                                           RepeatCase{RecordState::kInProgress, false, std::nullopt,
+                                                      Outcome::Kind::kMismatch, std::nullopt}),
+                         [](const ::testing::TestParamInfo<RepeatCase>& info) {
+                           const RepeatCase& c = info.param;
+                           return std::string(c.state == RecordState::kCompleted ? "Completed"
+                                                                                 : "InProgress") +
+                                  (c.fingerprint_matches ? "SameFingerprint" : "OtherFingerprint") +
+                                  (c.response ? "WithResponse" : "NoResponse");
+                         });
 
 TEST(Decision, SinkLockTimeoutIsInProgressWhateverTheFingerprint) {
   SinkClaim sink;
@@ -80,7 +82,8 @@ TEST(Decision, SinkLockTimeoutIsInProgressWhateverTheFingerprint) {
 
 TEST(Decision, ReplayedOnlyForDuplicateWithResponse) {
   EXPECT_TRUE(decide_repeat(Layer::kPgSink, RecordState::kCompleted, true, "r").replayed());
-  EXPECT_FALSE(decide_repeat(Layer::kPgSink, RecordState::kCompleted, true, std::nullopt).replayed());
+  EXPECT_FALSE(
+      decide_repeat(Layer::kPgSink, RecordState::kCompleted, true, std::nullopt).replayed());
   EXPECT_FALSE(decide_repeat(Layer::kPgSink, RecordState::kCompleted, false, "r").replayed());
 }
 

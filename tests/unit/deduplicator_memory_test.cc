@@ -188,7 +188,8 @@ TEST(InMemoryFacadeConfig, TheSeedCompatibleFingerprintWorksThroughTheFacade) {
     seen = context.fingerprint();
     return std::string();
   });
-  // md5 of Python's json.dumps({"a":"x","b":1}, sort_keys=True, separators=(",",":")), 32 hex digits
+  // md5 of Python's json.dumps({"a":"x","b":1}, sort_keys=True, separators=(",",":")), 32 hex
+  // digits
   EXPECT_EQ(seen, "ee0d9126fa9a3ac9850bed8a722d2d11");
 }
 

@@ -1,7 +1,8 @@
+#include "idem/key.h"
+
 #include <gtest/gtest.h>
 
 #include "idem/errors.h"
-#include "idem/key.h"
 
 namespace idem {
 namespace {

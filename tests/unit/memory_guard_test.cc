@@ -1,4 +1,6 @@
 // InMemoryGuard keeps the guard contract without a server (TTL on an injected clock).
+#include "idem/memory_guard.h"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -6,7 +8,6 @@
 #include <vector>
 
 #include "idem/errors.h"
-#include "idem/memory_guard.h"
 
 namespace idem {
 namespace {
@@ -14,7 +15,8 @@ namespace {
 class InMemoryGuardTest : public ::testing::Test {
  protected:
   std::shared_ptr<ManualClock> clock_ = std::make_shared<ManualClock>(1000);
-  InMemoryGuard guard_{InMemoryGuardOptions{std::chrono::milliseconds(5000), std::chrono::milliseconds(60000), 4, clock_}};
+  InMemoryGuard guard_{InMemoryGuardOptions{std::chrono::milliseconds(5000),
+                                            std::chrono::milliseconds(60000), 4, clock_}};
 };
 
 TEST_F(InMemoryGuardTest, FirstClaimOwnsTheKeyAndRepeatsAreSameOrOther) {
@@ -87,7 +89,8 @@ TEST_F(InMemoryGuardTest, CompleteMayShortenTheRetentionOfOneRecord) {
 }
 
 TEST_F(InMemoryGuardTest, FullGuardDropsExpiredRecordsButNeverALiveOne) {
-  for (const char* key : {"a", "b", "c", "d"}) ASSERT_EQ(guard_.claim(key, "r", "").status, ClaimStatus::kFirst);
+  for (const char* key : {"a", "b", "c", "d"})
+    ASSERT_EQ(guard_.claim(key, "r", "").status, ClaimStatus::kFirst);
   EXPECT_THROW((void)guard_.claim("e", "r", ""), BackendError);
   clock_->advance_ms(5000);
   EXPECT_EQ(guard_.claim("e", "r", "").status, ClaimStatus::kFirst);

@@ -1,6 +1,6 @@
-#include <gtest/gtest.h>
-
 #include "idem/metrics.h"
+
+#include <gtest/gtest.h>
 
 namespace idem {
 namespace {
@@ -31,7 +31,8 @@ TEST(InProcessMetrics, DuplicateRateCountsGuardAndSinkRejectsOverAllCalls) {
   m.record_decision(event(Layer::kHandler, Outcome::Kind::kExecuted, 1));
   m.record_decision(event(Layer::kRedisGuard, Outcome::Kind::kInProgress, 1));
   m.record_decision(event(Layer::kPgSink, Outcome::Kind::kDuplicate, 1));
-  m.record_decision(event(Layer::kRequestId, Outcome::Kind::kDuplicate, 1));  // not in the seed's rate
+  m.record_decision(
+      event(Layer::kRequestId, Outcome::Kind::kDuplicate, 1));  // not in the seed's rate
   EXPECT_DOUBLE_EQ(m.duplicate_rate(), 2.0 / 5.0);
 }
 
@@ -43,14 +44,19 @@ TEST(InProcessMetrics, PrometheusTextHasLabelledCountersAndCumulativeBuckets) {
   m.record_release();
   m.record_renewal(false);
   const std::string text = m.prometheus_text();
-  EXPECT_NE(text.find("idem_decisions_total{layer=\"pg_sink\",outcome=\"duplicate\"} 2\n"), std::string::npos);
+  EXPECT_NE(text.find("idem_decisions_total{layer=\"pg_sink\",outcome=\"duplicate\"} 2\n"),
+            std::string::npos);
   EXPECT_NE(text.find("idem_backend_errors_total{layer=\"redis_guard\"} 1\n"), std::string::npos);
   EXPECT_NE(text.find("idem_releases_total 1\n"), std::string::npos);
   EXPECT_NE(text.find("idem_renewals_total{result=\"failed\"} 1\n"), std::string::npos);
-  EXPECT_NE(text.find("idem_decision_latency_us_bucket{layer=\"pg_sink\",le=\"50\"} 1\n"), std::string::npos);
-  EXPECT_NE(text.find("idem_decision_latency_us_bucket{layer=\"pg_sink\",le=\"500\"} 1\n"), std::string::npos);
-  EXPECT_NE(text.find("idem_decision_latency_us_bucket{layer=\"pg_sink\",le=\"1000\"} 2\n"), std::string::npos);
-  EXPECT_NE(text.find("idem_decision_latency_us_bucket{layer=\"pg_sink\",le=\"+Inf\"} 2\n"), std::string::npos);
+  EXPECT_NE(text.find("idem_decision_latency_us_bucket{layer=\"pg_sink\",le=\"50\"} 1\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("idem_decision_latency_us_bucket{layer=\"pg_sink\",le=\"500\"} 1\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("idem_decision_latency_us_bucket{layer=\"pg_sink\",le=\"1000\"} 2\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("idem_decision_latency_us_bucket{layer=\"pg_sink\",le=\"+Inf\"} 2\n"),
+            std::string::npos);
   EXPECT_NE(text.find("idem_decision_latency_us_sum{layer=\"pg_sink\"} 740\n"), std::string::npos);
   EXPECT_NE(text.find("idem_duplicate_rate 1\n"), std::string::npos);
 }

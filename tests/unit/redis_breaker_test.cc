@@ -1,7 +1,7 @@
 // The guard's circuit breaker (src/redis/breaker.h), with explicit time points.
-#include "redis/breaker.h"
-
 #include <gtest/gtest.h>
+
+#include "redis/breaker.h"
 
 namespace idem::detail {
 namespace {

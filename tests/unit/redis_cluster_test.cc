@@ -1,10 +1,10 @@
 // Redis Cluster slot computation and redirection parsing (src/redis/cluster.h).
-#include "redis/cluster.h"
-
 #include <gtest/gtest.h>
 #include <hiredis/hiredis.h>
 
 #include <string>
+
+#include "redis/cluster.h"
 
 namespace idem::detail {
 namespace {
@@ -51,7 +51,8 @@ TEST(RedisCluster, ParsesMovedAndAsk) {
 }
 
 TEST(RedisCluster, OtherRepliesAreNotRedirects) {
-  for (std::string text : {"ERR unknown command", "MOVED", "MOVED x 127.0.0.1:1", "ASKING", "ASK 1 host"}) {
+  for (std::string text :
+       {"ERR unknown command", "MOVED", "MOVED x 127.0.0.1:1", "ASKING", "ASK 1 host"}) {
     EXPECT_FALSE(parse_redirect(error_reply(text)).has_value()) << text;
   }
   redisReply nil{};

@@ -1,12 +1,12 @@
 // Translation of hiredis failures into idem::RedisError (src/redis/errors.h).
-#include "redis/errors.h"
-
 #include <gtest/gtest.h>
 #include <hiredis/hiredis.h>
 
 #include <cerrno>
 #include <cstring>
 #include <string>
+
+#include "redis/errors.h"
 
 namespace idem::detail {
 namespace {
@@ -27,19 +27,22 @@ redisContext failed_context(int err, const char* errstr) {
 }
 
 TEST(RedisErrors, TransientServerStatesAreRetryable) {
-  for (std::string text : {"LOADING Redis is loading the dataset in memory", "BUSY Redis is busy running a script",
-                           "TRYAGAIN Multiple keys request during rehashing", "CLUSTERDOWN The cluster is down",
-                           "MASTERDOWN Link with MASTER is down", "READONLY You can't write against a read only replica.",
-                           "MOVED 3999 127.0.0.1:6381", "ASK 3999 127.0.0.1:6381"}) {
+  for (std::string text :
+       {"LOADING Redis is loading the dataset in memory", "BUSY Redis is busy running a script",
+        "TRYAGAIN Multiple keys request during rehashing", "CLUSTERDOWN The cluster is down",
+        "MASTERDOWN Link with MASTER is down",
+        "READONLY You can't write against a read only replica.", "MOVED 3999 127.0.0.1:6381",
+        "ASK 3999 127.0.0.1:6381"}) {
     const redisReply reply = error_reply(text);
     EXPECT_TRUE(reply_error(reply, "EVALSHA").retryable()) << text;
   }
 }
 
 TEST(RedisErrors, OtherErrorRepliesAreNotRetryable) {
-  for (std::string text : {"ERR unknown command", "WRONGTYPE Operation against a key holding the wrong kind of value",
-                           "NOAUTH Authentication required.", "NOSCRIPT No matching script.", "BUSYKEY Target key name already exists.",
-                           "ASKING"}) {
+  for (std::string text :
+       {"ERR unknown command", "WRONGTYPE Operation against a key holding the wrong kind of value",
+        "NOAUTH Authentication required.", "NOSCRIPT No matching script.",
+        "BUSYKEY Target key name already exists.", "ASKING"}) {
     const redisReply reply = error_reply(text);
     const RedisError error = reply_error(reply, "EVALSHA");
     EXPECT_FALSE(error.retryable()) << text;
@@ -64,7 +67,8 @@ TEST(RedisErrors, ContextErrorsByKind) {
   EXPECT_TRUE(context_error(&refused, ECONNREFUSED, "connect").retryable());
   const redisContext eof = failed_context(REDIS_ERR_EOF, "Server closed the connection");
   EXPECT_TRUE(context_error(&eof, 0, "EVALSHA").retryable());
-  const redisContext protocol = failed_context(REDIS_ERR_PROTOCOL, "Protocol error, got \"x\" as reply type byte");
+  const redisContext protocol =
+      failed_context(REDIS_ERR_PROTOCOL, "Protocol error, got \"x\" as reply type byte");
   EXPECT_FALSE(context_error(&protocol, 0, "EVALSHA").retryable());
   EXPECT_TRUE(context_error(nullptr, 0, "connect").retryable());
 }

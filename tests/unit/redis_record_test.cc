@@ -1,12 +1,11 @@
 // The guard's record encoding (src/redis/record.h): round trips and malformed input.
-#include "redis/record.h"
-
 #include <gtest/gtest.h>
 
 #include <set>
 #include <string>
 
 #include "idem/errors.h"
+#include "redis/record.h"
 
 namespace idem::detail {
 namespace {
@@ -32,21 +31,21 @@ TEST(RedisRecord, CompletedRecordWithBodyAndWithHash) {
   EXPECT_EQ(decode_record(body).state, RecordState::kCompleted);
   EXPECT_EQ(decode_record(body).response, "5:x");
 
-  const std::string hashed = "1C" + fields.substr(0, fields.size() - 1) + encode_response("abcd", 3);
+  const std::string hashed =
+      "1C" + fields.substr(0, fields.size() - 1) + encode_response("abcd", 3);
   EXPECT_FALSE(decode_record(hashed).response.has_value());
   EXPECT_EQ(decode_record(hashed).response_sha256,
             "88d4266fd4e6338d13b845fcf289579d209c897823b9217da3e161936f031589");
 }
 
-TEST(RedisRecord, EmptyResponseIsKeptAsEmptyNotAsNone) {
-  EXPECT_EQ(encode_response("", 0), "B");
-}
+TEST(RedisRecord, EmptyResponseIsKeptAsEmptyNotAsNone) { EXPECT_EQ(encode_response("", 0), "B"); }
 
 TEST(RedisRecord, MalformedValuesAreNonRetryableRedisErrors) {
   const std::string good = encode_claim(kOwner, "r", "f");
-  for (const std::string& bad : {std::string(), std::string("2I") + kOwner + "1:r1:f-", "1X" + kOwner + "1:r1:f-",
-                                 "1I" + kOwner + "9:r1:f-", "1I" + kOwner + "x:r1:f-", "1I" + kOwner + "1:r1:f",
-                                 "1I" + kOwner + "1:r1:f?", good.substr(0, 20)}) {
+  for (const std::string& bad :
+       {std::string(), std::string("2I") + kOwner + "1:r1:f-", "1X" + kOwner + "1:r1:f-",
+        "1I" + kOwner + "9:r1:f-", "1I" + kOwner + "x:r1:f-", "1I" + kOwner + "1:r1:f",
+        "1I" + kOwner + "1:r1:f?", good.substr(0, 20)}) {
     try {
       (void)decode_record(bad);
       ADD_FAILURE() << "accepted " << bad;
