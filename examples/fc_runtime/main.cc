@@ -166,9 +166,6 @@ class Function {
       options.guard = std::make_shared<idem::RedisGuard>(guard);
       options.sink = std::make_shared<idem::PgSink>(sink);
       options.sink->migrate();
-      // The in-process cache answers a repeat from its key alone, before any fingerprint
-      // check, so a reused request ID with another event would be replayed, not refused: off.
-      options.local_cache_capacity = 0;
       options.on_decision = [](const idem::DecisionEvent& e) {
         print_line("decision request_id=" + std::string(e.request_id) + " outcome=" +
                    std::string(to_string(e.outcome)) + " layer=" + std::string(to_string(e.layer)) +

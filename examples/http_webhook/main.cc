@@ -125,9 +125,6 @@ std::unique_ptr<idem::Deduplicator> make_deduplicator(
   options.guard = std::make_shared<idem::RedisGuard>(guard);
   options.sink = std::make_shared<idem::PgSink>(sink);
   options.sink->migrate();
-  // The in-process cache answers a repeat from its key alone, before any fingerprint check, so
-  // it would replay a reused key with another payload instead of answering 422: keep it off.
-  options.local_cache_capacity = 0;
   options.metrics = std::move(metrics);
   options.on_decision = [](const idem::DecisionEvent& e) {
     static std::mutex out;
