@@ -24,8 +24,9 @@ int main() {
   check(thrown, "validate_request_id throws idem::InvalidRequestId");
 
   const idem::Fingerprinter fingerprinter;
-  check(fingerprinter.canonicalize(R"({"b": 1, "a": [true, null]})") == R"({"a":[true,null],"b":1})",
-        "Fingerprinter::canonicalize");
+  check(
+      fingerprinter.canonicalize(R"({"b": 1, "a": [true, null]})") == R"({"a":[true,null],"b":1})",
+      "Fingerprinter::canonicalize");
 
   if (failures == 0) std::puts("idem_consumer: ok");
   return failures == 0 ? 0 : 1;
