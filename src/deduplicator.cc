@@ -166,8 +166,9 @@ struct Deduplicator::Impl {
     // The mismatch fingerprint carries no time bucket: the same payload must match across one.
     // Scoped by user, except in the seed-compatible form, whose digest has no scope (the key
     // text still carries the user).
-    const std::string_view scope =
-        fingerprinter && fingerprinter->options().domain_separated ? request.user : "";
+    const std::string_view scope = fingerprinter && fingerprinter->options().domain_separated
+                                       ? std::string_view(request.user)
+                                       : std::string_view();
     if (has_payload) call.fingerprint = fingerprinter->fingerprint(request.payload, scope);
     if (!request.biz_key.empty()) {
       call.key = IdempotencyKey{request.user, request.intent, request.biz_key}.encode();
