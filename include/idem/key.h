@@ -23,6 +23,14 @@ struct IdempotencyKey {
   /// Throws idem::InvalidKey when a component is empty.
   [[nodiscard]] IDEM_EXPORT std::string encode() const;
 
+  /// The key whose encode() is `text`: the exact inverse of encode(). Accepts only what
+  /// encode() produces: three components separated by `:`, each in the grammar of
+  /// escape_key_component() with every `%XX` uppercase and standing for a byte that must be
+  /// escaped (so `decode(t).encode() == t` for every accepted `t`). Throws idem::InvalidKey,
+  /// naming the position, on any other text (wrong component count, an empty component, a raw
+  /// byte outside safe-byte, a malformed or needless escape). Thread-safe (pure function).
+  [[nodiscard]] IDEM_EXPORT static IdempotencyKey decode(std::string_view text);
+
   /// Equal when every component is byte-for-byte equal.
   friend bool operator==(const IdempotencyKey&, const IdempotencyKey&) = default;
 };
@@ -38,5 +46,12 @@ struct IdempotencyKey {
 /// Throws idem::InvalidKey (naming `what`, e.g. "user") when `component` is empty.
 [[nodiscard]] IDEM_EXPORT std::string escape_key_component(std::string_view component,
                                                            std::string_view what);
+
+/// The inverse of escape_key_component(): the component whose escaped form is `escaped`.
+/// Throws idem::InvalidKey (naming `what` and the byte offset) when `escaped` is empty, holds a
+/// byte outside safe-byte raw, or a `%XX` that is malformed, lowercase, or escapes a safe byte
+/// (escape_key_component() never writes those). Thread-safe (pure function).
+[[nodiscard]] IDEM_EXPORT std::string unescape_key_component(std::string_view escaped,
+                                                             std::string_view what);
 
 }  // namespace idem

@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <random>
+#include <string>
+
 #include "idem/errors.h"
 
 namespace idem {
@@ -27,6 +30,52 @@ TEST(IdempotencyKey, EmptyComponentIsInvalidKey) {
   EXPECT_THROW((void)(IdempotencyKey{"", "refund", "o"}.encode()), InvalidKey);
   EXPECT_THROW((void)(IdempotencyKey{"u", "", "o"}.encode()), InvalidKey);
   EXPECT_THROW((void)(IdempotencyKey{"u", "refund", ""}.encode()), InvalidKey);
+}
+
+TEST(IdempotencyKey, DecodeInvertsEncode) {
+  const IdempotencyKey key{"u1:pay", "x%{y}", "o\n1\x00\xff"};
+  EXPECT_EQ(IdempotencyKey::decode(key.encode()), key);
+  EXPECT_EQ(IdempotencyKey::decode("u1%3Apay:x:o1"), (IdempotencyKey{"u1:pay", "x", "o1"}));
+}
+
+// Round trip over random components drawn from every byte value, with the bytes encode()
+// escapes (separators, %, braces, control and non-ASCII bytes) heavily represented.
+TEST(IdempotencyKey, DecodeRoundTripsRandomKeys) {
+  std::mt19937 rng(20261130);
+  const std::string special = std::string(":%{}\x00\x01\n\r\x7f\x80\xff ", 12);
+  const auto component = [&] {
+    std::string out(1 + rng() % 12, '\0');
+    for (char& c : out) {
+      c = rng() % 2 == 0 ? special[rng() % special.size()] : static_cast<char>(rng() % 256);
+    }
+    return out;
+  };
+  for (int i = 0; i < 2000; ++i) {
+    const IdempotencyKey key{component(), component(), component()};
+    const std::string text = key.encode();
+    ASSERT_EQ(IdempotencyKey::decode(text), key) << text;
+    ASSERT_EQ(IdempotencyKey::decode(text).encode(), text);
+  }
+}
+
+TEST(IdempotencyKey, DecodeRejectsTextsEncodeNeverWrites) {
+  for (const std::string_view bad :
+       {"", "a:b", "a:b:c:d", ":b:c", "a::c", "a:b:", "a:b:c%", "a:b:c%4", "a:b:c%zz", "a:b:c%3a",
+        "a:b:%41", "a:b:c d", "a:b:{c}", "a:b:c\n", "a:b:c\x80"}) {
+    EXPECT_THROW((void)IdempotencyKey::decode(bad), InvalidKey) << bad;
+  }
+  EXPECT_THROW((void)IdempotencyKey::decode(std::string("a:b:c\0", 6)), InvalidKey);
+}
+
+TEST(IdempotencyKey, UnescapeNamesTheComponentAndOffset) {
+  EXPECT_EQ(unescape_key_component("%7Ba%7D%25%0A", "biz_key"), "{a}%\n");
+  try {
+    (void)unescape_key_component("ab%4", "intent");
+    FAIL() << "no InvalidKey";
+  } catch (const InvalidKey& error) {
+    EXPECT_NE(std::string(error.what()).find("'intent'"), std::string::npos) << error.what();
+    EXPECT_NE(std::string(error.what()).find("byte 2"), std::string::npos) << error.what();
+  }
 }
 
 }  // namespace
