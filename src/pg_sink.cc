@@ -20,9 +20,21 @@ constexpr int kClaimAttempts = 3;  // an expired or vanished row is retried, not
 constexpr const char* kLockNotAvailable = "55P03";
 
 // The sink's prepared statements, by index into PgSink::Impl::sql.
-enum Statement : std::size_t { kClaim, kLookup, kTakeOver, kComplete, kRelease, kPurge, kCount };
+enum Statement : std::size_t {
+  kClaim,
+  kLookup,
+  kTakeOver,
+  kComplete,
+  kRelease,
+  kPurge,
+  kInspect,
+  kLockRow,
+  kEvict,
+  kCount
+};
 constexpr std::array<const char*, kCount> kStatementNames{
-    "idem_claim", "idem_lookup", "idem_take_over", "idem_complete", "idem_release", "idem_purge"};
+    "idem_claim", "idem_lookup",  "idem_take_over", "idem_complete", "idem_release",
+    "idem_purge", "idem_inspect", "idem_lock_row",  "idem_evict"};
 
 std::string sha256_hex(std::string_view data) {
   std::array<unsigned char, EVP_MAX_MD_SIZE> digest{};
@@ -79,6 +91,14 @@ std::array<std::string, kCount> statements(const std::string& table) {
                   " WHERE ns = $1 AND key = $2 AND request_id = $3 AND state = 'in_progress'";
   sql[kPurge] = "DELETE FROM " + table + " WHERE ctid = ANY (ARRAY(SELECT ctid FROM " + table +
                 " WHERE expires_at <= now() ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED))";
+  // Times in whole ms: the TTL by the server's clock, and the expiry since the Unix epoch.
+  sql[kInspect] =
+      "SELECT state, request_id, fingerprint, octet_length(response), response_sha256,"
+      " floor(extract(epoch FROM expires_at - now()) * 1000)::bigint,"
+      " floor(extract(epoch FROM expires_at) * 1000)::bigint FROM " +
+      table + " WHERE ns = $1 AND key = $2";
+  sql[kLockRow] = "SELECT state FROM " + table + " WHERE ns = $1 AND key = $2 FOR UPDATE";
+  sql[kEvict] = "DELETE FROM " + table + " WHERE ns = $1 AND key = $2";
   return sql;
 }
 
@@ -221,6 +241,16 @@ void PgSink::migrate() {
   });
 }
 
+int PgSink::schema_version() {
+  const std::string versions = detail::quote_identifier(impl_->names.schema) + "." +
+                               detail::quote_identifier(impl_->names.versions);
+  return impl_->with_connection([&](pqxx::connection& conn) {
+    pqxx::nontransaction tx(conn);
+    if (tx.exec_params1("SELECT to_regclass($1) IS NULL", versions)[0].as<bool>()) return 0;
+    return tx.exec1("SELECT coalesce(max(version), 0) FROM " + versions)[0].as<int>();
+  });
+}
+
 bool PgSink::transact_if(const std::function<bool(pqxx::transaction_base&)>& body) {
   return impl_->with_connection([&](pqxx::connection& conn) {
     pqxx::work tx(conn);
@@ -293,6 +323,45 @@ bool PgSink::release(std::string_view key, std::string_view request_id) {
     pqxx::nontransaction tx(conn);
     return impl_->exec(tx, kRelease, impl_->options.ns, std::string(key), std::string(request_id))
                .affected_rows() == 1;
+  });
+}
+
+std::optional<RecordInfo> PgSink::inspect(std::string_view key) {
+  return impl_->with_connection([&](pqxx::connection& conn) -> std::optional<RecordInfo> {
+    pqxx::nontransaction tx(conn);
+    const pqxx::result found = impl_->exec(tx, kInspect, impl_->options.ns, std::string(key));
+    if (found.empty()) return std::nullopt;
+    const pqxx::row row = found[0];
+    RecordInfo info;
+    info.state = row[0].as<std::string>() == "completed" ? RecordState::kCompleted
+                                                         : RecordState::kInProgress;
+    info.request_id = row[1].as<std::string>();
+    info.fingerprint = row[2].as<std::string>();
+    if (!row[3].is_null()) info.response_bytes = row[3].as<std::size_t>();
+    if (!row[4].is_null()) info.response_sha256 = row[4].as<std::string>();
+    info.ttl = std::chrono::milliseconds(row[5].as<std::int64_t>());
+    info.expires_at =
+        std::chrono::system_clock::time_point(std::chrono::milliseconds(row[6].as<std::int64_t>()));
+    return info;
+  });
+}
+
+ForceReleaseStatus PgSink::force_release(std::string_view key, ForceReleaseScope scope) {
+  const std::string k(key);
+  return impl_->with_connection([&](pqxx::connection& conn) {
+    pqxx::work tx(conn);
+    const pqxx::result found = impl_->exec(tx, kLockRow, impl_->options.ns, k);
+    ForceReleaseStatus status = ForceReleaseStatus::kReleased;
+    if (found.empty()) {
+      status = ForceReleaseStatus::kNotFound;
+    } else if (scope == ForceReleaseScope::kInProgressOnly &&
+               found[0][0].as<std::string>() == "completed") {
+      status = ForceReleaseStatus::kCompleted;
+    } else {
+      impl_->exec(tx, kEvict, impl_->options.ns, k);
+    }
+    tx.commit();
+    return status;
   });
 }
 

@@ -317,6 +317,8 @@ struct RedisGuard::Impl {
   Script complete_script{detail::kCompleteScript};
   Script release_script{detail::kReleaseScript};
   Script renew_script{detail::kRenewScript};
+  Script inspect_script{detail::kInspectScript};
+  Script evict_script{detail::kEvictScript};
 };
 
 RedisGuard::RedisGuard(RedisGuardOptions options)
@@ -417,6 +419,49 @@ bool RedisGuard::renew(std::string_view key, std::string_view owner_token,
 
 bool RedisGuard::renew(std::string_view key, std::string_view owner_token) {
   return renew(key, owner_token, impl_->options.lease);
+}
+
+std::optional<RecordInfo> RedisGuard::inspect(std::string_view key) {
+  const std::string redis_key_text = redis_key(key);
+  const ReplyPtr reply = impl_->with_connection(redis_key_text, [&](Connection& connection) {
+    return Impl::eval(connection, impl_->inspect_script,
+                      std::array<std::string_view, 1>{redis_key_text});
+  });
+  if (reply->type == REDIS_REPLY_NIL) return std::nullopt;
+  if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 2 ||
+      reply->element[0]->type != REDIS_REPLY_STRING ||
+      reply->element[1]->type != REDIS_REPLY_INTEGER) {
+    throw detail::unexpected_reply(*reply, "inspect");
+  }
+  detail::StoredRecord record =
+      detail::decode_record(std::string_view(reply->element[0]->str, reply->element[0]->len));
+  RecordInfo info;
+  info.state = record.state;
+  info.owner_token = std::move(record.owner_token);
+  info.request_id = std::move(record.request_id);
+  info.fingerprint = std::move(record.fingerprint);
+  if (reply->element[1]->integer >= 0) {
+    info.ttl = std::chrono::milliseconds(reply->element[1]->integer);
+  }
+  if (record.response) info.response_bytes = record.response->size();
+  info.response_sha256 = std::move(record.response_sha256);
+  return info;
+}
+
+ForceReleaseStatus RedisGuard::force_release(std::string_view key, ForceReleaseScope scope) {
+  const std::string redis_key_text = redis_key(key);
+  const std::string_view any_state = scope == ForceReleaseScope::kAnyState ? "1" : "0";
+  const ReplyPtr reply = impl_->with_connection(redis_key_text, [&](Connection& connection) {
+    return Impl::eval(connection, impl_->evict_script,
+                      std::array<std::string_view, 2>{redis_key_text, any_state});
+  });
+  if (reply->type == REDIS_REPLY_INTEGER && reply->integer >= 0 && reply->integer <= 2) {
+    constexpr ForceReleaseStatus kByCode[] = {ForceReleaseStatus::kNotFound,
+                                              ForceReleaseStatus::kReleased,
+                                              ForceReleaseStatus::kCompleted};
+    return kByCode[reply->integer];
+  }
+  throw detail::unexpected_reply(*reply, "force release");
 }
 
 const RedisGuardOptions& RedisGuard::options() const noexcept { return impl_->options; }

@@ -104,6 +104,10 @@ class IDEM_EXPORT PgSink {
   /// Idempotent, and safe to run concurrently from many processes (advisory lock).
   void migrate();
 
+  /// The highest schema migration applied (src/pg/schema.sql's `-- idem:migration N`), 0 when
+  /// migrate() never ran on this schema and table.
+  [[nodiscard]] int schema_version();
+
   /// Borrows a pooled connection, opens a transaction (READ COMMITTED), runs `body` in it and
   /// commits when `body` returns; rolls back and rethrows when it throws (pqxx errors translated
   /// to idem::PostgresError, other exceptions unchanged). Commits nothing after a claim that
@@ -154,6 +158,20 @@ class IDEM_EXPORT PgSink {
   /// operation may be retried. Never deletes another request's or a completed row. Returns
   /// whether a row was deleted.
   bool release(std::string_view key, std::string_view request_id);
+
+  /// Reads the committed row of `key` (an encoded key text) in this namespace without claiming
+  /// or changing it; nullopt when there is none. A claim still uncommitted in another
+  /// transaction is invisible. An expired row not purged yet is returned with a negative ttl.
+  /// owner_token is always empty (the sink's owner is the row's request_id). For operators and
+  /// tools (idemctl inspect), not for deciding requests.
+  [[nodiscard]] std::optional<RecordInfo> inspect(std::string_view key);
+
+  /// Deletes the row of `key` in this namespace whatever its request ID, in one short
+  /// transaction that locks the row first (waiting up to lock_timeout for an open claim of it):
+  /// an operator's way to free a claim stuck until its lease ends. With kInProgressOnly a
+  /// COMPLETED row is kept (kCompleted); with kAnyState it is deleted too, and the next
+  /// request with this key runs its side effect again. Prefer release(key, request_id).
+  ForceReleaseStatus force_release(std::string_view key, ForceReleaseScope scope);
 
   /// Deletes rows whose expiry (Postgres' now()) has passed, at most `batch_size` (≥ 1) per
   /// short transaction, skipping rows locked by others, until a batch comes back short.

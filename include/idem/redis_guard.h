@@ -150,6 +150,18 @@ class IDEM_EXPORT RedisGuard final : public Guard {
   /// renew() with the configured lease.
   bool renew(std::string_view key, std::string_view owner_token);
 
+  /// Reads the record of `key` (an encoded key text) and its remaining TTL in one atomic
+  /// script call, without claiming or changing it. nullopt when there is no record. For
+  /// operators and tools (idemctl inspect), not for deciding requests: the answer may be stale
+  /// as soon as it returns. Throws idem::RedisError as every call.
+  [[nodiscard]] std::optional<RecordInfo> inspect(std::string_view key);
+
+  /// Deletes the record of `key` whoever owns it, atomically (one script): an operator's way to
+  /// free a claim stuck until its lease ends. With kInProgressOnly a COMPLETED record is kept
+  /// (kCompleted); with kAnyState it is deleted too, and the next request with this key runs
+  /// its side effect again. Prefer the owner-checked release(). Throws idem::RedisError.
+  ForceReleaseStatus force_release(std::string_view key, ForceReleaseScope scope);
+
   /// The full Redis key for a key text: `{escaped prefix}:{escaped ns}:{key}`.
   [[nodiscard]] std::string redis_key(std::string_view key) const;
 

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -111,6 +112,25 @@ TEST_P(RedisClusterTest, ClaimsRouteToTheMasterOfEachSlot) {
   EXPECT_TRUE(guard.renew("u:i:k1", firsts[1].owner_token));
   EXPECT_TRUE(guard.release("u:i:k2", firsts[2].owner_token));
   EXPECT_EQ(guard.claim("u:i:k2", "req-1", "fp").status, ClaimStatus::kFirst);
+}
+
+TEST_P(RedisClusterTest, InspectAndForceReleaseRouteToEachKeysSlot) {
+  RedisGuard guard(options());
+  constexpr int kKeys = 50;  // spread over every master
+  std::vector<ClaimResult> firsts;
+  for (int k = 0; k < kKeys; ++k) {
+    firsts.push_back(guard.claim("u:i:x" + std::to_string(k), "req-1", "fp"));
+    ASSERT_EQ(firsts.back().status, ClaimStatus::kFirst);
+  }
+  for (int k = 0; k < kKeys; ++k) {
+    const std::string key = "u:i:x" + std::to_string(k);
+    const std::optional<RecordInfo> info = guard.inspect(key);
+    ASSERT_TRUE(info.has_value()) << key;
+    EXPECT_EQ(info->owner_token, firsts[static_cast<std::size_t>(k)].owner_token);
+    EXPECT_EQ(guard.force_release(key, ForceReleaseScope::kInProgressOnly),
+              ForceReleaseStatus::kReleased);
+    EXPECT_FALSE(guard.inspect(key).has_value()) << key;
+  }
 }
 
 TEST_P(RedisClusterTest, ClaimBatchSpansNodesAndAnswersInOrder) {
