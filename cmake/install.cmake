@@ -11,6 +11,9 @@ install(TARGETS idem EXPORT idem-targets
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/idem DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+if(TARGET idemctl)  # IDEM_BUILD_TOOLS, with its dependencies found
+  install(TARGETS idemctl RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+endif()
 install(EXPORT idem-targets NAMESPACE idem:: DESTINATION ${IDEM_INSTALL_CMAKEDIR})
 
 configure_package_config_file(${CMAKE_CURRENT_LIST_DIR}/idem-config.cmake.in

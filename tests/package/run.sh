@@ -34,6 +34,8 @@ pc_libdir() { dirname "$(find "$WORK/$1" -name idem.pc -print -quit)"; }
 
 say "static library: install"
 install_idem static
+say "static library: the installed idemctl runs"
+"$WORK/static/bin/idemctl" --help >/dev/null
 say "static library: find_package(idem)"
 build_consumer static -DCMAKE_PREFIX_PATH="$WORK/static"
 say "static library: pkg-config"
@@ -44,6 +46,8 @@ c++ -std=c++20 "$CONSUMER/main.cc" -o "$WORK/consumer-pkg-config" $(pkg-config -
 
 say "shared library: install"
 install_idem shared -DBUILD_SHARED_LIBS=ON
+say "shared library: the installed idemctl runs (finds libidem.so beside it)"
+"$WORK/shared/bin/idemctl" --help >/dev/null
 say "shared library: find_package(idem)"
 build_consumer shared -DCMAKE_PREFIX_PATH="$WORK/shared"
 lib="$(find "$WORK/shared" -name 'libidem.so' -print -quit)"

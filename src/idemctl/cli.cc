@@ -1,0 +1,250 @@
+#include "cli.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <utility>
+
+#include "idem/errors.h"
+#include "idem/key.h"
+
+namespace idem::ctl {
+namespace {
+
+// Passwords of the URLs this process was given: scrubbed from every message it prints, even
+// where they do not appear in URL form. (idemctl is single-threaded.)
+std::vector<std::string>& secrets() {
+  static std::vector<std::string> values;
+  return values;
+}
+
+// The userinfo password of `url` (`scheme://user:password@host...`); empty when none.
+std::string_view url_password(std::string_view url) {
+  const std::size_t scheme = url.find("://");
+  if (scheme == std::string_view::npos) return {};
+  const std::string_view rest = url.substr(scheme + 3);
+  const std::string_view authority = rest.substr(0, rest.find_first_of("/?#"));
+  const std::size_t at = authority.rfind('@');
+  if (at == std::string_view::npos) return {};
+  const std::size_t colon = authority.substr(0, at).find(':');
+  return colon == std::string_view::npos ? std::string_view{}
+                                         : authority.substr(colon + 1, at - colon - 1);
+}
+
+void remember_secret(std::string_view url) {
+  if (const std::string_view password = url_password(url); !password.empty()) {
+    secrets().emplace_back(password);
+  }
+}
+
+// A libpq connection string: a URI or `keyword=value` pairs (checked further by libpq).
+bool looks_like_conninfo(std::string_view url) {
+  return url.starts_with("postgresql://") || url.starts_with("postgres://") ||
+         url.find('=') != std::string_view::npos;
+}
+
+// `text` with every byte outside printable ASCII written as \xNN, for messages.
+std::string printable(std::string_view text) {
+  std::string out;
+  for (const char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte >= 0x20 && byte < 0x7F) {
+      out.push_back(c);
+    } else {
+      char hex[5];
+      std::snprintf(hex, sizeof hex, "\\x%02X", byte);
+      out += hex;
+    }
+  }
+  return out;
+}
+
+std::string where(std::string_view url, std::string_view rest) {
+  return redact(url) + " (" + std::string(rest) + ")";
+}
+
+}  // namespace
+
+std::string redact(std::string_view text) {
+  std::string out(text);
+  for (std::size_t scheme = out.find("://"); scheme != std::string::npos;
+       scheme = out.find("://", scheme + 3)) {
+    const std::string_view password = url_password(std::string_view(out).substr(scheme));
+    if (password.empty()) continue;
+    const auto start = static_cast<std::size_t>(password.data() - out.data());
+    out.replace(start, password.size(), "***");
+  }
+  for (std::size_t at = out.find("password="); at != std::string::npos;
+       at = out.find("password=", at + 1)) {
+    const std::size_t start = at + 9;
+    const std::size_t end = out.find_first_of(" \t\n'\"", start);
+    out.replace(start, (end == std::string::npos ? out.size() : end) - start, "***");
+  }
+  for (const std::string& secret : secrets()) {
+    for (std::size_t at = out.find(secret); at != std::string::npos; at = out.find(secret, at)) {
+      out.replace(at, secret.size(), "***");
+    }
+  }
+  return out;
+}
+
+std::unique_ptr<RedisGuard> BackendFlags::guard() const {
+  if (redis_url.empty()) return nullptr;
+  remember_secret(redis_url);
+  RedisGuardOptions options;
+  options.redis.url = redis_url;
+  options.redis.cluster = redis_cluster;
+  options.redis.pool_size = 1;
+  options.breaker.failure_threshold = 0;  // one call per command: report each failure as is
+  options.prefix = prefix;
+  options.ns = ns;
+  try {
+    return std::make_unique<RedisGuard>(std::move(options));
+  } catch (const ConfigError& error) {
+    throw CommandError(kUsage, "--redis " + redact(redis_url) + ": " + redact(error.what()));
+  }
+}
+
+std::unique_ptr<PgSink> BackendFlags::sink() const {
+  if (pg_url.empty()) return nullptr;
+  remember_secret(pg_url);
+  if (!looks_like_conninfo(pg_url)) {
+    throw CommandError(kUsage, "--pg " + redact(pg_url) +
+                                   ": not a libpq connection string (postgresql://user@host:"
+                                   "port/db, or keyword=value pairs)");
+  }
+  PgSinkOptions options;
+  options.conninfo = pg_url;
+  options.schema = pg_schema;
+  options.table = pg_table;
+  options.ns = ns;
+  options.pool_size = 1;
+  try {
+    return std::make_unique<PgSink>(std::move(options));
+  } catch (const ConfigError& error) {
+    throw CommandError(kUsage, "--pg " + redact(pg_url) + ": " + redact(error.what()));
+  }
+}
+
+std::string BackendFlags::redis_label() const {
+  return where(redis_url, "prefix " + prefix + ", namespace " + ns);
+}
+
+std::string BackendFlags::pg_label() const {
+  return where(pg_url, pg_schema + "." + pg_table + ", namespace " + ns);
+}
+
+void add_backend_flags(CLI::App& app, BackendFlags& flags, Backends which) {
+  if (which == Backends::kRedisAndPg) {
+    app.add_option("--redis", flags.redis_url,
+                   "Redis URL, redis://[[user]:password@]host[:port][/db] or unix://path; "
+                   "empty: Redis not configured")
+        ->envname("IDEM_REDIS_URL");
+    app.add_flag("--redis-cluster", flags.redis_cluster,
+                 "--redis is a seed node of a Redis Cluster (RedisOptions::cluster)")
+        ->envname("IDEM_REDIS_CLUSTER");
+    app.add_option("--prefix", flags.prefix, "First component of every Redis key")
+        ->envname("IDEM_REDIS_PREFIX")
+        ->capture_default_str();
+  }
+  app.add_option("--pg", flags.pg_url,
+                 which == Backends::kPgOnly
+                     ? "PostgreSQL connection string (postgresql://user@host:port/db); required"
+                     : "PostgreSQL connection string (postgresql://user@host:port/db); empty: "
+                       "PostgreSQL not configured")
+      ->envname("IDEM_PG_URL");
+  app.add_option("--schema", flags.pg_schema, "Schema of the records table (PgSinkOptions)")
+      ->envname("IDEM_PG_SCHEMA")
+      ->capture_default_str();
+  app.add_option("--table", flags.pg_table, "Records table (PgSinkOptions)")
+      ->envname("IDEM_PG_TABLE")
+      ->capture_default_str();
+  if (which == Backends::kRedisAndPg) {
+    app.add_option("--namespace", flags.ns, "Namespace (service or tenant) of the key")
+        ->envname("IDEM_NAMESPACE")
+        ->capture_default_str();
+  }
+}
+
+std::string KeyFlags::key_text() const {
+  const int forms = static_cast<int>(!biz_key.empty()) + static_cast<int>(!request_id.empty()) +
+                    static_cast<int>(!fingerprint.empty());
+  if (!text.empty()) {
+    if (forms > 0 || !user.empty() || !intent.empty()) {
+      throw CommandError(kUsage, "give either KEY or --user/--intent/--biz-key, not both");
+    }
+    // The facade's request-ID and fallback keys: `id:` or `fp:` before a business-key form.
+    const std::string_view tail = std::string_view(text).substr(3);
+    const bool prefixed = (text.starts_with("id:") || text.starts_with("fp:")) &&
+                          std::count(tail.begin(), tail.end(), ':') == 2;
+    try {
+      (void)IdempotencyKey::decode(prefixed ? tail : std::string_view(text));
+    } catch (const InvalidKey& error) {
+      throw CommandError(kUsage, "malformed key text '" + printable(text) + "': " + error.what());
+    }
+    return text;
+  }
+  if (user.empty() || intent.empty() || forms != 1) {
+    throw CommandError(kUsage,
+                       "give a KEY, or --user and --intent with exactly one of --biz-key, "
+                       "--request-id, --fingerprint");
+  }
+  try {
+    if (!biz_key.empty()) return IdempotencyKey{user, intent, biz_key}.encode();
+    const std::string form = request_id.empty() ? "fp:" : "id:";
+    return form +
+           IdempotencyKey{user, intent, request_id.empty() ? fingerprint : request_id}.encode();
+  } catch (const InvalidKey& error) {
+    throw CommandError(kUsage, error.what());
+  }
+}
+
+void add_key_flags(CLI::App& app, KeyFlags& flags) {
+  app.add_option("KEY", flags.text,
+                 "Encoded key text as idem prints it: user:intent:biz_key, "
+                 "id:user:intent:request_id or fp:user:intent:fingerprint (components escaped: "
+                 "%3A for ':', %25 for '%', ...)");
+  app.add_option("--user", flags.user, "Key component: user (raw, idemctl escapes it)");
+  app.add_option("--intent", flags.intent, "Key component: intent (raw)");
+  app.add_option("--biz-key", flags.biz_key, "Key component: business key (raw)");
+  app.add_option("--request-id", flags.request_id,
+                 "Instead of --biz-key: the facade's request-ID key (id:user:intent:request_id)");
+  app.add_option("--fingerprint", flags.fingerprint,
+                 "Instead of --biz-key: the facade's fallback key (fp:user:intent:hex)");
+}
+
+std::optional<std::string> backend_error(const std::function<void()>& body) {
+  // libpq's messages end in a newline, and may span lines: one line per message here.
+  const auto one_line = [](std::string text) {
+    text.erase(text.find_last_not_of(" \t\n") + 1);
+    std::replace(text.begin(), text.end(), '\n', ' ');
+    std::replace(text.begin(), text.end(), '\t', ' ');
+    return text;
+  };
+  try {
+    body();
+    return std::nullopt;
+  } catch (const PostgresError& error) {
+    constexpr std::string_view kUndefinedTable = "42P01";
+    return one_line(redact(error.what())) +
+           (error.sqlstate() == kUndefinedTable
+                ? " (run `idemctl migrate`, or check --schema/--table)"
+                : "");
+  } catch (const BackendError& error) {
+    return one_line(redact(error.what()));
+  }
+}
+
+void add_json_flag(CLI::App& app, bool& json) {
+  app.add_flag("--json", json, "Print one JSON document on stdout instead of text");
+}
+
+void print_json(const nlohmann::json& value) {
+  std::cout << value.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
+}
+
+const char* state_name(RecordState state) {
+  return state == RecordState::kCompleted ? "completed" : "in_progress";
+}
+
+}  // namespace idem::ctl

@@ -1,0 +1,145 @@
+// idemctl inspect KEY: the record of a key in Redis and in PostgreSQL, read without claiming it.
+#include <ctime>
+#include <iostream>
+
+#include "cli.h"
+
+namespace idem::ctl {
+namespace {
+
+struct InspectFlags {
+  BackendFlags backends{};
+  KeyFlags key{};
+  bool json = false;
+};
+
+// `at` as an RFC 3339 UTC time with milliseconds, e.g. 2026-11-30T11:20:00.123Z.
+std::string iso_time(std::chrono::system_clock::time_point at) {
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(at.time_since_epoch());
+  const auto seconds =
+      static_cast<std::time_t>(std::chrono::floor<std::chrono::seconds>(ms).count());
+  std::tm utc{};
+  gmtime_r(&seconds, &utc);
+  char text[40];
+  const std::size_t size = std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%S", &utc);
+  return std::string(text, size) + "." + std::to_string(1000 + ms.count() % 1000).substr(1) + "Z";
+}
+
+// One backend's answer as JSON: {configured, found, state, owner, ...} or {configured, error}.
+nlohmann::json describe(bool configured, const std::optional<RecordInfo>& info,
+                        const std::optional<std::string>& error, bool postgres) {
+  nlohmann::json out = {{"configured", configured}};
+  if (!configured) return out;
+  if (error) {
+    out["error"] = *error;
+    return out;
+  }
+  out["found"] = info.has_value();
+  if (!info) return out;
+  out["state"] = state_name(info->state);
+  out["owner"] = postgres ? info->request_id : info->owner_token;
+  out["request_id"] = info->request_id;
+  out["fingerprint"] = info->fingerprint;
+  out["ttl_ms"] = info->ttl ? nlohmann::json(info->ttl->count()) : nlohmann::json(nullptr);
+  if (info->expires_at) out["expires_at"] = iso_time(*info->expires_at);
+  out["response_bytes"] =
+      info->response_bytes ? nlohmann::json(*info->response_bytes) : nlohmann::json(nullptr);
+  out["response_sha256"] =
+      info->response_sha256 ? nlohmann::json(*info->response_sha256) : nlohmann::json(nullptr);
+  return out;
+}
+
+void print_text(const std::string& name, const std::string& where, const nlohmann::json& d,
+                bool postgres) {
+  if (!d["configured"].get<bool>()) {
+    std::cout << name << ": not configured\n";
+    return;
+  }
+  std::cout << name << ": " << where << "\n";
+  if (d.contains("error")) {
+    std::cout << "  unavailable: " << d["error"].get<std::string>() << "\n";
+    return;
+  }
+  if (!d["found"].get<bool>()) {
+    std::cout << "  not found\n";
+    return;
+  }
+  const auto text_or_dash = [](const nlohmann::json& value) {
+    return value.get<std::string>().empty() ? std::string("-") : value.get<std::string>();
+  };
+  std::cout << "  state            " << d["state"].get<std::string>() << "\n";
+  std::cout << "  owner            " << text_or_dash(d["owner"])
+            << (postgres ? "  (the row's request ID)" : "  (owner token)") << "\n";
+  std::cout << "  request_id       " << text_or_dash(d["request_id"]) << "\n";
+  std::cout << "  fingerprint      " << text_or_dash(d["fingerprint"]) << "\n";
+  std::cout << "  ttl_ms           "
+            << (d["ttl_ms"].is_null() ? std::string("none (no expiry)") : d["ttl_ms"].dump())
+            << (!d["ttl_ms"].is_null() && d["ttl_ms"].get<std::int64_t>() < 0
+                    ? "  (expired, not purged yet)"
+                    : "")
+            << "\n";
+  if (d.contains("expires_at")) {
+    std::cout << "  expires_at       " << d["expires_at"].get<std::string>() << "\n";
+  }
+  std::cout << "  response_bytes   ";
+  if (!d["response_bytes"].is_null()) {
+    std::cout << d["response_bytes"].dump() << "\n";
+  } else if (!d["response_sha256"].is_null()) {
+    std::cout << "not stored (over the size cap); sha256 "
+              << d["response_sha256"].get<std::string>() << "\n";
+  } else {
+    std::cout << "none\n";
+  }
+}
+
+int run(const InspectFlags& flags) {
+  const std::string key = flags.key.key_text();
+  const std::unique_ptr<RedisGuard> guard = flags.backends.guard();
+  const std::unique_ptr<PgSink> sink = flags.backends.sink();
+  if (!guard && !sink) {
+    throw CommandError(kUsage, "no backend configured: give --redis and/or --pg");
+  }
+  std::optional<RecordInfo> in_redis;
+  std::optional<RecordInfo> in_pg;
+  const std::optional<std::string> redis_error =
+      guard ? backend_error([&] { in_redis = guard->inspect(key); }) : std::nullopt;
+  const std::optional<std::string> pg_error =
+      sink ? backend_error([&] { in_pg = sink->inspect(key); }) : std::nullopt;
+
+  const nlohmann::json redis = describe(guard != nullptr, in_redis, redis_error, false);
+  const nlohmann::json pg = describe(sink != nullptr, in_pg, pg_error, true);
+  if (flags.json) {
+    print_json(
+        {{"key", key}, {"namespace", flags.backends.ns}, {"redis", redis}, {"postgres", pg}});
+  } else {
+    std::cout << "key " << key << "\n";
+    print_text("redis", flags.backends.redis_label(), redis, false);
+    print_text("postgres", flags.backends.pg_label(), pg, true);
+  }
+  for (const auto& [name, error] :
+       {std::pair{"redis", redis_error}, std::pair{"postgres", pg_error}}) {
+    if (error) std::cerr << "idemctl: " << name << " unavailable: " << *error << "\n";
+  }
+  if (redis_error || pg_error) return kUnavailable;
+  return in_redis || in_pg ? kOk : kNotFound;
+}
+
+}  // namespace
+
+Command add_inspect_command(CLI::App& app) {
+  auto flags = std::make_shared<InspectFlags>();
+  CLI::App* sub = app.add_subcommand(
+      "inspect",
+      "Show the record of a key in Redis and PostgreSQL without claiming it: state "
+      "(in_progress/completed), owner, TTL in ms (and the expiry time in PostgreSQL), "
+      "fingerprint, stored response size in bytes");
+  add_key_flags(*sub, flags->key);
+  add_backend_flags(*sub, flags->backends, Backends::kRedisAndPg);
+  add_json_flag(*sub, flags->json);
+  sub->footer(
+      "Exit: 0 found in a backend, 3 found in none, 2 bad arguments, 6 a backend is "
+      "unavailable (the others are still shown).");
+  return {sub, [flags] { return run(*flags); }};
+}
+
+}  // namespace idem::ctl

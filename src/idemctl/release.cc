@@ -1,0 +1,215 @@
+// idemctl release KEY: owner-checked release (the library's release paths), or --force.
+#include <unistd.h>
+
+#include <iostream>
+
+#include "cli.h"
+
+namespace idem::ctl {
+namespace {
+
+struct ReleaseFlags {
+  BackendFlags backends{};
+  KeyFlags key{};
+  std::string owner{};     // Redis owner token
+  std::string pg_owner{};  // PostgreSQL: the row's request ID
+  bool force = false;
+  bool yes = false;
+  bool include_completed = false;
+  bool json = false;
+};
+
+// What happened in one backend, as printed ("status" in JSON).
+enum class Result { kReleased, kNotFound, kNotOwner, kCompleted, kSkipped, kNotConfigured, kError };
+
+const char* result_name(Result result) {
+  switch (result) {
+    case Result::kReleased:
+      return "released";
+    case Result::kNotFound:
+      return "not_found";
+    case Result::kNotOwner:
+      return "not_owner";
+    case Result::kCompleted:
+      return "completed";
+    case Result::kSkipped:
+      return "skipped";
+    case Result::kNotConfigured:
+      return "not_configured";
+    case Result::kError:
+      return "unavailable";
+  }
+  return "?";
+}
+
+std::string explain(Result result, bool postgres, bool force) {
+  switch (result) {
+    case Result::kReleased:
+      return "released";
+    case Result::kNotFound:
+      return "not found (no record of the key)";
+    case Result::kNotOwner:
+      return postgres ? "not released: the row belongs to another request ID"
+                      : "not released: the claim belongs to another owner token";
+    case Result::kCompleted:
+      return force ? "kept: the record is COMPLETED (add --include-completed to delete it)"
+                   : "kept: the record is COMPLETED; an owner never releases a completed record";
+    case Result::kSkipped:
+      return postgres ? "skipped (no --pg-owner)" : "skipped (no --owner)";
+    case Result::kNotConfigured:
+      return "not configured";
+    case Result::kError:
+      return "unavailable";
+  }
+  return "?";
+}
+
+// Why an owner-checked release deleted nothing, from the record as it is now.
+// (The owner is the token in Redis, the request ID in PostgreSQL; `postgres` says which.)
+Result why_not_released(const std::optional<RecordInfo>& info, std::string_view owner,
+                        bool postgres) {
+  if (!info) return Result::kNotFound;
+  if (owner != (postgres ? info->request_id : info->owner_token)) return Result::kNotOwner;
+  return info->state == RecordState::kCompleted ? Result::kCompleted : Result::kNotOwner;
+}
+
+Result from_force(ForceReleaseStatus status) {
+  switch (status) {
+    case ForceReleaseStatus::kReleased:
+      return Result::kReleased;
+    case ForceReleaseStatus::kNotFound:
+      return Result::kNotFound;
+    case ForceReleaseStatus::kCompleted:
+      return Result::kCompleted;
+  }
+  return Result::kError;
+}
+
+// Asks on the terminal; throws CommandError(kRefused) unless confirmed (or --yes).
+void confirm(const ReleaseFlags& flags, const std::string& key) {
+  if (flags.yes) return;
+  if (isatty(STDIN_FILENO) == 0) {
+    throw CommandError(kRefused,
+                       "--force deletes whoever owns the claim: confirm with --yes when stdin is "
+                       "not a terminal");
+  }
+  std::cerr << "Force-release " << key << " whoever owns it"
+            << (flags.include_completed
+                    ? ", COMPLETED records included (their side effect may run again)"
+                    : "")
+            << ".\nType the key or 'yes' to confirm: " << std::flush;
+  std::string answer;
+  if (!std::getline(std::cin, answer) || (answer != key && answer != "yes")) {
+    throw CommandError(kRefused, "not confirmed; nothing was released");
+  }
+}
+
+int run(const ReleaseFlags& flags) {
+  const std::string key = flags.key.key_text();
+  const std::unique_ptr<RedisGuard> guard = flags.backends.guard();
+  const std::unique_ptr<PgSink> sink = flags.backends.sink();
+  if (!guard && !sink) {
+    throw CommandError(kUsage, "no backend configured: give --redis and/or --pg");
+  }
+  const bool redis_asked = guard && (flags.force || !flags.owner.empty());
+  const bool pg_asked = sink && (flags.force || !flags.pg_owner.empty());
+  if (!redis_asked && !pg_asked) {
+    throw CommandError(kUsage,
+                       "nothing to release: give --owner (Redis owner token), --pg-owner "
+                       "(PostgreSQL request ID) or --force, for a configured backend");
+  }
+  if (flags.force) confirm(flags, key);
+  const ForceReleaseScope scope =
+      flags.include_completed ? ForceReleaseScope::kAnyState : ForceReleaseScope::kInProgressOnly;
+
+  struct Outcome {
+    const char* name;
+    bool postgres;
+    Result result;
+    std::optional<std::string> error;
+  };
+  Outcome redis{"redis", false, guard ? Result::kSkipped : Result::kNotConfigured, {}};
+  Outcome pg{"postgres", true, sink ? Result::kSkipped : Result::kNotConfigured, {}};
+  if (redis_asked) {
+    redis.error = backend_error([&] {
+      if (flags.force) {
+        redis.result = from_force(guard->force_release(key, scope));
+      } else {
+        redis.result = guard->release(key, flags.owner)
+                           ? Result::kReleased
+                           : why_not_released(guard->inspect(key), flags.owner, false);
+      }
+    });
+  }
+  if (pg_asked) {
+    pg.error = backend_error([&] {
+      if (flags.force) {
+        pg.result = from_force(sink->force_release(key, scope));
+      } else {
+        pg.result = sink->release(key, flags.pg_owner)
+                        ? Result::kReleased
+                        : why_not_released(sink->inspect(key), flags.pg_owner, true);
+      }
+    });
+  }
+
+  nlohmann::json json = {{"key", key}, {"namespace", flags.backends.ns}, {"force", flags.force}};
+  if (!flags.json) std::cout << "key " << key << "\n";
+  for (Outcome* outcome : {&redis, &pg}) {
+    if (outcome->error) outcome->result = Result::kError;
+    json[outcome->name] = {{"status", result_name(outcome->result)}};
+    if (outcome->error) {
+      json[outcome->name]["error"] = *outcome->error;
+      std::cerr << "idemctl: " << outcome->name << " unavailable: " << *outcome->error << "\n";
+    }
+    if (!flags.json) {
+      std::cout << outcome->name << ": " << explain(outcome->result, outcome->postgres, flags.force)
+                << "\n";
+    }
+  }
+  if (flags.json) print_json(json);
+
+  const auto any = [&](Result result) { return redis.result == result || pg.result == result; };
+  if (any(Result::kError)) return kUnavailable;
+  if (any(Result::kNotOwner)) return kNotOwner;
+  if (any(Result::kCompleted)) return kRefused;
+  return any(Result::kReleased) ? kOk : kNotFound;
+}
+
+}  // namespace
+
+Command add_release_command(CLI::App& app) {
+  auto flags = std::make_shared<ReleaseFlags>();
+  CLI::App* sub = app.add_subcommand(
+      "release",
+      "Delete the IN_PROGRESS claim of a key so that a retry may run now instead of after the "
+      "lease. Owner-checked (the library's release()): another owner's claim and a COMPLETED "
+      "record are never deleted.");
+  add_key_flags(*sub, flags->key);
+  add_backend_flags(*sub, flags->backends, Backends::kRedisAndPg);
+  CLI::Option* owner = sub->add_option(
+      "--owner", flags->owner, "Redis: the claim's owner token, as `idemctl inspect` shows it");
+  CLI::Option* pg_owner = sub->add_option(
+      "--pg-owner", flags->pg_owner,
+      "PostgreSQL: the row's owner, i.e. its request ID, as `idemctl inspect` shows it");
+  CLI::Option* force = sub->add_flag(
+      "--force", flags->force,
+      "Release whoever owns the claim (asks for confirmation on a terminal: type the key or "
+      "'yes'). Only IN_PROGRESS records, unless --include-completed");
+  force->excludes(owner)->excludes(pg_owner);
+  sub->add_flag("--yes", flags->yes, "With --force: do not ask (required when stdin is not a TTY)")
+      ->needs(force);
+  sub->add_flag("--include-completed", flags->include_completed,
+                "With --force: delete a COMPLETED record too. DANGER: idem then forgets that the "
+                "operation ran, and the next request with this key executes its side effect "
+                "(charge, refund, email) AGAIN")
+      ->needs(force);
+  add_json_flag(*sub, flags->json);
+  sub->footer(
+      "Exit: 0 released (in every backend asked that had the record), 3 not found anywhere, "
+      "4 not owner (nothing deleted there), 5 refused (COMPLETED record, or --force not "
+      "confirmed), 2 bad arguments, 6 a backend is unavailable.");
+  return {sub, [flags] { return run(*flags); }};
+}
+
+}  // namespace idem::ctl

@@ -1,0 +1,207 @@
+// idemctl stats --url URL: the duplicate rate and per-layer decision counts of a running
+// service, from the Prometheus text idem's InProcessMetrics renders on its /metrics.
+#include <httplib.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cstdint>
+#include <iomanip>
+#include <iostream>
+#include <map>
+
+#include "cli.h"
+#include "idem/outcome.h"
+
+namespace idem::ctl {
+namespace {
+
+struct StatsFlags {
+  std::string url{};
+  int timeout_ms = 5000;
+  bool json = false;
+};
+
+constexpr Outcome::Kind kKinds[] = {Outcome::Kind::kExecuted, Outcome::Kind::kDuplicate,
+                                    Outcome::Kind::kInProgress, Outcome::Kind::kMismatch,
+                                    Outcome::Kind::kUnavailable};
+
+// What stats reads from the metrics text.
+struct Stats {
+  std::optional<double> duplicate_rate{};
+  // Per layer, in the order the text lists them: decisions by outcome name.
+  std::vector<std::pair<std::string, std::map<std::string, std::uint64_t>>> decisions{};
+  std::vector<std::pair<std::string, std::uint64_t>> backend_errors{};
+  std::uint64_t total = 0;
+};
+
+// The value of label `name` in `labels` (`{a="x",b="y"}`); empty when absent.
+std::string_view label(std::string_view labels, std::string_view name) {
+  const std::string needle = std::string(name) + "=\"";
+  const std::size_t at = labels.find(needle);
+  if (at == std::string_view::npos) return {};
+  const std::size_t start = at + needle.size();
+  return labels.substr(start, labels.find('"', start) - start);
+}
+
+// A sample value (an integer for counters); throws CommandError(kNoMetrics) on anything else.
+template <class T>
+T number_of(std::string_view value) {
+  T number{};
+  const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), number);
+  if (ec != std::errc() || end != value.data() + value.size()) {
+    throw CommandError(kNoMetrics, "not a metric value: '" + std::string(value) + "'");
+  }
+  return number;
+}
+
+// Reads idem's series from Prometheus text format 0.0.4 (`name{labels} value [timestamp]`).
+Stats parse(std::string_view text) {
+  Stats stats;
+  while (!text.empty()) {
+    const std::size_t end = std::min(text.find('\n'), text.size());
+    const std::string_view line = text.substr(0, end);
+    text.remove_prefix(std::min(end + 1, text.size()));
+    if (line.empty() || line.front() == '#') continue;
+    const std::size_t name_end = line.find_first_of("{ ");
+    if (name_end == std::string_view::npos) continue;
+    const std::size_t labels_end = line[name_end] == '{' ? line.find('}', name_end) : name_end;
+    if (labels_end == std::string_view::npos) continue;
+    const std::string_view name = line.substr(0, name_end);
+    const std::string_view labels = line.substr(name_end, labels_end - name_end);
+    std::string_view value = line.substr(labels_end + (line[labels_end] == '}' ? 1 : 0));
+    value.remove_prefix(std::min(value.find_first_not_of(' '), value.size()));
+    value = value.substr(0, value.find(' '));
+    if (name == "idem_duplicate_rate") {
+      stats.duplicate_rate = number_of<double>(value);
+    } else if (name == "idem_decisions_total") {
+      const std::string layer(label(labels, "layer"));
+      auto it = std::find_if(stats.decisions.begin(), stats.decisions.end(),
+                             [&](const auto& entry) { return entry.first == layer; });
+      if (it == stats.decisions.end()) it = stats.decisions.insert(it, {layer, {}});
+      const std::uint64_t count = number_of<std::uint64_t>(value);
+      it->second[std::string(label(labels, "outcome"))] += count;
+      stats.total += count;
+    } else if (name == "idem_backend_errors_total") {
+      stats.backend_errors.emplace_back(label(labels, "layer"), number_of<std::uint64_t>(value));
+    }
+  }
+  return stats;
+}
+
+// GETs `url`; throws CommandError(kUnavailable) when it cannot, kNoMetrics on a non-200 answer.
+std::string fetch(const std::string& url, std::chrono::milliseconds timeout) {
+  const std::size_t scheme_end = url.find("://");
+  const std::string scheme = scheme_end == std::string::npos ? "" : url.substr(0, scheme_end);
+  if (scheme != "http" && scheme != "https") {
+    throw CommandError(kUsage, "--url " + redact(url) + ": not an http:// or https:// URL");
+  }
+  std::string rest = url.substr(scheme_end + 3);
+  const std::size_t path_start = rest.find_first_of("/?#");
+  const std::string path = path_start == std::string::npos ? "/metrics" : rest.substr(path_start);
+  std::string authority = rest.substr(0, path_start);
+  std::string user;
+  std::string password;
+  if (const std::size_t at = authority.rfind('@'); at != std::string::npos) {
+    const std::string userinfo = authority.substr(0, at);
+    user = userinfo.substr(0, userinfo.find(':'));
+    if (userinfo.find(':') != std::string::npos) password = userinfo.substr(userinfo.find(':') + 1);
+    authority = authority.substr(at + 1);
+  }
+  if (authority.empty()) throw CommandError(kUsage, "--url " + redact(url) + ": no host");
+  httplib::Client client(scheme + "://" + authority);
+  if (!client.is_valid()) throw CommandError(kUsage, "--url " + redact(url) + ": not a valid URL");
+  const auto seconds = std::chrono::floor<std::chrono::seconds>(timeout);
+  const auto micros = std::chrono::duration_cast<std::chrono::microseconds>(timeout - seconds);
+  client.set_connection_timeout(seconds.count(), micros.count());
+  client.set_read_timeout(seconds.count(), micros.count());
+  if (!user.empty()) client.set_basic_auth(user, password);
+  const httplib::Result result = client.Get(path);
+  if (!result) {
+    throw CommandError(kUnavailable,
+                       "GET " + redact(url) + ": " + httplib::to_string(result.error()));
+  }
+  if (result->status != 200) {
+    throw CommandError(kNoMetrics,
+                       "GET " + redact(url) + ": HTTP status " + std::to_string(result->status));
+  }
+  return result->body;
+}
+
+int run(const StatsFlags& flags) {
+  const Stats stats = parse(fetch(flags.url, std::chrono::milliseconds(flags.timeout_ms)));
+  if (stats.decisions.empty() || !stats.duplicate_rate) {
+    throw CommandError(kNoMetrics, "GET " + redact(flags.url) +
+                                       ": no idem metrics in the answer (idem_decisions_total, "
+                                       "idem_duplicate_rate); is it idem's /metrics?");
+  }
+  if (flags.json) {
+    nlohmann::ordered_json layers = nlohmann::ordered_json::object();
+    for (const auto& [layer, by_outcome] : stats.decisions) {
+      nlohmann::ordered_json counts = nlohmann::ordered_json::object();
+      for (const Outcome::Kind kind : kKinds) {
+        const std::string outcome(to_string(kind));
+        counts[outcome] = by_outcome.contains(outcome) ? by_outcome.at(outcome) : 0;
+      }
+      layers[layer] = counts;
+    }
+    nlohmann::ordered_json errors = nlohmann::ordered_json::object();
+    for (const auto& [layer, count] : stats.backend_errors) errors[layer] = count;
+    std::cout << nlohmann::ordered_json{{"url", redact(flags.url)},
+                                        {"duplicate_rate", *stats.duplicate_rate},
+                                        {"total_decisions", stats.total},
+                                        {"decisions", layers},
+                                        {"backend_errors", errors}}
+                     .dump(2)
+              << '\n';
+    return kOk;
+  }
+  std::cout << redact(flags.url) << "\n"
+            << "duplicate rate   " << std::fixed << std::setprecision(4) << *stats.duplicate_rate
+            << "  (" << std::setprecision(2) << *stats.duplicate_rate * 100 << " % of "
+            << stats.total << " decisions: (redis_guard + pg_sink rejects) / total)\n\n"
+            << std::left << std::setw(14) << "layer";
+  for (const Outcome::Kind kind : kKinds)
+    std::cout << std::right << std::setw(13) << to_string(kind);
+  std::cout << "\n";
+  for (const auto& [layer, by_outcome] : stats.decisions) {
+    std::cout << std::left << std::setw(14) << layer;
+    for (const Outcome::Kind kind : kKinds) {
+      const std::string outcome(to_string(kind));
+      std::cout << std::right << std::setw(13)
+                << (by_outcome.contains(outcome) ? by_outcome.at(outcome) : 0);
+    }
+    std::cout << "\n";
+  }
+  if (!stats.backend_errors.empty()) {
+    std::cout << "\nbackend errors  ";
+    for (const auto& [layer, count] : stats.backend_errors)
+      std::cout << " " << layer << "=" << count;
+    std::cout << "\n";
+  }
+  return kOk;
+}
+
+}  // namespace
+
+Command add_stats_command(CLI::App& app) {
+  auto flags = std::make_shared<StatsFlags>();
+  CLI::App* sub = app.add_subcommand(
+      "stats",
+      "Fetch a running service's Prometheus /metrics (idem's InProcessMetrics) and print the "
+      "duplicate rate and the decision counts per layer and outcome");
+  sub->add_option("--url", flags->url,
+                  "The service's metrics URL, http[s]://[user:password@]host:port/metrics "
+                  "(path /metrics when none is given)")
+      ->envname("IDEM_METRICS_URL")
+      ->required();
+  sub->add_option("--timeout-ms", flags->timeout_ms, "Connect and read timeout, in ms")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  add_json_flag(*sub, flags->json);
+  sub->footer(
+      "Exit: 0 done, 2 bad arguments, 6 the URL cannot be reached, 7 it answered without idem "
+      "metrics (or not with HTTP 200).");
+  return {sub, [flags] { return run(*flags); }};
+}
+
+}  // namespace idem::ctl

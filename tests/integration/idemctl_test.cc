@@ -1,0 +1,541 @@
+// idemctl, the built binary, run as a child process against the real Redis and PostgreSQL
+// (IDEM_TEST_REDIS_URL, IDEM_TEST_PG_URL): stdout, JSON, stderr and the documented exit codes.
+#include <fcntl.h>
+#include <httplib.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <cstdlib>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "idem/fingerprint.h"
+#include "idem/key.h"
+#include "idem/metrics.h"
+#include "idem/pg_sink.h"
+#include "idem/redis_guard.h"
+#include "pg_server.h"
+#include "test_env.h"
+
+extern char** environ;
+
+namespace idem {
+namespace {
+
+// idemctl's documented exit codes (docs/operations.md).
+constexpr int kOk = 0;
+constexpr int kUsage = 2;
+constexpr int kNotFound = 3;
+constexpr int kNotOwner = 4;
+constexpr int kRefused = 5;
+constexpr int kUnavailable = 6;
+constexpr int kNoMetrics = 7;
+
+struct CtlRun {
+  int code = -1;
+  std::string out;
+  std::string err;
+  [[nodiscard]] nlohmann::json json() const { return nlohmann::json::parse(out); }
+  [[nodiscard]] std::string describe() const {
+    return "exit " + std::to_string(code) + "\nstdout:\n" + out + "\nstderr:\n" + err;
+  }
+};
+
+// Where the child's stdin comes from.
+struct Stdin {
+  bool tty = false;     // a pseudo-terminal (isatty() true) instead of /dev/null
+  std::string typed{};  // written to the terminal before the child reads
+};
+
+// Runs idemctl with `args`, the test's environment without any IDEM_* variable plus `env`,
+// stdout and stderr captured apart. Killed after 60 s.
+CtlRun idemctl(const std::vector<std::string>& args, const std::vector<std::string>& env = {},
+               const Stdin& input = {}) {
+  std::vector<std::string> argv_text = {IDEMCTL_BIN};
+  argv_text.insert(argv_text.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& arg : argv_text) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+  std::vector<std::string> env_text = env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (std::string_view(*e).rfind("IDEM_", 0) != 0) env_text.emplace_back(*e);
+  }
+  std::vector<char*> envp;
+  for (std::string& entry : env_text) envp.push_back(entry.data());
+  envp.push_back(nullptr);
+
+  std::array<int, 2> out{};
+  std::array<int, 2> err{};
+  EXPECT_EQ(pipe(out.data()), 0);
+  EXPECT_EQ(pipe(err.data()), 0);
+  int terminal = -1;
+  std::string stdin_path = "/dev/null";
+  if (input.tty) {
+    terminal = posix_openpt(O_RDWR | O_NOCTTY);
+    EXPECT_GE(terminal, 0);
+    EXPECT_EQ(grantpt(terminal), 0);
+    EXPECT_EQ(unlockpt(terminal), 0);
+    stdin_path = ptsname(terminal);
+  }
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 0, stdin_path.c_str(), O_RDWR | O_NOCTTY, 0);
+  posix_spawn_file_actions_adddup2(&actions, out[1], 1);
+  posix_spawn_file_actions_adddup2(&actions, err[1], 2);
+  for (const int fd : {out[0], out[1], err[0], err[1]}) {
+    posix_spawn_file_actions_addclose(&actions, fd);
+  }
+  pid_t pid = -1;
+  const int spawned = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  close(out[1]);
+  close(err[1]);
+  CtlRun run;
+  if (spawned != 0) {
+    ADD_FAILURE() << "cannot start " << IDEMCTL_BIN;
+    return run;
+  }
+  if (terminal >= 0 && !input.typed.empty()) {
+    EXPECT_EQ(write(terminal, input.typed.data(), input.typed.size()),
+              static_cast<ssize_t>(input.typed.size()));
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  std::array<pollfd, 2> fds{pollfd{out[0], POLLIN, 0}, pollfd{err[0], POLLIN, 0}};
+  std::array<std::string*, 2> sinks{&run.out, &run.err};
+  int open_fds = 2;
+  while (open_fds > 0 && std::chrono::steady_clock::now() < deadline) {
+    if (poll(fds.data(), fds.size(), 1000) <= 0) continue;
+    for (std::size_t i = 0; i < fds.size(); ++i) {
+      if (fds[i].fd < 0 || fds[i].revents == 0) continue;
+      std::array<char, 4096> buffer{};
+      const ssize_t got = read(fds[i].fd, buffer.data(), buffer.size());
+      if (got > 0) {
+        sinks[i]->append(buffer.data(), static_cast<std::size_t>(got));
+      } else {
+        close(fds[i].fd);
+        fds[i].fd = -1;
+        --open_fds;
+      }
+    }
+  }
+  if (open_fds > 0) {
+    kill(pid, SIGKILL);
+    ADD_FAILURE() << "idemctl did not finish within 60 s";
+  }
+  for (const pollfd& fd : fds) {
+    if (fd.fd >= 0) close(fd.fd);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (terminal >= 0) close(terminal);
+  run.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return run;
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// A namespace, Redis prefix and PostgreSQL schema of its own, with the library objects that
+// write the records idemctl then reads.
+class IdemctlTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    IDEM_REQUIRE_SERVICE(redis_url, "IDEM_TEST_REDIS_URL");
+    IDEM_REQUIRE_SERVICE(pg_url, "IDEM_TEST_PG_URL");
+    redis_url_ = redis_url;
+    pg_url_ = pg_url;
+    ns_ = test::unique_name("ctl");
+    schema_ = std::make_unique<test::ScratchSchema>(pg_url_, "ctl");
+    RedisGuardOptions guard_options;
+    guard_options.redis.url = redis_url_;
+    guard_options.prefix = ns_ + "p";
+    guard_options.ns = ns_;
+    guard_options.lease = std::chrono::seconds(30);
+    guard_ = std::make_unique<RedisGuard>(guard_options);
+    PgSinkOptions sink_options;
+    sink_options.conninfo = pg_url_;
+    sink_options.schema = schema_->name();
+    sink_options.ns = ns_;
+    sink_options.lease = std::chrono::seconds(30);
+    sink_ = std::make_unique<PgSink>(sink_options);
+  }
+
+  // Connection flags for both backends, then `more`.
+  [[nodiscard]] std::vector<std::string> both(std::vector<std::string> args) const {
+    for (const std::string& flag :
+         std::vector<std::string>{"--redis", redis_url_, "--prefix", ns_ + "p", "--pg", pg_url_,
+                                  "--schema", schema_->name(), "--namespace", ns_}) {
+      args.push_back(flag);
+    }
+    return args;
+  }
+  [[nodiscard]] std::vector<std::string> pg_only(std::vector<std::string> args) const {
+    for (const std::string& flag :
+         std::vector<std::string>{"--pg", pg_url_, "--schema", schema_->name()}) {
+      args.push_back(flag);
+    }
+    return args;
+  }
+  // Claims `key` in both backends; the Redis owner token.
+  std::string claim_both(const std::string& key) {
+    const ClaimResult claim = guard_->claim(key, "req-1", "fp-1");
+    EXPECT_EQ(claim.status, ClaimStatus::kFirst);
+    sink_->migrate();
+    EXPECT_EQ(sink_->claim(key, "req-1", "fp-1").status, SinkStatus::kClaimed);
+    return claim.owner_token;
+  }
+  [[nodiscard]] std::int64_t rows() const {
+    return schema_->count("SELECT count(*) FROM " + schema_->name() + ".idem_records");
+  }
+
+  std::string redis_url_;
+  std::string pg_url_;
+  std::string ns_;
+  std::unique_ptr<test::ScratchSchema> schema_;
+  std::unique_ptr<RedisGuard> guard_;
+  std::unique_ptr<PgSink> sink_;
+};
+
+TEST_F(IdemctlTest, MigrateTwiceIsIdempotentAndPrintsTheSchemaVersion) {
+  const CtlRun first = idemctl(pg_only({"migrate"}));
+  ASSERT_EQ(first.code, kOk) << first.describe();
+  EXPECT_TRUE(contains(first.out, "schema version 1 (was 0)")) << first.out;
+  EXPECT_EQ(rows(), 0);  // the table exists now
+  const CtlRun second = idemctl(pg_only({"migrate", "--json"}));
+  ASSERT_EQ(second.code, kOk) << second.describe();
+  EXPECT_EQ(second.json()["schema_version"], 1);
+  EXPECT_EQ(second.json()["previous_version"], 1);
+}
+
+TEST_F(IdemctlTest, InspectShowsAClaimInBothBackendsThenItsCompletion) {
+  const std::string key = IdempotencyKey{"u:1", "refund", "order {7}"}.encode();
+  const std::string owner = claim_both(key);
+
+  const CtlRun claimed = idemctl(both({"inspect", key, "--json"}));
+  ASSERT_EQ(claimed.code, kOk) << claimed.describe();
+  const nlohmann::json json = claimed.json();
+  EXPECT_EQ(json["key"], key);
+  const nlohmann::json& redis = json["redis"];
+  EXPECT_EQ(redis["found"], true);
+  EXPECT_EQ(redis["state"], "in_progress");
+  EXPECT_EQ(redis["owner"], owner);
+  EXPECT_EQ(redis["request_id"], "req-1");
+  EXPECT_EQ(redis["fingerprint"], "fp-1");
+  EXPECT_GT(redis["ttl_ms"].get<std::int64_t>(), 0);
+  EXPECT_LE(redis["ttl_ms"].get<std::int64_t>(), 30000);
+  EXPECT_TRUE(redis["response_bytes"].is_null());
+  const nlohmann::json& pg = json["postgres"];
+  EXPECT_EQ(pg["found"], true);
+  EXPECT_EQ(pg["state"], "in_progress");
+  EXPECT_EQ(pg["owner"], "req-1");
+  EXPECT_GT(pg["ttl_ms"].get<std::int64_t>(), 0);
+  EXPECT_LE(pg["ttl_ms"].get<std::int64_t>(), 30000);
+  EXPECT_EQ(pg["expires_at"].get<std::string>().size(), 24U) << pg["expires_at"];  // ...T..:..:..
+  EXPECT_EQ(pg["expires_at"].get<std::string>().back(), 'Z');
+
+  const CtlRun text = idemctl(both({"inspect", key}));
+  ASSERT_EQ(text.code, kOk) << text.describe();
+  EXPECT_TRUE(contains(text.out, "in_progress")) << text.out;
+  EXPECT_TRUE(contains(text.out, owner)) << text.out;
+  EXPECT_TRUE(contains(text.out, "ttl_ms")) << text.out;
+
+  ASSERT_TRUE(guard_->complete(key, owner, "{\"refunded\":true}"));
+  ASSERT_TRUE(sink_->complete(key, "req-1", "{\"refunded\":true}"));
+  const CtlRun done = idemctl(both({"inspect", key, "--json"}));
+  ASSERT_EQ(done.code, kOk) << done.describe();
+  for (const char* backend : {"redis", "postgres"}) {
+    EXPECT_EQ(done.json()[backend]["state"], "completed") << backend;
+    EXPECT_EQ(done.json()[backend]["response_bytes"], 17) << backend;
+  }
+}
+
+TEST_F(IdemctlTest, InspectReportsNotFoundAndAnUnconfiguredBackend) {
+  sink_->migrate();
+  const CtlRun missing = idemctl(both({"inspect", "u:refund:nothing", "--json"}));
+  EXPECT_EQ(missing.code, kNotFound) << missing.describe();
+  EXPECT_EQ(missing.json()["redis"]["found"], false);
+  EXPECT_EQ(missing.json()["postgres"]["found"], false);
+
+  (void)guard_->claim("u:refund:o2", "req-2", "");
+  const CtlRun redis_only = idemctl({"inspect", "u:refund:o2", "--json", "--redis", redis_url_,
+                                     "--prefix", ns_ + "p", "--namespace", ns_});
+  ASSERT_EQ(redis_only.code, kOk) << redis_only.describe();
+  EXPECT_EQ(redis_only.json()["postgres"], nlohmann::json({{"configured", false}}));
+  EXPECT_EQ(redis_only.json()["redis"]["state"], "in_progress");
+
+  const CtlRun none = idemctl({"inspect", "u:refund:o2"});
+  EXPECT_EQ(none.code, kUsage) << none.describe();
+  EXPECT_TRUE(contains(none.err, "no backend configured")) << none.err;
+}
+
+TEST_F(IdemctlTest, KeyComponentsAndTheFacadesRequestIdAndFallbackKeysAreAccepted) {
+  sink_->migrate();
+  const std::string key = IdempotencyKey{"u:1", "pay%", "o\n7"}.encode();
+  (void)guard_->claim(key, "req-1", "");
+  const CtlRun by_parts = idemctl(
+      both({"inspect", "--user", "u:1", "--intent", "pay%", "--biz-key", "o\n7", "--json"}));
+  ASSERT_EQ(by_parts.code, kOk) << by_parts.describe();
+  EXPECT_EQ(by_parts.json()["key"], key);
+  EXPECT_EQ(by_parts.json()["redis"]["found"], true);
+
+  const std::string fallback = fallback_key("u:1", "pay", "0123abcd");
+  (void)guard_->claim(fallback, "", "0123abcd");
+  const CtlRun by_text = idemctl(both({"inspect", fallback, "--json"}));
+  ASSERT_EQ(by_text.code, kOk) << by_text.describe();
+  EXPECT_EQ(by_text.json()["redis"]["fingerprint"], "0123abcd");
+  const CtlRun by_flag =
+      idemctl(both({"inspect", "--user", "u:1", "--intent", "pay", "--fingerprint", "0123abcd"}));
+  EXPECT_EQ(by_flag.code, kOk) << by_flag.describe();
+
+  const std::string by_request = "id:" + IdempotencyKey{"u:1", "pay", "req-9"}.encode();
+  (void)guard_->claim(by_request, "req-9", "");
+  const CtlRun id_flag = idemctl(
+      both({"inspect", "--user", "u:1", "--intent", "pay", "--request-id", "req-9", "--json"}));
+  ASSERT_EQ(id_flag.code, kOk) << id_flag.describe();
+  EXPECT_EQ(id_flag.json()["key"], by_request);
+}
+
+TEST_F(IdemctlTest, ReleaseRefusesAnotherOwnerAndReleasesForTheOwner) {
+  const std::string key = "u:refund:o1";
+  const std::string owner = claim_both(key);
+  const std::string stranger(32, 'a');
+
+  const CtlRun wrong = idemctl(both({"release", key, "--owner", stranger, "--pg-owner", "req-x"}));
+  EXPECT_EQ(wrong.code, kNotOwner) << wrong.describe();
+  EXPECT_TRUE(contains(wrong.out, "redis: not released: the claim belongs to another owner"))
+      << wrong.out;
+  EXPECT_TRUE(contains(wrong.out, "postgres: not released")) << wrong.out;
+  EXPECT_TRUE(guard_->inspect(key).has_value());
+  EXPECT_TRUE(sink_->inspect(key).has_value());
+
+  const CtlRun right =
+      idemctl(both({"release", key, "--owner", owner, "--pg-owner", "req-1", "--json"}));
+  ASSERT_EQ(right.code, kOk) << right.describe();
+  EXPECT_EQ(right.json()["redis"]["status"], "released");
+  EXPECT_EQ(right.json()["postgres"]["status"], "released");
+  EXPECT_FALSE(guard_->inspect(key).has_value());
+  EXPECT_FALSE(sink_->inspect(key).has_value());
+
+  const CtlRun again = idemctl(both({"release", key, "--owner", owner}));
+  EXPECT_EQ(again.code, kNotFound) << again.describe();
+  EXPECT_TRUE(contains(again.out, "redis: not found")) << again.out;
+  EXPECT_TRUE(contains(again.out, "postgres: skipped (no --pg-owner)")) << again.out;
+}
+
+TEST_F(IdemctlTest, ReleaseByTheOwnerKeepsACompletedRecord) {
+  const std::string key = "u:refund:o1";
+  const std::string owner = claim_both(key);
+  ASSERT_TRUE(guard_->complete(key, owner, "done"));
+  const CtlRun run = idemctl(both({"release", key, "--owner", owner, "--json"}));
+  EXPECT_EQ(run.code, kRefused) << run.describe();
+  EXPECT_EQ(run.json()["redis"]["status"], "completed");
+  EXPECT_TRUE(guard_->inspect(key).has_value());
+}
+
+TEST_F(IdemctlTest, ForceNeedsYesWithoutATerminal) {
+  const std::string key = "u:refund:o1";
+  (void)claim_both(key);
+  const CtlRun refused = idemctl(both({"release", key, "--force"}));
+  EXPECT_EQ(refused.code, kRefused) << refused.describe();
+  EXPECT_TRUE(contains(refused.err, "--yes")) << refused.err;
+  EXPECT_TRUE(guard_->inspect(key).has_value());
+  EXPECT_TRUE(sink_->inspect(key).has_value());
+
+  const CtlRun forced = idemctl(both({"release", key, "--force", "--yes", "--json"}));
+  ASSERT_EQ(forced.code, kOk) << forced.describe();
+  EXPECT_EQ(forced.json()["redis"]["status"], "released");
+  EXPECT_EQ(forced.json()["postgres"]["status"], "released");
+  EXPECT_FALSE(guard_->inspect(key).has_value());
+  EXPECT_FALSE(sink_->inspect(key).has_value());
+
+  const CtlRun owner_and_force = idemctl(both({"release", key, "--force", "--owner", "x"}));
+  EXPECT_EQ(owner_and_force.code, kUsage) << owner_and_force.describe();
+}
+
+TEST_F(IdemctlTest, ForceKeepsCompletedRecordsUnlessIncludeCompleted) {
+  const std::string key = "u:refund:o1";
+  const std::string owner = claim_both(key);
+  ASSERT_TRUE(guard_->complete(key, owner, "done"));
+  ASSERT_TRUE(sink_->complete(key, "req-1", "done"));
+  const CtlRun kept = idemctl(both({"release", key, "--force", "--yes"}));
+  EXPECT_EQ(kept.code, kRefused) << kept.describe();
+  EXPECT_TRUE(contains(kept.out, "--include-completed")) << kept.out;
+  EXPECT_TRUE(guard_->inspect(key).has_value());
+  EXPECT_TRUE(sink_->inspect(key).has_value());
+
+  const CtlRun gone = idemctl(both({"release", key, "--force", "--yes", "--include-completed"}));
+  EXPECT_EQ(gone.code, kOk) << gone.describe();
+  EXPECT_FALSE(guard_->inspect(key).has_value());
+  EXPECT_FALSE(sink_->inspect(key).has_value());
+}
+
+TEST_F(IdemctlTest, ForceOnATerminalAsksForTheKey) {
+  const std::string key = "u:refund:o1";
+  (void)claim_both(key);
+  const CtlRun declined =
+      idemctl(both({"release", key, "--force"}), {}, {.tty = true, .typed = "no\n"});
+  EXPECT_EQ(declined.code, kRefused) << declined.describe();
+  EXPECT_TRUE(contains(declined.err, "Type the key or 'yes'")) << declined.err;
+  EXPECT_TRUE(guard_->inspect(key).has_value());
+
+  const CtlRun confirmed =
+      idemctl(both({"release", key, "--force"}), {}, {.tty = true, .typed = key + "\n"});
+  EXPECT_EQ(confirmed.code, kOk) << confirmed.describe();
+  EXPECT_FALSE(guard_->inspect(key).has_value());
+  EXPECT_FALSE(sink_->inspect(key).has_value());
+}
+
+TEST_F(IdemctlTest, PurgeRemovesOnlyExpiredRows) {
+  sink_->migrate();
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_EQ(sink_->claim("u:i:k" + std::to_string(i), "r", "").status, SinkStatus::kClaimed);
+  }
+  schema_->exec("UPDATE " + schema_->name() +
+                ".idem_records SET expires_at = now() - interval '1 minute' WHERE key IN "
+                "('u:i:k0', 'u:i:k1', 'u:i:k2')");
+  const CtlRun purge = idemctl(pg_only({"purge", "--expired", "--batch", "2", "--json"}));
+  ASSERT_EQ(purge.code, kOk) << purge.describe();
+  EXPECT_EQ(purge.json()["removed"], 3);
+  EXPECT_EQ(rows(), 2);
+  EXPECT_TRUE(sink_->inspect("u:i:k3").has_value());
+
+  const CtlRun nothing = idemctl(pg_only({"purge", "--expired"}));
+  ASSERT_EQ(nothing.code, kOk) << nothing.describe();
+  EXPECT_TRUE(contains(nothing.out, "removed 0 expired rows")) << nothing.out;
+  EXPECT_EQ(idemctl(pg_only({"purge"})).code, kUsage);  // --expired is required
+}
+
+TEST_F(IdemctlTest, EnvironmentConfiguresAndAFlagWins) {
+  (void)guard_->claim("u:refund:o1", "req-1", "");
+  const std::vector<std::string> env = {"IDEM_REDIS_URL=" + redis_url_, "IDEM_NAMESPACE=" + ns_};
+  const CtlRun from_env = idemctl({"inspect", "u:refund:o1", "--prefix", ns_ + "p"}, env);
+  EXPECT_EQ(from_env.code, kOk) << from_env.describe();
+  const CtlRun flag_wins =
+      idemctl({"inspect", "u:refund:o1", "--prefix", ns_ + "p", "--namespace", ns_ + "other"}, env);
+  EXPECT_EQ(flag_wins.code, kNotFound) << flag_wins.describe();
+}
+
+TEST_F(IdemctlTest, BadInputAndUnreachableBackendsHaveTheirExitCodesAndHidePasswords) {
+  const CtlRun bad_key = idemctl(both({"inspect", "a:b"}));
+  EXPECT_EQ(bad_key.code, kUsage) << bad_key.describe();
+  EXPECT_TRUE(contains(bad_key.err, "malformed key text")) << bad_key.err;
+  EXPECT_EQ(idemctl(both({"inspect", "a:b:c%41"})).code, kUsage);
+
+  const CtlRun bad_url = idemctl({"inspect", "u:i:k", "--redis", "http://user:hunter2@host/0"});
+  EXPECT_EQ(bad_url.code, kUsage) << bad_url.describe();
+  EXPECT_FALSE(contains(bad_url.err + bad_url.out, "hunter2")) << bad_url.describe();
+  EXPECT_EQ(idemctl({"migrate", "--pg", "not a url"}).code, kUsage);
+  const CtlRun no_table = idemctl(pg_only({"inspect", "u:i:k"}));  // never migrated
+  EXPECT_EQ(no_table.code, kUnavailable) << no_table.describe();
+  EXPECT_TRUE(contains(no_table.err, "idemctl migrate")) << no_table.err;
+
+  const CtlRun redis_down =
+      idemctl({"inspect", "u:i:k", "--json", "--redis", "redis://:s3cret@127.0.0.1:1/0"});
+  EXPECT_EQ(redis_down.code, kUnavailable) << redis_down.describe();
+  EXPECT_TRUE(contains(redis_down.err, "redis unavailable")) << redis_down.err;
+  EXPECT_FALSE(contains(redis_down.err + redis_down.out, "s3cret")) << redis_down.describe();
+  EXPECT_TRUE(redis_down.json()["redis"].contains("error"));
+
+  const CtlRun pg_down =
+      idemctl({"migrate", "--pg", "postgresql://idem:pgs3cret@127.0.0.1:1/idem?connect_timeout=5"});
+  EXPECT_EQ(pg_down.code, kUnavailable) << pg_down.describe();
+  EXPECT_FALSE(contains(pg_down.err + pg_down.out, "pgs3cret")) << pg_down.describe();
+
+  const CtlRun unknown = idemctl({"inspect", "--no-such-flag"});
+  EXPECT_EQ(unknown.code, kUsage) << unknown.describe();
+  for (const char* command : {"migrate", "inspect", "release", "purge", "stats"}) {
+    const CtlRun help = idemctl({command, "--help"});
+    EXPECT_EQ(help.code, kOk) << command << help.describe();
+    EXPECT_TRUE(contains(help.out, "Exit:")) << command << help.out;
+  }
+}
+
+// A metrics endpoint on a free loopback port, serving `body` on /metrics.
+class MetricsServer {
+ public:
+  explicit MetricsServer(std::string body) : body_(std::move(body)) {
+    server_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(body_, "text/plain; version=0.0.4");
+    });
+    port_ = server_.bind_to_any_port("127.0.0.1");  // listening: connections queue until accepted
+    thread_ = std::thread([this] { server_.listen_after_bind(); });
+  }
+  ~MetricsServer() {
+    server_.stop();
+    thread_.join();
+  }
+  MetricsServer(const MetricsServer&) = delete;
+  MetricsServer& operator=(const MetricsServer&) = delete;
+  [[nodiscard]] std::string url(const std::string& path = "/metrics") const {
+    return "http://127.0.0.1:" + std::to_string(port_) + path;
+  }
+
+ private:
+  std::string body_;
+  httplib::Server server_;
+  int port_ = 0;
+  std::thread thread_;
+};
+
+void record(InProcessMetrics& metrics, Layer layer, Outcome::Kind kind, int times) {
+  DecisionEvent event;
+  event.layer = layer;
+  event.outcome = kind;
+  for (int i = 0; i < times; ++i) metrics.record_decision(event);
+}
+
+TEST(IdemctlStats, ReadsTheDuplicateRateAndPerLayerCounts) {
+  InProcessMetrics metrics;
+  record(metrics, Layer::kHandler, Outcome::Kind::kExecuted, 6);
+  record(metrics, Layer::kRedisGuard, Outcome::Kind::kDuplicate, 2);
+  record(metrics, Layer::kRedisGuard, Outcome::Kind::kInProgress, 1);
+  record(metrics, Layer::kPgSink, Outcome::Kind::kDuplicate, 1);
+  metrics.record_backend_error(Layer::kRedisGuard);
+  ASSERT_DOUBLE_EQ(metrics.duplicate_rate(), 0.4);
+  MetricsServer server(metrics.prometheus_text());
+
+  const CtlRun json = idemctl({"stats", "--url", server.url(), "--json"});
+  ASSERT_EQ(json.code, kOk) << json.describe();
+  EXPECT_DOUBLE_EQ(json.json()["duplicate_rate"].get<double>(), 0.4);
+  EXPECT_EQ(json.json()["total_decisions"], 10);
+  EXPECT_EQ(json.json()["decisions"]["handler"]["executed"], 6);
+  EXPECT_EQ(json.json()["decisions"]["redis_guard"]["duplicate"], 2);
+  EXPECT_EQ(json.json()["decisions"]["redis_guard"]["in_progress"], 1);
+  EXPECT_EQ(json.json()["decisions"]["pg_sink"]["duplicate"], 1);
+  EXPECT_EQ(json.json()["decisions"]["pg_sink"]["executed"], 0);
+  EXPECT_EQ(json.json()["backend_errors"]["redis_guard"], 1);
+
+  const CtlRun text = idemctl({"stats", "--url", server.url()});
+  ASSERT_EQ(text.code, kOk) << text.describe();
+  EXPECT_TRUE(contains(text.out, "duplicate rate   0.4000")) << text.out;
+  EXPECT_TRUE(contains(text.out, "of 10 decisions")) << text.out;
+}
+
+TEST(IdemctlStats, UnreachableUrlAndAnswersWithoutIdemMetricsAreErrors) {
+  const CtlRun closed = idemctl({"stats", "--url", "http://127.0.0.1:1/metrics"});
+  EXPECT_EQ(closed.code, kUnavailable) << closed.describe();
+  EXPECT_FALSE(closed.err.empty());
+
+  MetricsServer other("# TYPE http_requests_total counter\nhttp_requests_total 12\n");
+  const CtlRun foreign = idemctl({"stats", "--url", other.url()});
+  EXPECT_EQ(foreign.code, kNoMetrics) << foreign.describe();
+  EXPECT_TRUE(contains(foreign.err, "no idem metrics")) << foreign.err;
+  const CtlRun missing = idemctl({"stats", "--url", other.url("/nowhere")});
+  EXPECT_EQ(missing.code, kNoMetrics) << missing.describe();
+  EXPECT_TRUE(contains(missing.err, "HTTP status 404")) << missing.err;
+
+  EXPECT_EQ(idemctl({"stats", "--url", "ftp://127.0.0.1/metrics"}).code, kUsage);
+  EXPECT_EQ(idemctl({"stats"}).code, kUsage);  // --url is required
+}
+
+}  // namespace
+}  // namespace idem
