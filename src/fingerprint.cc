@@ -33,8 +33,7 @@ ThreadState& thread_state() {
 // describes the failure when the strict scanner finds none.
 [[noreturn]] void throw_payload_error(std::string_view json, const FingerprintOptions& options,
                                       const std::string& fallback) {
-  if (auto problem = detail::find_payload_problem(json, options.max_depth,
-                                                  options.form == CanonicalForm::kRfc8785)) {
+  if (auto problem = detail::find_payload_problem(json, options.max_depth)) {
     throw PayloadError("idem: " + problem->message + " at byte " + std::to_string(problem->offset),
                        problem->offset);
   }

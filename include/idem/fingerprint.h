@@ -22,7 +22,7 @@ class Selection;
 enum class CanonicalForm {
   /// RFC 8785 (JCS): members sorted by UTF-16 code units, no insignificant whitespace, minimal
   /// string escapes, ECMAScript number form. Deviation: an integer literal outside ±2^53 keeps
-  /// its exact digits (order numbers never collapse).
+  /// its exact digits, whatever its length (order numbers never collapse).
   kRfc8785,
   /// Byte-for-byte Python `json.dumps(obj, sort_keys=True, separators=(",", ":"))` with its
   /// defaults (ensure_ascii `\uXXXX` escapes, float repr, code-point key order): the seed's

@@ -215,64 +215,20 @@ void sort_members(Iterator first, Iterator last) {
   }
 }
 
-// True for an integer literal simdjson cannot hold: outside [-2^63, 2^64-1].
-bool wide_integer(std::string_view literal) {
+// True for a JSON integer literal (RFC 8259 grammar) that simdjson cannot hold: outside
+// [-2^63, 2^64-1].
+bool wide_integer(std::string_view token) {
+  const bool negative = token.front() == '-';
+  const std::string_view digits = token.substr(negative ? 1 : 0);
+  if (digits.empty() || (digits.front() == '0' && digits.size() > 1) ||
+      digits.find_first_not_of("0123456789") != std::string_view::npos) {
+    return false;  // not an integer literal: simdjson judges it
+  }
+  const char* const end = token.data() + token.size();
   std::int64_t signed_value;
   std::uint64_t unsigned_value;
-  const char* end = literal.data() + literal.size();
-  return literal.front() == '-'
-             ? std::from_chars(literal.data(), end, signed_value).ec != std::errc()
-             : std::from_chars(literal.data(), end, unsigned_value).ec != std::errc();
-}
-
-// Rewrites in place, as `DIGITSeEXP` padded with spaces, every integer literal outside the
-// 64-bit range that is how Number::toString writes some double (RFC 8785 output of a double
-// in [2^64, 1e21)), so that simdjson parses it to that double and canonical text can be
-// canonicalized again. Returns whether it rewrote one. Other wide integers stay (and fail).
-bool rewrite_wide_integers(char* text, std::size_t size) {
-  bool rewrote = false;
-  bool in_string = false;
-  for (std::size_t i = 0; i < size; ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (c == '\\') ++i;
-      if (c == '"') in_string = false;
-      continue;
-    }
-    if (c == '"') in_string = true;
-    if (c != '-' && (c < '0' || c > '9')) continue;
-    std::size_t end = i + 1;
-    while (end < size && text[end] >= '0' && text[end] <= '9') ++end;
-    const std::string_view literal(text + i, end - i);
-    const bool integer = end == size || (text[end] != '.' && text[end] != 'e' && text[end] != 'E');
-    if (integer && wide_integer(literal)) {
-      if (const auto value = ecmascript_wide_integer(literal)) {
-        char scientific[32];  // d.ddde+xx
-        const auto written = std::to_chars(scientific, scientific + sizeof scientific, *value,
-                                           std::chars_format::scientific);
-        std::string mantissa_exponent;
-        const char* p = scientific;
-        for (; *p != 'e'; ++p) {
-          if (*p != '.') mantissa_exponent.push_back(*p);
-        }
-        int exponent = 0;
-        std::from_chars(p + 2, written.ptr, exponent);  // after "e+": the value is at least 2^64
-        const auto digits = static_cast<int>(mantissa_exponent.size()) - (*value < 0 ? 1 : 0);
-        mantissa_exponent += 'e' + std::to_string(exponent - (digits - 1));
-        if (mantissa_exponent.size() <= literal.size()) {
-          std::memcpy(text + i, mantissa_exponent.data(), mantissa_exponent.size());
-          std::memset(text + i + mantissa_exponent.size(), ' ',
-                      literal.size() - mantissa_exponent.size());
-          rewrote = true;
-        }
-      }
-    }
-    while (end < size &&
-           std::string_view("0123456789.eE+-").find(text[end]) != std::string_view::npos)
-      ++end;
-    i = end - 1;
-  }
-  return rewrote;
+  return negative ? std::from_chars(token.data(), end, signed_value).ec != std::errc()
+                  : std::from_chars(token.data(), end, unsigned_value).ec != std::errc();
 }
 
 // Writes `text` quoted, in the form's escaping, at `out` (room for 6 * size + 2 + kChunk
@@ -317,20 +273,14 @@ bool utf16_less(std::string_view a, std::string_view b) noexcept {
 
 std::string_view CanonicalWriter::write(std::string_view json, const Options& options) {
   options_ = options;
-  if (input_capacity_ < json.size() + simdjson::SIMDJSON_PADDING) {
-    input_capacity_ = std::max<std::size_t>(json.size() * 2, 4096) + simdjson::SIMDJSON_PADDING;
-    input_ = std::make_unique<char[]>(input_capacity_);
-  }
-  std::memcpy(input_.get(), json.data(), json.size());
-  auto error = parser_.parse(input_.get(), json.size(), false).error();
-  if (error == simdjson::NUMBER_ERROR && options.form == CanonicalForm::kRfc8785 &&
-      rewrite_wide_integers(input_.get(), json.size())) {
-    error = parser_.parse(input_.get(), json.size(), false).error();
-  }
+  wide_integers_.clear();
+  auto error = parse(json);
+  if (error == simdjson::NUMBER_ERROR && quote_wide_integers(json)) error = parse(quoted_);
   if (error != simdjson::SUCCESS)
     throw PayloadError(std::string("invalid JSON: ") + simdjson::error_message(error));
   tape_ = parser_.doc.tape.get();
   strings_ = parser_.doc.string_buf.get();
+  if (!wide_integers_.empty()) locate_wide_integers();
   // The canonical text is at most 6 bytes per input byte (a raw DEL becomes \u007f in the
   // python form; numbers grow less: 1e20 becomes 21 digits), plus the string writer's chunk.
   const std::size_t max_output = 6 * json.size() + 2 * kChunk;
@@ -359,6 +309,61 @@ std::string_view CanonicalWriter::write(std::string_view json, const Options& op
     }
   }
   return {out_.get(), size_};
+}
+
+simdjson::error_code CanonicalWriter::parse(std::string_view json) {
+  if (input_capacity_ < json.size() + simdjson::SIMDJSON_PADDING) {
+    input_capacity_ = std::max<std::size_t>(json.size() * 2, 4096) + simdjson::SIMDJSON_PADDING;
+    input_ = std::make_unique<char[]>(input_capacity_);
+  }
+  std::memcpy(input_.get(), json.data(), json.size());
+  return parser_.parse(input_.get(), json.size(), false).error();
+}
+
+bool CanonicalWriter::quote_wide_integers(std::string_view json) {
+  const auto number_char = [](char c) {
+    return std::string_view("0123456789.eE+-").find(c) != std::string_view::npos;
+  };
+  quoted_.clear();
+  std::size_t strings = 0;  // strings so far, keys included: their order on the tape
+  bool in_string = false;
+  for (std::size_t i = 0; i < json.size(); ++i) {
+    const char c = json[i];
+    if (in_string || (c != '-' && (c < '0' || c > '9'))) {
+      quoted_.push_back(c);
+      if (in_string && c == '\\' && i + 1 < json.size()) quoted_.push_back(json[++i]);
+      if (c == '"') {
+        strings += in_string ? 0 : 1;
+        in_string = !in_string;
+      }
+      continue;
+    }
+    std::size_t end = i + 1;
+    while (end < json.size() && number_char(json[end])) ++end;
+    const std::string_view token = json.substr(i, end - i);
+    if (wide_integer(token)) {
+      wide_integers_.push_back(strings++);
+      quoted_.append("\"").append(token).append("\"");
+    } else {
+      quoted_.append(token);
+    }
+    i = end - 1;
+  }
+  return !wide_integers_.empty();
+}
+
+void CanonicalWriter::locate_wide_integers() {
+  // The tape holds strings in document order; numbers take two words (doc/tape.md).
+  const std::size_t end = tape_payload(tape_[0]) & 0xFFFFFFFF;
+  std::size_t ordinal = 0;
+  auto next = wide_integers_.begin();
+  for (std::size_t i = 1; i < end && next != wide_integers_.end();) {
+    const char type = tape_type(tape_[i]);
+    if (type == '"') {
+      if (ordinal++ == *next) *next++ = tape_payload(tape_[i]);
+    }
+    i += type == 'l' || type == 'u' || type == 'd' ? 2 : 1;
+  }
 }
 
 // What to do with a member or element whose selection node is `child` (nullptr when no
@@ -409,7 +414,12 @@ std::size_t CanonicalWriter::write_value(std::size_t index, std::size_t depth,
       return write_array<kForm>(index, depth + 1, node, selected);
     case '"': {
       const std::string_view text = tape_string(strings_, word);
-      commit(write_string<kForm>(cursor(), text));
+      if (!wide_integers_.empty() &&
+          std::binary_search(wide_integers_.begin(), wide_integers_.end(), tape_payload(word))) {
+        commit(std::copy(text.begin(), text.end(), cursor()));  // its exact digits
+      } else {
+        commit(write_string<kForm>(cursor(), text));
+      }
       return index + 1;
     }
     case 'l': {

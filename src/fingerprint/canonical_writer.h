@@ -21,8 +21,10 @@ namespace idem::detail {
 
 /// Parses and canonicalizes payloads. The writer walks simdjson's DOM tape directly (its format
 /// is documented in simdjson's doc/tape.md; pinned to simdjson 3.0.x), which is several times
-/// cheaper than the element API. Keeps its parser and buffers between calls (one instance
-/// per thread, reused, so a payload costs no allocation); not thread-safe.
+/// cheaper than the element API. An integer literal simdjson cannot hold (outside [-2^63,
+/// 2^64-1]) is quoted before parsing and written back as its digits. Keeps its parser and
+/// buffers between calls (one instance per thread, reused, so a payload costs no allocation);
+/// not thread-safe.
 class CanonicalWriter {
  public:
   struct Options {
@@ -46,6 +48,16 @@ class CanonicalWriter {
   };
   enum class Pick { kDrop, kWrite, kProbe };
 
+  // Copies `json` into the padded input buffer and parses it.
+  simdjson::error_code parse(std::string_view json);
+  // Writes into quoted_ `json` with every integer literal outside [-2^63, 2^64-1] (which
+  // simdjson rejects) turned into a string of its digits, recording in wide_integers_ the
+  // ordinals of those strings among all the document's strings, keys included. False when
+  // there is none.
+  bool quote_wide_integers(std::string_view json);
+  // Replaces the ordinals in wide_integers_ by the strings' offsets in the string buffer
+  // (rising, like the ordinals), which identify them on the tape.
+  void locate_wide_integers();
   [[nodiscard]] Pick pick(const SelectionNode* child, bool selected);
   // The writers are templates on the form, so that its choices cost nothing per value.
   // Writes `key:` (unless null) and the value at tape index `value` when the selection keeps
@@ -77,7 +89,9 @@ class CanonicalWriter {
   std::unique_ptr<char[]> out_;
   std::size_t size_ = 0;
   std::size_t capacity_ = 0;
-  std::vector<Member> members_;  // a stack of the open objects' members
+  std::vector<Member> members_;               // a stack of the open objects' members
+  std::string quoted_;                        // the payload with its wide integers quoted
+  std::vector<std::uint64_t> wide_integers_;  // string-buffer offsets of the quoted integers
   std::vector<bool> include_hits_;
   std::size_t selected_values_ = 0;
   Options options_;

@@ -5,8 +5,6 @@
 #include <cstdint>
 #include <set>
 
-#include "fingerprint/number_format.h"
-
 namespace idem::detail {
 namespace {
 
@@ -71,8 +69,7 @@ bool is_digit(char c) { return c >= '0' && c <= '9'; }
 // Recursive descent over a UTF-8-valid text; stops at the first problem.
 class Scanner {
  public:
-  Scanner(std::string_view text, std::size_t max_depth, bool ecmascript_wide_integers)
-      : text_(text), max_depth_(max_depth), ecmascript_wide_integers_(ecmascript_wide_integers) {}
+  Scanner(std::string_view text, std::size_t max_depth) : text_(text), max_depth_(max_depth) {}
 
   std::optional<PayloadProblem> run() {
     skip_whitespace();
@@ -276,35 +273,30 @@ class Scanner {
       if (at_end() || !is_digit(peek())) return unexpected();
       while (!at_end() && is_digit(peek())) ++pos_;
     }
-    // The grammar holds; ask simdjson whether the value fits: integers in [-2^63, 2^64-1],
-    // other numbers finite doubles.
+    // The grammar holds. Integer literals keep their digits, whatever their size; ask simdjson
+    // (the writer's parser) whether any other number fits a double.
     const std::string_view token = text_.substr(start, pos_ - start);
     simdjson::dom::parser parser;
-    const bool integer = token.find_first_of(".eE") == std::string_view::npos;
-    if (integer && ecmascript_wide_integers_ && ecmascript_wide_integer(token)) return true;
-    if (parser.parse(simdjson::padded_string(token)).error() != simdjson::SUCCESS) {
-      return fail(integer ? "JSON integer outside [-2^63, 2^64-1]"
-                          : "JSON number out of the range of a double",
-                  start);
+    if (token.find_first_of(".eE") != std::string_view::npos &&
+        parser.parse(simdjson::padded_string(token)).error() != simdjson::SUCCESS) {
+      return fail("JSON number out of the range of a double", start);
     }
     return true;
   }
 
   std::string_view text_;
   std::size_t max_depth_;
-  bool ecmascript_wide_integers_;
   std::size_t pos_ = 0;
   std::optional<PayloadProblem> problem_;
 };
 
 }  // namespace
 
-std::optional<PayloadProblem> find_payload_problem(std::string_view json, std::size_t max_depth,
-                                                   bool ecmascript_wide_integers) {
+std::optional<PayloadProblem> find_payload_problem(std::string_view json, std::size_t max_depth) {
   if (const std::size_t offset = invalid_utf8_offset(json); offset != std::string_view::npos) {
     return PayloadProblem{"invalid UTF-8 in JSON payload", offset};
   }
-  return Scanner(json, max_depth, ecmascript_wide_integers).run();
+  return Scanner(json, max_depth).run();
 }
 
 }  // namespace idem::detail

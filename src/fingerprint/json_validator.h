@@ -1,5 +1,5 @@
 // A strict, slow JSON scanner that names the first problem of a payload and its byte offset.
-// The fast path (simdjson) only says that a payload is bad; this says where and why.
+// The fast path (the canonical writer) only says that a payload is bad; this says where and why.
 #pragma once
 
 #include <cstddef>
@@ -17,12 +17,9 @@ struct PayloadProblem {
 
 /// The first problem of `json` in document order under RFC 8259 plus idem's rules: invalid
 /// UTF-8, a lone surrogate escape, a duplicate member name (after unescaping), nesting deeper
-/// than `max_depth`, an integer outside [-2^63, 2^64-1] or another number that overflows a
-/// double. With `ecmascript_wide_integers` (the RFC 8785 form), an integer literal outside that
-/// range is fine when it is how Number::toString writes a double (`100000000000000000000`).
-/// std::nullopt when there is none.
+/// than `max_depth`, a non-integer number beyond the range of a double. std::nullopt when there
+/// is none.
 [[nodiscard]] std::optional<PayloadProblem> find_payload_problem(std::string_view json,
-                                                                 std::size_t max_depth,
-                                                                 bool ecmascript_wide_integers);
+                                                                 std::size_t max_depth);
 
 }  // namespace idem::detail

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
+#include <optional>
 
 namespace idem::detail {
 namespace {
@@ -127,19 +128,6 @@ char* write_python_float(char* out, double value) {
   const Decimal d = shortest_decimal(value);
   // CPython float_repr_style "short": fixed notation when -4 < decpt <= 16.
   return d.point > -4 && d.point <= 16 ? write_fixed(out, d, ".0") : write_scientific(out, d, 2);
-}
-
-std::optional<double> ecmascript_wide_integer(std::string_view literal) {
-  double value = 0;
-  const auto [end, error] = std::from_chars(literal.data(), literal.data() + literal.size(), value);
-  if (error != std::errc() || end != literal.data() + literal.size() || !std::isfinite(value))
-    return std::nullopt;
-  char text[kMaxNumberText];
-  if (std::string_view(
-          text, static_cast<std::size_t>(write_ecmascript_number(text, value) - text)) != literal) {
-    return std::nullopt;
-  }
-  return value;
 }
 
 }  // namespace idem::detail

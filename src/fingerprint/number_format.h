@@ -3,7 +3,6 @@
 #pragma once
 
 #include <cstddef>
-#include <optional>
 #include <string_view>
 
 namespace idem::detail {
@@ -19,10 +18,5 @@ char* write_ecmascript_number(char* out, double value);
 /// Writes `value` (finite) at `out` as Python's repr(float): shortest round-trip digits, `25.0`,
 /// `-0.0`, exponent form `1e-05` / `1.5e+16` outside [1e-4, 1e16). Returns the end.
 char* write_python_float(char* out, double value);
-
-/// The double an integer literal outside [-2^63, 2^64-1] stands for when the literal is exactly
-/// how Number::toString writes that double (`100000000000000000000` is 1e20): RFC 8785 output
-/// of large doubles, read back as the same double. std::nullopt for any other literal.
-std::optional<double> ecmascript_wide_integer(std::string_view literal);
 
 }  // namespace idem::detail

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -82,6 +84,99 @@ TEST(Canonicalize, MemberOrderMatchesAUtf16Oracle) {
   }
   expected += "}";
   EXPECT_EQ(canonicalize_json(json), expected);
+}
+
+// Random nested objects, members in random order, keys written raw or as \u escapes, some
+// sharing their first 8 bytes: the output must be the oracle's (members sorted as UTF-16).
+struct Generated {
+  std::string json;
+  std::string canonical;
+};
+
+Generated random_object(std::mt19937_64& random, int depth) {
+  static const std::u16string kKeys[] = {u"id",
+                                         u"amount",
+                                         u"amount_received",
+                                         u"amount_refunded",
+                                         u"customer_id",
+                                         u"customer",
+                                         u"\u00e9t\u00e9",
+                                         u"\ufb33",
+                                         u"\U0001F600",
+                                         u"",
+                                         u"customer_name",
+                                         u"a\"b",
+                                         u"x\\y",
+                                         u"tab\t",
+                                         u"Z"};
+  std::vector<std::u16string> keys(std::begin(kKeys), std::end(kKeys));
+  std::shuffle(keys.begin(), keys.end(), random);
+  keys.resize(random() % 6 == 0 ? keys.size() : random() % 7);
+  std::vector<std::pair<std::u16string, Generated>> members;
+  for (const auto& key : keys) {
+    Generated value;
+    if (depth < 3 && random() % 3 == 0) {
+      value = random_object(random, depth + 1);
+    } else {
+      value.json = value.canonical = std::to_string(random() % 1000);
+    }
+    members.emplace_back(key, value);
+  }
+  const auto quote = [](const std::u16string& key, bool escape_all) {
+    std::string out = "\"";
+    if (escape_all) {
+      for (const char16_t unit : key) {
+        char hex[8];
+        std::snprintf(hex, sizeof hex, "\\u%04X", static_cast<unsigned>(unit));
+        out += hex;
+      }
+    } else {
+      for (const char c : utf8(key)) {
+        if (c == '"' || c == '\\') out += '\\';
+        out += c == '\t' ? std::string("\\t") : std::string(1, c);
+      }
+    }
+    return out + "\"";
+  };
+  Generated object{"{", "{"};
+  for (std::size_t i = 0; i < members.size(); ++i) {
+    if (i != 0) object.json += random() % 2 == 0 ? ", " : ",";
+    object.json += quote(members[i].first, random() % 4 == 0) + ":" + members[i].second.json;
+  }
+  std::sort(members.begin(), members.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (std::size_t i = 0; i < members.size(); ++i) {
+    if (i != 0) object.canonical += ",";
+    object.canonical += quote(members[i].first, false) + ":" + members[i].second.canonical;
+  }
+  object.json += "}";
+  object.canonical += "}";
+  return object;
+}
+
+TEST(Canonicalize, RandomNestedObjectsMatchTheOracle) {
+  std::mt19937_64 random(8785);
+  for (int i = 0; i < 3000; ++i) {
+    const Generated object = random_object(random, 0);
+    ASSERT_EQ(canonicalize_json(object.json), object.canonical) << object.json;
+  }
+}
+
+TEST(Canonicalize, LargeObjectsAndSharedKeyPrefixesSortAndCatchDuplicates) {
+  std::string json = "{";
+  std::string expected = "{";
+  for (int i = 39; i >= 0; --i)
+    json += "\"customer_" + std::to_string(i) + "\":0" + (i ? "," : "}");
+  std::vector<std::string> keys;
+  for (int i = 0; i < 40; ++i) keys.push_back("customer_" + std::to_string(i));
+  std::sort(keys.begin(), keys.end());
+  for (const auto& key : keys) expected += (expected.size() > 1 ? ",\"" : "\"") + key + "\":0";
+  EXPECT_EQ(canonicalize_json(json), expected + "}");
+  EXPECT_THROW((void)canonicalize_json(R"({"customer_b":1,"customer_a":2,"customer_b":3})"),
+               PayloadError);
+  EXPECT_THROW((void)canonicalize_json(R"({"b":1,"a":2,"\u0062":3})"), PayloadError);
+  json.back() = ',';
+  EXPECT_THROW((void)canonicalize_json(json + "\"customer_7\":1}"), PayloadError);
 }
 
 TEST(Canonicalize, EscapesOnlyWhatTheRfcRequires) {

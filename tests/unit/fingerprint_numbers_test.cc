@@ -91,24 +91,39 @@ TEST(NumberForm, Rfc8785NumbersThroughTheParser) {
 }
 
 TEST(NumberForm, CanonicalTextOfLargeDoublesCanBeCanonicalizedAgain) {
-  // Doubles in [2^64, 1e21) come out as integer digits, beyond what an integer literal may
-  // hold; read back, such a literal is that double when its digits are exactly its form.
+  // Doubles in [2^53, 1e21) come out as integer digits; read back, an integer literal keeps
+  // those digits, so canonical text is a fixed point.
   const std::string canonical = canonicalize_json("[1e20,-1.5e20,123e18,18446744073709551616.0]");
   EXPECT_EQ(
       canonical,
       "[100000000000000000000,-150000000000000000000,123000000000000000000,18446744073709552000]");
   EXPECT_EQ(canonicalize_json(canonical), canonical);
-  // Below -2^63 as well.
-  EXPECT_EQ(canonicalize_json("-9769100000000000000"), "-9769100000000000000");
   EXPECT_EQ(canonicalize_json("[-0.097691e20]"), "[-9769100000000000000]");
-  EXPECT_EQ(canonicalize_json("{\"a\": 100000000000000000000 , \"s\":\"100000000000000000000\"}"),
-            R"({"a":100000000000000000000,"s":"100000000000000000000"})");
-  // Any other wide integer would be rounded: rejected, in both forms.
-  EXPECT_THROW((void)canonicalize_json("18446744073709551616"), PayloadError);
-  EXPECT_THROW((void)canonicalize_json("123456789012345678901234567890"), PayloadError);
-  EXPECT_THROW((void)Fingerprinter({.form = CanonicalForm::kPythonJsonDumps})
-                   .canonicalize("100000000000000000000"),
-               PayloadError);
+}
+
+// Regression: integer literals outside [-2^63, 2^64-1] were rejected (the old parser's range),
+// so two such order numbers could not be fingerprinted at all.
+TEST(NumberForm, IntegerLiteralsOfAnyLengthKeepTheirExactDigits) {
+  const std::string wide =
+      "[18446744073709551616,-9223372036854775809,"
+      "123456789012345678901234567890,-0,100000000000000000001]";
+  const std::string expected =
+      "[18446744073709551616,-9223372036854775809,"
+      "123456789012345678901234567890,0,100000000000000000001]";
+  EXPECT_EQ(canonicalize_json(wide), expected);
+  // Python's int keeps them too.
+  EXPECT_EQ(Fingerprinter({.form = CanonicalForm::kPythonJsonDumps}).canonicalize(wide), expected);
+  // Only the number becomes digits: a string holding the same digits stays a string, also
+  // after strings with escaped quotes, and excluded members do not shift which is which.
+  EXPECT_EQ(Fingerprinter({.exclude = {"/x"}})
+                .canonicalize(R"({"s":"a\"b[1,","x":-99999999999999999999,"k":[1,"x"],)"
+                              R"("n":123456789012345678901234567890,)"
+                              R"("m":"123456789012345678901234567890"})"),
+            R"({"k":[1,"x"],"m":"123456789012345678901234567890",)"
+            R"("n":123456789012345678901234567890,"s":"a\"b[1,"})");
+  // Two order numbers that one double would hold stay two fingerprints (C08 beyond 2^64).
+  EXPECT_NE(fingerprint("{\"order\":123456789012345678901234567890}"),
+            fingerprint("{\"order\":123456789012345678901234567891}"));
 }
 
 TEST(NumberForm, PythonFloatRepr) {
@@ -175,6 +190,41 @@ TEST(NumberForm, ShortestDigitsMatchToChars) {
       ASSERT_EQ(read, value) << text;
     }
   }
+}
+
+// Decimal literals of up to 17 digits before and after the point, through the parser: each
+// comes out as the form of its double (read here with std::from_chars).
+TEST(NumberForm, DecimalLiteralsComeOutInTheFormOfTheirDouble) {
+  std::mt19937_64 random(5);
+  const Fingerprinter python_form({.form = CanonicalForm::kPythonJsonDumps});
+  for (int i = 0; i < 100000; ++i) {
+    std::string literal = random() % 4 == 0 ? "-" : "";
+    const std::size_t integer_digits = random() % 18;
+    literal += integer_digits == 0 ? "0" : std::to_string(1 + random() % 9);
+    for (std::size_t d = 1; d < integer_digits; ++d)
+      literal += static_cast<char>('0' + random() % 10);
+    literal += '.';
+    const std::size_t zeros = random() % 4 == 0 ? random() % 9 : 0;  // 0.000ddd
+    literal += std::string(zeros, '0');
+    for (std::size_t d = 0, n = 1 + random() % 17; d < n; ++d)
+      literal += static_cast<char>('0' + random() % 10);
+    double value = 0;
+    std::from_chars(literal.data() + (literal[0] == '-'), literal.data() + literal.size(), value);
+    if (literal[0] == '-') value = -value;
+    ASSERT_EQ(canonicalize_json(literal), ecmascript(std::bit_cast<std::uint64_t>(value)))
+        << literal;
+    ASSERT_EQ(python_form.canonicalize(literal), python(value)) << literal;
+  }
+}
+
+TEST(NumberForm, UnderflowIsZeroAndOverflowAnError) {
+  EXPECT_EQ(canonicalize_json("[1e-400,-0.001e-400,0.0e99999999999999999999,100e-326]"),
+            "[0,0,0,0]");
+  EXPECT_EQ(Fingerprinter({.form = CanonicalForm::kPythonJsonDumps}).canonicalize("[-1e-400]"),
+            "[-0.0]");
+  EXPECT_EQ(canonicalize_json("[5e-324,123.5e-2]"), "[5e-324,1.235]");
+  EXPECT_THROW((void)canonicalize_json("[-0.0001e313]"), PayloadError);
+  EXPECT_THROW((void)canonicalize_json("[1e99999999999999999999]"), PayloadError);
 }
 
 TEST(NumberForm, LongestTextsFitTheBuffer) {
