@@ -174,11 +174,11 @@ std::string KeyFlags::key_text() const {
       throw CommandError(kUsage, "give either KEY or --user/--intent/--biz-key, not both");
     }
     // The facade's request-ID and fallback keys: `id:` or `fp:` before a business-key form.
-    const std::string_view tail = std::string_view(text).substr(3);
     const bool prefixed = (text.starts_with("id:") || text.starts_with("fp:")) &&
-                          std::count(tail.begin(), tail.end(), ':') == 2;
+                          std::count(text.begin(), text.end(), ':') == 3;
+    const std::string_view tail = std::string_view(text).substr(prefixed ? 3 : 0);
     try {
-      (void)IdempotencyKey::decode(prefixed ? tail : std::string_view(text));
+      (void)IdempotencyKey::decode(tail);
     } catch (const InvalidKey& error) {
       throw CommandError(kUsage, "malformed key text '" + printable(text) + "': " + error.what());
     }

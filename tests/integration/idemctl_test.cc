@@ -428,7 +428,9 @@ TEST_F(IdemctlTest, BadInputAndUnreachableBackendsHaveTheirExitCodesAndHidePassw
   const CtlRun bad_key = idemctl(both({"inspect", "a:b"}));
   EXPECT_EQ(bad_key.code, kUsage) << bad_key.describe();
   EXPECT_TRUE(contains(bad_key.err, "malformed key text")) << bad_key.err;
-  EXPECT_EQ(idemctl(both({"inspect", "a:b:c%41"})).code, kUsage);
+  for (const char* bad : {"a:b:c%41", "ab", "id::a:b", "fp:a:b:c:d", "a:b:c\n"}) {
+    EXPECT_EQ(idemctl(both({"inspect", bad})).code, kUsage) << bad;
+  }
 
   const CtlRun bad_url = idemctl({"inspect", "u:i:k", "--redis", "http://user:hunter2@host/0"});
   EXPECT_EQ(bad_url.code, kUsage) << bad_url.describe();
