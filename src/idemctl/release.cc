@@ -122,40 +122,31 @@ int run(const ReleaseFlags& flags) {
   const ForceReleaseScope scope =
       flags.include_completed ? ForceReleaseScope::kAnyState : ForceReleaseScope::kInProgressOnly;
 
-  struct Outcome {
+  struct BackendResult {
     const char* name;
     bool postgres;
     Result result;
     std::optional<std::string> error;
   };
-  Outcome redis{"redis", false, guard ? Result::kSkipped : Result::kNotConfigured, {}};
-  Outcome pg{"postgres", true, sink ? Result::kSkipped : Result::kNotConfigured, {}};
+  BackendResult redis{"redis", false, guard ? Result::kSkipped : Result::kNotConfigured, {}};
+  BackendResult pg{"postgres", true, sink ? Result::kSkipped : Result::kNotConfigured, {}};
+  // One backend (RedisGuard or PgSink): forced, or owner-checked with the reason when nothing
+  // was deleted.
+  const auto release_in = [&](auto& backend, const std::string& owner, bool postgres) {
+    if (flags.force) return from_force(backend.force_release(key, scope));
+    return backend.release(key, owner) ? Result::kReleased
+                                       : why_not_released(backend.inspect(key), owner, postgres);
+  };
   if (redis_asked) {
-    redis.error = backend_error([&] {
-      if (flags.force) {
-        redis.result = from_force(guard->force_release(key, scope));
-      } else {
-        redis.result = guard->release(key, flags.owner)
-                           ? Result::kReleased
-                           : why_not_released(guard->inspect(key), flags.owner, false);
-      }
-    });
+    redis.error = backend_error([&] { redis.result = release_in(*guard, flags.owner, false); });
   }
   if (pg_asked) {
-    pg.error = backend_error([&] {
-      if (flags.force) {
-        pg.result = from_force(sink->force_release(key, scope));
-      } else {
-        pg.result = sink->release(key, flags.pg_owner)
-                        ? Result::kReleased
-                        : why_not_released(sink->inspect(key), flags.pg_owner, true);
-      }
-    });
+    pg.error = backend_error([&] { pg.result = release_in(*sink, flags.pg_owner, true); });
   }
 
   nlohmann::json json = {{"key", key}, {"namespace", flags.backends.ns}, {"force", flags.force}};
   if (!flags.json) std::cout << "key " << key << "\n";
-  for (Outcome* outcome : {&redis, &pg}) {
+  for (BackendResult* outcome : {&redis, &pg}) {
     if (outcome->error) outcome->result = Result::kError;
     json[outcome->name] = {{"status", result_name(outcome->result)}};
     if (outcome->error) {
