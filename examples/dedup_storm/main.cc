@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/flags.h"
 #include "idem/deduplicator.h"
 #include "idem/errors.h"
 #include "workload.h"
@@ -58,81 +59,42 @@ struct ConfigResult {
   double p99_us = 0;
 };
 
-// Prints the usage to stderr and exits: 0 for --help, 2 after `error`.
-[[noreturn]] void usage(const std::string& error = {}) {
-  if (!error.empty()) std::cerr << "idem-storm: " << error << "\n";
-  std::cerr
-      << "usage: idem-storm --redis-url URL --pg-url URL [--seed N] [--requests N]\n"
-      << "                  [--workers N] [--retention-ms N] [--lease-ms N] [--chaos]\n"
-      << "                  [--configs none,request-id,redis,all] [--report-json PATH]\n"
-      << "  The workload is the same for a --seed; how workers interleave is not, so which\n"
-      << "  layer stops a given duplicate varies between runs (the all-layer total does not).\n"
-      << "  --chaos restarts Redis and PostgreSQL once each mid-run, with the commands in\n"
-      << "  IDEM_CHAOS_RESTART_REDIS and IDEM_CHAOS_RESTART_PG (scripts/dev demo sets them).\n";
-  std::exit(error.empty() ? 0 : 2);
-}
-
-std::size_t parse_count(const std::string& flag, const std::string& text) {
-  try {
-    std::size_t used = 0;
-    const unsigned long long value = std::stoull(text, &used);
-    if (used == text.size() && value > 0) return static_cast<std::size_t>(value);
-  } catch (const std::exception&) {
-  }
-  usage(flag + " needs a positive integer, got '" + text + "'");
-}
-
 Settings parse_settings(int argc, char** argv) {
   Settings s;
-  if (const char* url = std::getenv("IDEM_TEST_REDIS_URL")) s.redis_url = url;
-  if (const char* url = std::getenv("IDEM_TEST_PG_URL")) s.pg_url = url;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (flag == "--help" || flag == "-h") usage();
-    if (flag == "--chaos") {
-      s.chaos = true;
-      continue;
+  CLI::App app{
+      "idem-storm: replays a refund workload with duplicates through four configurations of idem "
+      "and counts, from the Postgres ledger, the duplicate effects that got through each.",
+      "idem-storm"};
+  app.footer(
+      "The workload is the same for a --seed; how workers interleave is not, so which layer stops "
+      "a given duplicate varies between runs (the all-layer total does not). --chaos restarts "
+      "Redis and PostgreSQL once each mid-run, with the commands in IDEM_CHAOS_RESTART_REDIS and "
+      "IDEM_CHAOS_RESTART_PG (scripts/dev demo sets them).");
+  examples::add_redis_url(app, s.redis_url);
+  examples::add_pg_url(app, s.pg_url);
+  examples::add_positive_option(app, "--seed", s.seed, "Seed of the workload");
+  examples::add_positive_option(app, "--requests", s.requests, "Logical refund requests");
+  examples::add_positive_option(app, "--workers", s.workers,
+                                "Worker threads, each one service instance");
+  examples::add_positive_option(app, "--retention-ms", s.retention,
+                                "Guard retention and layer-1 cache TTL, ms");
+  examples::add_positive_option(app, "--lease-ms", s.lease, "Lease of a claim, ms");
+  app.add_flag("--chaos", s.chaos, "Restart Redis and PostgreSQL once each in every configuration");
+  app.add_option("--configs", s.configs, "Configurations to run, comma-separated")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"none", "request-id", "redis", "all"}))
+      ->capture_default_str();
+  app.add_option("--report-json", s.report_json, "Also write the results as JSON to this file");
+  app.callback([&s] {
+    if (s.chaos && (std::getenv("IDEM_CHAOS_RESTART_REDIS") == nullptr ||
+                    std::getenv("IDEM_CHAOS_RESTART_PG") == nullptr)) {
+      throw CLI::ValidationError(
+          "--chaos",
+          "needs IDEM_CHAOS_RESTART_REDIS and IDEM_CHAOS_RESTART_PG (run it as "
+          "scripts/dev demo --chaos)");
     }
-    if (i + 1 >= argc) usage(flag + " needs a value");
-    const std::string value = argv[++i];
-    if (flag == "--seed")
-      s.seed = parse_count(flag, value);
-    else if (flag == "--requests")
-      s.requests = parse_count(flag, value);
-    else if (flag == "--workers")
-      s.workers = parse_count(flag, value);
-    else if (flag == "--retention-ms")
-      s.retention = std::chrono::milliseconds(parse_count(flag, value));
-    else if (flag == "--lease-ms")
-      s.lease = std::chrono::milliseconds(parse_count(flag, value));
-    else if (flag == "--redis-url")
-      s.redis_url = value;
-    else if (flag == "--pg-url")
-      s.pg_url = value;
-    else if (flag == "--report-json")
-      s.report_json = value;
-    else if (flag == "--configs") {
-      s.configs.clear();
-      for (std::size_t start = 0; start <= value.size();) {
-        const std::size_t end = std::min(value.find(',', start), value.size());
-        s.configs.push_back(value.substr(start, end - start));
-        start = end + 1;
-      }
-      for (const auto& c : s.configs) {
-        if (c != "none" && c != "request-id" && c != "redis" && c != "all")
-          usage("unknown config '" + c + "'");
-      }
-    } else {
-      usage("unknown flag " + flag);
-    }
-  }
-  if (s.redis_url.empty() || s.pg_url.empty()) usage("--redis-url and --pg-url are required");
-  if (s.chaos && (std::getenv("IDEM_CHAOS_RESTART_REDIS") == nullptr ||
-                  std::getenv("IDEM_CHAOS_RESTART_PG") == nullptr)) {
-    usage(
-        "--chaos needs IDEM_CHAOS_RESTART_REDIS and IDEM_CHAOS_RESTART_PG (run it as scripts/dev "
-        "demo --chaos)");
-  }
+  });
+  examples::parse_or_exit(app, argc, argv);
   return s;
 }
 

@@ -28,7 +28,6 @@
 #include <signal.h>
 
 #include <chrono>
-#include <cstdlib>
 #include <iostream>
 #include <memory>
 #include <mutex>
@@ -39,6 +38,7 @@
 #include <string>
 #include <thread>
 
+#include "common/flags.h"
 #include "idem/deduplicator.h"
 #include "idem/errors.h"
 #include "idem/request_id.h"
@@ -48,48 +48,23 @@ namespace {
 struct Settings {
   std::string host = "0.0.0.0";
   int port = 9000;
-  std::string redis_url;
-  std::string pg_url;
-  std::string schema = "idem_fc";
-  std::string ns = "fc";
+  examples::ServiceFlags service{.schema = "idem_fc", .ns = "fc"};
 };
-
-[[noreturn]] void usage(const std::string& error) {
-  std::cerr << "idem-fc-runtime: " << error << "\n"
-            << "usage: idem-fc-runtime [--host H] [--port N] [--redis-url URL] [--pg-url URL] "
-               "[--schema S] [--ns NS]\n";
-  std::exit(2);
-}
 
 Settings parse_settings(int argc, char** argv) {
   Settings s;
-  if (const char* port = std::getenv("FC_SERVER_PORT")) s.port = std::atoi(port);
-  if (const char* url = std::getenv("IDEM_TEST_REDIS_URL")) s.redis_url = url;
-  if (const char* url = std::getenv("IDEM_TEST_PG_URL")) s.pg_url = url;
-  for (int i = 1; i < argc; i += 2) {
-    const std::string flag = argv[i];
-    if (i + 1 >= argc) usage(flag + " needs a value");
-    const std::string value = argv[i + 1];
-    try {
-      if (flag == "--port")
-        s.port = std::stoi(value);
-      else if (flag == "--host")
-        s.host = value;
-      else if (flag == "--redis-url")
-        s.redis_url = value;
-      else if (flag == "--pg-url")
-        s.pg_url = value;
-      else if (flag == "--schema")
-        s.schema = value;
-      else if (flag == "--ns")
-        s.ns = value;
-      else
-        usage("unknown flag " + flag);
-    } catch (const std::logic_error&) {  // std::stoi and friends
-      usage(flag + " needs a number");
-    }
-  }
-  if (s.redis_url.empty() || s.pg_url.empty()) usage("--redis-url and --pg-url are required");
+  CLI::App app{
+      "idem-fc-runtime: a Function Compute custom runtime (POST /initialize, POST /invoke) that "
+      "grants loyalty points once per invocation, guarded by idem.",
+      "idem-fc-runtime"};
+  app.add_option("--host", s.host, "Address to listen on")->capture_default_str();
+  app.add_option("--port", s.port,
+                 "Port to listen on; 0 picks a free port (the server prints `listening on "
+                 "http://HOST:PORT`)")
+      ->envname("FC_SERVER_PORT")
+      ->capture_default_str();
+  examples::add_service_flags(app, s.service);
+  examples::parse_or_exit(app, argc, argv);
   return s;
 }
 
@@ -134,9 +109,9 @@ class Function {
   // a failed attempt is retried by the next call.
   void initialize() {
     std::call_once(initialized_, [this] {
-      pqxx::connection conn(settings_.pg_url);
+      pqxx::connection conn(settings_.service.pg_url);
       pqxx::work tx(conn);
-      const std::string schema = tx.quote_name(settings_.schema);
+      const std::string schema = tx.quote_name(settings_.service.schema);
       tx.exec0("CREATE SCHEMA IF NOT EXISTS " + schema);
       tx.exec0("CREATE TABLE IF NOT EXISTS " + schema +
                ".orders (order_id text PRIMARY KEY, paid boolean NOT NULL)");
@@ -153,14 +128,14 @@ class Function {
       tx.commit();
 
       idem::RedisGuardOptions guard;
-      guard.redis.url = settings_.redis_url;
-      guard.ns = settings_.ns;
+      guard.redis.url = settings_.service.redis_url;
+      guard.ns = settings_.service.ns;
       guard.lease = std::chrono::seconds(60);   // longer than the function's timeout
       guard.retention = std::chrono::hours(1);  // covers the platform's async retries
       idem::PgSinkOptions sink;
-      sink.conninfo = settings_.pg_url;
-      sink.schema = settings_.schema;
-      sink.ns = settings_.ns;
+      sink.conninfo = settings_.service.pg_url;
+      sink.schema = settings_.service.schema;
+      sink.ns = settings_.service.ns;
       sink.retention = std::chrono::hours(24);  // a late resubmission still replays
       idem::DeduplicatorOptions options;
       options.guard = std::make_shared<idem::RedisGuard>(guard);
@@ -218,7 +193,7 @@ class Function {
   // The business effect, in idem's transaction.
   std::string grant_points(pqxx::transaction_base& tx, const std::string& request_id,
                            const Event& e) const {
-    const std::string schema = tx.quote_name(settings_.schema);
+    const std::string schema = tx.quote_name(settings_.service.schema);
     if (tx.exec_params("SELECT 1 FROM " + schema + ".orders WHERE order_id = $1 AND paid",
                        e.order_id)
             .empty()) {

@@ -23,7 +23,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <iostream>
 #include <memory>
 #include <mutex>
@@ -34,6 +33,7 @@
 #include <string>
 #include <thread>
 
+#include "common/flags.h"
 #include "idem/deduplicator.h"
 #include "idem/errors.h"
 #include "idem/request_id.h"
@@ -43,59 +43,35 @@ namespace {
 struct Settings {
   std::string host = "127.0.0.1";
   int port = 8080;
-  std::string redis_url;
-  std::string pg_url;
-  std::string schema = "idem_webhook";
-  std::string ns = "webhook";
+  examples::ServiceFlags service{.schema = "idem_webhook", .ns = "webhook"};
   std::chrono::milliseconds handler_delay{0};  // simulates a slow payment gateway
 };
 
-[[noreturn]] void usage(const std::string& error) {
-  std::cerr << "idem-http-webhook: " << error << "\n"
-            << "usage: idem-http-webhook [--port N] [--host H] [--redis-url URL] [--pg-url URL]\n"
-            << "                         [--schema S] [--ns NS] [--handler-delay-ms N]\n";
-  std::exit(2);
-}
-
 Settings parse_settings(int argc, char** argv) {
   Settings s;
-  if (const char* url = std::getenv("IDEM_TEST_REDIS_URL")) s.redis_url = url;
-  if (const char* url = std::getenv("IDEM_TEST_PG_URL")) s.pg_url = url;
-  for (int i = 1; i < argc; i += 2) {
-    const std::string flag = argv[i];
-    if (i + 1 >= argc) usage(flag + " needs a value");
-    const std::string value = argv[i + 1];
-    try {
-      if (flag == "--port")
-        s.port = std::stoi(value);
-      else if (flag == "--host")
-        s.host = value;
-      else if (flag == "--redis-url")
-        s.redis_url = value;
-      else if (flag == "--pg-url")
-        s.pg_url = value;
-      else if (flag == "--schema")
-        s.schema = value;
-      else if (flag == "--ns")
-        s.ns = value;
-      else if (flag == "--handler-delay-ms")
-        s.handler_delay = std::chrono::milliseconds(std::stoi(value));
-      else
-        usage("unknown flag " + flag);
-    } catch (const std::logic_error&) {  // std::stoi and friends
-      usage(flag + " needs a number");
-    }
-  }
-  if (s.redis_url.empty() || s.pg_url.empty()) usage("--redis-url and --pg-url are required");
+  CLI::App app{
+      "idem-http-webhook: the refund endpoint POST /refunds, guarded by idem (Idempotency-Key), "
+      "and GET /metrics.",
+      "idem-http-webhook"};
+  app.add_option("--port", s.port,
+                 "Port to listen on; 0 picks a free port (the server prints `listening on "
+                 "http://HOST:PORT`)")
+      ->capture_default_str();
+  app.add_option("--host", s.host, "Address to listen on")->capture_default_str();
+  examples::add_service_flags(app, s.service);
+  app.add_option("--handler-delay-ms", s.handler_delay,
+                 "Milliseconds each refund sleeps in its transaction (a slow payment gateway)")
+      ->capture_default_str();
+  examples::parse_or_exit(app, argc, argv);
   return s;
 }
 
 // The business tables. The refund ledger has no unique constraint of its own: idem's claim row,
 // in the same transaction, is what keeps a refund from being booked twice.
 void create_tables(const Settings& s) {
-  pqxx::connection conn(s.pg_url);
+  pqxx::connection conn(s.service.pg_url);
   pqxx::work tx(conn);
-  const std::string schema = tx.quote_name(s.schema);
+  const std::string schema = tx.quote_name(s.service.schema);
   tx.exec0("CREATE SCHEMA IF NOT EXISTS " + schema);
   tx.exec0("CREATE TABLE IF NOT EXISTS " + schema +
            ".accounts (id bigint PRIMARY KEY, balance_cents bigint NOT NULL)");
@@ -111,14 +87,14 @@ void create_tables(const Settings& s) {
 std::unique_ptr<idem::Deduplicator> make_deduplicator(
     const Settings& s, std::shared_ptr<idem::InProcessMetrics> metrics) {
   idem::RedisGuardOptions guard;
-  guard.redis.url = s.redis_url;
-  guard.ns = s.ns;
+  guard.redis.url = s.service.redis_url;
+  guard.ns = s.service.ns;
   guard.lease = std::chrono::seconds(10) + s.handler_delay;  // longer than any refund takes
   guard.retention = std::chrono::hours(24);                  // covers payment reconciliation
   idem::PgSinkOptions sink;
-  sink.conninfo = s.pg_url;
-  sink.schema = s.schema;
-  sink.ns = s.ns;
+  sink.conninfo = s.service.pg_url;
+  sink.schema = s.service.schema;
+  sink.ns = s.service.ns;
   sink.retention = std::chrono::hours(24);
 
   idem::DeduplicatorOptions options;
@@ -160,7 +136,7 @@ Refund parse_refund(const std::string& body) {
 // The business effect, in idem's transaction: a refund row and the balance update.
 std::string book_refund(pqxx::transaction_base& tx, const Settings& s, const std::string& key,
                         const Refund& r) {
-  const std::string schema = tx.quote_name(s.schema);
+  const std::string schema = tx.quote_name(s.service.schema);
   const pqxx::result balance = tx.exec_params(
       "UPDATE " + schema +
           ".accounts SET balance_cents = balance_cents + $1 WHERE id = $2 RETURNING balance_cents",

@@ -25,7 +25,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cstdlib>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -37,6 +36,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/flags.h"
 #include "idem/deduplicator.h"
 #include "idem/errors.h"
 
@@ -46,13 +46,10 @@ using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 struct Settings {
-  std::string mode;
-  std::string redis_url;
-  std::string pg_url;
+  std::string mode;  // produce or consume
+  examples::ServiceFlags service{.schema = "idem_mq", .ns = "mq"};
   std::string stream = "idem-demo-payments";
   std::string group = "ledger";
-  std::string schema = "idem_mq";
-  std::string ns = "mq";
   std::string consumer = "c1";
   long long batch = 64;
   milliseconds block{500};
@@ -65,64 +62,52 @@ struct Settings {
   unsigned long long seed = 1;
 };
 
-[[noreturn]] void usage(const std::string& error) {
-  std::cerr << "idem-mq-consumer: " << error << "\n"
-            << "usage: idem-mq-consumer produce|consume [flags]; see the top of main.cc\n";
-  std::exit(2);
-}
-
 Settings parse_settings(int argc, char** argv) {
   Settings s;
-  if (argc < 2) usage("produce or consume?");
-  s.mode = argv[1];
-  if (s.mode != "produce" && s.mode != "consume") usage("unknown mode " + s.mode);
-  if (const char* url = std::getenv("IDEM_TEST_REDIS_URL")) s.redis_url = url;
-  if (const char* url = std::getenv("IDEM_TEST_PG_URL")) s.pg_url = url;
-  for (int i = 2; i < argc; i += 2) {
-    const std::string flag = argv[i];
-    if (i + 1 >= argc) usage(flag + " needs a value");
-    const std::string v = argv[i + 1];
-    try {
-      if (flag == "--redis-url")
-        s.redis_url = v;
-      else if (flag == "--pg-url")
-        s.pg_url = v;
-      else if (flag == "--stream")
-        s.stream = v;
-      else if (flag == "--group")
-        s.group = v;
-      else if (flag == "--schema")
-        s.schema = v;
-      else if (flag == "--ns")
-        s.ns = v;
-      else if (flag == "--consumer")
-        s.consumer = v;
-      else if (flag == "--batch")
-        s.batch = std::stoll(v);
-      else if (flag == "--block-ms")
-        s.block = milliseconds(std::stoll(v));
-      else if (flag == "--claim-idle-ms")
-        s.claim_idle = milliseconds(std::stoll(v));
-      else if (flag == "--lease-ms")
-        s.lease = milliseconds(std::stoll(v));
-      else if (flag == "--exit-when-idle-ms")
-        s.exit_when_idle = milliseconds(std::stoll(v));
-      else if (flag == "--max-seconds")
-        s.max_run = std::chrono::seconds(std::stoll(v));
-      else if (flag == "--count")
-        s.count = std::stoll(v);
-      else if (flag == "--duplicates")
-        s.duplicates = std::stod(v);
-      else if (flag == "--seed")
-        s.seed = std::stoull(v);
-      else
-        usage("unknown flag " + flag);
-    } catch (const std::logic_error&) {  // std::stoi and friends
-      usage(flag + " needs a number");
-    }
-  }
-  if (s.redis_url.empty() || (s.mode == "consume" && s.pg_url.empty()))
-    usage("--redis-url and --pg-url are required");
+  CLI::App app{
+      "idem-mq-consumer: an at-least-once Redis Streams consumer whose business effect happens "
+      "once (see the top of examples/mq_consumer/main.cc).",
+      "idem-mq-consumer"};
+  app.require_subcommand(1);
+  app.fallthrough();  // the common flags may come after the subcommand too
+  examples::add_service_flags(app, s.service);
+  app.get_option("--pg-url")->required(false);  // produce needs Redis only; consume checks below
+  app.add_option("--stream", s.stream, "Redis stream of the payment events")->capture_default_str();
+  app.add_option("--group", s.group, "Consumer group")->capture_default_str();
+
+  CLI::App* produce =
+      app.add_subcommand("produce", "XADD payment events, some twice (a producer's retry)");
+  produce->add_option("--count", s.count, "Payments")->capture_default_str();
+  produce->add_option("--duplicates", s.duplicates, "Extra entries, as a fraction of --count")
+      ->capture_default_str();
+  produce->add_option("--seed", s.seed, "Seed of the random duplicates and order")
+      ->capture_default_str();
+
+  CLI::App* consume = app.add_subcommand("consume", "Run one consumer of the group (run several)");
+  consume->add_option("--consumer", s.consumer, "Consumer name in the group")
+      ->capture_default_str();
+  consume->add_option("--batch", s.batch, "Entries per XREADGROUP / XAUTOCLAIM")
+      ->capture_default_str();
+  consume->add_option("--block-ms", s.block, "XREADGROUP BLOCK, milliseconds")
+      ->capture_default_str();
+  consume
+      ->add_option("--claim-idle-ms", s.claim_idle,
+                   "Take over (XAUTOCLAIM) entries pending longer than this, milliseconds")
+      ->capture_default_str();
+  consume->add_option("--lease-ms", s.lease, "idem's lease of a claim, milliseconds")
+      ->capture_default_str();
+  consume
+      ->add_option("--exit-when-idle-ms", s.exit_when_idle,
+                   "0: run until SIGINT/SIGTERM; else exit once nothing was read for that long "
+                   "and the group has nothing pending")
+      ->capture_default_str();
+  consume->add_option("--max-seconds", s.max_run, "Stop after this long; 0: no limit")
+      ->capture_default_str();
+  consume->callback([&s] {
+    if (s.service.pg_url.empty()) throw CLI::RequiredError("--pg-url");
+  });
+  examples::parse_or_exit(app, argc, argv);
+  s.mode = produce->parsed() ? "produce" : "consume";
   return s;
 }
 
@@ -205,7 +190,7 @@ std::string text(const redisReply* r) {
 // ---- The producer: logical payment events, some sent twice (a producer's retry). ----
 
 int produce(const Settings& s) {
-  Redis redis(s.redis_url);
+  Redis redis(s.service.redis_url);
   std::mt19937_64 random(s.seed);
   const std::string run =
       std::to_string(std::chrono::system_clock::now().time_since_epoch().count());
@@ -261,17 +246,17 @@ std::vector<Entry> parse_entries(const redisReply* list) {
 
 class Consumer {
  public:
-  explicit Consumer(Settings s) : s_(std::move(s)), redis_(s_.redis_url) {
+  explicit Consumer(Settings s) : s_(std::move(s)), redis_(s_.service.redis_url) {
     create_tables();
     idem::RedisGuardOptions guard;
-    guard.redis.url = s_.redis_url;
-    guard.ns = s_.ns;
+    guard.redis.url = s_.service.redis_url;
+    guard.ns = s_.service.ns;
     guard.lease = s_.lease;
     guard.retention = std::chrono::hours(1);  // longer than any redelivery of the stream
     idem::PgSinkOptions sink;
-    sink.conninfo = s_.pg_url;
-    sink.schema = s_.schema;
-    sink.ns = s_.ns;
+    sink.conninfo = s_.service.pg_url;
+    sink.schema = s_.service.schema;
+    sink.ns = s_.service.ns;
     sink.retention = std::chrono::hours(24 * 7);  // longer than the stream keeps entries
     idem::DeduplicatorOptions options;
     options.guard = std::make_shared<idem::RedisGuard>(guard);
@@ -313,11 +298,11 @@ class Consumer {
 
  private:
   void create_tables() {
-    pqxx::connection conn(s_.pg_url);
+    pqxx::connection conn(s_.service.pg_url);
     pqxx::work tx(conn);
-    const std::string schema = tx.quote_name(s_.schema);
+    const std::string schema = tx.quote_name(s_.service.schema);
     tx.exec_params("SELECT pg_advisory_xact_lock(hashtext($1))",
-                   s_.schema);  // consumers start together
+                   s_.service.schema);  // consumers start together
     tx.exec0("CREATE SCHEMA IF NOT EXISTS " + schema);
     tx.exec0("CREATE TABLE IF NOT EXISTS " + schema +
              ".ledger (id bigserial PRIMARY KEY, request_id text NOT NULL, entry_id text NOT NULL,"
@@ -388,7 +373,7 @@ class Consumer {
 
   // The business effect, in idem's transaction.
   std::string book(pqxx::transaction_base& tx, const Entry& e, const idem::Request& request) {
-    const std::string schema = tx.quote_name(s_.schema);
+    const std::string schema = tx.quote_name(s_.service.schema);
     const pqxx::row r =
         tx.exec_params1("INSERT INTO " + schema +
                             ".ledger (request_id, entry_id, user_id, order_id, amount_cents)"

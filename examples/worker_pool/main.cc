@@ -15,7 +15,6 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
-#include <cstdlib>
 #include <deque>
 #include <functional>
 #include <iostream>
@@ -30,6 +29,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/flags.h"
 #include "idem/errors.h"
 #include "idem/key.h"
 #include "idem/redis_guard.h"
@@ -47,45 +47,22 @@ struct Settings {
   unsigned seed = 1;
 };
 
-[[noreturn]] void usage(const std::string& error) {
-  std::cerr
-      << "idem-worker-pool: " << error << "\n"
-      << "usage: idem-worker-pool [--redis-url URL] [--ns NS] [--run ID] [--tasks N] [--threads N]"
-         " [--batch N] [--seed N]\n";
-  std::exit(2);
-}
-
 Settings parse_settings(int argc, char** argv) {
   Settings s;
-  if (const char* url = std::getenv("IDEM_TEST_REDIS_URL")) s.redis_url = url;
-  for (int i = 1; i < argc; i += 2) {
-    const std::string flag = argv[i];
-    if (i + 1 >= argc) usage(flag + " needs a value");
-    const std::string v = argv[i + 1];
-    try {
-      if (flag == "--redis-url")
-        s.redis_url = v;
-      else if (flag == "--ns")
-        s.ns = v;
-      else if (flag == "--run")
-        s.run = v;
-      else if (flag == "--tasks")
-        s.tasks = std::stoi(v);
-      else if (flag == "--threads")
-        s.threads = std::stoi(v);
-      else if (flag == "--batch")
-        s.batch = std::stoul(v);
-      else if (flag == "--seed")
-        s.seed = static_cast<unsigned>(std::stoul(v));
-      else
-        usage("unknown flag " + flag);
-    } catch (const std::logic_error&) {  // std::stoi and friends
-      usage(flag + " needs a number");
-    }
-  }
-  if (s.redis_url.empty()) usage("--redis-url is required");
-  if (s.tasks <= 0 || s.threads <= 0 || s.batch == 0)
-    usage("--tasks, --threads and --batch must be positive");
+  CLI::App app{
+      "idem-worker-pool: a thread pool fed through RedisGuard::claim_batch; run it twice with the "
+      "same --run and the second run executes nothing.",
+      "idem-worker-pool"};
+  examples::add_redis_url(app, s.redis_url);
+  app.add_option("--ns", s.ns, "idem namespace of the keys")->capture_default_str();
+  app.add_option("--run", s.run, "ID of this run's tasks (default: the current time)");
+  examples::add_positive_option(app, "--tasks", s.tasks, "Distinct tasks (jobs)");
+  examples::add_positive_option(app, "--threads", s.threads, "Worker threads");
+  examples::add_positive_option(app, "--batch", s.batch,
+                                "Messages claimed per RedisGuard::claim_batch");
+  app.add_option("--seed", s.seed, "Seed of the redeliveries and their order")
+      ->capture_default_str();
+  examples::parse_or_exit(app, argc, argv);
   return s;
 }
 

@@ -1,0 +1,79 @@
+// Command-line flags the examples share (CLI11): the servers an example uses, and how a command
+// line is parsed. Header-only; each example includes it from its main.cc.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <charconv>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <system_error>
+
+namespace examples {
+
+/// The servers an example uses and where it keeps its data. The values a field holds when
+/// add_service_flags() is called are the defaults `--help` shows.
+struct ServiceFlags {
+  std::string redis_url{};  ///< --redis-url; else $IDEM_TEST_REDIS_URL
+  std::string pg_url{};     ///< --pg-url; else $IDEM_TEST_PG_URL
+  std::string schema;  ///< --schema: PostgreSQL schema of the example's tables and idem's records
+  std::string ns;      ///< --ns: idem namespace (RedisGuardOptions::ns, PgSinkOptions::ns)
+};
+
+/// Adds --redis-url to `app`: required; from IDEM_TEST_REDIS_URL (which `scripts/dev services
+/// start` writes to .services/env) when not given.
+inline CLI::Option* add_redis_url(CLI::App& app, std::string& url) {
+  return app.add_option("--redis-url", url, "Redis URL, redis://[:password@]host:port[/db]")
+      ->envname("IDEM_TEST_REDIS_URL")
+      ->required();
+}
+
+/// Adds --pg-url to `app`: required; from IDEM_TEST_PG_URL when not given.
+inline CLI::Option* add_pg_url(CLI::App& app, std::string& url) {
+  return app
+      .add_option("--pg-url", url, "PostgreSQL connection string, postgresql://user@host:port/db")
+      ->envname("IDEM_TEST_PG_URL")
+      ->required();
+}
+
+/// Adds --redis-url, --pg-url, --schema and --ns to `app`, bound to `flags`.
+inline void add_service_flags(CLI::App& app, ServiceFlags& flags) {
+  add_redis_url(app, flags.redis_url);
+  add_pg_url(app, flags.pg_url);
+  app.add_option("--schema", flags.schema, "PostgreSQL schema of the tables and idem's records")
+      ->capture_default_str();
+  app.add_option("--ns", flags.ns, "idem namespace of the keys and records")->capture_default_str();
+}
+
+/// Accepts a whole number from 1 to 2^64 - 1 (counts, durations). Unlike CLI::PositiveNumber it
+/// rejects 1.5 and out-of-range numbers, and its message shows the value (CLI11 2.1 prints
+/// PositiveNumber's bound, DBL_MAX, in full).
+inline const CLI::Validator kPositiveInteger(
+    [](const std::string& text) {
+      std::uint64_t value = 0;
+      const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+      return error == std::errc() && end == text.data() + text.size() && value > 0
+                 ? std::string()
+                 : "needs a positive integer, got '" + text + "'";
+    },
+    "POSITIVE");
+
+/// Adds option `flag` to `app`, bound to `value` (the default --help shows), accepting only a whole
+/// number above 0 (kPositiveInteger).
+template <class T>
+CLI::Option* add_positive_option(CLI::App& app, const std::string& flag, T& value,
+                                 const std::string& help) {
+  return app.add_option(flag, value, help)->check(kPositiveInteger)->capture_default_str();
+}
+
+/// Parses the command line into the options of `app`. `--help` prints the help and exits 0; a
+/// usage error (unknown flag, missing or malformed value) prints the message and exits 2.
+inline void parse_or_exit(CLI::App& app, int argc, char** argv) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    std::exit(app.exit(error) == 0 ? 0 : 2);
+  }
+}
+
+}  // namespace examples
