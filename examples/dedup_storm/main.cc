@@ -45,20 +45,6 @@ struct Settings {
   std::vector<std::string> configs = {"none", "request-id", "redis", "all"};
 };
 
-struct ConfigResult {
-  std::size_t deliveries = 0;
-  std::size_t duplicates_injected = 0;
-  std::int64_t duplicate_effects = 0;
-  std::int64_t lost_requests = 0;
-  std::size_t redeliveries =
-      0;  ///< Attempts redelivered after InProgress, Unavailable or an error.
-  std::map<std::string, std::size_t> stopped_by_layer;
-  std::map<std::string, std::size_t> outcomes;
-  double deliveries_per_s = 0;
-  double p50_us = 0;
-  double p99_us = 0;
-};
-
 Settings parse_settings(int argc, char** argv) {
   Settings s;
   CLI::App app{
@@ -97,6 +83,20 @@ Settings parse_settings(int argc, char** argv) {
   examples::parse_or_exit(app, argc, argv);
   return s;
 }
+
+struct ConfigResult {
+  std::size_t deliveries = 0;
+  std::size_t duplicates_injected = 0;
+  std::int64_t duplicate_effects = 0;
+  std::int64_t lost_requests = 0;
+  std::size_t redeliveries =
+      0;  ///< Attempts redelivered after InProgress, Unavailable or an error.
+  std::map<std::string, std::size_t> stopped_by_layer;
+  std::map<std::string, std::size_t> outcomes;
+  double deliveries_per_s = 0;
+  double p50_us = 0;
+  double p99_us = 0;
+};
 
 constexpr const char* kSchema = "idem_storm";
 
