@@ -13,6 +13,7 @@
 // Each figure is the median of --runs runs of --seconds seconds.
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -204,35 +205,29 @@ std::string all_layers_json(const Args& args) {
   return out;
 }
 
-[[noreturn]] void usage(const std::string& error) {
-  std::cerr << "idem-bench-facade: " << error
-            << "\nusage: idem-bench-facade [--seconds S] [--runs N] [--redis-url URL --pg-url URL]"
-               " [--report-json PATH]\n";
-  std::exit(2);
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   Args args;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (i + 1 >= argc) usage(flag + " needs a value");
-    const std::string value = argv[++i];
-    if (flag == "--seconds")
-      args.seconds = std::stod(value);
-    else if (flag == "--runs")
-      args.runs = std::stoi(value);
-    else if (flag == "--redis-url")
-      args.redis_url = value;
-    else if (flag == "--pg-url")
-      args.pg_url = value;
-    else if (flag == "--report-json")
-      args.report_json = value;
-    else
-      usage("unknown flag " + flag);
+  CLI::App app{
+      "idem-bench-facade: the facade's own cost, and the all-layer path against the sum of its "
+      "parts (see the top of bench/facade_bench.cc).",
+      "idem-bench-facade"};
+  app.add_option("--seconds", args.seconds, "Seconds per run")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--runs", args.runs, "Runs; each figure is their median")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--redis-url", args.redis_url,
+                 "Redis URL; with --pg-url, also the all-layer path");
+  app.add_option("--pg-url", args.pg_url, "PostgreSQL connection string, with --redis-url");
+  app.add_option("--report-json", args.report_json, "Also write the JSON to this file");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    return app.exit(error) == 0 ? 0 : 2;
   }
-  if (args.runs < 1 || args.seconds <= 0) usage("--runs and --seconds must be positive");
   try {
     std::string json = "{\"overhead\": " + overhead_json(args);
     if (!args.redis_url.empty() && !args.pg_url.empty())
