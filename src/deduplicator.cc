@@ -257,18 +257,21 @@ struct Deduplicator::Impl {
     call.owner_token.clear();
   }
 
-  void complete_guard(detail::CallState& call, const std::string& response) noexcept {
+  // Completes this call's claim; false when the guard says the call no longer owned it.
+  bool complete_guard(detail::CallState& call, const std::string& response) noexcept {
     if (local_cache) local_cache->put(call.key, call.fingerprint + '\0' + response);
-    if (call.owner_token.empty()) return;
+    if (call.owner_token.empty()) return true;
+    bool owned = true;
     try {
       const bool fallback_key = call.request->biz_key.empty() && call.request->request_id.empty();
-      (void)options.guard->complete(
+      owned = options.guard->complete(
           call.key, call.owner_token, response,
           fallback_key ? options.fallback_retention : std::chrono::milliseconds(0));
     } catch (const Error&) {
       record_backend_error(Layer::kRedisGuard);  // the sink row or the lease decides the next try
     }
     call.owner_token.clear();
+    return owned;
   }
 
   // Layer 4 and the handler, transactional: claim row, handler, complete row, one commit.
@@ -370,7 +373,7 @@ struct Deduplicator::Impl {
         } catch (const PostgresError&) {
           record_backend_error(Layer::kPgSink);
         }
-        complete_guard(call, decision.response);
+        (void)complete_guard(call, decision.response);
         return;
     }
   }
@@ -419,7 +422,8 @@ struct Deduplicator::Impl {
     }
     if (outcome.kind == Outcome::Kind::kExecuted ||
         (outcome.kind == Outcome::Kind::kDuplicate && outcome.response)) {
-      complete_guard(call, *outcome.response);
+      const bool owned = complete_guard(call, *outcome.response);
+      outcome.lease_lost = outcome.kind == Outcome::Kind::kExecuted && (!owned || call.lease_lost);
     } else {
       release_guard(call);  // a later layer stopped it; the first owner's record stands there
     }

@@ -36,6 +36,12 @@ struct Outcome {
   Layer layer = Layer::kHandler;          ///< Which layer decided.
   std::optional<std::string> response{};  ///< Handler's or replayed response.
   std::string error{};                    ///< kUnavailable: the backend's error message.
+  /// kExecuted: true when this call's Redis claim ended before the handler returned (its lease
+  /// ran out and another delivery took the key, or a renewal failed), so another delivery may
+  /// have run the handler too. With the Postgres sink the unique index still kept the effect
+  /// single; without it, treat the effect as possibly doubled (alert, reconcile). Renew long
+  /// handlers (DeduplicatorOptions::auto_renew_interval, Context::renew()) to avoid it.
+  bool lease_lost = false;
 
   /// True when `response` is a replay of an earlier execution's response.
   [[nodiscard]] bool replayed() const noexcept {

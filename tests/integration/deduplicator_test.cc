@@ -465,6 +465,34 @@ TEST_F(DeduplicatorTest, ManualRenewalReportsALostClaim) {
     return std::string("done");
   });
   EXPECT_EQ(o.kind, Outcome::Kind::kExecuted);
+  EXPECT_TRUE(o.lease_lost);
+}
+
+// Regression: a Redis-only handler that outlived its lease, while a redelivery took the key and
+// ran too, got a plain kExecuted: nothing told the caller that the effect may have doubled.
+TEST_F(DeduplicatorTest, RedisOnlyHandlerThatOutlivesItsLeaseIsToldInItsOutcome) {
+  Setup s = setup();
+  s.with_sink = false;
+  s.guard.lease = std::chrono::milliseconds(100);
+  const auto redis_only = make(s);
+  int runs = 0;
+  Outcome redelivery;
+  const Outcome first = redis_only->run(request("r1", "l3"), [&] {
+    ++runs;
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the lease ends in Redis
+    redelivery =
+        redis_only->run(request("r2", "l3"), [&] { return "run " + std::to_string(++runs); });
+    return std::string("run 1");
+  });
+  EXPECT_EQ(runs, 2);
+  EXPECT_EQ(redelivery.kind, Outcome::Kind::kExecuted);
+  EXPECT_FALSE(redelivery.lease_lost);
+  EXPECT_EQ(first.kind, Outcome::Kind::kExecuted);
+  EXPECT_TRUE(first.lease_lost);
+  // The redelivery's record stands: the late first completion did not overwrite it.
+  const Outcome later = redis_only->run(request("r3", "l3"), [&] { return std::string("no"); });
+  EXPECT_EQ(later.kind, Outcome::Kind::kDuplicate);
+  EXPECT_EQ(later.response, "run 2");
 }
 
 TEST_F(DeduplicatorTest, ContextCarriesTheCallsIdentity) {

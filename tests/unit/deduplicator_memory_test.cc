@@ -4,8 +4,10 @@
 #include <stdexcept>
 #include <thread>
 
+#include "idem/clock.h"
 #include "idem/deduplicator.h"
 #include "idem/errors.h"
+#include "idem/memory_guard.h"
 
 namespace idem {
 namespace {
@@ -202,6 +204,29 @@ TEST(InMemoryFacadeEvents, AThrowingDecisionSinkDoesNotTurnAnExecutionIntoAnErro
   const Outcome outcome = dedup.run(request("r1", "b1"), [&] { return std::to_string(++runs); });
   EXPECT_EQ(outcome.kind, Outcome::Kind::kExecuted);
   EXPECT_EQ(runs, 1);
+}
+
+TEST(InMemoryFacadeLease, AHandlerThatOutlivesItsLeaseIsToldAndAHandlerThatDoesNotIsNot) {
+  const auto clock = std::make_shared<ManualClock>(1'000'000);
+  DeduplicatorOptions options;
+  options.guard = std::make_shared<InMemoryGuard>(
+      InMemoryGuardOptions{.lease = std::chrono::milliseconds(1000), .clock = clock});
+  Deduplicator dedup(std::move(options));
+  Outcome redelivery;
+  const Outcome first = dedup.run(request("r1", "b9"), [&] {
+    clock->advance_ms(1500);  // past the lease: the redelivery claims the key and runs
+    redelivery = dedup.run(request("r2", "b9"), [] { return std::string("second"); });
+    return std::string("first");
+  });
+  EXPECT_EQ(redelivery.kind, Outcome::Kind::kExecuted);
+  EXPECT_FALSE(redelivery.lease_lost);
+  EXPECT_EQ(first.kind, Outcome::Kind::kExecuted);
+  EXPECT_TRUE(first.lease_lost);
+  const Outcome within = dedup.run(request("r3", "b10"), [&] {
+    clock->advance_ms(900);
+    return std::string("in time");
+  });
+  EXPECT_FALSE(within.lease_lost);
 }
 
 }  // namespace
