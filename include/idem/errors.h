@@ -20,6 +20,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "idem/export.h"
@@ -116,5 +117,13 @@ class IDEM_EXPORT PostgresError : public BackendError {
  private:
   std::string sqlstate_;
 };
+
+/// `text` with the credentials of every URL or connection string in it replaced by "***": in a
+/// URL, everything between its scheme and its '@' (`redis://***@host:6379/0`, also for malformed
+/// URLs such as `redis:/:pw@host`, and for passwords holding '/'); the value of `password=`.
+/// It errs on the side of hiding: a user name or a malformed URL may lose more than its
+/// password. idem's own error messages already pass through it; use it before logging a URL or
+/// a connection string yourself. Thread-safe, never throws but std::bad_alloc.
+[[nodiscard]] IDEM_EXPORT std::string redact_credentials(std::string_view text);
 
 }  // namespace idem

@@ -18,22 +18,16 @@ std::vector<std::string>& secrets() {
   return values;
 }
 
-// The userinfo password of `url` (`scheme://user:password@host...`); empty when none.
-std::string_view url_password(std::string_view url) {
-  const std::size_t scheme = url.find("://");
-  if (scheme == std::string_view::npos) return {};
-  const std::string_view rest = url.substr(scheme + 3);
-  const std::string_view authority = rest.substr(0, rest.find_first_of("/?#"));
-  const std::size_t at = authority.rfind('@');
-  if (at == std::string_view::npos) return {};
-  const std::size_t colon = authority.substr(0, at).find(':');
-  return colon == std::string_view::npos ? std::string_view{}
-                                         : authority.substr(colon + 1, at - colon - 1);
-}
-
+// Remembers what idem::redact_credentials() hides in `url` (its credentials, as written).
 void remember_secret(std::string_view url) {
-  if (const std::string_view password = url_password(url); !password.empty()) {
-    secrets().emplace_back(password);
+  const std::string hidden = redact_credentials(url);
+  if (hidden == url) return;
+  const auto prefix = static_cast<std::size_t>(
+      std::mismatch(url.begin(), url.end(), hidden.begin(), hidden.end()).first - url.begin());
+  const auto suffix = static_cast<std::size_t>(
+      std::mismatch(url.rbegin(), url.rend(), hidden.rbegin(), hidden.rend()).first - url.rbegin());
+  if (prefix + suffix < url.size()) {
+    secrets().emplace_back(url.substr(prefix, url.size() - prefix - suffix));
   }
 }
 
@@ -66,20 +60,7 @@ std::string where(std::string_view url, std::string_view rest) {
 }  // namespace
 
 std::string redact(std::string_view text) {
-  std::string out(text);
-  for (std::size_t scheme = out.find("://"); scheme != std::string::npos;
-       scheme = out.find("://", scheme + 3)) {
-    const std::string_view password = url_password(std::string_view(out).substr(scheme));
-    if (password.empty()) continue;
-    const auto start = static_cast<std::size_t>(password.data() - out.data());
-    out.replace(start, password.size(), "***");
-  }
-  for (std::size_t at = out.find("password="); at != std::string::npos;
-       at = out.find("password=", at + 1)) {
-    const std::size_t start = at + 9;
-    const std::size_t end = out.find_first_of(" \t\n'\"", start);
-    out.replace(start, (end == std::string::npos ? out.size() : end) - start, "***");
-  }
+  std::string out = redact_credentials(text);
   for (const std::string& secret : secrets()) {
     for (std::size_t at = out.find(secret); at != std::string::npos; at = out.find(secret, at)) {
       out.replace(at, secret.size(), "***");

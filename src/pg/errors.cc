@@ -23,7 +23,12 @@ bool is_connection_loss(const std::string& sqlstate) noexcept {
 }
 
 PostgresError translate(const pqxx::failure& error) {
-  const std::string what = std::string("idem: postgres: ") + error.what();
+  // Client-side messages (connecting, a malformed connection string) may quote the connection
+  // string; messages the server sent do not, and keep their text (a constraint's detail).
+  const auto* sql = dynamic_cast<const pqxx::sql_error*>(&error);
+  const std::string what = "idem: postgres: " + (sql != nullptr && !sql->sqlstate().empty()
+                                                     ? std::string(error.what())
+                                                     : redact_credentials(error.what()));
   if (dynamic_cast<const pqxx::in_doubt_error*>(&error) != nullptr) {
     // The connection died during COMMIT: not retryable as is, and the connection is gone.
     return {what + " (commit outcome unknown)", false, kConnectionLostSqlstate};
@@ -34,7 +39,6 @@ PostgresError translate(const pqxx::failure& error) {
   if (const auto* rollback = dynamic_cast<const pqxx::transaction_rollback*>(&error)) {
     return {what, true, rollback_sqlstate(*rollback)};
   }
-  const auto* sql = dynamic_cast<const pqxx::sql_error*>(&error);
   if (sql == nullptr || sql->sqlstate().empty()) return {what, false};
   static constexpr std::array<std::string_view, 2> kRetryable{"55P03", "57014"};
   const std::string& state = sql->sqlstate();

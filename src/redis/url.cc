@@ -7,20 +7,8 @@
 namespace idem::detail {
 namespace {
 
-// `url` with any credentials (between "://" and the last '@' of the authority) replaced by
-// "***", so that an error message never carries a password into a log.
-std::string redacted(std::string_view url) {
-  const std::size_t scheme_end = url.find("://");
-  if (scheme_end == std::string_view::npos) return std::string(url);
-  const std::size_t authority = scheme_end + 3;
-  const std::size_t path = url.find('/', authority);
-  const std::size_t at = url.substr(0, path).rfind('@');
-  if (at == std::string_view::npos || at < authority) return std::string(url);
-  return std::string(url.substr(0, authority)) + "***" + std::string(url.substr(at));
-}
-
 [[noreturn]] void bad_url(std::string_view url, std::string_view why) {
-  throw ConfigError("idem: bad Redis URL '" + redacted(url) + "': " + std::string(why));
+  throw ConfigError("idem: bad Redis URL '" + redact_credentials(url) + "': " + std::string(why));
 }
 
 int parse_number(std::string_view url, std::string_view text, int max, std::string_view what) {

@@ -436,6 +436,16 @@ TEST_F(IdemctlTest, BadInputAndUnreachableBackendsHaveTheirExitCodesAndHidePassw
   EXPECT_EQ(bad_url.code, kUsage) << bad_url.describe();
   EXPECT_FALSE(contains(bad_url.err + bad_url.out, "hunter2")) << bad_url.describe();
   EXPECT_EQ(idemctl({"migrate", "--pg", "not a url"}).code, kUsage);
+  // Malformed URLs and passwords holding '/' are hidden too (they used to be echoed).
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"inspect", "u:i:k", "--redis", "redis:/:hunter2@127.0.0.1:1/0"},
+        std::vector<std::string>{"inspect", "u:i:k", "--redis", "redis://:a/hunter2@127.0.0.1:1/0"},
+        std::vector<std::string>{"migrate", "--pg", "postgres:/u:hunter2@127.0.0.1/idem"},
+        std::vector<std::string>{"stats", "--url", "http//admin:hunter2@127.0.0.1:1/metrics"}}) {
+    const CtlRun run = idemctl(args);
+    EXPECT_NE(run.code, kOk) << run.describe();
+    EXPECT_FALSE(contains(run.err + run.out, "hunter2")) << run.describe();
+  }
   const CtlRun no_table = idemctl(pg_only({"inspect", "u:i:k"}));  // never migrated
   EXPECT_EQ(no_table.code, kUnavailable) << no_table.describe();
   EXPECT_TRUE(contains(no_table.err, "idemctl migrate")) << no_table.err;

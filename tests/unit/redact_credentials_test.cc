@@ -1,0 +1,74 @@
+// idem::redact_credentials and the messages that pass through it: no password of a Redis URL or
+// a PostgreSQL connection string reaches an error message, also for malformed ones.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "idem/errors.h"
+#include "idem/pg_sink.h"
+#include "idem/redis_guard.h"
+
+namespace idem {
+namespace {
+
+TEST(RedactCredentials, HidesTheUserinfoOfUrls) {
+  EXPECT_EQ(redact_credentials("redis://:S3cret@127.0.0.1:6379/0"), "redis://***@127.0.0.1:6379/0");
+  EXPECT_EQ(redact_credentials("rediss://user:S3cret@h:6380"), "rediss://***@h:6380");
+  EXPECT_EQ(redact_credentials("postgresql://u:pw@h/db?password=x&sslmode=require"),
+            "postgresql://***@h/db?password=***&sslmode=require");
+}
+
+// Regression: a malformed URL ("redis:/", no "//") or a password holding '/' kept the password
+// in the message, because the redaction looked for "://" and stopped at the first '/'.
+TEST(RedactCredentials, MalformedUrlsAndPasswordsWithSlashesAreHiddenToo) {
+  EXPECT_EQ(redact_credentials("redis:/:S3cretPW@127.0.0.1:1/0"), "redis:***@127.0.0.1:1/0");
+  EXPECT_EQ(redact_credentials("redis://:pa/ssS3cret@127.0.0.1:1/0"), "redis://***@127.0.0.1:1/0");
+  EXPECT_EQ(redact_credentials("user:S3cret@host"), "user:***@host");
+  EXPECT_EQ(redact_credentials(R"(missing "=" after "postgres:/postgres:S3cretPW@127.0.0.1/idem")"),
+            R"(missing "=" after "postgres:***@127.0.0.1/idem")");
+}
+
+TEST(RedactCredentials, HidesPasswordKeywordValues) {
+  EXPECT_EQ(redact_credentials("host=h password=S3cret dbname=d"), "host=h password=*** dbname=d");
+  EXPECT_EQ(redact_credentials("password='a b\\' c' host=h"), "password=*** host=h");
+  EXPECT_EQ(redact_credentials("password="), "password=***");
+}
+
+TEST(RedactCredentials, LeavesTextWithoutCredentialsAlone) {
+  for (const char* text : {"redis://127.0.0.1:6379/0", "unix:///tmp/redis.sock", "host=h port=5",
+                           "connection refused", ""}) {
+    EXPECT_EQ(redact_credentials(text), text);
+  }
+}
+
+TEST(RedactCredentials, BadRedisUrlMessagesCarryNoPassword) {
+  for (const char* url : {"redis:/:S3cretPW@127.0.0.1:1/0", "redis://:S3cretPW@127.0.0.1:99999/0",
+                          "redis://:pa/S3cretPW@127.0.0.1:1/x", "http://u:S3cretPW@h/0"}) {
+    RedisGuardOptions options;
+    options.redis.url = url;
+    try {
+      RedisGuard guard(options);
+      ADD_FAILURE() << "no ConfigError for " << url;
+    } catch (const ConfigError& error) {
+      EXPECT_EQ(std::string(error.what()).find("S3cretPW"), std::string::npos) << error.what();
+    }
+  }
+}
+
+TEST(RedactCredentials, MalformedPostgresConnectionStringsCarryNoPassword) {
+  for (const char* conninfo : {"postgres:/postgres:S3cretPW@127.0.0.1/idem",
+                               "host=127.0.0.1 port=1 password=S3cretPW connect_timeout=1 x"}) {
+    PgSinkOptions options;
+    options.conninfo = conninfo;
+    PgSink sink(options);
+    try {
+      sink.migrate();
+      ADD_FAILURE() << "no PostgresError for " << conninfo;
+    } catch (const PostgresError& error) {
+      EXPECT_EQ(std::string(error.what()).find("S3cretPW"), std::string::npos) << error.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace idem
