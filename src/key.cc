@@ -44,12 +44,20 @@ std::string escape_key_component(std::string_view component, std::string_view wh
       out.push_back(kHex[byte & 0x0F]);
     }
   }
+  if (out.size() > kMaxKeyComponentBytes) {
+    throw InvalidKey("idem: idempotency key component '" + std::string(what) + "' is " +
+                     std::to_string(out.size()) + " bytes escaped, over the limit of " +
+                     std::to_string(kMaxKeyComponentBytes));
+  }
   return out;
 }
 
 std::string unescape_key_component(std::string_view escaped, std::string_view what) {
   if (escaped.empty()) {
     throw InvalidKey("idem: idempotency key component '" + std::string(what) + "' is empty");
+  }
+  if (escaped.size() > kMaxKeyComponentBytes) {
+    malformed(what, kMaxKeyComponentBytes, "longer than kMaxKeyComponentBytes");
   }
   std::string out;
   out.reserve(escaped.size());

@@ -9,8 +9,10 @@
 //   200  executed, or a replay of the first response (then `Idempotent-Replayed: true`)
 //   400  no Idempotency-Key / X-Idempotency-Key, an invalid one, or a malformed body
 //   404  unknown account (nothing committed, the key is released: a retry may run)
-//   409  the first request with this key is still being processed (Retry-After: 1)
-//   422  the key was used before with another payload
+//   409  the first request for this order is still being processed (Retry-After: 1)
+//   422  the key, or the order, was used before with another payload
+// One refund per order: the order is the business key, so a double-click that sent a fresh
+// Idempotency-Key is a duplicate of the first refund too (200 with Idempotent-Replayed).
 //   503  a backend is unavailable; nothing was executed (Retry-After: 1)
 //
 //   idem-http-webhook [--port 8080] [--host 127.0.0.1] [--redis-url URL] [--pg-url URL]
@@ -188,7 +190,8 @@ void handle_refund(const Settings& s, idem::Deduplicator& dedup, const httplib::
     const std::string client = req.get_header_value("X-Client-Id");
     request.user = client.empty() ? "anonymous" : client;
     request.intent = "refund";
-    request.payload = req.body;  // a reused key with another body is a Mismatch (422)
+    request.biz_key = refund.order_id;  // one refund per order, whichever key the client sent
+    request.payload = req.body;         // the same order with another body is a Mismatch (422)
   } catch (const idem::InvalidRequestId& e) {
     return reply_error(res, 400, e.what());
   } catch (const std::exception& e) {
@@ -220,6 +223,8 @@ void handle_refund(const Settings& s, idem::Deduplicator& dedup, const httplib::
   } catch (const UnknownAccount& e) {
     return reply_error(res, 404, e.what());
   } catch (const idem::PayloadError& e) {
+    return reply_error(res, 400, e.what());
+  } catch (const idem::InvalidKey& e) {  // e.g. an X-Client-Id or order_id over the size limit
     return reply_error(res, 400, e.what());
   } catch (const idem::BackendError& e) {
     // The commit itself failed: the outcome is unknown and the claim is kept until its lease

@@ -1,6 +1,7 @@
 // Idempotency keys: which business operation a request performs, as an injective key text.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <string_view>
 
@@ -20,7 +21,8 @@ struct IdempotencyKey {
 
   /// The key text `user:intent:biz_key`, each component escaped by escape_key_component().
   /// Injective: user `1:x` + intent `y` never equals user `1` + intent `x:y`.
-  /// Throws idem::InvalidKey when a component is empty.
+  /// Throws idem::InvalidKey when a component is empty or, escaped, longer than
+  /// kMaxKeyComponentBytes.
   [[nodiscard]] IDEM_EXPORT std::string encode() const;
 
   /// The key whose encode() is `text`: the exact inverse of encode(). Accepts only what
@@ -35,6 +37,11 @@ struct IdempotencyKey {
   friend bool operator==(const IdempotencyKey&, const IdempotencyKey&) = default;
 };
 
+/// Longest escaped key component, in bytes. Three of them, a namespace and a prefix stay well
+/// inside PostgreSQL's B-tree row limit (2,704 bytes) and make a short Redis key; a longer
+/// component (a client-chosen header, say) is bad input, not a backend failure.
+inline constexpr std::size_t kMaxKeyComponentBytes = 512;
+
 /// Escapes one key component so that it can never forge another component, form a Redis
 /// Cluster hash tag, or carry a control byte into a key, a log line or a header.
 ///
@@ -43,7 +50,8 @@ struct IdempotencyKey {
 ///   safe-byte  = %x21-24 / %x26-39 / %x3B-7A / %x7C / %x7E   ; printable ASCII except : % { }
 ///   pct-byte   = "%" 2( DIGIT / %x41-46 )                   ; every other byte, uppercase hex
 ///
-/// Throws idem::InvalidKey (naming `what`, e.g. "user") when `component` is empty.
+/// Throws idem::InvalidKey (naming `what`, e.g. "user") when `component` is empty or its
+/// escaped form is longer than kMaxKeyComponentBytes.
 [[nodiscard]] IDEM_EXPORT std::string escape_key_component(std::string_view component,
                                                            std::string_view what);
 

@@ -74,9 +74,10 @@ class HttpWebhookTest : public ::testing::Test {
     return out;
   }
 
-  static bool claimed(const std::string& request_id) {
+  // Whether the claim of `order` (the business key) is in Redis.
+  static bool claimed(const std::string& order) {
     for (const auto& key : keys()) {
-      if (key.ends_with(":" + request_id)) return true;
+      if (key.ends_with(":refund:" + order)) return true;
     }
     return false;
   }
@@ -171,7 +172,7 @@ TEST_F(HttpWebhookTest, RepeatWhileTheFirstRunsIs409) {
   std::thread a([&] { first = refund("key-inflight", "o-4", 4, 100); });
   // Once the claim is visible in Redis the first request holds it for kHandlerDelayMs.
   const auto deadline = std::chrono::steady_clock::now() + seconds(5);
-  while (!claimed("key-inflight")) {
+  while (!claimed("o-4")) {
     ASSERT_LT(std::chrono::steady_clock::now(), deadline)
         << "the first request never claimed its key";
     std::this_thread::sleep_for(milliseconds(10));
@@ -181,6 +182,30 @@ TEST_F(HttpWebhookTest, RepeatWhileTheFirstRunsIs409) {
   EXPECT_EQ(second.status, 409);
   EXPECT_EQ(first.status, 200);
   EXPECT_EQ(refunds("o-4"), 1);
+}
+
+// Regression: a double-click that sent a fresh Idempotency-Key booked the same order's refund
+// again (the order was not the business key).
+TEST_F(HttpWebhookTest, DoubleClickWithAFreshKeyReplaysTheOrdersFirstRefund) {
+  const Reply first = refund("dc-1", "o-7", 7, 100);
+  ASSERT_EQ(first.status, 200);
+  for (const char* key : {"dc-2", "dc-3"}) {
+    const Reply again = refund(key, "o-7", 7, 100);
+    EXPECT_EQ(again.status, 200);
+    EXPECT_TRUE(again.replayed);
+    EXPECT_EQ(again.body, first.body);
+  }
+  EXPECT_EQ(refund("dc-4", "o-7", 7, 250).status, 422);  // another amount for the same order
+  EXPECT_EQ(refunds("o-7"), 1);
+  EXPECT_EQ(sql_count("SELECT balance_cents FROM " + schema_ + ".accounts WHERE id = 7"), 100);
+}
+
+TEST_F(HttpWebhookTest, OversizeClientIdIs400NotUnavailable) {
+  const std::string body = R"({"order_id":"o-8","account":8,"amount_cents":100})";
+  const Reply reply =
+      post(body, {{"Idempotency-Key", "\"big-client\""}, {"X-Client-Id", std::string(3000, 'c')}});
+  EXPECT_EQ(reply.status, 400) << reply.body;
+  EXPECT_EQ(refunds("o-8"), 0);
 }
 
 TEST_F(HttpWebhookTest, UnknownAccountIs404AndReleasesTheKey) {

@@ -78,5 +78,19 @@ TEST(IdempotencyKey, UnescapeNamesTheComponentAndOffset) {
   }
 }
 
+// Regression: an 8,000-byte business key reached PostgreSQL, whose B-tree refused the row, and
+// came back as "backend unavailable" (a 503 any client could cause, redelivered forever).
+TEST(KeyComponentLimit, OversizeComponentsAreInvalidKeysUpFront) {
+  EXPECT_EQ(escape_key_component(std::string(kMaxKeyComponentBytes, 'a'), "biz_key").size(),
+            kMaxKeyComponentBytes);
+  EXPECT_THROW((void)escape_key_component(std::string(kMaxKeyComponentBytes + 1, 'a'), "biz_key"),
+               InvalidKey);
+  // The limit is on the escaped form: 200 bytes that each escape to 3.
+  EXPECT_THROW((void)escape_key_component(std::string(200, '\xFF'), "user"), InvalidKey);
+  EXPECT_THROW((void)(IdempotencyKey{"u", "i", std::string(8000, 'k')}.encode()), InvalidKey);
+  EXPECT_THROW((void)IdempotencyKey::decode("u:i:" + std::string(kMaxKeyComponentBytes + 1, 'k')),
+               InvalidKey);
+}
+
 }  // namespace
 }  // namespace idem
