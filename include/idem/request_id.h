@@ -107,7 +107,9 @@ struct InboundRequestId {
     const Headers& headers, const std::function<std::string()>& generate = {});
 
 /// extract_request_id(headers) without the source and replacement report:
-/// the request ID, or std::nullopt. Throws like extract_request_id().
+/// the request ID, or std::nullopt. Throws like extract_request_id(). For propagation and
+/// logging; as an idempotency key use extract_request_id() and check `source`: an invalid
+/// X-Request-ID comes back as a fresh ID, which a retry would not share.
 [[nodiscard]] IDEM_EXPORT std::optional<std::string> request_id_from_headers(
     const Headers& headers);
 

@@ -127,6 +127,20 @@ std::string fetch(const std::string& url, std::chrono::milliseconds timeout) {
   return result->body;
 }
 
+// Share of decisions that were repeats at any layer (duplicate, in_progress, mismatch): what the
+// "duplicate rate" panel of docs/operations.md plots. 0 without decisions.
+double repeat_rate(const Stats& stats) {
+  std::uint64_t repeats = 0;
+  for (const auto& [layer, by_outcome] : stats.decisions) {
+    for (const Outcome::Kind kind :
+         {Outcome::Kind::kDuplicate, Outcome::Kind::kInProgress, Outcome::Kind::kMismatch}) {
+      const auto count = by_outcome.find(std::string(to_string(kind)));
+      if (count != by_outcome.end()) repeats += count->second;
+    }
+  }
+  return stats.total == 0 ? 0.0 : static_cast<double>(repeats) / static_cast<double>(stats.total);
+}
+
 int run(const StatsFlags& flags) {
   const Stats stats = parse(fetch(flags.url, std::chrono::milliseconds(flags.timeout_ms)));
   if (stats.decisions.empty() || !stats.duplicate_rate) {
@@ -148,6 +162,7 @@ int run(const StatsFlags& flags) {
     for (const auto& [layer, count] : stats.backend_errors) errors[layer] = count;
     std::cout << nlohmann::ordered_json{{"url", redact(flags.url)},
                                         {"duplicate_rate", *stats.duplicate_rate},
+                                        {"repeat_rate", repeat_rate(stats)},
                                         {"total_decisions", stats.total},
                                         {"decisions", layers},
                                         {"backend_errors", errors}}
@@ -158,7 +173,9 @@ int run(const StatsFlags& flags) {
   std::cout << redact(flags.url) << "\n"
             << "duplicate rate   " << std::fixed << std::setprecision(4) << *stats.duplicate_rate
             << "  (" << std::setprecision(2) << *stats.duplicate_rate * 100 << " % of "
-            << stats.total << " decisions: (redis_guard + pg_sink rejects) / total)\n\n"
+            << stats.total << " decisions: (redis_guard + pg_sink rejects) / total)\n"
+            << "repeat rate      " << std::setprecision(4) << repeat_rate(stats)
+            << "  (duplicate, in_progress and mismatch at any layer / total)\n\n"
             << std::left << std::setw(14) << "layer";
   for (const Outcome::Kind kind : kKinds)
     std::cout << std::right << std::setw(13) << to_string(kind);

@@ -511,14 +511,18 @@ TEST(IdemctlStats, ReadsTheDuplicateRateAndPerLayerCounts) {
   record(metrics, Layer::kRedisGuard, Outcome::Kind::kDuplicate, 2);
   record(metrics, Layer::kRedisGuard, Outcome::Kind::kInProgress, 1);
   record(metrics, Layer::kPgSink, Outcome::Kind::kDuplicate, 1);
+  record(metrics, Layer::kRequestId, Outcome::Kind::kDuplicate, 1);  // a replay of layer 1
+  record(metrics, Layer::kFingerprint, Outcome::Kind::kMismatch, 1);
   metrics.record_backend_error(Layer::kRedisGuard);
-  ASSERT_DOUBLE_EQ(metrics.duplicate_rate(), 0.4);
+  ASSERT_DOUBLE_EQ(metrics.duplicate_rate(), 4.0 / 12);
   MetricsServer server(metrics.prometheus_text());
 
   const CtlRun json = idemctl({"stats", "--url", server.url(), "--json"});
   ASSERT_EQ(json.code, kOk) << json.describe();
-  EXPECT_DOUBLE_EQ(json.json()["duplicate_rate"].get<double>(), 0.4);
-  EXPECT_EQ(json.json()["total_decisions"], 10);
+  EXPECT_DOUBLE_EQ(json.json()["duplicate_rate"].get<double>(), 4.0 / 12);
+  // Regression: a replay or a mismatch left the printed rate at 0; the repeat rate counts all.
+  EXPECT_DOUBLE_EQ(json.json()["repeat_rate"].get<double>(), 0.5);
+  EXPECT_EQ(json.json()["total_decisions"], 12);
   EXPECT_EQ(json.json()["decisions"]["handler"]["executed"], 6);
   EXPECT_EQ(json.json()["decisions"]["redis_guard"]["duplicate"], 2);
   EXPECT_EQ(json.json()["decisions"]["redis_guard"]["in_progress"], 1);
@@ -528,8 +532,9 @@ TEST(IdemctlStats, ReadsTheDuplicateRateAndPerLayerCounts) {
 
   const CtlRun text = idemctl({"stats", "--url", server.url()});
   ASSERT_EQ(text.code, kOk) << text.describe();
-  EXPECT_TRUE(contains(text.out, "duplicate rate   0.4000")) << text.out;
-  EXPECT_TRUE(contains(text.out, "of 10 decisions")) << text.out;
+  EXPECT_TRUE(contains(text.out, "duplicate rate   0.3333")) << text.out;
+  EXPECT_TRUE(contains(text.out, "repeat rate      0.5000")) << text.out;
+  EXPECT_TRUE(contains(text.out, "of 12 decisions")) << text.out;
 }
 
 TEST(IdemctlStats, UnreachableUrlAndAnswersWithoutIdemMetricsAreErrors) {
