@@ -39,6 +39,7 @@
 #include <thread>
 
 #include "common/flags.h"
+#include "common/http_listen.h"
 #include "idem/deduplicator.h"
 #include "idem/errors.h"
 #include "idem/request_id.h"
@@ -58,11 +59,7 @@ Settings parse_settings(int argc, char** argv) {
       "grants loyalty points once per invocation, guarded by idem.",
       "idem-fc-runtime"};
   app.add_option("--host", s.host, "Address to listen on")->capture_default_str();
-  app.add_option("--port", s.port,
-                 "Port to listen on; 0 picks a free port (the server prints `listening on "
-                 "http://HOST:PORT`)")
-      ->envname("FC_SERVER_PORT")
-      ->capture_default_str();
+  examples::add_port_option(app, s.port)->envname("FC_SERVER_PORT");
   examples::add_service_flags(app, s.service);
   examples::parse_or_exit(app, argc, argv);
   return s;
@@ -266,9 +263,7 @@ int main(int argc, char** argv) {
     serve("Invoke", req, res, [&](const std::string& id) { return function.invoke(id, req.body); });
   });
 
-  const int port = settings.port == 0
-                       ? server.bind_to_any_port(settings.host)
-                       : (server.bind_to_port(settings.host, settings.port) ? settings.port : -1);
+  const int port = examples::bind_exclusive(server, settings.host, settings.port);
   if (port < 0) {
     std::cerr << "idem-fc-runtime: cannot listen on " << settings.host << ":" << settings.port
               << "\n";

@@ -36,6 +36,7 @@
 #include <thread>
 
 #include "common/flags.h"
+#include "common/http_listen.h"
 #include "idem/deduplicator.h"
 #include "idem/errors.h"
 #include "idem/request_id.h"
@@ -55,10 +56,7 @@ Settings parse_settings(int argc, char** argv) {
       "idem-http-webhook: the refund endpoint POST /refunds, guarded by idem (Idempotency-Key), "
       "and GET /metrics.",
       "idem-http-webhook"};
-  app.add_option("--port", s.port,
-                 "Port to listen on; 0 picks a free port (the server prints `listening on "
-                 "http://HOST:PORT`)")
-      ->capture_default_str();
+  examples::add_port_option(app, s.port);
   app.add_option("--host", s.host, "Address to listen on")->capture_default_str();
   examples::add_service_flags(app, s.service);
   app.add_option("--handler-delay-ms", s.handler_delay,
@@ -256,9 +254,7 @@ int main(int argc, char** argv) {
       res.set_content(metrics->prometheus_text(), "text/plain; version=0.0.4");
     });
 
-    const int port = settings.port == 0
-                         ? server.bind_to_any_port(settings.host)
-                         : (server.bind_to_port(settings.host, settings.port) ? settings.port : -1);
+    const int port = examples::bind_exclusive(server, settings.host, settings.port);
     if (port < 0)
       throw std::runtime_error("cannot listen on " + settings.host + ":" +
                                std::to_string(settings.port));
