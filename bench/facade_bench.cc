@@ -214,10 +214,10 @@ int main(int argc, char** argv) {
       "parts (see the top of bench/facade_bench.cc).",
       "idem-bench-facade"};
   app.add_option("--seconds", args.seconds, "Seconds per run")
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(0.001, 3600.0))
       ->capture_default_str();
   app.add_option("--runs", args.runs, "Runs; each figure is their median")
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(1, 1000))
       ->capture_default_str();
   app.add_option("--redis-url", args.redis_url,
                  "Redis URL; with --pg-url, also the all-layer path");

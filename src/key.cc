@@ -93,8 +93,9 @@ IdempotencyKey IdempotencyKey::decode(std::string_view text) {
   const std::size_t second = first == std::string_view::npos ? first : text.find(':', first + 1);
   if (second == std::string_view::npos || text.find(':', second + 1) != std::string_view::npos) {
     throw InvalidKey(
-        "idem: an idempotency key text has exactly three components, user:intent:"
-        "biz_key (each escaped, see escape_key_component())");
+        "idem: an idempotency key text has exactly three components, user:intent:biz_key "
+        "(each escaped, see escape_key_component()); the facade's id: and fp: keys add a "
+        "prefix");
   }
   return IdempotencyKey{
       unescape_key_component(text.substr(0, first), "user"),

@@ -83,7 +83,7 @@ Command add_purge_command(CLI::App& app) {
       "how many were removed");
   sub->add_flag("--expired", flags->expired, "Required: purge the expired rows")->required();
   sub->add_option("--batch", flags->batch, "Rows deleted per transaction")
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(1, 1'000'000))
       ->capture_default_str();
   add_backend_flags(*sub, flags->backends, Backends::kPgOnly);
   add_json_flag(*sub, flags->json);

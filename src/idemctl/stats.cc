@@ -117,8 +117,13 @@ std::string fetch(const std::string& url, std::chrono::milliseconds timeout) {
   if (!user.empty()) client.set_basic_auth(user, password);
   const httplib::Result result = client.Get(path);
   if (!result) {
-    throw CommandError(kUnavailable,
-                       "GET " + redact(url) + ": " + httplib::to_string(result.error()));
+    // httplib names the failed step ("Connection", "Read"); say what it means.
+    const httplib::Error error = result.error();
+    const std::string why =
+        error == httplib::Error::Connection ? "cannot connect (refused, unreachable or timed out)"
+        : error == httplib::Error::Read     ? "no HTTP answer (timed out, or not an HTTP server)"
+                                            : "request failed (" + httplib::to_string(error) + ")";
+    throw CommandError(kUnavailable, "GET " + redact(url) + ": " + why);
   }
   if (result->status != 200) {
     throw CommandError(kNoMetrics,
@@ -212,7 +217,7 @@ Command add_stats_command(CLI::App& app) {
       ->envname("IDEM_METRICS_URL")
       ->required();
   sub->add_option("--timeout-ms", flags->timeout_ms, "Connect and read timeout, in ms")
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(1, 3'600'000))
       ->capture_default_str();
   add_json_flag(*sub, flags->json);
   sub->footer(
