@@ -228,7 +228,9 @@ void reply(httplib::Response& res, int status, const std::string& body) {
 template <class Body>
 void serve(const char* phase, const httplib::Request& req, httplib::Response& res, Body&& body) {
   const std::string id = req.get_header_value("x-fc-request-id");
-  print_line("FC " + std::string(phase) + " Start RequestId: " + id);
+  // Only a valid ID reaches the log: a header with CR/LF must not forge log lines.
+  const std::string logged_id = idem::is_valid_request_id(id) ? id : "(invalid)";
+  print_line("FC " + std::string(phase) + " Start RequestId: " + logged_id);
   try {
     reply(res, 200, body(id));
   } catch (const FunctionError& e) {
@@ -237,7 +239,7 @@ void serve(const char* phase, const httplib::Request& req, httplib::Response& re
     reply(res, 404,
           nlohmann::json{{"errorType", "UnhandledError"}, {"errorMessage", e.what()}}.dump());
   }
-  print_line("FC " + std::string(phase) + " End RequestId: " + id +
+  print_line("FC " + std::string(phase) + " End RequestId: " + logged_id +
              " status=" + std::to_string(res.status));
 }
 
