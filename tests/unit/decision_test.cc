@@ -3,6 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <ostream>
+#include <string>
+
 namespace idem::detail {
 namespace {
 
@@ -22,6 +25,16 @@ struct RepeatCase {
   Outcome::Kind expected_kind;
   std::optional<std::string> expected_response;
 };
+
+// The case's name (also in ctest's test names, which would otherwise show the bytes of the
+// struct, heap addresses included).
+std::string case_name(const RepeatCase& c) {
+  return std::string(c.state == RecordState::kCompleted ? "Completed" : "InProgress") +
+         (c.fingerprint_matches ? "SameFingerprint" : "OtherFingerprint") +
+         (c.response ? "WithResponse" : "NoResponse");
+}
+
+void PrintTo(const RepeatCase& c, std::ostream* out) { *out << case_name(c); }
 
 class DecisionRepeat : public ::testing::TestWithParam<RepeatCase> {};
 
@@ -63,11 +76,7 @@ INSTANTIATE_TEST_SUITE_P(AllStates, DecisionRepeat,
                                            RepeatCase{RecordState::kInProgress, false, std::nullopt,
                                                       Outcome::Kind::kMismatch, std::nullopt}),
                          [](const ::testing::TestParamInfo<RepeatCase>& info) {
-                           const RepeatCase& c = info.param;
-                           return std::string(c.state == RecordState::kCompleted ? "Completed"
-                                                                                 : "InProgress") +
-                                  (c.fingerprint_matches ? "SameFingerprint" : "OtherFingerprint") +
-                                  (c.response ? "WithResponse" : "NoResponse");
+                           return case_name(info.param);
                          });
 
 TEST(Decision, SinkLockTimeoutIsInProgressWhateverTheFingerprint) {
