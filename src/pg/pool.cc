@@ -1,10 +1,24 @@
 #include "pg/pool.h"
 
+#include <poll.h>
+
 #include <utility>
 
 #include "pg/errors.h"
 
 namespace idem::detail {
+namespace {
+
+// True when an idle connection's socket is readable or closed: an idle session receives
+// nothing unless the server ended it (a shutdown's termination notice, then EOF), so such a
+// connection is stale. One poll() with no wait; a silent network partition is not seen here.
+bool went_stale(const pqxx::connection& conn) noexcept {
+  pollfd socket{.fd = conn.sock(), .events = POLLIN, .revents = 0};
+  if (socket.fd < 0) return true;
+  return ::poll(&socket, 1, 0) != 0;
+}
+
+}  // namespace
 
 PgPool::Lease::~Lease() {
   if (conn_ == nullptr) return;  // moved from
@@ -22,6 +36,7 @@ PgPool::PgPool(std::string conninfo, std::size_t size, std::chrono::milliseconds
 PgPool::~PgPool() = default;
 
 PgPool::Lease PgPool::borrow() {
+  std::vector<std::unique_ptr<pqxx::connection>> stale;  // closed outside the lock
   {
     std::unique_lock lock(mutex_);
     const bool ready = available_.wait_for(lock, borrow_timeout_,
@@ -30,12 +45,21 @@ PgPool::Lease PgPool::borrow() {
       throw PostgresError("idem: postgres: no pooled connection free within the borrow timeout",
                           true);
     }
-    if (!idle_.empty()) {
+    while (!idle_.empty()) {
       auto conn = std::move(idle_.back());
       idle_.pop_back();
-      return {*this, std::move(conn)};
+      if (!went_stale(*conn)) return {*this, std::move(conn)};
+      // The server ended it (a restart): every idle one is suspect, as in give_back().
+      stale.push_back(std::move(conn));
+      for (auto& other : idle_) stale.push_back(std::move(other));
+      open_ -= 1 + idle_.size();
+      idle_.clear();
     }
     ++open_;  // reserve the slot; connect outside the lock
+  }
+  if (!stale.empty()) {
+    available_.notify_all();  // their slots are free
+    stale.clear();
   }
   try {
     auto conn = translating([this] { return std::make_unique<pqxx::connection>(conninfo_); });

@@ -16,7 +16,8 @@ namespace idem::detail {
 /// Hands out at most `size` connections at once. Thread-safe. A connection is opened on demand
 /// (and prepared by `setup`), returned to the pool when its Lease ends, and destroyed instead
 /// when the lease was discarded or the connection is no longer open. Losing one connection
-/// drops every idle one too: they talk to the same server and are suspect.
+/// drops every idle one too: they talk to the same server and are suspect. An idle connection
+/// the server has ended (readable or closed socket: a restart) is never handed out.
 class PgPool {
  public:
   using Setup = std::function<void(pqxx::connection&)>;

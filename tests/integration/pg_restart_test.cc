@@ -127,5 +127,40 @@ TEST(PgRestart, TypedErrorNothingCompletedAndThePoolRecovers) {
   EXPECT_EQ(ok.load(), static_cast<int>(kPoolSize));
 }
 
+// Regression: after a restart, the first call on each stale pooled connection failed ("Could
+// not obtain client encoding: not connected") although the server was back.
+TEST(PgRestart, TheFirstCallsAfterARestartSucceedOnFreshConnections) {
+  test::PgServer server;
+  PgSinkOptions options;
+  options.conninfo = server.url() + "?connect_timeout=2";
+  options.pool_size = kPoolSize;
+  PgSink sink(options);
+  sink.migrate();
+  // kPoolSize connections open and idle.
+  std::vector<std::thread> fillers;
+  std::atomic<int> inside{0};
+  for (std::size_t i = 0; i < kPoolSize; ++i) {
+    fillers.emplace_back([&] {
+      sink.transact([&](pqxx::transaction_base& tx) {
+        ++inside;
+        while (inside.load() < static_cast<int>(kPoolSize)) std::this_thread::yield();
+        tx.exec("SELECT 1");
+      });
+    });
+  }
+  for (auto& filler : fillers) filler.join();
+
+  server.stop();
+  server.start();
+  for (int i = 0; i < 3; ++i) {
+    try {
+      EXPECT_EQ(sink.claim("after-restart-" + std::to_string(i), "req", "fp").status,
+                SinkStatus::kClaimed);
+    } catch (const PostgresError& error) {
+      ADD_FAILURE() << "call " << i << " after the restart: " << error.what();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace idem
