@@ -50,10 +50,8 @@ PgPool::Lease PgPool::borrow() {
       idle_.pop_back();
       if (!went_stale(*conn)) return {*this, std::move(conn)};
       // The server ended it (a restart): every idle one is suspect, as in give_back().
-      stale.push_back(std::move(conn));
-      for (auto& other : idle_) stale.push_back(std::move(other));
-      open_ -= 1 + idle_.size();
-      idle_.clear();
+      --open_;
+      stale = take_idle_locked();
     }
     ++open_;  // reserve the slot; connect outside the lock
   }
@@ -71,6 +69,13 @@ PgPool::Lease PgPool::borrow() {
   }
 }
 
+std::vector<std::unique_ptr<pqxx::connection>> PgPool::take_idle_locked() {
+  std::vector<std::unique_ptr<pqxx::connection>> taken = std::move(idle_);
+  idle_.clear();
+  open_ -= taken.size();
+  return taken;
+}
+
 void PgPool::give_back(std::unique_ptr<pqxx::connection> conn, bool reuse) noexcept {
   std::vector<std::unique_ptr<pqxx::connection>> dropped;  // closed outside the lock
   {
@@ -79,11 +84,7 @@ void PgPool::give_back(std::unique_ptr<pqxx::connection> conn, bool reuse) noexc
       idle_.push_back(std::move(conn));
     } else {
       --open_;
-      if (conn != nullptr) {
-        dropped = std::move(idle_);
-        idle_.clear();
-        open_ -= dropped.size();
-      }
+      if (conn != nullptr) dropped = take_idle_locked();
     }
   }
   available_.notify_all();

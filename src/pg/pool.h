@@ -58,6 +58,8 @@ class PgPool {
 
  private:
   void give_back(std::unique_ptr<pqxx::connection> conn, bool reuse) noexcept;
+  // Removes every idle connection from the pool (to be closed outside the lock); mutex_ held.
+  std::vector<std::unique_ptr<pqxx::connection>> take_idle_locked();
 
   const std::string conninfo_;
   const std::size_t size_;

@@ -36,17 +36,8 @@ int attempts_until_success(F&& fn) {
   return -1;
 }
 
-TEST(PgRestart, TypedErrorNothingCompletedAndThePoolRecovers) {
-  test::PgServer server;
-  PgSinkOptions options;
-  options.conninfo = server.url() + "?connect_timeout=2";
-  options.pool_size = kPoolSize;
-  PgSink sink(options);
-  sink.migrate();
-  sink.transact(
-      [](pqxx::transaction_base& tx) { tx.exec0("CREATE TABLE ledger (order_id text NOT NULL)"); });
-
-  // Fill the pool: kPoolSize connections in use at once, all idle afterwards.
+// Opens kPoolSize connections: that many transactions in use at once, all idle afterwards.
+void fill_pool(PgSink& sink) {
   std::vector<std::thread> fillers;
   std::atomic<int> inside{0};
   for (std::size_t i = 0; i < kPoolSize; ++i) {
@@ -59,6 +50,19 @@ TEST(PgRestart, TypedErrorNothingCompletedAndThePoolRecovers) {
     });
   }
   for (auto& filler : fillers) filler.join();
+}
+
+TEST(PgRestart, TypedErrorNothingCompletedAndThePoolRecovers) {
+  test::PgServer server;
+  PgSinkOptions options;
+  options.conninfo = server.url() + "?connect_timeout=2";
+  options.pool_size = kPoolSize;
+  PgSink sink(options);
+  sink.migrate();
+  sink.transact(
+      [](pqxx::transaction_base& tx) { tx.exec0("CREATE TABLE ledger (order_id text NOT NULL)"); });
+
+  fill_pool(sink);
 
   // A run is mid-transaction (claimed, business row written) when the server goes down.
   std::promise<void> claimed;
@@ -107,7 +111,7 @@ TEST(PgRestart, TypedErrorNothingCompletedAndThePoolRecovers) {
 
   // The whole pool works again: kPoolSize transactions at once, each without an error.
   std::atomic<int> ok{0};
-  inside = 0;
+  std::atomic<int> inside{0};
   std::vector<std::thread> workers;
   for (std::size_t i = 0; i < kPoolSize; ++i) {
     workers.emplace_back([&, i] {
@@ -136,19 +140,7 @@ TEST(PgRestart, TheFirstCallsAfterARestartSucceedOnFreshConnections) {
   options.pool_size = kPoolSize;
   PgSink sink(options);
   sink.migrate();
-  // kPoolSize connections open and idle.
-  std::vector<std::thread> fillers;
-  std::atomic<int> inside{0};
-  for (std::size_t i = 0; i < kPoolSize; ++i) {
-    fillers.emplace_back([&] {
-      sink.transact([&](pqxx::transaction_base& tx) {
-        ++inside;
-        while (inside.load() < static_cast<int>(kPoolSize)) std::this_thread::yield();
-        tx.exec("SELECT 1");
-      });
-    });
-  }
-  for (auto& filler : fillers) filler.join();
+  fill_pool(sink);
 
   server.stop();
   server.start();
