@@ -7,7 +7,11 @@
 #            hashlib.md5(json.dumps(json.loads(raw), sort_keys=True, separators=(",", ":")).encode())
 #            (../shared/baselines/07_py_canon_bench.py), best of 5 passes per run;
 #   sha256   `openssl speed -evp sha256` on blocks of the payloads' average size (raw hashing
-#            of the same number of bytes, no JSON work).
+#            of the same number of bytes, no JSON work);
+#   floor    what a fingerprint built on simdjson and OpenSSL could reach if writing the
+#            canonical form cost nothing: simdjson's DOM parse alone and EVP SHA-256 alone of
+#            the canonical bytes, both timed by idem-bench-fingerprint, combined as
+#            1 / (1/parse + 1/sha256).
 # Payloads: ../shared/baselines/payloads_1k.jsonl and payloads_64k.jsonl (one JSON text per
 # line, split on '\n' only), or the files given with --payloads. Throughput is MB (10^6 bytes)
 # of input per second of CPU time for all three (openssl speed counts user time; idem and
@@ -16,7 +20,8 @@
 # interleaved. Build with -DCMAKE_BUILD_TYPE=Release (IDEM_CMAKE_ARGS) for meaningful numbers.
 # Prints a table; --report-json writes
 #   {"payloads_1k": {"idem_mb_per_s", "python_mb_per_s", "sha256_mb_per_s",
-#                    "speedup_vs_python", "fraction_of_sha256"}, "payloads_64k": {…}}
+#                    "speedup_vs_python", "fraction_of_sha256", "floor_mb_per_s",
+#                    "floor_speedup_vs_python"}, "payloads_64k": {…}}
 # keyed by each payload file's name without extension.
 set -euo pipefail
 
@@ -77,11 +82,15 @@ for file in "${payloads[@]}"; do
   name="$(basename "$file" .jsonl)"
   average="$(LC_ALL=C awk 'length($0) > 0 { n++; bytes += length($0) } END { printf "%d", bytes / n }' "$file")"
   for run in $(seq "$runs"); do
-    idem="$("$harness" "$file" | awk '$1 == "fingerprint" { print $2 }')"
+    harness_out="$("$harness" "$file")"
+    idem="$(awk '$1 == "fingerprint" { print $2 }' <<<"$harness_out")"
+    # The floor: simdjson's parse plus SHA-256 of the canonical bytes, with no writing at all.
+    floor="$(awk '$1 == "json_parse" { p = $2 } $1 == "sha256" { h = $2 }
+                  END { printf "%.1f\n", 1 / (1 / p + 1 / h) }' <<<"$harness_out")"
     python="$(python_mb_per_s "$file")"
     sha256="$(sha256_mb_per_s "$average")"
-    echo "run $run: $name (avg $average B): idem $idem MB/s, python $python MB/s, sha256 $sha256 MB/s"
-    echo "$name $idem $python $sha256" >>"$results"
+    echo "run $run: $name (avg $average B): idem $idem MB/s, python $python MB/s, sha256 $sha256 MB/s, floor $floor MB/s"
+    echo "$name $idem $python $sha256 $floor" >>"$results"
   done
 done
 
@@ -92,18 +101,22 @@ for line in open(sys.argv[1]):
     name, *values = line.split()
     rows.setdefault(name, []).append([float(v) for v in values])
 report = {}
-print(f"{'payloads':<16}{'idem MB/s':>11}{'python MB/s':>13}{'sha256 MB/s':>13}{'x python':>10}{'x sha256':>10}")
+print(f"{'payloads':<16}{'idem MB/s':>11}{'python MB/s':>13}{'sha256 MB/s':>13}{'x python':>10}{'x sha256':>10}"
+      f"{'floor MB/s':>12}{'floor x python':>16}")
 for name, runs in rows.items():
-    idem, python, sha256 = (statistics.median(column) for column in zip(*runs))
+    idem, python, sha256, floor = (statistics.median(column) for column in zip(*runs))
     report[name] = {
         "idem_mb_per_s": round(idem, 1),
         "python_mb_per_s": round(python, 1),
         "sha256_mb_per_s": round(sha256, 1),
         "speedup_vs_python": round(idem / python, 2),
         "fraction_of_sha256": round(idem / sha256, 3),
+        "floor_mb_per_s": round(floor, 1),
+        "floor_speedup_vs_python": round(floor / python, 2),
     }
     r = report[name]
-    print(f"{name:<16}{idem:>11.1f}{python:>13.1f}{sha256:>13.1f}{r['speedup_vs_python']:>10.2f}{r['fraction_of_sha256']:>10.3f}")
+    print(f"{name:<16}{idem:>11.1f}{python:>13.1f}{sha256:>13.1f}{r['speedup_vs_python']:>10.2f}{r['fraction_of_sha256']:>10.3f}"
+          f"{floor:>12.1f}{r['floor_speedup_vs_python']:>16.2f}")
 print(f"(medians of {len(next(iter(rows.values())))} runs; MB = 10^6 input bytes per CPU second)")
 if sys.argv[2]:
     with open(sys.argv[2], "w") as out:
