@@ -32,7 +32,7 @@ struct CallState {
   std::string owner_token;          // non-empty while this call owns a Redis claim
   std::string previous_bucket_key;  // fallback key of the previous time bucket, when bucketed
   bool reentrant_retry = false;  // REPEAT_SAME of an in-progress reentrant intent: run, unclaimed
-  bool handler_started = false;  // the handler was called (inside the sink's transaction)
+  bool handler_started = false;  // the handler was called
   bool commit_started = false;   // the handler returned and the commit was under way
   Guard* guard = nullptr;
   std::chrono::milliseconds lease{0};
@@ -122,6 +122,17 @@ Outcome unavailable(Layer layer, const BackendError& error) {
   outcome.layer = layer;
   outcome.error = error.what();
   return outcome;
+}
+
+// The event of `call`, which began at `start`, with what every event carries.
+DecisionEvent decision_event(const detail::CallState& call, SteadyClock::time_point start) {
+  DecisionEvent event;
+  event.request_id = call.request->request_id;
+  event.key = call.key;
+  event.fingerprint = call.fingerprint;
+  event.latency = std::chrono::duration_cast<std::chrono::microseconds>(SteadyClock::now() - start);
+  event.attempt = call.request->attempt;
+  return event;
 }
 
 // Renews a claim every `interval` on a helper thread until destroyed.
@@ -325,6 +336,7 @@ struct Deduplicator::Impl {
       return unavailable(Layer::kPgSink, error);
     }
     if (auto stopped = detail::decide_on_sink(std::move(claim))) return *std::move(stopped);
+    call.handler_started = true;
     std::string response = handler(nullptr, context);
     try {
       (void)options.sink->complete(call.key, call.sink_owner, response);
@@ -338,7 +350,29 @@ struct Deduplicator::Impl {
                      Context& context, bool claim_rows) {
     if (transactional) return run_in_transaction(call, handler, context, claim_rows);
     if (options.sink && claim_rows) return run_with_sink_row(call, handler, context);
+    call.handler_started = true;
     return executed(handler(nullptr, context));
+  }
+
+  // Hands `event` to the on_decision sink, if any.
+  void notify(const DecisionEvent& event) const {
+    if (!options.on_decision) return;
+    try {
+      options.on_decision(event);
+    } catch (...) {
+      // A failing log sink must not turn an executed request into an error.
+    }
+  }
+
+  // Reports a call whose handler failed with `error` (the exception itself propagates).
+  void emit_handler_failure(const detail::CallState& call, SteadyClock::time_point start,
+                            std::string_view error) const {
+    if (!options.metrics && !options.on_decision) return;
+    DecisionEvent event = decision_event(call, start);
+    event.handler_failed = true;
+    event.error = error;
+    if (options.metrics) options.metrics->record_handler_failure(event);
+    notify(event);
   }
 
   // The handler threw `error` (not a cancellation): apply the failure policy to the claims.
@@ -479,26 +513,24 @@ Outcome Deduplicator::run_handler(const Request& request, bool transactional,
   call.sink_owner = request.request_id.empty() ? impl_->owner_ids.next() : request.request_id;
   call.shutdown = impl_->shutdown.get_token();
 
-  const Outcome outcome = impl_->decide(call, transactional, handler);
-
+  Outcome outcome;
+  try {
+    outcome = impl_->decide(call, transactional, handler);
+  } catch (const Cancelled&) {
+    throw;
+  } catch (const std::exception& error) {
+    if (call.handler_started) impl_->emit_handler_failure(call, start, error.what());
+    throw;
+  } catch (...) {
+    if (call.handler_started) impl_->emit_handler_failure(call, start, "unknown exception");
+    throw;
+  }
   if (impl_->options.metrics || impl_->options.on_decision) {
-    DecisionEvent event;
-    event.request_id = request.request_id;
-    event.key = call.key;
-    event.fingerprint = call.fingerprint;
+    DecisionEvent event = decision_event(call, start);
     event.layer = outcome.layer;
     event.outcome = outcome.kind;
-    event.latency =
-        std::chrono::duration_cast<std::chrono::microseconds>(SteadyClock::now() - start);
-    event.attempt = request.attempt;
     if (impl_->options.metrics) impl_->options.metrics->record_decision(event);
-    if (impl_->options.on_decision) {
-      try {
-        impl_->options.on_decision(event);
-      } catch (...) {
-        // A failing log sink must not turn an executed request into an error.
-      }
-    }
+    impl_->notify(event);
   }
   return outcome;
 }

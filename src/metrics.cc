@@ -30,6 +30,10 @@ void InProcessMetrics::record_decision(const DecisionEvent& event) noexcept {
   latency_sum_us_[layer].fetch_add(us, std::memory_order_relaxed);
 }
 
+void InProcessMetrics::record_handler_failure(const DecisionEvent& /*event*/) noexcept {
+  handler_failures_.fetch_add(1, std::memory_order_relaxed);
+}
+
 void InProcessMetrics::record_backend_error(Layer layer) noexcept {
   backend_errors_[index_of(layer)].fetch_add(1, std::memory_order_relaxed);
 }
@@ -50,6 +54,10 @@ std::uint64_t InProcessMetrics::total_decisions() const noexcept {
   std::uint64_t total = 0;
   for (const auto& count : decisions_) total += count.load(std::memory_order_relaxed);
   return total;
+}
+
+std::uint64_t InProcessMetrics::handler_failures() const noexcept {
+  return handler_failures_.load(std::memory_order_relaxed);
 }
 
 std::uint64_t InProcessMetrics::backend_errors(Layer layer) const noexcept {
@@ -81,6 +89,11 @@ std::string InProcessMetrics::prometheus_text() const {
                      to_string(layer), to_string(kind), decisions(layer, kind));
     }
   }
+  fmt::format_to(it,
+                 "# HELP idem_handler_failures_total Calls whose handler threw (or whose commit "
+                 "failed).\n"
+                 "# TYPE idem_handler_failures_total counter\nidem_handler_failures_total {}\n",
+                 handler_failures());
   fmt::format_to(it,
                  "# HELP idem_backend_errors_total Failed backend calls by layer.\n"
                  "# TYPE idem_backend_errors_total counter\n");

@@ -24,8 +24,9 @@ int main() {
     log->info(
         "idem decision request_id={} key={} fingerprint={} layer={} outcome={} latency_us={} "
         "attempt={}",
-        e.request_id, e.key, e.fingerprint, idem::to_string(e.layer), idem::to_string(e.outcome),
-        e.latency.count(), e.attempt);
+        e.request_id, e.key, e.fingerprint, idem::to_string(e.layer),
+        e.handler_failed ? "handler_failed" : idem::to_string(e.outcome), e.latency.count(),
+        e.attempt);
   };
   idem::Deduplicator dedup(options);
 

@@ -140,7 +140,8 @@ class Function {
       options.sink->migrate();
       options.on_decision = [](const idem::DecisionEvent& e) {
         print_line("decision request_id=" + std::string(e.request_id) + " outcome=" +
-                   std::string(to_string(e.outcome)) + " layer=" + std::string(to_string(e.layer)) +
+                   std::string(e.handler_failed ? "handler_failed" : to_string(e.outcome)) +
+                   " layer=" + std::string(to_string(e.layer)) +
                    " latency_us=" + std::to_string(e.latency.count()));
       };
       dedup_ = std::make_unique<idem::Deduplicator>(std::move(options));

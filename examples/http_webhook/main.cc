@@ -105,7 +105,8 @@ std::unique_ptr<idem::Deduplicator> make_deduplicator(
   options.on_decision = [](const idem::DecisionEvent& e) {
     static std::mutex out;
     const std::lock_guard lock(out);
-    std::cout << "decision request_id=" << e.request_id << " outcome=" << to_string(e.outcome)
+    std::cout << "decision request_id=" << e.request_id
+              << " outcome=" << (e.handler_failed ? "handler_failed" : to_string(e.outcome))
               << " layer=" << to_string(e.layer) << " latency_us=" << e.latency.count()
               << std::endl;
   };

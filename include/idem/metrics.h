@@ -23,6 +23,13 @@ struct DecisionEvent {
   Outcome::Kind outcome = Outcome::Kind::kExecuted;  ///< What was decided.
   std::chrono::microseconds latency{0};              ///< Whole call, handler included.
   int attempt = 1;  ///< Request::attempt: the delivery count the caller reported.
+  /// The handler was called and the call ended in an exception instead of an outcome: the
+  /// handler's own (a business failure; its claim was released) or its transaction's commit
+  /// failing. The exception still propagates to the caller; `outcome` is then kExecuted and
+  /// `layer` kHandler. A cancellation (idem::Cancelled) and an error before the handler (bad
+  /// input, a ConfigError) emit no event.
+  bool handler_failed = false;
+  std::string_view error{};  ///< handler_failed: the exception's what(), or "unknown exception".
 };
 
 /// Receives the facade's counts. Implementations must be thread-safe and must not throw.
@@ -31,6 +38,9 @@ class IDEM_EXPORT Metrics {
   virtual ~Metrics() = default;
   /// One call of Deduplicator::run() or run_transactional() that produced an outcome.
   virtual void record_decision(const DecisionEvent& event) noexcept = 0;
+  /// One call whose handler failed (`event.handler_failed`; see DecisionEvent). Such a call
+  /// produced no outcome and is not passed to record_decision(). Default: ignored.
+  virtual void record_handler_failure(const DecisionEvent& event) noexcept { (void)event; }
   /// A backend call of `layer` failed (the facade then applied its failure policy).
   virtual void record_backend_error(Layer layer) noexcept = 0;
   /// This call released its Redis claim (business failure, or a later layer stopped it).
@@ -48,14 +58,17 @@ class IDEM_EXPORT InProcessMetrics final : public Metrics {
       50, 100, 250, 500, 1000, 2500, 5000, 10000, 25000, 100000, 500000, 2000000};
 
   void record_decision(const DecisionEvent& event) noexcept override;
+  void record_handler_failure(const DecisionEvent& event) noexcept override;
   void record_backend_error(Layer layer) noexcept override;
   void record_release() noexcept override;
   void record_renewal(bool ok) noexcept override;
 
   /// Decisions of `kind` taken by `layer` so far.
   [[nodiscard]] std::uint64_t decisions(Layer layer, Outcome::Kind kind) const noexcept;
-  /// All decisions so far.
+  /// All decisions so far (calls whose handler failed are not decisions).
   [[nodiscard]] std::uint64_t total_decisions() const noexcept;
+  /// Calls whose handler failed so far.
+  [[nodiscard]] std::uint64_t handler_failures() const noexcept;
   /// Backend errors of `layer` so far.
   [[nodiscard]] std::uint64_t backend_errors(Layer layer) const noexcept;
   /// The seed's duplicate rate: (Redis guard rejects + Postgres sink conflicts) / total calls,
@@ -63,8 +76,9 @@ class IDEM_EXPORT InProcessMetrics final : public Metrics {
   [[nodiscard]] double duplicate_rate() const noexcept;
 
   /// Metrics as Prometheus text: `idem_decisions_total{layer,outcome}`,
-  /// `idem_backend_errors_total{layer}`, `idem_releases_total`, `idem_renewals_total{result}`,
-  /// `idem_duplicate_rate`, and the histogram `idem_decision_latency_us{layer}`.
+  /// `idem_handler_failures_total`, `idem_backend_errors_total{layer}`, `idem_releases_total`,
+  /// `idem_renewals_total{result}`, `idem_duplicate_rate`, and the histogram
+  /// `idem_decision_latency_us{layer}`.
   [[nodiscard]] std::string prometheus_text() const;
 
  private:
@@ -75,6 +89,7 @@ class IDEM_EXPORT InProcessMetrics final : public Metrics {
   std::array<std::array<std::atomic<std::uint64_t>, kLatencyBucketsUs.size() + 1>, kLayers>
       latency_buckets_{};
   std::array<std::atomic<std::int64_t>, kLayers> latency_sum_us_{};
+  std::atomic<std::uint64_t> handler_failures_{0};
   std::atomic<std::uint64_t> releases_{0};
   std::atomic<std::uint64_t> renewals_ok_{0};
   std::atomic<std::uint64_t> renewals_failed_{0};

@@ -3,11 +3,13 @@
 
 #include <stdexcept>
 #include <thread>
+#include <vector>
 
 #include "idem/clock.h"
 #include "idem/deduplicator.h"
 #include "idem/errors.h"
 #include "idem/memory_guard.h"
+#include "idem/metrics.h"
 
 namespace idem {
 namespace {
@@ -204,6 +206,59 @@ TEST(InMemoryFacadeEvents, AThrowingDecisionSinkDoesNotTurnAnExecutionIntoAnErro
   const Outcome outcome = dedup.run(request("r1", "b1"), [&] { return std::to_string(++runs); });
   EXPECT_EQ(outcome.kind, Outcome::Kind::kExecuted);
   EXPECT_EQ(runs, 1);
+}
+
+// Regression: a handler that threw used to emit no event and no count at all, so a failing
+// consumer was invisible in the decision log and in /metrics.
+TEST(InMemoryFacadeEvents, AThrowingHandlerEmitsOneFailureEventAndIsCountedApartFromDecisions) {
+  struct Seen {
+    bool handler_failed;
+    std::string error, request_id, key;
+    Layer layer;
+  };
+  std::vector<Seen> seen;
+  const auto metrics = std::make_shared<InProcessMetrics>();
+  DeduplicatorOptions o;
+  o.guard = std::make_shared<InMemoryGuard>();
+  o.metrics = metrics;
+  o.on_decision = [&](const DecisionEvent& e) {
+    seen.push_back({e.handler_failed, std::string(e.error), std::string(e.request_id),
+                    std::string(e.key), e.layer});
+  };
+  Deduplicator dedup(o);
+  EXPECT_THROW((void)dedup.run(request("r1", "b1"),
+                               []() -> std::string { throw std::runtime_error("card declined"); }),
+               std::runtime_error);
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_TRUE(seen[0].handler_failed);
+  EXPECT_EQ(seen[0].error, "card declined");
+  EXPECT_EQ(seen[0].request_id, "r1");
+  EXPECT_EQ(seen[0].key, "u1:notify:b1");
+  EXPECT_EQ(seen[0].layer, Layer::kHandler);
+  EXPECT_EQ(metrics->handler_failures(), 1u);
+  EXPECT_EQ(metrics->total_decisions(), 0u);
+  EXPECT_NE(metrics->prometheus_text().find("\nidem_handler_failures_total 1\n"),
+            std::string::npos);
+
+  EXPECT_THROW((void)dedup.run(request("r2", "b2"), []() -> std::string { throw 42; }), int);
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[1].error, "unknown exception");
+
+  // Not handler failures: a cancellation, and input rejected before the handler.
+  EXPECT_THROW((void)dedup.run(request("r3", "b3"), []() -> std::string { throw Cancelled(); }),
+               Cancelled);
+  EXPECT_THROW((void)dedup.run(request("r4", "b4", "{not json"), [] { return std::string(); }),
+               PayloadError);
+  EXPECT_EQ(seen.size(), 2u);
+
+  // The retry after the business failure runs and is an ordinary decision.
+  EXPECT_EQ(dedup.run(request("r1", "b1"), [] { return std::string("ok"); }).kind,
+            Outcome::Kind::kExecuted);
+  ASSERT_EQ(seen.size(), 3u);
+  EXPECT_FALSE(seen[2].handler_failed);
+  EXPECT_EQ(seen[2].error, "");
+  EXPECT_EQ(metrics->handler_failures(), 2u);
+  EXPECT_EQ(metrics->decisions(Layer::kHandler, Outcome::Kind::kExecuted), 1u);
 }
 
 TEST(InMemoryFacadeLease, AHandlerThatOutlivesItsLeaseIsToldAndAHandlerThatDoesNotIsNot) {
