@@ -11,6 +11,7 @@
 #include "pg/errors.h"
 #include "pg/pool.h"
 #include "pg/sql.h"
+#include "pg/watchdog.h"
 
 namespace idem {
 namespace {
@@ -58,8 +59,15 @@ void validate(const PgSinkOptions& options) {
   if (options.ns.empty()) throw ConfigError("idem: PgSinkOptions::ns is empty");
   if (options.pool_size == 0) throw ConfigError("idem: PgSinkOptions::pool_size must be >= 1");
   if (options.borrow_timeout.count() < 0 || options.statement_timeout.count() < 0 ||
-      options.lock_timeout.count() < 0) {
+      options.lock_timeout.count() < 0 || options.response_timeout.count() < 0) {
     throw ConfigError("idem: PgSinkOptions timeouts must not be negative");
+  }
+  if (options.response_timeout.count() > 0 &&
+      (options.response_timeout <= options.statement_timeout ||
+       options.response_timeout <= options.lock_timeout)) {
+    throw ConfigError(
+        "idem: PgSinkOptions::response_timeout must be 0 or longer than statement_timeout and "
+        "lock_timeout");
   }
   if (options.lease.count() <= 0) throw ConfigError("idem: PgSinkOptions::lease must be > 0");
   if (options.retention.count() <= 0) {
@@ -110,6 +118,7 @@ struct PgSink::Impl {
         names(detail::SchemaNames::for_table(options.schema, options.table)),
         sql(statements(detail::quote_identifier(options.schema) + "." +
                        detail::quote_identifier(options.table))),
+        watchdog(options.response_timeout),
         pool(options.conninfo, options.pool_size, options.borrow_timeout,
              [this](pqxx::connection& conn) { setup(conn); }) {}
 
@@ -121,11 +130,13 @@ struct PgSink::Impl {
   }
 
   // Runs a sink statement in `tx`, preparing it on the transaction's connection on first use
-  // (libpqxx makes a repeated prepare() of the same text a no-op).
+  // (libpqxx makes a repeated prepare() of the same text a no-op), within response_timeout.
   template <typename... Args>
   pqxx::result exec(pqxx::transaction_base& tx, Statement statement, Args&&... args) const {
-    tx.conn().prepare(kStatementNames[statement], sql[statement]);
-    return tx.exec_prepared(kStatementNames[statement], std::forward<Args>(args)...);
+    return watchdog.run(tx.conn().sock(), [&] {
+      tx.conn().prepare(kStatementNames[statement], sql[statement]);
+      return tx.exec_prepared(kStatementNames[statement], std::forward<Args>(args)...);
+    });
   }
 
   // Borrows a connection and runs fn(connection), translating libpqxx errors; a connection
@@ -210,6 +221,7 @@ struct PgSink::Impl {
   PgSinkOptions options;
   detail::SchemaNames names;
   std::array<std::string, kCount> sql;  // by Statement
+  mutable detail::PgWatchdog watchdog;  // thread-safe; bounds exec() and commits
   detail::PgPool pool;
 };
 
@@ -258,7 +270,7 @@ bool PgSink::transact_if(const std::function<bool(pqxx::transaction_base&)>& bod
       tx.abort();
       return false;
     }
-    tx.commit();
+    impl_->watchdog.run(conn.sock(), [&] { tx.commit(); });
     return true;
   });
 }

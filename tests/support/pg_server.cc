@@ -7,9 +7,12 @@
 
 #include <algorithm>
 #include <cctype>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <pqxx/pqxx>
+#include <sstream>
 #include <stdexcept>
 #include <thread>
 
@@ -89,6 +92,7 @@ PgServer::PgServer() : bin_dir_(postgres_bin_dir()), port_(free_port()) {
 
 PgServer::~PgServer() {
   try {
+    resume();
     stop();
   } catch (const std::exception&) {
     // Best effort: the directory goes either way.
@@ -112,6 +116,39 @@ void PgServer::stop() {
   if (!running_) return;
   run_as_owner(bin_dir_ + "/pg_ctl -D " + dir_ + "/data -m fast -w stop > /dev/null");
   running_ = false;
+}
+
+void PgServer::pause() {
+  signal_cluster(SIGSTOP);
+  paused_ = true;
+}
+
+void PgServer::resume() {
+  if (!paused_) return;
+  signal_cluster(SIGCONT);
+  paused_ = false;
+}
+
+void PgServer::signal_cluster(int signal) const {
+  std::ifstream pid_file(dir_ + "/data/postmaster.pid");
+  pid_t postmaster = 0;
+  if (!(pid_file >> postmaster) || postmaster <= 0) {
+    throw std::runtime_error("pg_server: no postmaster.pid");
+  }
+  // Children first, so that no backend the postmaster forks meanwhile is missed for long.
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.empty() || !std::all_of(name.begin(), name.end(), ::isdigit)) continue;
+    std::ifstream stat(entry.path() / "stat");
+    std::string line;
+    if (!std::getline(stat, line)) continue;
+    // pid (comm) state ppid ...: comm may hold spaces and parentheses; the last ')' ends it.
+    std::istringstream rest(line.substr(line.rfind(')') + 1));
+    char state = 0;
+    pid_t parent = 0;
+    if (rest >> state >> parent && parent == postmaster) ::kill(std::stoi(name), signal);
+  }
+  if (::kill(postmaster, signal) != 0) throw std::runtime_error("pg_server: kill failed");
 }
 
 void PgServer::run_as_owner(const std::string& command) const {

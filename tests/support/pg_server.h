@@ -45,14 +45,22 @@ class PgServer {
   void stop();
   /// Starts it again on the same port and waits until it accepts connections.
   void start();
+  /// Stops (SIGSTOP) the postmaster and every backend: the server keeps its sockets, so clients
+  /// stay connected and wait, as with a paused VM. resume() (or the destructor) continues it.
+  void pause();
+  /// Continues (SIGCONT) what pause() stopped.
+  void resume();
 
  private:
   void run_as_owner(const std::string& command) const;
+  // Sends `signal` to the postmaster and its children.
+  void signal_cluster(int signal) const;
 
   std::string bin_dir_;
   std::string dir_;
   int port_ = 0;
   bool running_ = false;
+  bool paused_ = false;
 };
 
 }  // namespace idem::test

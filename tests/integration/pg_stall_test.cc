@@ -1,0 +1,107 @@
+// PostgreSQL stopped (SIGSTOP) mid-run, on a private cluster this test starts (never the shared
+// one): the server-side timeouts cannot fire, so response_timeout must end idem's calls with a
+// typed error, and the sink works again once the server continues.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <pqxx/pqxx>
+#include <string>
+#include <thread>
+
+#include "idem/errors.h"
+#include "idem/pg_sink.h"
+#include "pg_server.h"
+
+namespace idem {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::steady_clock;
+
+constexpr milliseconds kResponseTimeout{1000};
+
+PgSinkOptions stall_options(const test::PgServer& server) {
+  PgSinkOptions options;
+  options.conninfo = server.url() + "?connect_timeout=2";
+  options.pool_size = 2;
+  options.statement_timeout = milliseconds(500);
+  options.lock_timeout = milliseconds(200);
+  options.response_timeout = kResponseTimeout;
+  return options;
+}
+
+// Regression: a stopped server used to hold every sink call for as long as it stayed stopped
+// (measured: a 25 s SIGSTOP held one run_transactional for 25 s).
+TEST(PgStall, AClaimOnAStoppedServerEndsAfterTheResponseTimeoutAndTheSinkRecovers) {
+  test::PgServer server;
+  PgSink sink(stall_options(server));
+  sink.migrate();
+  ASSERT_EQ(sink.claim("warm", "r0", "").status, SinkStatus::kClaimed);  // a pooled connection
+
+  server.pause();
+  const auto start = steady_clock::now();
+  try {
+    (void)sink.claim("k1", "r1", "");
+    ADD_FAILURE() << "a claim on a stopped server returned";
+  } catch (const PostgresError& error) {
+    EXPECT_TRUE(error.retryable());
+    EXPECT_EQ(error.sqlstate(), "08006");
+    EXPECT_NE(std::string(error.what()).find("response_timeout"), std::string::npos)
+        << error.what();
+  }
+  EXPECT_GE(steady_clock::now() - start, kResponseTimeout);
+  server.resume();
+
+  SinkClaim claim;
+  for (int attempt = 0;; ++attempt) {  // the statement sent before the stop may land first
+    try {
+      claim = sink.claim("k1", "r1", "");
+      break;
+    } catch (const PostgresError& error) {
+      ASSERT_TRUE(error.retryable()) << error.what();
+      ASSERT_LT(attempt, 20) << "the sink never recovered: " << error.what();
+      std::this_thread::sleep_for(milliseconds(50));
+    }
+  }
+  // The claim sent before the stop reached the server when it continued, or it did not.
+  EXPECT_TRUE(claim.status == SinkStatus::kClaimed || claim.same_request);
+}
+
+TEST(PgStall, ACommitOnAStoppedServerEndsAfterTheResponseTimeoutWithItsOutcomeUnknown) {
+  test::PgServer server;
+  PgSink sink(stall_options(server));
+  sink.migrate();
+  const auto start = steady_clock::now();
+  try {
+    sink.transact([&](pqxx::transaction_base& tx) {
+      ASSERT_EQ(sink.claim(tx, "k2", "r2", "").status, SinkStatus::kClaimed);
+      server.pause();  // the COMMIT that follows gets no answer
+    });
+    ADD_FAILURE() << "a commit on a stopped server returned";
+  } catch (const PostgresError& error) {
+    EXPECT_FALSE(error.retryable());
+    EXPECT_NE(std::string(error.what()).find("response_timeout"), std::string::npos)
+        << error.what();
+    EXPECT_NE(std::string(error.what()).find("commit outcome unknown"), std::string::npos)
+        << error.what();
+  }
+  EXPECT_GE(steady_clock::now() - start, kResponseTimeout);
+  server.resume();
+}
+
+TEST(PgStall, AResponseTimeoutNotAboveTheServerTimeoutsIsAConfigError) {
+  PgSinkOptions options;
+  options.conninfo = "postgresql://127.0.0.1:1/none";
+  options.statement_timeout = milliseconds(5000);
+  options.response_timeout = milliseconds(5000);
+  EXPECT_THROW(PgSink{options}, ConfigError);
+  options.statement_timeout = milliseconds(0);
+  options.lock_timeout = milliseconds(2000);
+  options.response_timeout = milliseconds(1000);
+  EXPECT_THROW(PgSink{options}, ConfigError);
+  options.response_timeout = milliseconds(0);  // no client-side bound
+  EXPECT_NO_THROW(PgSink{options});
+}
+
+}  // namespace
+}  // namespace idem

@@ -1,0 +1,89 @@
+// The client-side response bound of the Postgres sink, on a socket pair: no server needed.
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <pqxx/except>
+#include <string>
+
+#include "pg/watchdog.h"
+
+namespace idem::detail {
+namespace {
+
+using std::chrono::milliseconds;
+
+// A connected pair of stream sockets, closed on destruction.
+struct SocketPair {
+  std::array<int, 2> fds{-1, -1};
+  SocketPair() { EXPECT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds.data()), 0); }
+  ~SocketPair() {
+    for (const int fd : fds) ::close(fd);
+  }
+};
+
+// What libpq does while it waits for an answer: a blocking read, which fails when the peer
+// never answers but the socket is shut down.
+int wait_for_answer(int fd) {
+  char byte = 0;
+  if (::recv(fd, &byte, 1, 0) != 1) throw pqxx::broken_connection("server closed the connection");
+  return byte;
+}
+
+TEST(PgWatchdog, ASilentPeerEndsTheCallWithARetryableTimeoutError) {
+  PgWatchdog watchdog(milliseconds(100));
+  SocketPair pair;
+  try {
+    (void)watchdog.run(pair.fds[0], [&] { return wait_for_answer(pair.fds[0]); });
+    ADD_FAILURE() << "the call returned without an answer";
+  } catch (const PostgresError& error) {
+    EXPECT_TRUE(error.retryable());
+    EXPECT_EQ(error.sqlstate(), kConnectionLostSqlstate);
+    EXPECT_NE(std::string(error.what()).find("no answer within response_timeout (100 ms)"),
+              std::string::npos)
+        << error.what();
+  }
+}
+
+TEST(PgWatchdog, ACommitWhoseAnswerNeverCameStaysNotRetryable) {
+  PgWatchdog watchdog(milliseconds(50));
+  SocketPair pair;
+  try {
+    watchdog.run(pair.fds[0], [&] {
+      try {
+        (void)wait_for_answer(pair.fds[0]);
+      } catch (const pqxx::broken_connection&) {
+        throw pqxx::in_doubt_error("connection lost during COMMIT");
+      }
+    });
+    ADD_FAILURE() << "the commit returned without an answer";
+  } catch (const PostgresError& error) {
+    EXPECT_FALSE(error.retryable());
+    EXPECT_NE(std::string(error.what()).find("commit outcome unknown"), std::string::npos);
+  }
+}
+
+TEST(PgWatchdog, AnAnswerInTimeLeavesTheSocketUsableAndOtherErrorsPassThrough) {
+  PgWatchdog watchdog(milliseconds(5000));
+  SocketPair pair;
+  for (int i = 0; i < 100; ++i) {  // many short calls: each watch ends before its deadline
+    ASSERT_EQ(::send(pair.fds[1], "x", 1, 0), 1);
+    EXPECT_EQ(watchdog.run(pair.fds[0], [&] { return wait_for_answer(pair.fds[0]); }), 'x');
+  }
+  EXPECT_THROW(watchdog.run(pair.fds[0], [] { throw pqxx::sql_error("boom", "SELECT", "42P01"); }),
+               pqxx::sql_error);
+  ASSERT_EQ(::send(pair.fds[1], "y", 1, 0), 1);  // the socket was never shut down
+  EXPECT_EQ(wait_for_answer(pair.fds[0]), 'y');
+}
+
+TEST(PgWatchdog, ZeroNeverBoundsACall) {
+  PgWatchdog watchdog(milliseconds(0));
+  SocketPair pair;
+  ASSERT_EQ(::send(pair.fds[1], "z", 1, 0), 1);
+  EXPECT_EQ(watchdog.run(pair.fds[0], [&] { return wait_for_answer(pair.fds[0]); }), 'z');
+}
+
+}  // namespace
+}  // namespace idem::detail
