@@ -16,8 +16,9 @@
 // as a new invocation), else `x-fc-request-id` (the platform's ID, the same across its retries).
 // Outcomes: executed or replayed → 200 with the result; in progress (a retry racing the first
 // delivery) or unavailable → 404, so the platform retries later; key reuse with another event →
-// 404 (errorType IdempotencyMismatch); a failed handler → 404 and the claim is released, so the
-// platform's retry runs it again.
+// 404 (errorType IdempotencyMismatch); an event whose user cannot form a key (over 512 bytes) →
+// 404 (InvalidKey); a failed handler → 404 and the claim is released, so the platform's retry
+// runs it again.
 //
 //   idem-fc-runtime [--host 0.0.0.0] [--port $FC_SERVER_PORT|9000] [--redis-url URL] [--pg-url URL]
 //                   [--schema idem_fc] [--ns fc]
@@ -170,6 +171,8 @@ class Function {
       });
     } catch (const idem::BackendError& e) {
       throw FunctionError("Unavailable", e.what());
+    } catch (const idem::InvalidKey& e) {  // e.g. a user longer than a key component may be
+      throw FunctionError("InvalidKey", e.what());
     }
     switch (outcome.kind) {
       case idem::Outcome::Kind::kExecuted:

@@ -177,5 +177,17 @@ TEST_F(FcRuntimeTest, SameIdWithAnotherEventIsAMismatchAndInvalidEventsFail) {
   EXPECT_EQ(grants("o-5"), 1);
 }
 
+// Regression: an event whose user is too long for a key component answered errorType
+// "UnhandledError"; it is the event's fault, and says so.
+TEST_F(FcRuntimeTest, AnOversizeUserIsAnInvalidKeyError) {
+  const std::string user(600, 'u');
+  const Answer oversize =
+      invoke("fc-req-7", R"({"user":")" + user + R"(","order_id":"o-7","points":1})");
+  EXPECT_EQ(oversize.status, 404);
+  EXPECT_EQ(oversize.fc_status, "404");
+  EXPECT_NE(oversize.body.find(R"("errorType":"InvalidKey")"), std::string::npos) << oversize.body;
+  EXPECT_EQ(grants("o-7"), 0);
+}
+
 }  // namespace
 }  // namespace idem::test
