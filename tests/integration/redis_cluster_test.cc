@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "claim_methods.h"
 #include "idem/errors.h"
 #include "idem/redis_guard.h"
 #include "redis/cluster.h"
@@ -200,11 +201,8 @@ TEST(RedisClusterOptions, ClusterUrlMustBeTcpWithDatabaseZero) {
   EXPECT_THROW(RedisGuard{options}, ConfigError);
 }
 
-INSTANTIATE_TEST_SUITE_P(ClaimMethods, RedisClusterTest,
-                         ::testing::Values(ClaimMethod::kLuaScript, ClaimMethod::kSetNxGet),
-                         [](const auto& info) {
-                           return info.param == ClaimMethod::kLuaScript ? "Lua" : "SetNxGet";
-                         });
+INSTANTIATE_TEST_SUITE_P(ClaimMethods, RedisClusterTest, test::all_claim_methods(),
+                         test::claim_method_name);
 
 }  // namespace
 }  // namespace idem

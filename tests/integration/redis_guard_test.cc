@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "claim_methods.h"
 #include "idem/errors.h"
 #include "idem/key.h"
 #include "redis_server.h"
@@ -278,11 +279,8 @@ TEST_P(RedisGuardTest, DatabaseFromTheUrlIsSelected) {
   EXPECT_EQ(test::redis_cli(url, {"EXISTS", guard.redis_key("k")}), "0");
 }
 
-INSTANTIATE_TEST_SUITE_P(ClaimMethods, RedisGuardTest,
-                         ::testing::Values(ClaimMethod::kLuaScript, ClaimMethod::kSetNxGet),
-                         [](const auto& info) {
-                           return info.param == ClaimMethod::kLuaScript ? "Lua" : "SetNxGet";
-                         });
+INSTANTIATE_TEST_SUITE_P(ClaimMethods, RedisGuardTest, test::all_claim_methods(),
+                         test::claim_method_name);
 
 TEST(RedisGuardOptions, InvalidOptionsAreConfigErrors) {
   const auto make = [](auto change) {
