@@ -263,6 +263,13 @@ int PgSink::schema_version() {
   });
 }
 
+void PgSink::ping() {
+  impl_->with_connection([&](pqxx::connection& conn) {
+    pqxx::nontransaction tx(conn);
+    impl_->watchdog.run(conn.sock(), [&] { (void)tx.exec1("SELECT 1"); });
+  });
+}
+
 bool PgSink::transact_if(const std::function<bool(pqxx::transaction_base&)>& body) {
   return impl_->with_connection([&](pqxx::connection& conn) {
     pqxx::work tx(conn);

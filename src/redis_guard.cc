@@ -468,6 +468,17 @@ const RedisGuardOptions& RedisGuard::options() const noexcept { return impl_->op
 
 std::chrono::milliseconds RedisGuard::lease() const noexcept { return impl_->options.lease; }
 
+void RedisGuard::ping() {
+  impl_->with_connection(impl_->key_prefix, [](Connection& connection) {
+    const ReplyPtr reply =
+        checked(connection.command(std::array<std::string_view, 1>{"PING"}), "PING");
+    if (reply->type != REDIS_REPLY_STATUS || std::string_view(reply->str, reply->len) != "PONG") {
+      throw detail::unexpected_reply(*reply, "PING");
+    }
+    return true;
+  });
+}
+
 BreakerState RedisGuard::breaker_state() const {
   return impl_->breaker.state(detail::CircuitBreaker::Clock::now());
 }

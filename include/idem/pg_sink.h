@@ -118,6 +118,13 @@ class IDEM_EXPORT PgSink {
   /// migrate() never ran on this schema and table.
   [[nodiscard]] int schema_version();
 
+  /// Checks that the server answers on this sink's connection settings (credentials included):
+  /// borrows a pooled connection, connecting if none is open, and runs `SELECT 1` within
+  /// response_timeout. For start-up and readiness checks. Throws idem::PostgresError; a failed
+  /// connect is retryable() whatever its cause (libpq does not tell a wrong password from a
+  /// server that is starting), and its message says which.
+  void ping();
+
   /// Borrows a pooled connection, opens a transaction (READ COMMITTED), runs `body` in it and
   /// commits when `body` returns; rolls back and rethrows when it throws (pqxx errors translated
   /// to idem::PostgresError, other exceptions unchanged). Commits nothing after a claim that

@@ -165,6 +165,14 @@ class IDEM_EXPORT RedisGuard final : public Guard {
   /// The full Redis key for a key text: `{escaped prefix}:{escaped ns}:{key}`.
   [[nodiscard]] std::string redis_key(std::string_view key) const;
 
+  /// Checks that Redis answers and accepts this guard's settings: borrows a pooled connection
+  /// (connecting, with AUTH and SELECT, if none is open) and sends PING; in a cluster, to the
+  /// master of the key prefix's slot. For start-up and readiness checks: with a sink configured,
+  /// the facade fails open on Redis errors, so a wrong password would otherwise show only in
+  /// idem_backend_errors_total. Throws idem::RedisError like every call (retryable() false for
+  /// a configuration problem such as WRONGPASS or NOAUTH; at once while the breaker is open).
+  void ping();
+
   /// Current state of the circuit breaker. Thread-safe, no I/O.
   [[nodiscard]] BreakerState breaker_state() const;
 

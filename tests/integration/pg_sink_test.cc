@@ -182,6 +182,20 @@ TEST_F(PgSinkTest, StatementTimeoutIsARetryablePostgresError) {
   EXPECT_EQ(run_once(*sink, "k5", "req-a").status, SinkStatus::kClaimed);
 }
 
+TEST_F(PgSinkTest, PingAnswersWhenTheServerDoesAndThrowsARedactedErrorWhenItIsUnreachable) {
+  EXPECT_NO_THROW(sink_->ping());
+  PgSinkOptions opts = options();
+  opts.conninfo = "postgresql://app:s3cret@127.0.0.1:1/none?connect_timeout=2";  // nothing there
+  auto unreachable = make_sink(opts);
+  try {
+    unreachable->ping();
+    FAIL() << "a ping of a closed port succeeded";
+  } catch (const PostgresError& error) {
+    EXPECT_TRUE(error.retryable());
+    EXPECT_EQ(std::string(error.what()).find("s3cret"), std::string::npos) << error.what();
+  }
+}
+
 TEST_F(PgSinkTest, NonTransactionalClaimCompleteAndRelease) {
   const SinkClaim first = sink_->claim("k6", "req-a", "fp");
   EXPECT_EQ(first.status, SinkStatus::kClaimed);

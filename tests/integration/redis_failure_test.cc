@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "claim_methods.h"
 #include "idem/errors.h"
 #include "idem/redis_guard.h"
 #include "redis_server.h"
@@ -246,6 +247,38 @@ TEST_P(RedisFailureTest, AuthWithPasswordAndAclUserFromTheUrl) {
   EXPECT_THROW((void)anonymous.claim("k", "req", ""), RedisError);
 }
 
+// With a sink configured the facade fails open on Redis errors, so a wrong password showed only
+// in idem_backend_errors_total: ping() lets a service find it at start-up.
+TEST_P(RedisFailureTest, PingTellsAWrongPasswordFromAServerThatIsDown) {
+  test::RedisServer server(false, {"--requirepass", "s3cret"});
+  const std::string host_port = server.url().substr(std::string("redis://").size());
+  RedisGuard right(options("redis://:s3cret@" + host_port));
+  EXPECT_NO_THROW(right.ping());
+  RedisGuard wrong(options("redis://:nope@" + host_port));
+  try {
+    wrong.ping();
+    ADD_FAILURE() << "a wrong password was accepted";
+  } catch (const RedisError& error) {
+    EXPECT_FALSE(error.retryable()) << error.what();
+    EXPECT_NE(std::string(error.what()).find("WRONGPASS"), std::string::npos) << error.what();
+  }
+  RedisGuard anonymous(options(server.url()));
+  try {
+    anonymous.ping();
+    ADD_FAILURE() << "a server that requires a password answered PING without one";
+  } catch (const RedisError& error) {
+    EXPECT_FALSE(error.retryable()) << error.what();
+    EXPECT_NE(std::string(error.what()).find("NOAUTH"), std::string::npos) << error.what();
+  }
+  server.kill();
+  try {
+    right.ping();
+    ADD_FAILURE() << "a stopped server answered PING";
+  } catch (const RedisError& error) {
+    EXPECT_TRUE(error.retryable()) << error.what();
+  }
+}
+
 TEST_P(RedisFailureTest, UnixSocketUrlWithDatabase) {
   test::RedisServer server(false, {"--unixsocket", "redis.sock"});  // relative to its dir
   RedisGuard guard(options("unix://" + (server.dir() / "redis.sock").string() + "?db=2"));
@@ -255,11 +288,8 @@ TEST_P(RedisFailureTest, UnixSocketUrlWithDatabase) {
   EXPECT_TRUE(guard.release("k", first.owner_token));
 }
 
-INSTANTIATE_TEST_SUITE_P(ClaimMethods, RedisFailureTest,
-                         ::testing::Values(ClaimMethod::kLuaScript, ClaimMethod::kSetNxGet),
-                         [](const auto& info) {
-                           return info.param == ClaimMethod::kLuaScript ? "Lua" : "SetNxGet";
-                         });
+INSTANTIATE_TEST_SUITE_P(ClaimMethods, RedisFailureTest, test::all_claim_methods(),
+                         test::claim_method_name);
 
 }  // namespace
 }  // namespace idem
