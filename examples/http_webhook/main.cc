@@ -37,6 +37,7 @@
 
 #include "common/flags.h"
 #include "common/http_listen.h"
+#include "common/startup.h"
 #include "idem/deduplicator.h"
 #include "idem/errors.h"
 #include "idem/request_id.h"
@@ -98,7 +99,9 @@ std::unique_ptr<idem::Deduplicator> make_deduplicator(
   sink.retention = std::chrono::hours(24);
 
   idem::DeduplicatorOptions options;
-  options.guard = std::make_shared<idem::RedisGuard>(guard);
+  auto redis_guard = std::make_shared<idem::RedisGuard>(guard);
+  examples::check_redis_at_startup(*redis_guard, std::cerr);
+  options.guard = std::move(redis_guard);
   options.sink = std::make_shared<idem::PgSink>(sink);
   options.sink->migrate();
   options.metrics = std::move(metrics);

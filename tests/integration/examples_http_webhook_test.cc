@@ -208,6 +208,20 @@ TEST_F(HttpWebhookTest, OversizeClientIdIs400NotUnavailable) {
   EXPECT_EQ(refunds("o-8"), 0);
 }
 
+// Regression: with a wrong Redis password the service started and ran on the Postgres sink
+// alone (the facade fails open), saying nothing; it now refuses to start.
+TEST_F(HttpWebhookTest, AWrongRedisPasswordStopsTheServiceAtStartUp) {
+  const std::string host_port = redis_url_.substr(redis_url_.find("//") + 2);
+  ChildProcess wrong({IDEM_HTTP_WEBHOOK_BIN, "--port", "0", "--redis-url",
+                      "redis://:not-the-password@" + host_port, "--pg-url", pg_url_, "--schema",
+                      schema_, "--ns", schema_});
+  EXPECT_EQ(wrong.wait_exit(seconds(20)), 1) << wrong.tail();
+  EXPECT_NE(wrong.tail().find("AUTH"), std::string::npos) << wrong.tail();
+  EXPECT_EQ(wrong.tail().find("not-the-password"), std::string::npos) << wrong.tail();
+  for (const auto& line : wrong.lines())
+    EXPECT_EQ(line.find("listening on"), std::string::npos) << line;
+}
+
 TEST_F(HttpWebhookTest, UnknownAccountIs404AndReleasesTheKey) {
   EXPECT_EQ(refund("key-no-account", "o-5", 999, 100).status, 404);
   EXPECT_EQ(refund("key-no-account", "o-5", 999, 100).status, 404);  // ran again: not 409
