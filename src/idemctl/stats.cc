@@ -31,6 +31,7 @@ struct Stats {
   // Per layer, in the order the text lists them: decisions by outcome name.
   std::vector<std::pair<std::string, std::map<std::string, std::uint64_t>>> decisions{};
   std::vector<std::pair<std::string, std::uint64_t>> backend_errors{};
+  std::optional<std::uint64_t> handler_failures{};  // absent from older services
   std::uint64_t total = 0;
 };
 
@@ -81,6 +82,8 @@ Stats parse(std::string_view text) {
       const std::uint64_t count = number_of<std::uint64_t>(value);
       it->second[std::string(label(labels, "outcome"))] += count;
       stats.total += count;
+    } else if (name == "idem_handler_failures_total") {
+      stats.handler_failures = number_of<std::uint64_t>(value);
     } else if (name == "idem_backend_errors_total") {
       stats.backend_errors.emplace_back(label(labels, "layer"), number_of<std::uint64_t>(value));
     }
@@ -165,14 +168,14 @@ int run(const StatsFlags& flags) {
     }
     nlohmann::ordered_json errors = nlohmann::ordered_json::object();
     for (const auto& [layer, count] : stats.backend_errors) errors[layer] = count;
-    std::cout << nlohmann::ordered_json{{"url", redact(flags.url)},
-                                        {"duplicate_rate", *stats.duplicate_rate},
-                                        {"repeat_rate", repeat_rate(stats)},
-                                        {"total_decisions", stats.total},
-                                        {"decisions", layers},
-                                        {"backend_errors", errors}}
-                     .dump(2)
-              << '\n';
+    nlohmann::ordered_json answer{{"url", redact(flags.url)},
+                                  {"duplicate_rate", *stats.duplicate_rate},
+                                  {"repeat_rate", repeat_rate(stats)},
+                                  {"total_decisions", stats.total},
+                                  {"decisions", layers},
+                                  {"backend_errors", errors}};
+    if (stats.handler_failures) answer["handler_failures"] = *stats.handler_failures;
+    std::cout << answer.dump(2) << '\n';
     return kOk;
   }
   std::cout << redact(flags.url) << "\n"
@@ -193,6 +196,10 @@ int run(const StatsFlags& flags) {
                 << (by_outcome.contains(outcome) ? by_outcome.at(outcome) : 0);
     }
     std::cout << "\n";
+  }
+  if (stats.handler_failures) {
+    std::cout << "\nhandler failures " << *stats.handler_failures
+              << "  (calls whose handler threw; not in the decisions above)\n";
   }
   if (!stats.backend_errors.empty()) {
     std::cout << "\nbackend errors  ";

@@ -514,6 +514,10 @@ TEST(IdemctlStats, ReadsTheDuplicateRateAndPerLayerCounts) {
   record(metrics, Layer::kRequestId, Outcome::Kind::kDuplicate, 1);  // a replay of layer 1
   record(metrics, Layer::kFingerprint, Outcome::Kind::kMismatch, 1);
   metrics.record_backend_error(Layer::kRedisGuard);
+  DecisionEvent failed;
+  failed.handler_failed = true;
+  metrics.record_handler_failure(failed);
+  metrics.record_handler_failure(failed);
   ASSERT_DOUBLE_EQ(metrics.duplicate_rate(), 4.0 / 12);
   MetricsServer server(metrics.prometheus_text());
 
@@ -529,12 +533,14 @@ TEST(IdemctlStats, ReadsTheDuplicateRateAndPerLayerCounts) {
   EXPECT_EQ(json.json()["decisions"]["pg_sink"]["duplicate"], 1);
   EXPECT_EQ(json.json()["decisions"]["pg_sink"]["executed"], 0);
   EXPECT_EQ(json.json()["backend_errors"]["redis_guard"], 1);
+  EXPECT_EQ(json.json()["handler_failures"], 2);
 
   const CtlRun text = idemctl({"stats", "--url", server.url()});
   ASSERT_EQ(text.code, kOk) << text.describe();
   EXPECT_TRUE(contains(text.out, "duplicate rate   0.3333")) << text.out;
   EXPECT_TRUE(contains(text.out, "repeat rate      0.5000")) << text.out;
   EXPECT_TRUE(contains(text.out, "of 12 decisions")) << text.out;
+  EXPECT_TRUE(contains(text.out, "handler failures 2")) << text.out;
 }
 
 TEST(IdemctlStats, UnreachableUrlAndAnswersWithoutIdemMetricsAreErrors) {
