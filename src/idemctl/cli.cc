@@ -26,9 +26,17 @@ void remember_secret(std::string_view url) {
       std::mismatch(url.begin(), url.end(), hidden.begin(), hidden.end()).first - url.begin());
   const auto suffix = static_cast<std::size_t>(
       std::mismatch(url.rbegin(), url.rend(), hidden.rbegin(), hidden.rend()).first - url.rbegin());
-  if (prefix + suffix < url.size()) {
-    secrets().emplace_back(url.substr(prefix, url.size() - prefix - suffix));
+  if (prefix + suffix >= url.size()) return;
+  std::string_view secret = url.substr(prefix, url.size() - prefix - suffix);
+  // A URL's userinfo: only the password after the user name is secret. A bare user name is
+  // not, and is too common a word to mask everywhere: `postgres` masked the scheme
+  // `postgresql://` and idem's own "idem: postgres:" prefix.
+  if (url.substr(url.size() - suffix).starts_with('@')) {
+    const std::size_t colon = secret.find(':');
+    if (colon == std::string_view::npos) return;
+    secret = secret.substr(colon + 1);
   }
+  if (!secret.empty()) secrets().emplace_back(secret);
 }
 
 // A libpq connection string: a URI or `keyword=value` pairs (checked further by libpq).

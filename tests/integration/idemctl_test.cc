@@ -461,6 +461,13 @@ TEST_F(IdemctlTest, BadInputAndUnreachableBackendsHaveTheirExitCodesAndHidePassw
       idemctl({"migrate", "--pg", "postgresql://idem:pgs3cret@127.0.0.1:1/idem?connect_timeout=5"});
   EXPECT_EQ(pg_down.code, kUnavailable) << pg_down.describe();
   EXPECT_FALSE(contains(pg_down.err + pg_down.out, "pgs3cret")) << pg_down.describe();
+  // Regression: a URL with a user name and no password had that name masked everywhere, so
+  // `postgres` turned the scheme into "***ql://" and idem's prefix into "idem: ***:".
+  const CtlRun user_only = idemctl(
+      {"inspect", "u:i:k", "--pg", "postgresql://postgres@127.0.0.1:1/idem?connect_timeout=5"});
+  EXPECT_EQ(user_only.code, kUnavailable) << user_only.describe();
+  EXPECT_TRUE(contains(user_only.out, "postgresql://***@127.0.0.1:1/idem")) << user_only.out;
+  EXPECT_TRUE(contains(user_only.err, "idem: postgres:")) << user_only.err;
 
   const CtlRun unknown = idemctl({"inspect", "--no-such-flag"});
   EXPECT_EQ(unknown.code, kUsage) << unknown.describe();
