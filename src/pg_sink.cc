@@ -2,7 +2,9 @@
 
 #include <openssl/evp.h>
 
+#include <algorithm>
 #include <array>
+#include <optional>
 #include <pqxx/pqxx>
 #include <utility>
 
@@ -63,11 +65,12 @@ void validate(const PgSinkOptions& options) {
     throw ConfigError("idem: PgSinkOptions timeouts must not be negative");
   }
   if (options.response_timeout.count() > 0 &&
-      (options.response_timeout <= options.statement_timeout ||
+      (options.statement_timeout.count() == 0 || options.lock_timeout.count() == 0 ||
+       options.response_timeout <= options.statement_timeout ||
        options.response_timeout <= options.lock_timeout)) {
     throw ConfigError(
-        "idem: PgSinkOptions::response_timeout must be 0 or longer than statement_timeout and "
-        "lock_timeout");
+        "idem: PgSinkOptions::response_timeout must be 0, or longer than statement_timeout and "
+        "lock_timeout, which must then be set (not 0)");
   }
   if (options.lease.count() <= 0) throw ConfigError("idem: PgSinkOptions::lease must be > 0");
   if (options.retention.count() <= 0) {
@@ -75,6 +78,23 @@ void validate(const PgSinkOptions& options) {
   }
   (void)detail::quote_identifier(options.schema);  // throws ConfigError
   (void)detail::quote_identifier(options.table);
+}
+
+// `conninfo` bounding the connect by `response_timeout` too, unless it sets connect_timeout
+// itself: libpq's connect_timeout, in whole seconds, at least 2 (libpq's minimum).
+std::string with_connect_timeout(const std::string& conninfo,
+                                 std::chrono::milliseconds response_timeout) {
+  if (response_timeout.count() == 0 || conninfo.find("connect_timeout") != std::string::npos) {
+    return conninfo;
+  }
+  constexpr std::int64_t kMaxSeconds = 24 * 60 * 60;
+  const std::int64_t seconds = std::clamp<std::int64_t>(
+      std::chrono::ceil<std::chrono::seconds>(response_timeout).count(), 2, kMaxSeconds);
+  const std::string setting = "connect_timeout=" + std::to_string(seconds);
+  if (conninfo.starts_with("postgresql://") || conninfo.starts_with("postgres://")) {
+    return conninfo + (conninfo.find('?') == std::string::npos ? "?" : "&") + setting;
+  }
+  return conninfo + " " + setting;
 }
 
 // The statements' SQL for the records table `table` (already quoted).
@@ -119,8 +139,8 @@ struct PgSink::Impl {
         sql(statements(detail::quote_identifier(options.schema) + "." +
                        detail::quote_identifier(options.table))),
         watchdog(options.response_timeout),
-        pool(options.conninfo, options.pool_size, options.borrow_timeout,
-             [this](pqxx::connection& conn) { setup(conn); }) {}
+        pool(with_connect_timeout(options.conninfo, options.response_timeout), options.pool_size,
+             options.borrow_timeout, [this](pqxx::connection& conn) { setup(conn); }) {}
 
   // Session settings of a new pooled connection (set_variable: they survive libpqxx's
   // transparent reconnects).
@@ -137,6 +157,29 @@ struct PgSink::Impl {
       tx.conn().prepare(kStatementNames[statement], sql[statement]);
       return tx.exec_prepared(kStatementNames[statement], std::forward<Args>(args)...);
     });
+  }
+
+  // Runs body(tx) in a transaction on `conn`; commits when it returns true, rolls back when it
+  // returns false or throws. BEGIN, COMMIT and ROLLBACK wait at most response_timeout (the
+  // statements of `body` are its own business).
+  template <typename Body>
+  bool watched_transaction(pqxx::connection& conn, Body&& body) {
+    const int socket = conn.sock();
+    std::optional<pqxx::work> tx;
+    watchdog.run(socket, [&] { tx.emplace(conn); });
+    bool commit = false;
+    try {
+      commit = body(*tx);
+    } catch (...) {
+      try {
+        watchdog.run(socket, [&] { tx->abort(); });
+      } catch (...) {
+        // The body's failure is the one the caller must see.
+      }
+      throw;
+    }
+    watchdog.run(socket, [&] { commit ? tx->commit() : tx->abort(); });
+    return commit;
   }
 
   // Borrows a connection and runs fn(connection), translating libpqxx errors; a connection
@@ -235,21 +278,23 @@ void PgSink::migrate() {
   const std::string schema = detail::quote_identifier(impl_->names.schema);
   const std::string versions = schema + "." + detail::quote_identifier(impl_->names.versions);
   impl_->with_connection([&](pqxx::connection& conn) {
-    pqxx::work tx(conn);
-    tx.exec_params("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
-                   "idem.migrate:" + impl_->names.schema + "." + impl_->names.table);
-    // Skipped when present: CREATE … IF NOT EXISTS still demands the CREATE privilege.
-    if (tx.exec_params1("SELECT to_regnamespace($1) IS NULL", schema)[0].as<bool>()) {
-      tx.exec("CREATE SCHEMA IF NOT EXISTS " + schema);
-    }
-    if (tx.exec_params1("SELECT to_regclass($1) IS NULL", versions)[0].as<bool>()) {
-      tx.exec(script.preamble);
-    }
-    const int current = tx.exec1("SELECT coalesce(max(version), 0) FROM " + versions)[0].as<int>();
-    for (const auto& step : script.steps) {
-      if (step.version > current) tx.exec(step.sql);
-    }
-    tx.commit();
+    return impl_->watched_transaction(conn, [&](pqxx::work& tx) {
+      tx.exec_params("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
+                     "idem.migrate:" + impl_->names.schema + "." + impl_->names.table);
+      // Skipped when present: CREATE … IF NOT EXISTS still demands the CREATE privilege.
+      if (tx.exec_params1("SELECT to_regnamespace($1) IS NULL", schema)[0].as<bool>()) {
+        tx.exec("CREATE SCHEMA IF NOT EXISTS " + schema);
+      }
+      if (tx.exec_params1("SELECT to_regclass($1) IS NULL", versions)[0].as<bool>()) {
+        tx.exec(script.preamble);
+      }
+      const int current =
+          tx.exec1("SELECT coalesce(max(version), 0) FROM " + versions)[0].as<int>();
+      for (const auto& step : script.steps) {
+        if (step.version > current) tx.exec(step.sql);
+      }
+      return true;
+    });
   });
 }
 
@@ -257,9 +302,11 @@ int PgSink::schema_version() {
   const std::string versions = detail::quote_identifier(impl_->names.schema) + "." +
                                detail::quote_identifier(impl_->names.versions);
   return impl_->with_connection([&](pqxx::connection& conn) {
-    pqxx::nontransaction tx(conn);
-    if (tx.exec_params1("SELECT to_regclass($1) IS NULL", versions)[0].as<bool>()) return 0;
-    return tx.exec1("SELECT coalesce(max(version), 0) FROM " + versions)[0].as<int>();
+    return impl_->watchdog.run(conn.sock(), [&] {
+      pqxx::nontransaction tx(conn);
+      if (tx.exec_params1("SELECT to_regclass($1) IS NULL", versions)[0].as<bool>()) return 0;
+      return tx.exec1("SELECT coalesce(max(version), 0) FROM " + versions)[0].as<int>();
+    });
   });
 }
 
@@ -272,13 +319,7 @@ void PgSink::ping() {
 
 bool PgSink::transact_if(const std::function<bool(pqxx::transaction_base&)>& body) {
   return impl_->with_connection([&](pqxx::connection& conn) {
-    pqxx::work tx(conn);
-    if (!body(tx)) {
-      tx.abort();
-      return false;
-    }
-    impl_->watchdog.run(conn.sock(), [&] { tx.commit(); });
-    return true;
+    return impl_->watched_transaction(conn, [&](pqxx::work& tx) { return body(tx); });
   });
 }
 
@@ -367,21 +408,22 @@ std::optional<RecordInfo> PgSink::inspect(std::string_view key) {
 
 ForceReleaseStatus PgSink::force_release(std::string_view key, ForceReleaseScope scope) {
   const std::string k(key);
-  return impl_->with_connection([&](pqxx::connection& conn) {
-    pqxx::work tx(conn);
-    const pqxx::result found = impl_->exec(tx, kLockRow, impl_->options.ns, k);
-    ForceReleaseStatus status = ForceReleaseStatus::kReleased;
-    if (found.empty()) {
-      status = ForceReleaseStatus::kNotFound;
-    } else if (scope == ForceReleaseScope::kInProgressOnly &&
-               found[0][0].as<std::string>() == "completed") {
-      status = ForceReleaseStatus::kCompleted;
-    } else {
-      impl_->exec(tx, kEvict, impl_->options.ns, k);
-    }
-    tx.commit();
-    return status;
+  ForceReleaseStatus status = ForceReleaseStatus::kReleased;
+  impl_->with_connection([&](pqxx::connection& conn) {
+    return impl_->watched_transaction(conn, [&](pqxx::work& tx) {
+      const pqxx::result found = impl_->exec(tx, kLockRow, impl_->options.ns, k);
+      if (found.empty()) {
+        status = ForceReleaseStatus::kNotFound;
+      } else if (scope == ForceReleaseScope::kInProgressOnly &&
+                 found[0][0].as<std::string>() == "completed") {
+        status = ForceReleaseStatus::kCompleted;
+      } else {
+        impl_->exec(tx, kEvict, impl_->options.ns, k);
+      }
+      return true;
+    });
   });
+  return status;
 }
 
 const PgSinkOptions& PgSink::options() const noexcept { return impl_->options; }

@@ -19,12 +19,23 @@ std::uint64_t PgWatchdog::watch(int socket) {
     const std::lock_guard lock(mutex_);
     wake = waiting_for_work_;
     id = next_id_++;
-    watches_.emplace(id, Watch{std::chrono::steady_clock::now() + timeout_, socket, false});
+    watches_.emplace(id, Watch{deadline_from_now(), socket, false});
   }
   // Every watch has the same timeout, so a new one never ends before those the thread already
   // waits for: only a thread waiting with no deadline needs waking.
   if (wake) added_.notify_one();
   return id;
+}
+
+std::chrono::steady_clock::time_point PgWatchdog::deadline_from_now() const {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point now = Clock::now();
+  // A timeout past the clock's range (milliseconds::max() meant as "never") saturates instead
+  // of overflowing into the past.
+  if (timeout_ >= std::chrono::floor<std::chrono::milliseconds>(Clock::time_point::max() - now)) {
+    return Clock::time_point::max();
+  }
+  return now + timeout_;
 }
 
 bool PgWatchdog::unwatch(std::uint64_t id) {

@@ -73,6 +73,7 @@ class PgWatchdog {
   };
 
   std::uint64_t watch(int socket);
+  [[nodiscard]] std::chrono::steady_clock::time_point deadline_from_now() const;
   bool unwatch(std::uint64_t id);
   [[nodiscard]] PostgresError timed_out(const PostgresError& error) const;
   void loop(std::stop_token stop);

@@ -74,7 +74,8 @@ class PgSinkTest : public ::testing::Test {
 TEST_F(PgSinkTest, ThirtyTwoThreadsRacingOneKeyCommitExactlyOneBusinessRow) {
   PgSinkOptions opts = options();
   opts.pool_size = 32;
-  opts.lock_timeout = std::chrono::milliseconds(0);  // the losers wait for the winner's commit
+  opts.lock_timeout = std::chrono::milliseconds(0);      // the losers wait for the winner's commit
+  opts.response_timeout = std::chrono::milliseconds(0);  // as long as it takes
   auto sink = make_sink(opts);
   constexpr int kThreads = 32;
   std::atomic<int> claimed{0};
@@ -329,6 +330,7 @@ TEST_F(PgSinkTest, ATerminatedConnectionIsNeverHandedOutAgain) {
 TEST_F(PgSinkTest, DeadlockIsARetryablePostgresError) {
   PgSinkOptions opts = options();
   opts.lock_timeout = std::chrono::milliseconds(0);  // let the deadlock detector decide
+  opts.response_timeout = std::chrono::milliseconds(0);
   auto sink = make_sink(opts);
   const std::string accounts = schema_->name() + ".accounts";
   schema_->exec("CREATE TABLE " + accounts +

@@ -89,6 +89,44 @@ TEST(PgStall, ACommitOnAStoppedServerEndsAfterTheResponseTimeoutWithItsOutcomeUn
   server.resume();
 }
 
+// Regression: a transaction begun after the server stopped waited in BEGIN, unwatched, for as
+// long as the server stayed stopped.
+TEST(PgStall, ATransactionBegunOnAStoppedServerEndsAfterTheResponseTimeout) {
+  test::PgServer server;
+  PgSink sink(stall_options(server));
+  sink.migrate();
+  sink.transact([&](pqxx::transaction_base& tx) { (void)sink.claim(tx, "warm", "r0", ""); });
+  server.pause();
+  const auto start = steady_clock::now();
+  bool body_ran = false;
+  try {
+    sink.transact([&](pqxx::transaction_base&) { body_ran = true; });
+    ADD_FAILURE() << "a transaction on a stopped server returned";
+  } catch (const PostgresError& error) {
+    EXPECT_TRUE(error.retryable()) << error.what();
+    EXPECT_NE(std::string(error.what()).find("response_timeout"), std::string::npos)
+        << error.what();
+  }
+  EXPECT_FALSE(body_ran);
+  EXPECT_GE(steady_clock::now() - start, kResponseTimeout);
+  server.resume();
+}
+
+// Regression: with no connect_timeout in the connection string, opening a connection to a
+// stopped server (its kernel still accepts the TCP connection) waited without limit.
+TEST(PgStall, ConnectingToAStoppedServerIsBoundedWithoutAConnectTimeoutSetting) {
+  test::PgServer server;
+  PgSinkOptions options = stall_options(server);
+  options.conninfo = server.url();  // no connect_timeout: derived from response_timeout (2 s)
+  PgSink sink(options);
+  server.pause();
+  const auto start = steady_clock::now();
+  EXPECT_THROW(sink.ping(), PostgresError);
+  EXPECT_LT(steady_clock::now() - start, std::chrono::seconds(30));  // bounded, not exact
+  server.resume();
+  EXPECT_NO_THROW(sink.ping());
+}
+
 TEST(PgStall, AResponseTimeoutNotAboveTheServerTimeoutsIsAConfigError) {
   PgSinkOptions options;
   options.conninfo = "postgresql://127.0.0.1:1/none";
@@ -100,6 +138,17 @@ TEST(PgStall, AResponseTimeoutNotAboveTheServerTimeoutsIsAConfigError) {
   options.response_timeout = milliseconds(1000);
   EXPECT_THROW(PgSink{options}, ConfigError);
   options.response_timeout = milliseconds(0);  // no client-side bound
+  EXPECT_NO_THROW(PgSink{options});
+  // A server timeout of 0 waits without limit: a client-side bound would cut a legitimate wait.
+  options.statement_timeout = milliseconds(0);
+  options.lock_timeout = milliseconds(1000);
+  options.response_timeout = milliseconds(10000);
+  EXPECT_THROW(PgSink{options}, ConfigError);
+  options.statement_timeout = milliseconds(5000);
+  options.lock_timeout = milliseconds(0);
+  EXPECT_THROW(PgSink{options}, ConfigError);
+  options.lock_timeout = milliseconds(1000);
+  options.response_timeout = milliseconds::max();  // saturates: never fires
   EXPECT_NO_THROW(PgSink{options});
 }
 

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <pqxx/except>
 #include <string>
+#include <thread>
 
 #include "pg/watchdog.h"
 
@@ -76,6 +77,23 @@ TEST(PgWatchdog, AnAnswerInTimeLeavesTheSocketUsableAndOtherErrorsPassThrough) {
                pqxx::sql_error);
   ASSERT_EQ(::send(pair.fds[1], "y", 1, 0), 1);  // the socket was never shut down
   EXPECT_EQ(wait_for_answer(pair.fds[0]), 'y');
+}
+
+// Regression: milliseconds::max() overflowed the deadline into the past, so every call was
+// cut off at once.
+TEST(PgWatchdog, ATimeoutBeyondTheClocksRangeNeverFires) {
+  PgWatchdog watchdog(milliseconds::max());
+  SocketPair pair;
+  for (int i = 0; i < 3; ++i) {
+    std::this_thread::sleep_for(milliseconds(20));  // time for a wrongly early deadline to fire
+    ASSERT_EQ(::send(pair.fds[1], "m", 1, 0), 1);
+    EXPECT_EQ(watchdog.run(pair.fds[0],
+                           [&] {
+                             std::this_thread::sleep_for(milliseconds(20));
+                             return wait_for_answer(pair.fds[0]);
+                           }),
+              'm');
+  }
 }
 
 TEST(PgWatchdog, ZeroNeverBoundsACall) {
