@@ -47,14 +47,17 @@ struct PgSinkOptions {
   /// blocks its duplicates).
   std::chrono::milliseconds lock_timeout{1000};
   /// Client-side bound, in ms, on how long idem waits for the server to answer one of its own
-  /// statements (claim, complete, release, inspect, purge, force_release) or the commit of
-  /// transact()/transact_if(). The server-side timeouts cannot fire when the server stopped
-  /// answering (a stopped process, a paused VM, a partition the keepalives have not noticed);
-  /// then, after response_timeout, the connection's socket is shut down and the call throws a
-  /// retryable idem::PostgresError (SQLSTATE 08006), or a non-retryable one for a commit, whose
-  /// outcome is unknown. The caller's own statements inside a transaction are not bounded by it.
-  /// Must be 0 (no bound) or longer than statement_timeout and lock_timeout, so that a merely
-  /// slow statement gets the server's own error first. Costs one helper thread per PgSink.
+  /// statements (claim, complete, release, inspect, purge, force_release, ping) and the BEGIN,
+  /// COMMIT and ROLLBACK of every transaction it opens (transact(), transact_if(), migrate()).
+  /// The server-side timeouts cannot fire when the server stopped answering (a stopped process,
+  /// a paused VM, a partition the keepalives have not noticed); then, after response_timeout,
+  /// the connection's socket is shut down and the call throws a retryable idem::PostgresError
+  /// (SQLSTATE 08006), or a non-retryable one for a COMMIT, whose outcome is unknown. Connecting
+  /// is bounded by it too (libpq's connect_timeout, whole seconds, at least 2) unless `conninfo`
+  /// sets connect_timeout. The caller's own statements inside a transaction are not bounded.
+  /// Must be 0 (no bound), or longer than statement_timeout and lock_timeout, which must then be
+  /// set (a server timeout of 0 waits without limit, which a client bound would cut off); a
+  /// value beyond the clock's range never fires. Costs one helper thread per PgSink.
   std::chrono::milliseconds response_timeout{10000};
   /// How long an IN_PROGRESS row committed by the non-transactional claim() lives, in ms, before
   /// another claim may take the key over (the owner crashed). Must be > 0.
