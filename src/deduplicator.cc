@@ -16,6 +16,7 @@
 #include "idem/key.h"
 #include "idem/local_cache.h"
 #include "idem/request_id.h"
+#include "pg/errors.h"
 
 namespace idem {
 
@@ -31,9 +32,10 @@ struct CallState {
   std::string sink_owner;           // request ID, or a generated ID when the request has none
   std::string owner_token;          // non-empty while this call owns a Redis claim
   std::string previous_bucket_key;  // fallback key of the previous time bucket, when bucketed
-  bool reentrant_retry = false;  // REPEAT_SAME of an in-progress reentrant intent: run, unclaimed
-  bool handler_started = false;  // the handler was called
-  bool commit_started = false;   // the handler returned and the commit was under way
+  bool reentrant_retry = false;   // REPEAT_SAME of an in-progress reentrant intent: run, unclaimed
+  bool handler_started = false;   // the handler was called
+  bool handler_returned = false;  // ... and returned: what fails now is idem's or the commit
+  bool commit_started = false;    // the handler returned and the commit was under way
   Guard* guard = nullptr;
   std::chrono::milliseconds lease{0};
   std::atomic<SteadyClock::rep> lease_deadline{0};
@@ -302,6 +304,7 @@ struct Deduplicator::Impl {
         std::string response;
         const auto business_write = [&](pqxx::transaction_base& t) {
           response = handler(&t, context);
+          call.handler_returned = true;
         };
         if (options.sink->options().business_constraints.empty()) {
           business_write(tx);
@@ -318,7 +321,8 @@ struct Deduplicator::Impl {
         return true;
       });
     } catch (const PostgresError& error) {
-      record_backend_error(Layer::kPgSink);
+      // The handler's own statements failing is a business failure, not the sink's.
+      if (!call.handler_started || call.handler_returned) record_backend_error(Layer::kPgSink);
       if (call.handler_started) throw;  // decide() tells a handler's error from a failed commit
       return unavailable(Layer::kPgSink, error);
     }
@@ -443,10 +447,13 @@ struct Deduplicator::Impl {
       outcome = run_layers(call, transactional, handler, context, true);
     } catch (const Cancelled&) {
       throw;  // the claim lives until its lease ends: never released on cancellation
-    } catch (const PostgresError&) {
-      // A failed commit leaves the outcome unknown: the claim is kept. An error of the
-      // handler's own statements is a business failure like any other.
-      if (!call.commit_started && !call.stop_requested()) {
+    } catch (const PostgresError& error) {
+      // A commit whose connection was lost has an unknown outcome: the claim is kept. A commit
+      // the server refused (a deferred constraint, a serialization failure) rolled back for
+      // sure, and an error of the handler's own statements is a business failure: both release.
+      const bool outcome_unknown =
+          call.commit_started && detail::is_connection_loss(error.sqlstate());
+      if (!outcome_unknown && !call.stop_requested()) {
         on_failure(call, transactional, std::current_exception());
       }
       throw;

@@ -176,8 +176,10 @@ struct DeduplicatorOptions {
 /// between commit and the Redis complete is safe: the Postgres row decides the next attempt.
 ///
 /// Throws idem::InvalidRequestId, idem::InvalidKey, idem::PayloadError, idem::MissingKey for
-/// bad input; idem::PostgresError when the commit itself failed (outcome unknown; the claim is
-/// kept); idem::Cancelled after shutdown(); and whatever the handler throws. An unreachable
+/// bad input; idem::PostgresError when the commit itself failed (the connection lost during
+/// COMMIT: outcome unknown, the claim is kept; the server refused the COMMIT, e.g. a deferred
+/// constraint: rolled back, the claim is released); idem::Cancelled after shutdown(); and
+/// whatever the handler throws. An unreachable
 /// backend is not an exception: it is Outcome::Kind::kUnavailable with Outcome::error.
 class IDEM_EXPORT Deduplicator {
  public:

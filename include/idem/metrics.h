@@ -24,12 +24,14 @@ struct DecisionEvent {
   std::chrono::microseconds latency{0};              ///< Whole call, handler included.
   int attempt = 1;  ///< Request::attempt: the delivery count the caller reported.
   /// The handler was called and the call ended in an exception instead of an outcome: the
-  /// handler's own (a business failure; its claim was released) or its transaction's commit
-  /// failing. The exception still propagates to the caller; `outcome` is then kExecuted and
-  /// `layer` kHandler. A cancellation (idem::Cancelled) and an error before the handler (bad
-  /// input, a ConfigError) emit no event.
+  /// handler's own (a business failure; its claim was released), or idem's completion or the
+  /// commit after the handler returned. The exception still propagates to the caller; `outcome`
+  /// is then kExecuted and `layer` kHandler. A cancellation (idem::Cancelled) and an error
+  /// before the handler (bad input, a ConfigError) emit no event.
   bool handler_failed = false;
-  std::string_view error{};  ///< handler_failed: the exception's what(), or "unknown exception".
+  /// handler_failed: the exception's what() as thrown, or "unknown exception". It may hold line
+  /// breaks (PostgreSQL's messages do) and any byte: escape it before a line-based log.
+  std::string_view error{};
 };
 
 /// Receives the facade's counts. Implementations must be thread-safe and must not throw.

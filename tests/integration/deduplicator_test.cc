@@ -547,6 +547,57 @@ TEST_F(DeduplicatorTest, MetricsAndDecisionEventsSeeEveryCall) {
   EXPECT_EQ(events[1], "r2|u1:refund:e1|redis_guard|duplicate|1");
 }
 
+// Regression: a handler's own SQL error counted as a backend error of the sink, which fires the
+// "backend errors" alert for what is a business failure.
+TEST_F(DeduplicatorTest, AHandlersOwnSqlErrorIsAHandlerFailureNotABackendError) {
+  Setup s = setup();
+  auto metrics = std::make_shared<InProcessMetrics>();
+  s.dedup.metrics = metrics;
+  const auto observed = make(s);
+  try {
+    (void)observed->run_transactional(request("r1", "s1"), [](pqxx::transaction_base& tx) {
+      tx.exec0("SELECT * FROM no_such_table");
+      return std::string("unreachable");
+    });
+    ADD_FAILURE() << "the handler's SQL error was swallowed";
+  } catch (const PostgresError& error) {
+    EXPECT_EQ(error.sqlstate(), "42P01");
+  }
+  EXPECT_EQ(metrics->handler_failures(), 1u);
+  EXPECT_EQ(metrics->backend_errors(Layer::kPgSink), 0u);
+  EXPECT_EQ(observed->run_transactional(request("r1", "s1"), refund("s1")).kind,
+            Outcome::Kind::kExecuted);  // released: the retry runs
+}
+
+// Regression: a COMMIT the server refused (here a deferred unique constraint) was taken for an
+// unknown outcome, so the claim was kept and every retry answered kInProgress until the lease
+// ended, although nothing had committed.
+TEST_F(DeduplicatorTest, ACommitTheServerRefusedReleasesTheClaimSoTheRetryRuns) {
+  {
+    pqxx::connection conn(pg_url_);
+    pqxx::work tx(conn);
+    tx.exec0("ALTER TABLE " + schema_ +
+             ".ledger ADD CONSTRAINT ledger_once UNIQUE (order_id) DEFERRABLE INITIALLY DEFERRED");
+    tx.exec0("INSERT INTO " + schema_ + ".ledger VALUES ('d1', 5)");
+    tx.commit();
+  }
+  try {
+    (void)dedup_->run_transactional(request("r1", "d1"), refund("d1"));  // fails at COMMIT
+    ADD_FAILURE() << "the deferred constraint did not fail the commit";
+  } catch (const PostgresError& error) {
+    EXPECT_EQ(error.sqlstate(), "23505") << error.what();
+  }
+  {
+    pqxx::connection conn(pg_url_);
+    pqxx::work tx(conn);
+    tx.exec0("DELETE FROM " + schema_ + ".ledger WHERE order_id = 'd1'");  // the conflict resolved
+    tx.commit();
+  }
+  const Outcome retry = dedup_->run_transactional(request("r1", "d1"), refund("d1"));
+  EXPECT_EQ(retry.kind, Outcome::Kind::kExecuted);
+  EXPECT_EQ(ledger_rows(), 1);
+}
+
 TEST_F(DeduplicatorTest, ABusinessTablesUniqueViolationIsADuplicateAndTheConnectionStaysUsable) {
   {
     pqxx::connection conn(pg_url_);
