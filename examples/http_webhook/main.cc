@@ -131,8 +131,10 @@ Refund parse_refund(const std::string& body) {
   const nlohmann::json json = nlohmann::json::parse(body);
   Refund refund{json.at("order_id").get<std::string>(), json.at("account").get<std::int64_t>(),
                 json.at("amount_cents").get<std::int64_t>()};
-  if (refund.order_id.empty() || refund.amount_cents <= 0) {
-    throw std::invalid_argument("order_id must be non-empty and amount_cents positive");
+  constexpr std::int64_t kMaxRefundCents = 1'000'000'000'000;  // keeps balances far from overflow
+  if (refund.order_id.empty() || refund.amount_cents <= 0 ||
+      refund.amount_cents > kMaxRefundCents) {
+    throw std::invalid_argument("order_id must be non-empty and amount_cents in 1..1000000000000");
   }
   return refund;
 }
@@ -229,9 +231,15 @@ void handle_refund(const Settings& s, idem::Deduplicator& dedup, const httplib::
   } catch (const idem::InvalidKey& e) {  // e.g. an X-Client-Id or order_id over the size limit
     return reply_error(res, 400, e.what());
   } catch (const idem::BackendError& e) {
-    // The commit itself failed: the outcome is unknown and the claim is kept until its lease
-    // ends; a retry then gets 409 or, once decided, the stored answer.
-    return reply_error(res, 503, e.what());
+    // The details go to the log, not to the client (they may quote SQL or the server).
+    std::cerr << "idem-http-webhook: refund " << request.request_id << " failed: " << e.what()
+              << "\n";
+    if (e.retryable()) {
+      // E.g. the commit's connection was lost: the outcome is unknown and the claim is kept
+      // until its lease ends; a retry then gets 409 or, once decided, the stored answer.
+      return reply_error(res, 503, "storage failed; retry later");
+    }
+    return reply_error(res, 500, "the refund failed; it was not booked");
   }
 }
 

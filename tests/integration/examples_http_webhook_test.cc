@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <pqxx/pqxx>
 #include <string>
 #include <thread>
@@ -91,7 +92,8 @@ class HttpWebhookTest : public ::testing::Test {
             result->body};
   }
 
-  static Reply refund(const std::string& key, const std::string& order, int account, int amount) {
+  static Reply refund(const std::string& key, const std::string& order, int account,
+                      std::int64_t amount) {
     return post(R"({"order_id":")" + order + R"(","account":)" + std::to_string(account) +
                     R"(,"amount_cents":)" + std::to_string(amount) + "}",
                 {{"Idempotency-Key", "\"" + key + "\""}});
@@ -158,6 +160,15 @@ TEST_F(HttpWebhookTest, MissingOrInvalidKeyIs400) {
   EXPECT_EQ(refunds("o-2"), 0);
   EXPECT_EQ(post(body, {{"X-Idempotency-Key", "key-x"}}).status, 200);
   EXPECT_EQ(refunds("o-2"), 1);
+}
+
+// Regression: an amount that overflowed the balance column answered 503 + Retry-After (a retry
+// can never succeed) with PostgreSQL's own error text in the body.
+TEST_F(HttpWebhookTest, AnAmountBeyondTheLimitIs400AndNoDatabaseTextReachesTheClient) {
+  const Reply huge = refund("key-huge", "o-9", 1, std::numeric_limits<std::int64_t>::max());
+  EXPECT_EQ(huge.status, 400) << huge.body;
+  EXPECT_EQ(huge.body.find("postgres"), std::string::npos) << huge.body;
+  EXPECT_EQ(refunds("o-9"), 0);
 }
 
 TEST_F(HttpWebhookTest, ReusedKeyWithAnotherPayloadIs422) {
