@@ -270,16 +270,21 @@ struct Deduplicator::Impl {
     call.owner_token.clear();
   }
 
+  // How long the completed record of `call` is kept: a payload-keyed request's fallback key only
+  // fallback_retention (the same body later is legitimately new), others the backend's retention
+  // (0).
+  std::chrono::milliseconds record_retention(const detail::CallState& call) const {
+    const bool fallback_key = call.request->biz_key.empty() && call.request->request_id.empty();
+    return fallback_key ? options.fallback_retention : std::chrono::milliseconds(0);
+  }
+
   // Completes this call's claim; false when the guard says the call no longer owned it.
   bool complete_guard(detail::CallState& call, const std::string& response) noexcept {
     if (local_cache) local_cache->put(call.key, call.fingerprint + '\0' + response);
     if (call.owner_token.empty()) return true;
     bool owned = true;
     try {
-      const bool fallback_key = call.request->biz_key.empty() && call.request->request_id.empty();
-      owned = options.guard->complete(
-          call.key, call.owner_token, response,
-          fallback_key ? options.fallback_retention : std::chrono::milliseconds(0));
+      owned = options.guard->complete(call.key, call.owner_token, response, record_retention(call));
     } catch (const Error&) {
       record_backend_error(Layer::kRedisGuard);  // the sink row or the lease decides the next try
     }
@@ -294,7 +299,8 @@ struct Deduplicator::Impl {
     try {
       options.sink->transact_if([&](pqxx::transaction_base& tx) {
         if (claim_row) {
-          SinkClaim claim = options.sink->claim(tx, call.key, call.sink_owner, call.fingerprint);
+          SinkClaim claim = options.sink->claim(tx, call.key, call.sink_owner, call.fingerprint,
+                                                record_retention(call));
           if (auto stopped = detail::decide_on_sink(std::move(claim))) {
             outcome = *std::move(stopped);
             return false;
@@ -315,7 +321,7 @@ struct Deduplicator::Impl {
               detail::decide_repeat(Layer::kPgSink, RecordState::kCompleted, true, std::nullopt);
           return false;
         }
-        if (claim_row) options.sink->complete(tx, call.key, response);
+        if (claim_row) options.sink->complete(tx, call.key, response, record_retention(call));
         call.commit_started = true;
         outcome = executed(std::move(response));
         return true;
@@ -343,7 +349,7 @@ struct Deduplicator::Impl {
     call.handler_started = true;
     std::string response = handler(nullptr, context);
     try {
-      (void)options.sink->complete(call.key, call.sink_owner, response);
+      (void)options.sink->complete(call.key, call.sink_owner, response, record_retention(call));
     } catch (const PostgresError&) {
       record_backend_error(Layer::kPgSink);  // the row's lease ends it; the effect happened
     }
@@ -400,13 +406,16 @@ struct Deduplicator::Impl {
         try {
           if (options.sink && transactional) {
             options.sink->transact([&](pqxx::transaction_base& tx) {
-              if (options.sink->claim(tx, call.key, call.sink_owner, call.fingerprint).status ==
-                  SinkStatus::kClaimed) {
-                options.sink->complete(tx, call.key, decision.response);
+              if (options.sink
+                      ->claim(tx, call.key, call.sink_owner, call.fingerprint,
+                              record_retention(call))
+                      .status == SinkStatus::kClaimed) {
+                options.sink->complete(tx, call.key, decision.response, record_retention(call));
               }
             });
           } else if (options.sink) {
-            (void)options.sink->complete(call.key, call.sink_owner, decision.response);
+            (void)options.sink->complete(call.key, call.sink_owner, decision.response,
+                                         record_retention(call));
           }
         } catch (const PostgresError&) {
           record_backend_error(Layer::kPgSink);

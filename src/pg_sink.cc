@@ -243,12 +243,18 @@ struct PgSink::Impl {
     return answer;
   }
 
+  // `retention`, or the configured one when it is 0.
+  std::chrono::milliseconds retention_or_default(std::chrono::milliseconds retention) const {
+    if (retention.count() > 0) return retention;
+    return std::chrono::duration_cast<std::chrono::milliseconds>(options.retention);
+  }
+
   // Runs the complete statement; `owner` is the request ID in non-transactional mode.
   bool complete(pqxx::transaction_base& tx, std::string_view key, std::string_view response,
-                const std::optional<std::string>& owner) const {
+                const std::optional<std::string>& owner,
+                std::chrono::milliseconds retention) const {
     const std::string k(key);
-    const double keep = to_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
-        std::chrono::seconds(options.retention)));
+    const double keep = to_ms(retention_or_default(retention));
     const auto run = [&](const auto& body, const auto& sha) {
       const pqxx::result updated =
           owner ? exec(tx, kComplete, options.ns, k, body, sha, keep, *owner)
@@ -331,16 +337,16 @@ void PgSink::transact(const std::function<void(pqxx::transaction_base&)>& body) 
 }
 
 SinkClaim PgSink::claim(pqxx::transaction_base& tx, std::string_view key,
-                        std::string_view request_id, std::string_view fingerprint) {
+                        std::string_view request_id, std::string_view fingerprint,
+                        std::chrono::milliseconds retention) {
   // The row commits only with the business write, so it is as good as done: keep it for the
   // whole retention even if complete() is never called.
-  return impl_->claim(tx, key, request_id, fingerprint,
-                      std::chrono::duration_cast<std::chrono::milliseconds>(
-                          std::chrono::seconds(impl_->options.retention)));
+  return impl_->claim(tx, key, request_id, fingerprint, impl_->retention_or_default(retention));
 }
 
-void PgSink::complete(pqxx::transaction_base& tx, std::string_view key, std::string_view response) {
-  if (!impl_->complete(tx, key, response, std::nullopt)) {
+void PgSink::complete(pqxx::transaction_base& tx, std::string_view key, std::string_view response,
+                      std::chrono::milliseconds retention) {
+  if (!impl_->complete(tx, key, response, std::nullopt, retention)) {
     throw Error("idem: complete() without an in-progress claim of the key in this transaction");
   }
 }
@@ -370,11 +376,11 @@ SinkClaim PgSink::claim(std::string_view key, std::string_view request_id,
   });
 }
 
-bool PgSink::complete(std::string_view key, std::string_view request_id,
-                      std::string_view response) {
+bool PgSink::complete(std::string_view key, std::string_view request_id, std::string_view response,
+                      std::chrono::milliseconds retention) {
   return impl_->with_connection([&](pqxx::connection& conn) {
     pqxx::nontransaction tx(conn);
-    return impl_->complete(tx, key, response, std::string(request_id));
+    return impl_->complete(tx, key, response, std::string(request_id), retention);
   });
 }
 

@@ -136,9 +136,9 @@ struct DeduplicatorOptions {
   std::optional<FingerprintOptions> fingerprint = FingerprintOptions{};
   /// Layer 4. Shared so several deduplicators can use one pool.
   std::shared_ptr<PgSink> sink{};
-  /// How long the guard keeps a completed fallback-key record (a request with neither request
-  /// ID nor business key, keyed by its payload), in ms, > 0; other keys keep the guard's
-  /// retention.
+  /// How long the guard and the sink keep a completed fallback-key record (a request with
+  /// neither request ID nor business key, keyed by its payload), in ms, > 0; other keys keep
+  /// the backends' retention.
   std::chrono::milliseconds fallback_retention{kFallbackKeyRetention};
 
   /// Redis failure policy. Unset: kFailOpen when a sink is configured, kFailClosed otherwise.

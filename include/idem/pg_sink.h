@@ -146,14 +146,18 @@ class IDEM_EXPORT PgSink {
   /// (IdempotencyKey::encode()); `request_id` is at most 64 bytes (else idem::InvalidRequestId);
   /// `fingerprint` may be empty. `tx` normally comes from transact(); on a connection of the
   /// caller's own the sink prepares its statements on first use, but that connection's own lock
-  /// and statement timeouts apply.
+  /// and statement timeouts apply. The row commits only with `tx`, so it is kept for `retention`
+  /// in ms (0: PgSinkOptions::retention) even if complete() is never called.
   [[nodiscard]] SinkClaim claim(pqxx::transaction_base& tx, std::string_view key,
-                                std::string_view request_id, std::string_view fingerprint);
+                                std::string_view request_id, std::string_view fingerprint,
+                                std::chrono::milliseconds retention = std::chrono::milliseconds(0));
 
   /// Marks the row of `key`, claimed earlier in `tx`, COMPLETED with `response` (size-capped)
-  /// and keeps it for `retention`, inside `tx`, before commit. Throws idem::Error when `tx` holds
-  /// no in-progress claim of `key`.
-  void complete(pqxx::transaction_base& tx, std::string_view key, std::string_view response);
+  /// and keeps it for `retention` in ms (0: PgSinkOptions::retention; a payload-keyed request's
+  /// fallback key is kept shorter), inside `tx`, before commit. Throws idem::Error when `tx`
+  /// holds no in-progress claim of `key`.
+  void complete(pqxx::transaction_base& tx, std::string_view key, std::string_view response,
+                std::chrono::milliseconds retention = std::chrono::milliseconds(0));
 
   /// Runs the caller's business write `write(tx)` under a savepoint. Returns true when it
   /// succeeded; returns false when it raised a unique violation (SQLSTATE 23505) of one of
@@ -170,9 +174,10 @@ class IDEM_EXPORT PgSink {
                                 std::string_view fingerprint);
 
   /// Non-transactional mode: marks the IN_PROGRESS row of `key` owned by `request_id` COMPLETED
-  /// with `response` (size-capped), kept for `retention`. Returns false when there is no such row
-  /// (its lease ended and another request took it over).
-  bool complete(std::string_view key, std::string_view request_id, std::string_view response);
+  /// with `response` (size-capped), kept for `retention` in ms (0: PgSinkOptions::retention).
+  /// Returns false when there is no such row (its lease ended and another request took it over).
+  bool complete(std::string_view key, std::string_view request_id, std::string_view response,
+                std::chrono::milliseconds retention = std::chrono::milliseconds(0));
 
   /// Non-transactional mode: deletes the IN_PROGRESS row of `key` owned by `request_id`, so the
   /// operation may be retried. Never deletes another request's or a completed row. Returns

@@ -547,6 +547,33 @@ TEST_F(DeduplicatorTest, MetricsAndDecisionEventsSeeEveryCall) {
   EXPECT_EQ(events[1], "r2|u1:refund:e1|redis_guard|duplicate|1");
 }
 
+// Regression: the sink kept a payload-keyed (fallback key) record for its 24 h retention, not
+// fallback_retention, so the same body sent again later was a duplicate for a whole day.
+TEST_F(DeduplicatorTest, APayloadKeyedRecordLivesOnlyTheFallbackRetentionInTheSinkToo) {
+  for (const bool transactional : {true, false}) {
+    Setup s = setup();
+    s.dedup.fallback_retention = std::chrono::milliseconds(1000);
+    s.with_guard = false;  // the sink alone decides
+    const auto sink_only = make(s);
+    Request tip;
+    tip.user = "u1";
+    tip.intent = transactional ? "tip-tx" : "tip";
+    tip.payload = R"({"cents":300})";
+    int runs = 0;
+    const auto run = [&] {
+      return transactional
+                 ? sink_only->run_transactional(
+                       tip, [&](pqxx::transaction_base&) { return std::to_string(++runs); })
+                 : sink_only->run(tip, [&] { return std::to_string(++runs); });
+    };
+    EXPECT_EQ(run().kind, Outcome::Kind::kExecuted);
+    EXPECT_EQ(run().kind, Outcome::Kind::kDuplicate);  // a double click
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    EXPECT_EQ(run().kind, Outcome::Kind::kExecuted) << "transactional=" << transactional;
+    EXPECT_EQ(runs, 2);
+  }
+}
+
 // Regression: a handler's own SQL error counted as a backend error of the sink, which fires the
 // "backend errors" alert for what is a business failure.
 TEST_F(DeduplicatorTest, AHandlersOwnSqlErrorIsAHandlerFailureNotABackendError) {
