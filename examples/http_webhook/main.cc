@@ -220,7 +220,8 @@ void handle_refund(const Settings& s, idem::Deduplicator& dedup, const httplib::
       case idem::Outcome::Kind::kInProgress:
         return reply_error(res, 409, "a request with this Idempotency-Key is being processed");
       case idem::Outcome::Kind::kMismatch:
-        return reply_error(res, 422, "Idempotency-Key reused with another payload");
+        return reply_error(res, 422,
+                           "this Idempotency-Key or order was already used with another payload");
       case idem::Outcome::Kind::kUnavailable:
         return reply_error(res, 503, "storage unavailable; nothing was executed");
     }

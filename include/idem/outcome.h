@@ -14,7 +14,10 @@ enum class Layer {
   kHandler,      ///< No layer stopped the request: the handler ran (Outcome::Kind::kExecuted).
   kRequestId,    ///< Layer 1: a repeat of a request ID completed earlier in this process.
   kRedisGuard,   ///< Layer 2: the Redis claim.
-  kFingerprint,  ///< Layer 3: the payload fingerprint (fallback key or mismatch).
+  kFingerprint,  ///< Layer 3, the payload fingerprint. It stores nothing itself: a fallback
+                 ///< key's duplicate or a mismatch is reported under the layer whose record
+                 ///< answered (request_id, redis_guard, pg_sink), so the facade never reports
+                 ///< this layer today; Metrics implementations may see it from other callers.
   kPgSink,       ///< Layer 4: the Postgres unique index.
 };
 
@@ -38,9 +41,11 @@ struct Outcome {
   std::string error{};                    ///< kUnavailable: the backend's error message.
   /// kExecuted: true when this call's Redis claim ended before the handler returned (its lease
   /// ran out and another delivery took the key, or a renewal failed), so another delivery may
-  /// have run the handler too. With the Postgres sink the unique index still kept the effect
-  /// single; without it, treat the effect as possibly doubled (alert, reconcile). Renew long
-  /// handlers (DeduplicatorOptions::auto_renew_interval, Context::renew()) to avoid it.
+  /// have run the handler too. With run_transactional() the sink's unique index still kept the
+  /// effect single. With run() the sink's row has a lease of its own (PgSinkOptions::lease),
+  /// which renewal does not extend; without a sink, or when that lease ran out too, treat the
+  /// effect as possibly doubled (alert, reconcile). Renew long handlers
+  /// (DeduplicatorOptions::auto_renew_interval, Context::renew()) to avoid it.
   bool lease_lost = false;
 
   /// True when `response` is a replay of an earlier execution's response.
