@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <limits>
 #include <optional>
 #include <pqxx/pqxx>
 #include <utility>
@@ -63,6 +64,12 @@ void validate(const PgSinkOptions& options) {
   if (options.borrow_timeout.count() < 0 || options.statement_timeout.count() < 0 ||
       options.lock_timeout.count() < 0 || options.response_timeout.count() < 0) {
     throw ConfigError("idem: PgSinkOptions timeouts must not be negative");
+  }
+  // PostgreSQL's settings are an int of milliseconds.
+  constexpr std::chrono::milliseconds kMaxServerTimeout{std::numeric_limits<int>::max()};
+  if (options.statement_timeout > kMaxServerTimeout || options.lock_timeout > kMaxServerTimeout) {
+    throw ConfigError(
+        "idem: PgSinkOptions::statement_timeout and lock_timeout must be at most 2147483647 ms");
   }
   if (options.response_timeout.count() > 0 &&
       (options.statement_timeout.count() == 0 || options.lock_timeout.count() == 0 ||

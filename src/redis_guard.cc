@@ -3,6 +3,7 @@
 #include <openssl/evp.h>
 
 #include <array>
+#include <limits>
 #include <map>
 #include <utility>
 
@@ -55,11 +56,18 @@ std::string escaped_option(const std::string& value, const char* what) {
   }
 }
 
+// hiredis takes socket timeouts as an int of milliseconds; Redis' PX takes at most this many
+// (now + PX must stay a 64-bit count of ms: 100 years is far inside).
+constexpr std::chrono::milliseconds kMaxSocketTimeout{std::numeric_limits<int>::max()};
+constexpr std::chrono::milliseconds kMaxTtl{std::chrono::hours(24) * 365 * 100};
+
 detail::PoolSettings pool_settings(const RedisOptions& redis) {
   require(redis.pool_size >= 1, "redis.pool_size must be >= 1");
   require(redis.borrow_timeout.count() >= 0, "redis.borrow_timeout must be >= 0");
-  require(redis.connect_timeout.count() > 0, "redis.connect_timeout must be > 0");
-  require(redis.command_timeout.count() > 0, "redis.command_timeout must be > 0");
+  require(redis.connect_timeout.count() > 0 && redis.connect_timeout <= kMaxSocketTimeout,
+          "redis.connect_timeout must be in 1..2147483647 ms");
+  require(redis.command_timeout.count() > 0 && redis.command_timeout <= kMaxSocketTimeout,
+          "redis.command_timeout must be in 1..2147483647 ms");
   require(redis.reconnect_backoff.count() >= 0, "redis.reconnect_backoff must be >= 0");
   require(redis.reconnect_backoff_max >= redis.reconnect_backoff,
           "redis.reconnect_backoff_max must be >= redis.reconnect_backoff");
@@ -74,8 +82,9 @@ detail::PoolSettings pool_settings(const RedisOptions& redis) {
 }
 
 const RedisGuardOptions& validated(const RedisGuardOptions& options) {
-  require(options.lease.count() > 0, "lease must be > 0");
-  require(options.retention.count() > 0, "retention must be > 0");
+  require(options.lease.count() > 0 && options.lease <= kMaxTtl, "lease must be > 0, <= 100 years");
+  require(options.retention.count() > 0 && options.retention <= kMaxTtl,
+          "retention must be > 0, <= 100 years");
   require(options.breaker.failure_threshold == 0 || options.breaker.open_for.count() > 0,
           "breaker.open_for must be > 0");
   return options;

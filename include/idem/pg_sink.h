@@ -37,14 +37,15 @@ struct PgSinkOptions {
   /// idem::PostgresError. 0 means fail at once when every connection is busy.
   std::chrono::milliseconds borrow_timeout{5000};
   /// Server-side `statement_timeout` of the sink's connections, in ms (a statement running longer
-  /// is cancelled: retryable idem::PostgresError, SQLSTATE 57014). 0 means no limit.
+  /// is cancelled: retryable idem::PostgresError, SQLSTATE 57014). 0 means no limit;
+  /// at most 2^31-1 (PostgreSQL takes an int).
   std::chrono::milliseconds statement_timeout{5000};
   /// Server-side `lock_timeout` of the sink's connections, in ms. Bounds how long a claim waits
   /// for another transaction that holds an uncommitted claim of the same key; when it runs out the
   /// claim answers SinkStatus::kInProgress. It applies to every statement on the sink's
   /// connections, business writes included (those throw a retryable idem::PostgresError,
   /// SQLSTATE 55P03). 0 means wait without limit (not recommended: a stuck transaction then
-  /// blocks its duplicates).
+  /// blocks its duplicates); at most 2^31-1.
   std::chrono::milliseconds lock_timeout{1000};
   /// Client-side bound, in ms, on how long idem waits for the server to answer one of its own
   /// statements (claim, complete, release, inspect, purge, force_release, ping) and the BEGIN,

@@ -28,9 +28,9 @@ struct RedisOptions {
   /// Longest wait for a free connection when all `pool_size` are in use, in ms; then
   /// idem::RedisError (retryable). 0 means fail at once.
   std::chrono::milliseconds borrow_timeout{1000};
-  /// Time allowed to establish a connection (TCP or unix), in ms. Must be > 0.
+  /// Time allowed to establish a connection (TCP or unix), in ms, 1..2^31-1.
   std::chrono::milliseconds connect_timeout{500};
-  /// Time allowed for one command's reply (per socket read/write), in ms. Must be > 0.
+  /// Time allowed for one command's reply (per socket read/write), in ms, 1..2^31-1.
   /// A connection that timed out is destroyed, so a late reply is never read as the answer
   /// to a later command.
   std::chrono::milliseconds command_timeout{500};
@@ -79,9 +79,9 @@ struct RedisGuardOptions {
   /// Namespace (service or tenant), second component of every Redis key. Escaped like a key
   /// component. Must be non-empty.
   std::string ns = "default";
-  /// TTL of an IN_PROGRESS claim (the lease), in ms. Must be > 0.
+  /// TTL of an IN_PROGRESS claim (the lease), in ms, > 0, at most 100 years.
   std::chrono::milliseconds lease{std::chrono::seconds(30)};
-  /// TTL of a COMPLETED record (the retention), in ms. Must be > 0.
+  /// TTL of a COMPLETED record (the retention), in ms, > 0, at most 100 years.
   std::chrono::milliseconds retention{std::chrono::hours(24)};
   /// Largest response stored verbatim, in bytes. A larger response is stored as its SHA-256
   /// (lowercase hex) only, and a repeat gets ClaimResult::response_sha256 without a body.

@@ -150,6 +150,9 @@ TEST(PgStall, AResponseTimeoutNotAboveTheServerTimeoutsIsAConfigError) {
   options.lock_timeout = milliseconds(1000);
   options.response_timeout = milliseconds::max();  // saturates: never fires
   EXPECT_NO_THROW(PgSink{options});
+  // Regression: PostgreSQL takes these as an int of ms; a larger value failed every call.
+  options.statement_timeout = milliseconds(3'000'000'000);
+  EXPECT_THROW(PgSink{options}, ConfigError);
 }
 
 }  // namespace
