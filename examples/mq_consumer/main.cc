@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <iostream>
 #include <map>
@@ -77,8 +78,19 @@ Settings parse_settings(int argc, char** argv) {
 
   CLI::App* produce =
       app.add_subcommand("produce", "XADD payment events, some twice (a producer's retry)");
-  produce->add_option("--count", s.count, "Payments")->capture_default_str();
+  examples::add_positive_option(*produce, "--count", s.count, "Payments");
   produce->add_option("--duplicates", s.duplicates, "Extra entries, as a fraction of --count")
+      ->check(CLI::Validator(
+          [](const std::string& text) {
+            double value = 0;
+            const auto [end, error] =
+                std::from_chars(text.data(), text.data() + text.size(), value);
+            return error == std::errc() && end == text.data() + text.size() && value >= 0 &&
+                           value <= 10
+                       ? std::string()
+                       : "needs a fraction from 0 to 10, got '" + text + "'";
+          },
+          "FRACTION"))
       ->capture_default_str();
   produce->add_option("--seed", s.seed, "Seed of the random duplicates and order")
       ->capture_default_str();
@@ -86,16 +98,14 @@ Settings parse_settings(int argc, char** argv) {
   CLI::App* consume = app.add_subcommand("consume", "Run one consumer of the group (run several)");
   consume->add_option("--consumer", s.consumer, "Consumer name in the group")
       ->capture_default_str();
-  consume->add_option("--batch", s.batch, "Entries per XREADGROUP / XAUTOCLAIM")
-      ->capture_default_str();
-  consume->add_option("--block-ms", s.block, "XREADGROUP BLOCK, milliseconds")
-      ->capture_default_str();
-  consume
-      ->add_option("--claim-idle-ms", s.claim_idle,
-                   "Take over (XAUTOCLAIM) entries pending longer than this, milliseconds")
-      ->capture_default_str();
-  consume->add_option("--lease-ms", s.lease, "idem's lease of a claim, milliseconds")
-      ->capture_default_str();
+  examples::add_positive_option(*consume, "--batch", s.batch,
+                                "Entries per XREADGROUP / XAUTOCLAIM");
+  examples::add_positive_option(*consume, "--block-ms", s.block, "XREADGROUP BLOCK, milliseconds");
+  examples::add_positive_option(
+      *consume, "--claim-idle-ms", s.claim_idle,
+      "Take over (XAUTOCLAIM) entries pending longer than this, milliseconds");
+  examples::add_positive_option(*consume, "--lease-ms", s.lease,
+                                "idem's lease of a claim, milliseconds");
   consume
       ->add_option("--exit-when-idle-ms", s.exit_when_idle,
                    "0: run until SIGINT/SIGTERM; else exit once nothing was read for that long "
