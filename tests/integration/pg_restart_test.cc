@@ -36,6 +36,14 @@ int attempts_until_success(F&& fn) {
   return -1;
 }
 
+// The sink of these tests: kPoolSize connections to the private server.
+PgSinkOptions restart_options(const test::PgServer& server) {
+  PgSinkOptions options;
+  options.conninfo = server.url() + "?connect_timeout=2";
+  options.pool_size = kPoolSize;
+  return options;
+}
+
 // Opens kPoolSize connections: that many transactions in use at once, all idle afterwards.
 void fill_pool(PgSink& sink) {
   std::vector<std::thread> fillers;
@@ -54,10 +62,7 @@ void fill_pool(PgSink& sink) {
 
 TEST(PgRestart, TypedErrorNothingCompletedAndThePoolRecovers) {
   test::PgServer server;
-  PgSinkOptions options;
-  options.conninfo = server.url() + "?connect_timeout=2";
-  options.pool_size = kPoolSize;
-  PgSink sink(options);
+  PgSink sink(restart_options(server));
   sink.migrate();
   sink.transact(
       [](pqxx::transaction_base& tx) { tx.exec0("CREATE TABLE ledger (order_id text NOT NULL)"); });
@@ -135,10 +140,7 @@ TEST(PgRestart, TypedErrorNothingCompletedAndThePoolRecovers) {
 // not obtain client encoding: not connected") although the server was back.
 TEST(PgRestart, TheFirstCallsAfterARestartSucceedOnFreshConnections) {
   test::PgServer server;
-  PgSinkOptions options;
-  options.conninfo = server.url() + "?connect_timeout=2";
-  options.pool_size = kPoolSize;
-  PgSink sink(options);
+  PgSink sink(restart_options(server));
   sink.migrate();
   fill_pool(sink);
 
