@@ -40,7 +40,7 @@ trap cleanup EXIT
 
 "$harness" --url "$url" --schema "$schema" --setup
 
-# The statements idem sends (src/pg_sink.cc, bench/pg_bench.cc), with pgbench variables for the
+# The statements idem sends (src/sink/pg_sink.cc, bench/pg_bench.cc), with pgbench variables for the
 # parameters. Keys are random 60-bit numbers: a collision in one run is practically impossible.
 claim_sql="INSERT INTO $table (ns, key, request_id, fingerprint, expires_at) VALUES ('bench', 'pgbench:' || :client_id || ':' || :n, 'req', 'fp', now() + :keep::float8 * interval '1 ms') ON CONFLICT (ns, key) DO NOTHING RETURNING 1;"
 cat >"$work/claim.sql" <<SQL

@@ -114,11 +114,11 @@ class IDEM_EXPORT PgSink {
   PgSink(const PgSink&) = delete;
   PgSink& operator=(const PgSink&) = delete;
 
-  /// Creates or upgrades the schema objects (src/pg/schema.sql) to the current version.
+  /// Creates or upgrades the schema objects (src/sink/schema.sql) to the current version.
   /// Idempotent, and safe to run concurrently from many processes (advisory lock).
   void migrate();
 
-  /// The highest schema migration applied (src/pg/schema.sql's `-- idem:migration N`), 0 when
+  /// The highest schema migration applied (src/sink/schema.sql's `-- idem:migration N`), 0 when
   /// migrate() never ran on this schema and table.
   [[nodiscard]] int schema_version();
 

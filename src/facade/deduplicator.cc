@@ -11,7 +11,7 @@
 #include <thread>
 #include <utility>
 
-#include "decision.h"
+#include "facade/decision.h"
 #include "idem/errors.h"
 #include "idem/key.h"
 #include "idem/local_cache.h"

@@ -1,5 +1,5 @@
 // The facade's decision rules, free of I/O: from what a layer found to the outcome.
-// Unit-tested without servers (tests/unit/decision_test.cc).
+// Unit-tested without servers (tests/unit/facade/decision_test.cc).
 #pragma once
 
 #include <optional>

@@ -1,4 +1,4 @@
-#include "decision.h"
+#include "facade/decision.h"
 
 #include <utility>
 

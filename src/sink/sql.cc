@@ -1,4 +1,4 @@
-#include "pg/sql.h"
+#include "sink/sql.h"
 
 #include <cctype>
 #include <charconv>

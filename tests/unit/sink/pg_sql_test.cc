@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "idem/errors.h"
-#include "pg/sql.h"
+#include "sink/sql.h"
 
 namespace idem::detail {
 namespace {

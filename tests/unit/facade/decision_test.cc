@@ -1,5 +1,5 @@
 // The facade's decision rules, exhaustively, without servers.
-#include "decision.h"
+#include "facade/decision.h"
 
 #include <gtest/gtest.h>
 

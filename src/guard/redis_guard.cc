@@ -14,7 +14,7 @@
 #include "redis/cluster.h"
 #include "redis/errors.h"
 #include "redis/pool.h"
-#include "redis/record.h"
+#include "guard/record.h"
 
 namespace idem {
 namespace {

@@ -1,11 +1,11 @@
-// The guard's record encoding (src/redis/record.h): round trips and malformed input.
+// The guard's record encoding (src/guard/record.h): round trips and malformed input.
 #include <gtest/gtest.h>
 
 #include <set>
 #include <string>
 
 #include "idem/errors.h"
-#include "redis/record.h"
+#include "guard/record.h"
 
 namespace idem::detail {
 namespace {

@@ -10,10 +10,10 @@
 #include <utility>
 
 #include "idem/errors.h"
-#include "idem/pg_sql.h"  // generated from src/pg/schema.sql: kSchemaScript
+#include "idem/pg_sql.h"  // generated from src/sink/schema.sql: kSchemaScript
 #include "pg/errors.h"
 #include "pg/pool.h"
-#include "pg/sql.h"
+#include "sink/sql.h"
 #include "pg/watchdog.h"
 
 namespace idem {

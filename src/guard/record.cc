@@ -1,4 +1,4 @@
-#include "redis/record.h"
+#include "guard/record.h"
 
 #include <openssl/evp.h>
 #include <openssl/rand.h>
