@@ -20,8 +20,16 @@ namespace idem {
 
 /// Connection settings for Redis (one pool per RedisGuard).
 struct RedisOptions {
-  /// `redis://[[user]:password@]host[:port][/db]` (port defaults to 6379, db to 0) or
-  /// `unix://path/to/socket[?db=N]`. Credentials are sent with AUTH, the database with SELECT.
+  /// `redis://[[user]:password@]host[:port][/db]` (port defaults to 6379, db to 0),
+  /// `unix://path/to/socket[?db=N]`, or Redis Sentinel in Lettuce's URI form
+  /// `redis-sentinel://[[user]:password@]host1[:port1][,host2[:port2]...][/db]#master-name`
+  /// (or `?sentinelMasterId=master-name` instead of the fragment; Sentinel ports default to
+  /// 26379). Credentials are sent with AUTH, the database with SELECT; with Sentinel they are
+  /// the master's (the Sentinels are asked without AUTH). With Sentinel the guard asks the
+  /// Sentinels in turn for the master (SENTINEL get-master-addr-by-name), checks ROLE on every
+  /// new connection, asks again after a retryable failure (connection lost, timeout, READONLY,
+  /// a replica's ROLE) and follows `+switch-master` through one helper thread per guard; see
+  /// docs/redis_guard.md.
   std::string url = "redis://127.0.0.1:6379/0";
   /// Most connections open at once (per master node with `cluster`). Must be ≥ 1.
   std::size_t pool_size = 8;
@@ -44,14 +52,20 @@ struct RedisOptions {
   std::chrono::milliseconds reconnect_backoff_max{1000};
   /// `url` is a seed node of a Redis Cluster: each key goes to the master of its slot (CRC16
   /// mod 16384, map from CLUSTER SLOTS), MOVED (reload the map) and ASK (ASKING) are followed,
-  /// up to 5 redirections per call. The URL must be `redis://` with database 0.
+  /// up to 5 redirections per call. After a retryable failure (connection lost or refused, a
+  /// timeout, CLUSTERDOWN, TRYAGAIN, the node's breaker open) the map is reloaded (at most one
+  /// reload at a time and one per 100 ms), and the call goes once more to the slot's new master
+  /// when it has one (a replica promoted by failover). The URL must be `redis://` with
+  /// database 0.
   bool cluster = false;
 };
 
-/// Circuit breaker of a RedisGuard: after `failure_threshold` consecutive calls failed with a
-/// retryable idem::RedisError, the breaker opens and every call throws idem::RedisError at once
-/// (no I/O) for `open_for`; then one call is let through as a half-open probe: its success
-/// closes the breaker, its failure opens it again. Uses the monotonic clock; it decides only
+/// Circuit breaker of a RedisGuard, one per Redis server (the standalone server, each Sentinel
+/// master, each cluster master): after `failure_threshold` consecutive calls to that server
+/// failed with a retryable idem::RedisError, its breaker opens and every call to it throws
+/// idem::RedisError at once (no I/O) for `open_for`; then one call is let through as a half-open
+/// probe: its success closes the breaker, its failure opens it again. A failover moves calls to
+/// the new master, whose breaker is its own. Uses the monotonic clock; it decides only
 /// whether to try Redis, never what a record means.
 struct CircuitBreakerOptions {
   /// Consecutive retryable failures that open the breaker. 0 disables the breaker.
@@ -173,7 +187,9 @@ class IDEM_EXPORT RedisGuard final : public Guard {
   /// a configuration problem such as WRONGPASS or NOAUTH; at once while the breaker is open).
   void ping();
 
-  /// Current state of the circuit breaker. Thread-safe, no I/O.
+  /// Current state of the circuit breaker: the standalone server's, the current Sentinel
+  /// master's (kClosed before the first call), or in a cluster the worst of the masters'
+  /// (kOpen if any is open, else kHalfOpen if any is). Thread-safe, no I/O.
   [[nodiscard]] BreakerState breaker_state() const;
 
   /// The options in force (as validated by the constructor).

@@ -7,14 +7,16 @@
 #include <map>
 #include <utility>
 
+#include "guard/record.h"
 #include "idem/errors.h"
 #include "idem/key.h"
 #include "idem/lua_scripts.h"
 #include "redis/breaker.h"
 #include "redis/cluster.h"
 #include "redis/errors.h"
+#include "redis/node.h"
 #include "redis/pool.h"
-#include "guard/record.h"
+#include "redis/sentinel.h"
 
 namespace idem {
 namespace {
@@ -139,34 +141,49 @@ struct RedisGuard::Impl {
         key_prefix(escaped_option(validated(options).prefix, "prefix") + ':' +
                    escaped_option(options.ns, "ns") + ':'),
         lease_ms(milliseconds_text(options.lease)),
-        retention_ms(milliseconds_text(options.retention)),
-        breaker(options.breaker) {
+        retention_ms(milliseconds_text(options.retention)) {
     detail::PoolSettings settings = pool_settings(options.redis);
+    const detail::RedisEndpoint& endpoint = settings.connection.endpoint;
     if (options.redis.cluster) {
-      require(
-          settings.connection.endpoint.socket_path.empty() && settings.connection.endpoint.db == 0,
-          "a Redis Cluster URL must be redis://host:port with database 0");
-      cluster = std::make_unique<detail::Cluster>(std::move(settings));
+      require(endpoint.socket_path.empty() && endpoint.db == 0 && endpoint.sentinels.empty(),
+              "a Redis Cluster URL must be redis://host:port with database 0");
+      cluster = std::make_unique<detail::Cluster>(std::move(settings), options.breaker);
+    } else if (!endpoint.sentinels.empty()) {
+      sentinel = std::make_unique<detail::Sentinel>(std::move(settings), options.breaker);
     } else {
-      pool = std::make_unique<detail::Pool>(std::move(settings));
+      node = std::make_unique<detail::Node>(std::move(settings), options.breaker);
     }
   }
 
-  // Runs `body` on a pooled connection (of the node serving `routing_key` in a cluster) under
-  // the circuit breaker. A retryable RedisError counts as a failure; any answer from Redis
-  // (even an error reply) as a success. `body` must be safe to repeat (every guard command
-  // is: a repeated claim recognises its own owner token).
+  // Runs `body` on a pooled connection of the server that holds `routing_key`: the standalone
+  // server, the Sentinel's current master, or the master of the key's slot in a cluster. Each
+  // server has its own circuit breaker. `body` must be safe to repeat (every guard command
+  // is: a repeated claim recognises its own owner token), since after a failover it may run
+  // once more on the new master.
   template <class Body>
   auto with_connection(std::string_view routing_key, Body&& body)
       -> decltype(body(std::declval<Connection&>())) {
+    if (cluster != nullptr) return run_on_cluster(routing_key, body);
+    if (sentinel != nullptr) return run_on_sentinel(body);
+    return run_on_node(*node, body);
+  }
+
+  // Runs `body` on `target` under its circuit breaker. A retryable RedisError counts as a
+  // failure; any answer from the server (even an error reply, or a redirection) as a success.
+  template <class Body>
+  static auto run_on_node(detail::Node& target, Body& body)
+      -> decltype(body(std::declval<Connection&>())) {
+    detail::CircuitBreaker& breaker = target.breaker();
     if (!breaker.allow(detail::CircuitBreaker::Clock::now())) {
       throw RedisError("idem: redis guard: circuit breaker open, Redis not tried", true);
     }
     try {
-      auto result =
-          cluster != nullptr ? run_on_cluster(routing_key, body) : run_on_pool(*pool, body);
+      auto result = run_on_pool(target.pool(), body);
       breaker.on_success();
       return result;
+    } catch (const detail::RedirectError&) {
+      breaker.on_success();
+      throw;
     } catch (const RedisError& error) {
       if (error.retryable()) {
         breaker.on_failure(detail::CircuitBreaker::Clock::now());
@@ -197,29 +214,80 @@ struct RedisGuard::Impl {
     }
   }
 
+  // Runs `body` on the Sentinel's master. A retryable failure (connection lost or refused, a
+  // timeout, READONLY, a ROLE that is not master, the breaker open) sends the guard back to
+  // the Sentinels; when they name another master, `body` runs once more there.
+  template <class Body>
+  auto run_on_sentinel(Body& body) -> decltype(body(std::declval<Connection&>())) {
+    const std::shared_ptr<detail::Node> master = sentinel->master();
+    try {
+      return run_on_node(*master, body);
+    } catch (const RedisError& error) {
+      if (!error.retryable()) throw;
+      sentinel->invalidate(*master);
+      const std::shared_ptr<detail::Node> now = sentinel->master();
+      if (now == master) throw;
+      return run_on_node(*now, body);
+    }
+  }
+
   // Routes `body` to the master of `routing_key`'s slot and follows MOVED (reloading the slot
-  // map) and ASK (ASKING first, on the named node) up to kMaxRedirects times.
+  // map) and ASK (ASKING first, on the named node) up to kMaxRedirects times. A retryable
+  // failure (the master died, CLUSTERDOWN, TRYAGAIN, its breaker open) reloads the slot map
+  // (refresh_after_failure: one reload at a time, a few per second); when the slot then has
+  // another master, `body` runs once more there.
   template <class Body>
   auto run_on_cluster(std::string_view routing_key, Body& body)
       -> decltype(body(std::declval<Connection&>())) {
     constexpr int kMaxRedirects = 5;
-    detail::Pool* target = &cluster->pool_for_slot(detail::key_slot(routing_key));
+    const int slot = detail::key_slot(routing_key);
+    detail::Node* target = &cluster->node_for_slot(slot);
     bool asking = false;
+    bool reloaded = false;
     auto asking_body = [&body](Connection& connection) {
       (void)checked(connection.command(std::array<std::string_view, 1>{"ASKING"}), "ASKING");
       return body(connection);
     };
     for (int redirects = 0;; ++redirects) {
       try {
-        return asking ? run_on_pool(*target, asking_body) : run_on_pool(*target, body);
+        return asking ? run_on_node(*target, asking_body) : run_on_node(*target, body);
       } catch (const detail::RedirectError& error) {
         if (redirects == kMaxRedirects) throw;
         const detail::Redirect& redirect = error.redirect();
         if (!redirect.ask) cluster->refresh();
-        target = &cluster->pool_for(redirect.host, redirect.port);
+        target = &cluster->node_for(redirect.host, redirect.port);
         asking = redirect.ask;
+      } catch (const RedisError& error) {
+        if (!error.retryable() || reloaded) throw;
+        reloaded = true;
+        if (!cluster->refresh_after_failure(*target)) throw;
+        detail::Node* now = &cluster->node_for_slot(slot);
+        if (now == target) throw;
+        target = now;
+        asking = false;
       }
     }
+  }
+
+  // The breaker state reported by breaker_state(): the worst of the masters'.
+  [[nodiscard]] BreakerState breaker_state() const {
+    const auto now = detail::CircuitBreaker::Clock::now();
+    if (node != nullptr) return node->breaker().state(now);
+    std::vector<const detail::Node*> masters;
+    std::shared_ptr<detail::Node> current;
+    if (sentinel != nullptr) {
+      current = sentinel->known_master();
+      if (current != nullptr) masters.push_back(current.get());
+    } else {
+      masters = cluster->masters();
+    }
+    BreakerState worst = BreakerState::kClosed;
+    for (const detail::Node* master : masters) {
+      const BreakerState state = master->breaker().state(now);
+      if (state == BreakerState::kOpen) return state;
+      if (state == BreakerState::kHalfOpen) worst = state;
+    }
+    return worst;
   }
 
   // Loads `script` on `connection` (SCRIPT LOAD) and checks the server's SHA-1.
@@ -319,9 +387,9 @@ struct RedisGuard::Impl {
   std::string key_prefix;  // "{prefix}:{ns}:", escaped
   std::string lease_ms;
   std::string retention_ms;
-  detail::CircuitBreaker breaker;
-  std::unique_ptr<detail::Pool> pool;        // standalone server
-  std::unique_ptr<detail::Cluster> cluster;  // RedisOptions::cluster
+  std::unique_ptr<detail::Node> node;          // a standalone server
+  std::unique_ptr<detail::Sentinel> sentinel;  // a redis-sentinel:// URL
+  std::unique_ptr<detail::Cluster> cluster;    // RedisOptions::cluster
   Script claim_script{detail::kClaimScript};
   Script complete_script{detail::kCompleteScript};
   Script release_script{detail::kReleaseScript};
@@ -364,9 +432,9 @@ std::vector<ClaimResult> RedisGuard::claim_batch(const std::vector<ClaimRequest>
   }
   // One pipeline per node: the whole batch on a standalone server, one group per master in a
   // cluster. A claim redirected within a pipeline (its slot moved) is re-sent on its own.
-  std::map<detail::Pool*, std::vector<std::size_t>> groups;
+  std::map<detail::Node*, std::vector<std::size_t>> groups;
   for (std::size_t i = 0; i < count; ++i) {
-    groups[impl_->cluster != nullptr ? &impl_->cluster->pool_for_slot(detail::key_slot(keys[i]))
+    groups[impl_->cluster != nullptr ? &impl_->cluster->node_for_slot(detail::key_slot(keys[i]))
                                      : nullptr]
         .push_back(i);
   }
@@ -488,8 +556,6 @@ void RedisGuard::ping() {
   });
 }
 
-BreakerState RedisGuard::breaker_state() const {
-  return impl_->breaker.state(detail::CircuitBreaker::Clock::now());
-}
+BreakerState RedisGuard::breaker_state() const { return impl_->breaker_state(); }
 
 }  // namespace idem

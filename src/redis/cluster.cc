@@ -75,28 +75,28 @@ std::optional<Redirect> parse_redirect(const redisReply& reply) {
   return redirect;
 }
 
-Pool& Cluster::pool_locked(const Address& address) {
-  auto& pool = pools_[address];
-  if (pool == nullptr) {
+Node& Cluster::node_locked(const Address& address) {
+  auto& node = nodes_[address];
+  if (node == nullptr) {
     PoolSettings settings = seed_;
     settings.connection.endpoint.host = address.first;
     settings.connection.endpoint.port = address.second;
     settings.connection.endpoint.db = 0;
-    pool = std::make_unique<Pool>(std::move(settings));
+    node = std::make_unique<Node>(std::move(settings), breaker_);
   }
-  return *pool;
+  return *node;
 }
 
-Pool& Cluster::pool_for(const std::string& host, int port) {
+Node& Cluster::node_for(const std::string& host, int port) {
   {
     std::shared_lock lock(mutex_);
-    if (const auto it = pools_.find({host, port}); it != pools_.end()) return *it->second;
+    if (const auto it = nodes_.find({host, port}); it != nodes_.end()) return *it->second;
   }
   std::unique_lock lock(mutex_);
-  return pool_locked({host, port});
+  return node_locked({host, port});
 }
 
-Pool& Cluster::pool_for_slot(int slot) {
+Node& Cluster::node_for_slot(int slot) {
   {
     std::shared_lock lock(mutex_);
     if (loaded_ && slots_[static_cast<std::size_t>(slot)] != nullptr)
@@ -104,52 +104,107 @@ Pool& Cluster::pool_for_slot(int slot) {
   }
   refresh();
   std::shared_lock lock(mutex_);
-  Pool* pool = slots_[static_cast<std::size_t>(slot)];
-  if (pool == nullptr)
+  Node* node = slots_[static_cast<std::size_t>(slot)];
+  if (node == nullptr)
     throw RedisError("idem: redis cluster: no node serves slot " + std::to_string(slot), true);
-  return *pool;
+  return *node;
+}
+
+std::vector<const Node*> Cluster::masters() {
+  std::shared_lock lock(mutex_);
+  std::vector<const Node*> out;
+  for (const Node* node : slots_) {
+    if (node != nullptr && std::find(out.begin(), out.end(), node) == out.end())
+      out.push_back(node);
+  }
+  return out;
 }
 
 void Cluster::refresh() {
+  std::lock_guard lock(refresh_mutex_);
+  refresh_locked(nullptr);
+}
+
+bool Cluster::refresh_after_failure(const Node& failed) {
+  std::unique_lock lock(refresh_mutex_, std::try_to_lock);
+  if (!lock.owns_lock()) return false;
+  if (Clock::now() - last_refresh_ < kRefreshInterval) return true;
+  try {
+    refresh_locked(&failed);
+  } catch (const RedisError&) {
+    return false;
+  }
+  return true;
+}
+
+void Cluster::refresh_locked(const Node* ask_last) {
   std::vector<Address> candidates;
   {
     std::shared_lock lock(mutex_);
-    for (const auto& entry : pools_) candidates.push_back(entry.first);
+    candidates = known_;
+    for (const auto& entry : nodes_) {
+      if (std::find(candidates.begin(), candidates.end(), entry.first) == candidates.end())
+        candidates.push_back(entry.first);
+    }
   }
   const Address seed{seed_.connection.endpoint.host, seed_.connection.endpoint.port};
   if (std::find(candidates.begin(), candidates.end(), seed) == candidates.end())
     candidates.push_back(seed);
+  if (ask_last != nullptr) {
+    const Address last{ask_last->address().host, ask_last->address().port};
+    std::stable_partition(candidates.begin(), candidates.end(),
+                          [&](const Address& address) { return address != last; });
+  }
 
   std::optional<RedisError> last_error;
   for (const Address& address : candidates) {
-    Pool* source = nullptr;
+    Node* source = nullptr;
     {
       std::unique_lock lock(mutex_);
-      source = &pool_locked(address);
+      source = &node_locked(address);
     }
     try {
-      auto lease = source->borrow();
+      auto lease = source->pool().borrow();
       const ReplyPtr reply = (*lease).command(std::array<std::string_view, 2>{"CLUSTER", "SLOTS"});
       if (reply->type == REDIS_REPLY_ERROR) throw reply_error(*reply, "CLUSTER SLOTS");
       if (reply->type != REDIS_REPLY_ARRAY) throw unexpected_reply(*reply, "CLUSTER SLOTS");
+      const auto host_of = [&](const redisReply& node) {
+        std::string host(node.element[0]->str, node.element[0]->len);
+        if (host.empty() || host == "?") host = address.first;  // the node does not know its IP
+        return Address{std::move(host), static_cast<int>(node.element[1]->integer)};
+      };
+      const auto well_formed = [](const redisReply& node) {
+        return node.type == REDIS_REPLY_ARRAY && node.elements >= 2 &&
+               node.element[0]->type == REDIS_REPLY_STRING &&
+               node.element[1]->type == REDIS_REPLY_INTEGER;
+      };
       std::unique_lock lock(mutex_);
-      slots_.fill(nullptr);
+      std::vector<Node*> slots(kClusterSlots, nullptr);
+      std::vector<Address> known;
       for (std::size_t i = 0; i < reply->elements; ++i) {
         const redisReply& range = *reply->element[i];
         if (range.type != REDIS_REPLY_ARRAY || range.elements < 3 ||
-            range.element[2]->type != REDIS_REPLY_ARRAY || range.element[2]->elements < 2) {
+            range.element[0]->type != REDIS_REPLY_INTEGER ||
+            range.element[1]->type != REDIS_REPLY_INTEGER) {
           throw RedisError("idem: redis cluster: malformed CLUSTER SLOTS reply", false);
         }
-        const redisReply& master = *range.element[2];
-        std::string host(master.element[0]->str, master.element[0]->len);
-        if (host.empty() || host == "?") host = address.first;  // the node does not know its own IP
-        Pool& pool = pool_locked({host, static_cast<int>(master.element[1]->integer)});
+        for (std::size_t n = 2; n < range.elements; ++n) {
+          if (!well_formed(*range.element[n])) {
+            throw RedisError("idem: redis cluster: malformed CLUSTER SLOTS reply", false);
+          }
+          const Address node = host_of(*range.element[n]);
+          if (std::find(known.begin(), known.end(), node) == known.end()) known.push_back(node);
+        }
+        Node& master = node_locked(host_of(*range.element[2]));
         for (long long slot = range.element[0]->integer; slot <= range.element[1]->integer;
              ++slot) {
-          if (slot >= 0 && slot < kClusterSlots) slots_[static_cast<std::size_t>(slot)] = &pool;
+          if (slot >= 0 && slot < kClusterSlots) slots[static_cast<std::size_t>(slot)] = &master;
         }
       }
+      std::copy(slots.begin(), slots.end(), slots_.begin());
+      known_ = std::move(known);
       loaded_ = true;
+      last_refresh_ = Clock::now();
       return;
     } catch (const RedisError& error) {
       last_error = error;

@@ -1,5 +1,7 @@
 #include "redis/connection.h"
 
+#include <sys/socket.h>
+
 #include <array>
 #include <cerrno>
 #include <string>
@@ -66,6 +68,18 @@ Connection::Connection(const ConnectionSettings& settings) {
     const std::string db = std::to_string(endpoint.db);
     expect_ok(command(Args2{"SELECT", db}), "SELECT");
   }
+  if (settings.require_master) {
+    const ReplyPtr role = command(std::array<std::string_view, 1>{"ROLE"});
+    if (role->type == REDIS_REPLY_ERROR) throw reply_error(*role, "ROLE");
+    const bool master = role->type == REDIS_REPLY_ARRAY && role->elements > 0 &&
+                        role->element[0]->type == REDIS_REPLY_STRING &&
+                        std::string_view(role->element[0]->str, role->element[0]->len) == "master";
+    if (!master) {
+      throw RedisError("idem: redis ROLE: " + endpoint.host + ":" + std::to_string(endpoint.port) +
+                           " is not a master (a failover is under way or the Sentinel is stale)",
+                       true);
+    }
+  }
 }
 
 ReplyPtr Connection::command(std::span<const std::string_view> args) {
@@ -87,6 +101,10 @@ ReplyPtr Connection::read_reply() {
   errno = 0;
   if (redisGetReply(context_.get(), &raw) != REDIS_OK || raw == nullptr) fail(errno, "command");
   return ReplyPtr(static_cast<redisReply*>(raw));
+}
+
+void Connection::shutdown() noexcept {
+  if (context_ != nullptr && context_->fd >= 0) ::shutdown(context_->fd, SHUT_RDWR);
 }
 
 void Connection::fail(int saved_errno, std::string_view during) {

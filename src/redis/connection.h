@@ -17,12 +17,15 @@ struct ConnectionSettings {
   std::chrono::milliseconds connect_timeout{500};
   std::chrono::milliseconds command_timeout{500};
   bool keepalive = true;
+  /// After AUTH and SELECT, send ROLE and refuse (retryable idem::RedisError) a server that is
+  /// not a master: a Sentinel's answer may be stale during a failover.
+  bool require_master = false;
 };
 
 class Connection {
  public:
-  /// Connects, then sends AUTH and SELECT when the endpoint asks for them. Throws
-  /// idem::RedisError.
+  /// Connects, then sends AUTH and SELECT when the endpoint asks for them (and ROLE with
+  /// `require_master`). Throws idem::RedisError.
   explicit Connection(const ConnectionSettings& settings);
 
   /// Sends one command and reads its reply. An error reply is returned, not thrown (the caller
@@ -35,6 +38,10 @@ class Connection {
 
   /// Flushes queued commands and reads the next reply. Throws like command().
   [[nodiscard]] ReplyPtr read_reply();
+
+  /// Shuts the socket down (both directions), so that a read blocked in another thread returns
+  /// with an error at once. The only member that may be called from another thread.
+  void shutdown() noexcept;
 
   /// True once a call failed at the connection level (I/O error, timeout, protocol error):
   /// the stream may hold a late or partial reply, so the connection must not be used again.

@@ -39,11 +39,39 @@ std::string percent_decode(std::string_view url, std::string_view text) {
   return out;
 }
 
+// `text` as host[:port] or [ipv6][:port]; `default_port` when the port is absent.
+HostPort parse_host_port(std::string_view url, std::string_view text, int default_port) {
+  std::string_view host = text;
+  std::string_view port;
+  bool port_given = false;
+  if (text.starts_with('[')) {
+    const auto close = text.find(']');
+    if (close == std::string_view::npos) bad_url(url, "unclosed [ in host");
+    host = text.substr(1, close - 1);
+    const std::string_view after = text.substr(close + 1);
+    if (!after.empty()) {
+      if (after[0] != ':') bad_url(url, "junk after ]");
+      port = after.substr(1);
+      port_given = true;
+    }
+  } else if (const auto colon = text.rfind(':'); colon != std::string_view::npos) {
+    host = text.substr(0, colon);
+    port = text.substr(colon + 1);
+    port_given = true;
+  }
+  if (host.empty()) bad_url(url, "missing host");
+  HostPort address{std::string(host), default_port};
+  if (port_given) address.port = parse_number(url, port, 65535, "port");
+  if (address.port == 0) bad_url(url, "port must not be 0");
+  return address;
+}
+
 }  // namespace
 
 RedisEndpoint parse_redis_url(std::string_view url) {
   constexpr std::string_view kTcp = "redis://";
   constexpr std::string_view kUnix = "unix://";
+  constexpr std::string_view kSentinel = "redis-sentinel://";
   RedisEndpoint endpoint;
   if (url.starts_with(kUnix)) {
     std::string_view rest = url.substr(kUnix.size());
@@ -57,9 +85,34 @@ RedisEndpoint parse_redis_url(std::string_view url) {
     endpoint.socket_path = std::string(rest);
     return endpoint;
   }
-  if (!url.starts_with(kTcp)) bad_url(url, "scheme must be redis:// or unix://");
-  std::string_view rest = url.substr(kTcp.size());
-  if (const auto at = rest.rfind('@'); at != std::string_view::npos) {
+  const bool sentinel = url.starts_with(kSentinel);
+  if (!sentinel && !url.starts_with(kTcp)) {
+    bad_url(url, "scheme must be redis://, redis-sentinel:// or unix://");
+  }
+  std::string_view rest = url.substr(sentinel ? kSentinel.size() : kTcp.size());
+  const auto at = rest.rfind('@');
+  const std::size_t hosts_from = at == std::string_view::npos ? 0 : at + 1;
+  if (sentinel) {
+    // Lettuce's forms: `#master` (a fragment) or `?sentinelMasterId=master`.
+    if (const auto hash = rest.find('#', hosts_from); hash != std::string_view::npos) {
+      endpoint.sentinel_master = percent_decode(url, rest.substr(hash + 1));
+      rest = rest.substr(0, hash);
+    }
+    if (const auto query = rest.find('?', hosts_from); query != std::string_view::npos) {
+      constexpr std::string_view kMasterId = "sentinelMasterId=";
+      const std::string_view params = rest.substr(query + 1);
+      if (!params.starts_with(kMasterId) || params.find('&') != std::string_view::npos) {
+        bad_url(url, "the only redis-sentinel:// parameter is sentinelMasterId=NAME");
+      }
+      if (!endpoint.sentinel_master.empty()) bad_url(url, "the master name is given twice");
+      endpoint.sentinel_master = percent_decode(url, params.substr(kMasterId.size()));
+      rest = rest.substr(0, query);
+    }
+    if (endpoint.sentinel_master.empty()) {
+      bad_url(url, "missing the master name (#NAME or ?sentinelMasterId=NAME)");
+    }
+  }
+  if (at != std::string_view::npos) {
     const std::string_view userinfo = rest.substr(0, at);
     const auto colon = userinfo.find(':');
     if (colon == std::string_view::npos) {
@@ -75,25 +128,21 @@ RedisEndpoint parse_redis_url(std::string_view url) {
       endpoint.db = parse_number(url, rest.substr(slash + 1), 1 << 20, "db");
     rest = rest.substr(0, slash);
   }
-  std::string_view host = rest;
-  std::string_view port;
-  if (rest.starts_with('[')) {
-    const auto close = rest.find(']');
-    if (close == std::string_view::npos) bad_url(url, "unclosed [ in host");
-    host = rest.substr(1, close - 1);
-    const std::string_view after = rest.substr(close + 1);
-    if (!after.empty()) {
-      if (after[0] != ':') bad_url(url, "junk after ]");
-      port = after.substr(1);
-    }
-  } else if (const auto colon = rest.rfind(':'); colon != std::string_view::npos) {
-    host = rest.substr(0, colon);
-    port = rest.substr(colon + 1);
+  if (!sentinel) {
+    HostPort address = parse_host_port(url, rest, endpoint.port);
+    endpoint.host = std::move(address.host);
+    endpoint.port = address.port;
+    return endpoint;
   }
-  if (host.empty()) bad_url(url, "missing host");
-  endpoint.host = std::string(host);
-  if (!port.empty() || rest.ends_with(':')) endpoint.port = parse_number(url, port, 65535, "port");
-  if (endpoint.port == 0) bad_url(url, "port must not be 0");
+  for (std::size_t from = 0;;) {
+    const auto comma = rest.find(',', from);
+    endpoint.sentinels.push_back(
+        parse_host_port(url, rest.substr(from, comma - from), kDefaultSentinelPort));
+    if (comma == std::string_view::npos) break;
+    from = comma + 1;
+  }
+  endpoint.host.clear();
+  endpoint.port = 0;
   return endpoint;
 }
 

@@ -3,21 +3,40 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace idem::detail {
 
+/// A TCP address.
+struct HostPort {
+  std::string host;
+  int port = 0;
+  bool operator==(const HostPort&) const = default;
+};
+
 /// Where and how to connect.
 struct RedisEndpoint {
-  std::string host;         ///< TCP host; empty for a unix socket.
+  std::string host;         ///< TCP host; empty for a unix socket (and for Sentinel: discovered).
   int port = 6379;          ///< TCP port.
   std::string socket_path;  ///< Unix socket path; empty for TCP.
   std::string user;         ///< AUTH user (Redis 6 ACL); empty for the default user.
   std::string password;     ///< AUTH password; empty means no AUTH.
   int db = 0;               ///< SELECT database.
+  /// `redis-sentinel://`: the Sentinels to ask for the master, in the URL's order; empty for
+  /// the other schemes.
+  std::vector<HostPort> sentinels;
+  /// `redis-sentinel://`: the name the Sentinels monitor the master under.
+  std::string sentinel_master;
 };
 
-/// Parses `redis://[[user]:password@]host[:port][/db]` or `unix://path[?db=N]` (percent-escapes
-/// in user and password are decoded; IPv6 hosts in brackets). Throws idem::ConfigError.
+/// Default port of a Redis Sentinel.
+inline constexpr int kDefaultSentinelPort = 26379;
+
+/// Parses `redis://[[user]:password@]host[:port][/db]`, `unix://path[?db=N]`, or Lettuce's
+/// Sentinel form `redis-sentinel://[[user]:password@]host1[:port1][,host2[:port2]...][/db]`
+/// followed by `?sentinelMasterId=NAME` or `#NAME` (Sentinel ports default to 26379; the
+/// credentials and the database are the master's). Percent-escapes in user, password and master
+/// name are decoded; IPv6 hosts in brackets. Throws idem::ConfigError.
 [[nodiscard]] RedisEndpoint parse_redis_url(std::string_view url);
 
 }  // namespace idem::detail

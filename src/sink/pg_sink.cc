@@ -13,8 +13,8 @@
 #include "idem/pg_sql.h"  // generated from src/sink/schema.sql: kSchemaScript
 #include "pg/errors.h"
 #include "pg/pool.h"
-#include "sink/sql.h"
 #include "pg/watchdog.h"
+#include "sink/sql.h"
 
 namespace idem {
 namespace {

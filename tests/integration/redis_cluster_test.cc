@@ -1,5 +1,8 @@
-// The Redis guard against a private 3-master Redis Cluster on loopback (started by the test):
-// slot routing, batches across nodes, ASK during a slot migration and MOVED after it.
+// The Redis guard against a private 3-master Redis Cluster on loopback (started by the test,
+// tests/support/redis_cluster.h): slot routing, batches across nodes, ASK during a slot
+// migration and MOVED after it.
+#include "redis_cluster.h"
+
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -13,7 +16,6 @@
 #include "idem/errors.h"
 #include "idem/redis_guard.h"
 #include "redis/cluster.h"
-#include "redis_server.h"
 #include "test_env.h"
 
 namespace idem {
@@ -21,68 +23,23 @@ namespace {
 
 class RedisClusterTest : public ::testing::TestWithParam<ClaimMethod> {
  protected:
-  static void SetUpTestSuite() {
-    for (int i = 0; i < 3; ++i) {
-      nodes_.push_back(std::make_unique<test::RedisServer>(
-          false, std::vector<std::string>{"--cluster-enabled", "yes", "--cluster-config-file",
-                                          "nodes.conf", "--cluster-node-timeout", "5000"}));
-    }
-    std::vector<std::string> create = {"--cluster", "create"};
-    for (const auto& node : nodes_) create.push_back(address(*node));
-    create.insert(create.end(), {"--cluster-replicas", "0", "--cluster-yes"});
-    (void)nodes_[0]->cli(create);
-    for (int i = 0; i < 400 && !all_ok(); ++i)
-      std::this_thread::sleep_for(std::chrono::milliseconds(25));
-    ASSERT_TRUE(all_ok()) << "the cluster never became ok";
-  }
-  static void TearDownTestSuite() { nodes_.clear(); }
+  static void SetUpTestSuite() { cluster_ = std::make_unique<test::ClusterGroup>(3, 0); }
+  static void TearDownTestSuite() { cluster_.reset(); }
 
-  static std::string address(const test::RedisServer& node) {
-    const std::string url = node.url();
-    return url.substr(std::string("redis://").size(),
-                      url.rfind('/') - std::string("redis://").size());
-  }
-  static bool all_ok() {
-    for (const auto& node : nodes_) {
-      if (node->cli({"CLUSTER", "INFO"}).find("cluster_state:ok") == std::string::npos)
-        return false;
-    }
-    return true;
-  }
-  // Index of the node serving `slot`, read from each node's own line of CLUSTER NODES
-  // (independent of the guard's CLUSTER SLOTS parsing); -1 when none.
-  static int owner_of(int slot) {
-    for (std::size_t i = 0; i < nodes_.size(); ++i) {
-      const std::string id = nodes_[i]->cli({"CLUSTER", "MYID"});
-      const std::string nodes = nodes_[i]->cli({"CLUSTER", "NODES"});
-      const auto line_start = nodes.find(id);
-      const std::string line = nodes.substr(line_start, nodes.find('\n', line_start) - line_start);
-      for (std::size_t at = line.find(" connected "); at != std::string::npos;) {
-        at = line.find_first_of("0123456789", at);
-        if (at == std::string::npos) break;
-        const auto end = line.find(' ', at);
-        const std::string range =
-            line.substr(at, end == std::string::npos ? std::string::npos : end - at);
-        const auto dash = range.find('-');
-        const int low = std::stoi(range.substr(0, dash));
-        const int high = dash == std::string::npos ? low : std::stoi(range.substr(dash + 1));
-        if (slot >= low && slot <= high) return static_cast<int>(i);
-        at = end;
-      }
-    }
-    return -1;
+  static const std::vector<std::unique_ptr<test::RedisServer>>& nodes() {
+    return cluster_->nodes();
   }
 
   RedisGuardOptions options() const {
     RedisGuardOptions guard_options;
-    guard_options.redis.url = nodes_[0]->url();
+    guard_options.redis.url = cluster_->seed_url();
     guard_options.redis.cluster = true;
     guard_options.prefix = test::unique_name("cluster");
     guard_options.claim_method = GetParam();
     return guard_options;
   }
 
-  static inline std::vector<std::unique_ptr<test::RedisServer>> nodes_;
+  static inline std::unique_ptr<test::ClusterGroup> cluster_;
 };
 
 TEST_P(RedisClusterTest, ClaimsRouteToTheMasterOfEachSlot) {
@@ -97,16 +54,14 @@ TEST_P(RedisClusterTest, ClaimsRouteToTheMasterOfEachSlot) {
     const std::string key = "u:i:k" + std::to_string(k);
     EXPECT_EQ(guard.claim(key, "req-1", "fp").status, ClaimStatus::kRepeatSame);
   }
-  for (const auto& node : nodes_) EXPECT_NE(node->cli({"DBSIZE"}), "0");  // every master got keys
+  for (const auto& node : nodes()) EXPECT_NE(node->cli({"DBSIZE"}), "0");  // every master got keys
   for (int k = 0; k < 10; ++k) {  // and each key sits on its slot's master
     const std::string key = "u:i:k" + std::to_string(k);
-    const int slot = std::stoi(nodes_[0]->cli({"CLUSTER", "KEYSLOT", guard.redis_key(key)}));
+    const int slot = std::stoi(nodes()[0]->cli({"CLUSTER", "KEYSLOT", guard.redis_key(key)}));
     ASSERT_EQ(slot, detail::key_slot(guard.redis_key(key)));
-    const int owner = owner_of(slot);
-    ASSERT_GE(owner, 0);
-    EXPECT_NE(nodes_[static_cast<std::size_t>(owner)]->cli(
-                  {"CLUSTER", "COUNTKEYSINSLOT", std::to_string(slot)}),
-              "0");
+    test::RedisServer* owner = cluster_->owner_of(slot);
+    ASSERT_NE(owner, nullptr);
+    EXPECT_NE(owner->cli({"CLUSTER", "COUNTKEYSINSLOT", std::to_string(slot)}), "0");
   }
   EXPECT_TRUE(guard.complete("u:i:k0", firsts[0].owner_token, "done"));
   EXPECT_EQ(guard.claim("u:i:k0", "req-2", "fp").response, "done");
@@ -156,10 +111,10 @@ TEST_P(RedisClusterTest, FollowsAskDuringASlotMigrationAndMovedAfterIt) {
   ASSERT_EQ(held.status, ClaimStatus::kFirst);
   const std::string held_key = guard.redis_key("u:i:moving");
   const int slot = detail::key_slot(held_key);
-  const int source = owner_of(slot);
-  ASSERT_GE(source, 0);
-  test::RedisServer& from = *nodes_[static_cast<std::size_t>(source)];
-  test::RedisServer& to = *nodes_[static_cast<std::size_t>((source + 1) % 3)];
+  test::RedisServer* source = cluster_->owner_of(slot);
+  ASSERT_NE(source, nullptr);
+  test::RedisServer& from = *source;
+  test::RedisServer& to = *nodes()[nodes()[0].get() == source ? 1 : 0];
   // A second key text in the same slot.
   std::string other;
   for (int n = 0; other.empty(); ++n) {
@@ -183,7 +138,8 @@ TEST_P(RedisClusterTest, FollowsAskDuringASlotMigrationAndMovedAfterIt) {
   const std::string to_port =
       to.url().substr(to.url().rfind(':') + 1, to.url().rfind('/') - to.url().rfind(':') - 1);
   ASSERT_EQ(from.cli({"MIGRATE", "127.0.0.1", to_port, "", "0", "5000", "KEYS", held_key}), "OK");
-  for (const auto& node : nodes_) (void)node->cli({"CLUSTER", "SETSLOT", slot_text, "NODE", to_id});
+  for (const auto& node : nodes())
+    (void)node->cli({"CLUSTER", "SETSLOT", slot_text, "NODE", to_id});
 
   // Migrated: the guard's map still names the source, which answers MOVED.
   EXPECT_EQ(guard.claim("u:i:moving", "req-1", "fp").status, ClaimStatus::kRepeatSame);

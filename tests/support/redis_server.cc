@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <fstream>
 #include <stdexcept>
 #include <thread>
 
@@ -91,6 +92,23 @@ RedisServer::RedisServer(bool persistent, std::vector<std::string> extra_args)
   start();
 }
 
+RedisServer::RedisServer(SentinelMode, const std::vector<std::string>& config_lines)
+    : persistent_(false), sentinel_(true) {
+  char pattern[] = "/tmp/idem-sentinel-XXXXXX";
+  if (::mkdtemp(pattern) == nullptr) throw std::runtime_error("mkdtemp failed");
+  dir_ = pattern;
+  port_ = free_port();
+  std::ofstream config(dir_ / "sentinel.conf");
+  for (const std::string& line : config_lines) config << line << "\n";
+  config.close();
+  if (!config) throw std::runtime_error("cannot write sentinel.conf");
+  start();
+}
+
+std::unique_ptr<RedisServer> RedisServer::sentinel(const std::vector<std::string>& config_lines) {
+  return std::unique_ptr<RedisServer>(new RedisServer(SentinelMode{}, config_lines));
+}
+
 RedisServer::~RedisServer() {
   kill();
   std::error_code ignored;
@@ -112,21 +130,11 @@ void RedisServer::restart() {
 }
 
 void RedisServer::start() {
-  std::vector<std::string> argv = {"redis-server",
-                                   "--port",
-                                   std::to_string(port_),
-                                   "--bind",
-                                   "127.0.0.1",
-                                   "--dir",
-                                   dir_.string(),
-                                   "--logfile",
-                                   (dir_ / "redis.log").string(),
-                                   "--save",
-                                   "",
-                                   "--daemonize",
-                                   "no",
-                                   "--enable-debug-command",
-                                   "local"};
+  std::vector<std::string> argv = {"redis-server"};
+  if (sentinel_) argv.insert(argv.end(), {(dir_ / "sentinel.conf").string(), "--sentinel"});
+  argv.insert(argv.end(), {"--port", std::to_string(port_), "--bind", "127.0.0.1", "--dir",
+                           dir_.string(), "--logfile", (dir_ / "redis.log").string(), "--save", "",
+                           "--daemonize", "no", "--enable-debug-command", "local"});
   if (persistent_) {
     for (const char* arg : {"--appendonly", "yes", "--appendfsync", "always"})
       argv.emplace_back(arg);

@@ -6,6 +6,7 @@
 #include <sys/types.h>
 
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -23,26 +24,39 @@ class RedisServer {
   /// a durable write) and restart() reloads it. Throws std::runtime_error when it cannot start.
   /// `extra_args` are appended to the redis-server command line (e.g. {"--requirepass", "pw"}).
   explicit RedisServer(bool persistent = false, std::vector<std::string> extra_args = {});
+  /// A Redis Sentinel (`redis-server <dir>/sentinel.conf --sentinel`) whose configuration file
+  /// holds `config_lines` (e.g. "sentinel monitor m 127.0.0.1 6379 2"); the Sentinel rewrites
+  /// it as it learns. Throws std::runtime_error when it cannot start.
+  static std::unique_ptr<RedisServer> sentinel(const std::vector<std::string>& config_lines);
   /// Kills the server (if running) and removes its directory.
   ~RedisServer();
   RedisServer(const RedisServer&) = delete;
   RedisServer& operator=(const RedisServer&) = delete;
 
+  /// The TCP port.
+  [[nodiscard]] int port() const noexcept { return port_; }
+  /// `127.0.0.1:<port>`.
+  [[nodiscard]] std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
   /// `redis://127.0.0.1:<port>/0`.
   [[nodiscard]] std::string url() const;
   /// The server's private directory (for a unix socket path, say).
   [[nodiscard]] const std::filesystem::path& dir() const { return dir_; }
   /// Runs redis-cli against this server.
   std::string cli(const std::vector<std::string>& args) const { return redis_cli(url(), args); }
+  /// Whether the server runs (started and not killed).
+  [[nodiscard]] bool running() const noexcept { return pid_ > 0; }
   /// SIGKILL and reap; the port stays reserved for restart().
   void kill();
   /// Starts the server again on the same port and directory; waits until it answers PING.
   void restart();
 
  private:
+  struct SentinelMode {};
+  RedisServer(SentinelMode, const std::vector<std::string>& config_lines);
   void start();
 
   bool persistent_;
+  bool sentinel_ = false;
   std::vector<std::string> extra_args_;
   int port_ = 0;
   std::filesystem::path dir_;

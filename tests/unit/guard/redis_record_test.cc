@@ -4,8 +4,8 @@
 #include <set>
 #include <string>
 
-#include "idem/errors.h"
 #include "guard/record.h"
+#include "idem/errors.h"
 
 namespace idem::detail {
 namespace {

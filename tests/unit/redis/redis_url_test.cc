@@ -64,6 +64,47 @@ TEST(RedisUrl, UnixSocketWithDatabase) {
   EXPECT_TRUE(endpoint.host.empty());
 }
 
+// Lettuce's Sentinel URI: redis-sentinel://[[user:]password@]host1[:port1][,host2[:port2]]
+// [/database][?sentinelMasterId=name] or ...#name; Sentinels default to port 26379.
+TEST(RedisUrl, SentinelListMasterNameAndMasterCredentials) {
+  const RedisEndpoint endpoint =
+      parse_redis_url("redis-sentinel://app:pw@10.0.0.1,10.0.0.2:26380,[::1]:5000/3#orders");
+  ASSERT_EQ(endpoint.sentinels.size(), 3U);
+  EXPECT_EQ(endpoint.sentinels[0], (HostPort{"10.0.0.1", 26379}));
+  EXPECT_EQ(endpoint.sentinels[1], (HostPort{"10.0.0.2", 26380}));
+  EXPECT_EQ(endpoint.sentinels[2], (HostPort{"::1", 5000}));
+  EXPECT_EQ(endpoint.sentinel_master, "orders");
+  EXPECT_EQ(endpoint.user, "app");
+  EXPECT_EQ(endpoint.password, "pw");
+  EXPECT_EQ(endpoint.db, 3);
+  EXPECT_TRUE(endpoint.host.empty());  // the master is discovered
+}
+
+TEST(RedisUrl, SentinelMasterIdAsQueryParameter) {
+  const RedisEndpoint endpoint =
+      parse_redis_url("redis-sentinel://s1:26379?sentinelMasterId=my%20master");
+  ASSERT_EQ(endpoint.sentinels.size(), 1U);
+  EXPECT_EQ(endpoint.sentinel_master, "my master");
+  EXPECT_EQ(endpoint.db, 0);
+  // A '#' or '?' inside the (escaped or not) password does not end the authority.
+  EXPECT_EQ(parse_redis_url("redis-sentinel://:p#w?x@s1#m").password, "p#w?x");
+}
+
+TEST(RedisUrl, PlainUrlsHaveNoSentinels) {
+  EXPECT_TRUE(parse_redis_url("redis://h:1/0").sentinels.empty());
+  EXPECT_TRUE(parse_redis_url("unix:///s.sock").sentinels.empty());
+}
+
+TEST(RedisUrl, MalformedSentinelUrlsAreConfigErrors) {
+  for (const char* bad :
+       {"redis-sentinel://s1:26379", "redis-sentinel://s1#", "redis-sentinel://#m",
+        "redis-sentinel://s1,#m", "redis-sentinel://s1:0#m", "redis-sentinel://s1?timeout=5#m",
+        "redis-sentinel://s1?sentinelMasterId=a#b", "redis-sentinel://s1?sentinelMasterId=a&x=1",
+        "redis-sentinel://s1/x#m", "redis+sentinel://s1#m"}) {
+    EXPECT_THROW((void)parse_redis_url(bad), ConfigError) << bad;
+  }
+}
+
 TEST(RedisUrl, MalformedUrlsAreConfigErrors) {
   for (const char* bad :
        {"http://localhost", "redis://", "redis://:6379", "redis://host:port", "redis://host:0",

@@ -1,0 +1,91 @@
+// Redis Sentinel: which server is the master of a monitored set, asked of the Sentinels in
+// turn (Redis' "Sentinel clients guidelines": ask each Sentinel in order, move the one that
+// answered to the front, check ROLE on the named server, ask again after a failure), and told
+// by them when it changes (a subscription to +switch-master on one Sentinel).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "idem/redis_guard.h"
+#include "redis/node.h"
+#include "redis/pool.h"
+#include "redis/url.h"
+
+namespace idem::detail {
+
+class Connection;
+
+/// The current master of one Sentinel-monitored set, as a Node. Thread-safe. From the first
+/// discovery on, one helper thread keeps a subscription to `+switch-master` on a Sentinel, so
+/// that a failover is followed at once, also when the old master lives on (a manual failover,
+/// a partition): its connections would otherwise keep writing there until the Sentinels
+/// demote it, up to their 10 s INFO period later.
+class Sentinel {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  /// Least time between two discoveries while a master is known: failures of many calls within
+  /// it cost one round of questions to the Sentinels.
+  static constexpr std::chrono::milliseconds kRediscoverInterval{100};
+
+  /// `master` holds the settings of every master connection (credentials, database, timeouts)
+  /// and, in its endpoint, the Sentinels and the master's name. Does not connect until first
+  /// use.
+  Sentinel(PoolSettings master, CircuitBreakerOptions breaker);
+  /// Stops the helper thread (closing its subscription at once).
+  ~Sentinel();
+  Sentinel(const Sentinel&) = delete;
+  Sentinel& operator=(const Sentinel&) = delete;
+
+  /// The node of the current master. Discovers it on first use, and again after invalidate()
+  /// (one discovery at a time; while one runs or within kRediscoverInterval of the last, the
+  /// known master is returned as is). Throws idem::RedisError when no master is known and no
+  /// Sentinel names one that answers ROLE as a master: retryable, except when every Sentinel
+  /// that answered does not know the master's name.
+  [[nodiscard]] std::shared_ptr<Node> master();
+
+  /// The master known now, without asking anyone; nullptr before the first discovery.
+  [[nodiscard]] std::shared_ptr<Node> known_master();
+
+  /// A call on `node` failed in a way a failover explains (connection lost or refused, a
+  /// timeout, READONLY, ROLE not master, its breaker open): ask the Sentinels again.
+  void invalidate(const Node& node);
+
+  /// How long the helper thread waits on its subscription before it reconnects (a Sentinel
+  /// that died silently is noticed then).
+  static constexpr std::chrono::seconds kWatchReconnect{5};
+
+ private:
+  // The master's address by the Sentinels, checked with ROLE; throws idem::RedisError.
+  HostPort discover();
+  // Discovers now and installs the answer; throws idem::RedisError.
+  std::shared_ptr<Node> rediscover_locked();  // requires discovery_mutex_
+  // The helper thread: subscribes to +switch-master on the Sentinels in turn.
+  void watch();
+  // Sleeps up to `duration` unless stopping; false when stopping.
+  bool pause(std::chrono::milliseconds duration);
+
+  const PoolSettings settings_;
+  const CircuitBreakerOptions breaker_;
+  std::mutex discovery_mutex_;  // one discovery at a time; taken before mutex_
+  std::mutex mutex_;            // guards the members below
+  std::vector<HostPort> sentinels_;
+  std::shared_ptr<Node> master_;
+  bool stale_ = false;
+  Clock::time_point next_discovery_{};
+
+  std::mutex watch_mutex_;  // guards watching_ and wakes pause()
+  std::condition_variable stop_requested_;
+  std::atomic<bool> stopping_{false};
+  Connection* watching_ = nullptr;  // the subscription, while one is open
+  std::once_flag watch_once_;
+  std::thread watcher_;  // started by the first discovery; joined by the destructor
+};
+
+}  // namespace idem::detail

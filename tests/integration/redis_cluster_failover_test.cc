@@ -1,0 +1,111 @@
+// The Redis guard through a Redis Cluster failover: 3 masters with a replica each on loopback
+// (tests/support/redis_cluster.h). A master is SIGKILLed: calls for its slots fail (retryable)
+// and open that node's breaker only, while the other masters keep answering; once its replica
+// is promoted the guard reloads the slot map on its own and finds the replicated records.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "idem/errors.h"
+#include "idem/redis_guard.h"
+#include "redis/cluster.h"
+#include "redis_cluster.h"
+#include "test_env.h"
+
+namespace idem {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// A key text whose Redis key lands in `slot`.
+std::string key_in_slot(const RedisGuard& guard, int slot, const std::string& stem) {
+  for (int n = 0;; ++n) {
+    const std::string candidate = stem + std::to_string(n);
+    if (detail::key_slot(guard.redis_key(candidate)) == slot) return candidate;
+  }
+}
+
+TEST(RedisClusterFailover, AKilledMasterFailsOverToItsReplicaAndOnlyItsBreakerOpens) {
+  test::ClusterGroup cluster(3, 1, milliseconds(2000));
+  RedisGuardOptions options;
+  options.redis.url = cluster.seed_url();
+  options.redis.cluster = true;
+  options.redis.connect_timeout = milliseconds(200);
+  options.redis.command_timeout = milliseconds(500);
+  options.prefix = test::unique_name("failover");
+  options.breaker = {.failure_threshold = 3, .open_for = milliseconds(300)};
+  RedisGuard guard(options);
+
+  // The victim: the master of the first key's slot; a bystander key on another master.
+  const ClaimResult held = guard.claim("u:refund:held", "req-held", "");
+  ASSERT_EQ(held.status, ClaimStatus::kFirst);
+  ASSERT_TRUE(guard.complete("u:refund:held", held.owner_token, "held-response"));
+  const int slot = detail::key_slot(guard.redis_key("u:refund:held"));
+  test::RedisServer* victim = cluster.owner_of(slot);
+  ASSERT_NE(victim, nullptr);
+  std::string bystander;
+  for (int n = 0; bystander.empty(); ++n) {
+    const std::string candidate = "u:refund:by" + std::to_string(n);
+    if (cluster.owner_of(detail::key_slot(guard.redis_key(candidate))) != victim) {
+      bystander = candidate;
+    }
+  }
+  std::vector<std::string> completed;
+  for (int k = 0; k < 10; ++k) {
+    completed.push_back(key_in_slot(guard, slot, "u:refund:c" + std::to_string(k) + "-"));
+    const ClaimResult first = guard.claim(completed.back(), "req-c", "");
+    ASSERT_EQ(first.status, ClaimStatus::kFirst);
+    ASSERT_TRUE(guard.complete(completed.back(), first.owner_token, "done"));
+  }
+  ASSERT_EQ(victim->cli({"WAIT", "1", "2000"}), "1");  // on the replica before the kill
+
+  const auto killed_at = Clock::now();
+  victim->kill();
+  // Within cluster-node-timeout nobody has noticed: the victim's slots fail, its breaker
+  // opens, and the other masters are untouched by it.
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_THROW(
+        (void)guard.claim(key_in_slot(guard, slot, "u:refund:f" + std::to_string(i)), "req-f", ""),
+        RedisError);
+  }
+  EXPECT_EQ(guard.breaker_state(), BreakerState::kOpen);
+  EXPECT_EQ(guard.claim(bystander, "req-by", "").status, ClaimStatus::kFirst);
+  ASSERT_LT(Clock::now() - killed_at, milliseconds(2000)) << "the window closed too early";
+
+  // Then the replica takes over; the guard follows without a MOVED (nothing answers on the
+  // victim's address) by reloading the slot map after failures.
+  const std::string probe = key_in_slot(guard, slot, "u:refund:after-");
+  milliseconds unavailable{0};
+  for (bool answered = false; !answered;) {
+    ASSERT_LT(Clock::now() - killed_at, std::chrono::seconds(30)) << "no failover";
+    try {
+      EXPECT_EQ(guard.claim(probe, "req-after", "").status, ClaimStatus::kFirst);
+      answered = true;
+      unavailable = std::chrono::duration_cast<milliseconds>(Clock::now() - killed_at);
+    } catch (const RedisError& error) {
+      EXPECT_TRUE(error.retryable()) << error.what();
+      std::this_thread::sleep_for(milliseconds(20));
+    }
+  }
+  std::cerr << "[cluster failover] slot " << slot << " unavailable " << unavailable.count()
+            << " ms after SIGKILL (cluster-node-timeout 2000 ms)\n";
+  test::RedisServer* promoted = cluster.owner_of(slot);
+  ASSERT_NE(promoted, nullptr);
+  EXPECT_NE(promoted, victim);
+  EXPECT_EQ(promoted->cli({"EXISTS", guard.redis_key(probe)}), "1");
+  const ClaimResult again = guard.claim("u:refund:held", "req-other", "");
+  EXPECT_EQ(again.status, ClaimStatus::kRepeatOther);
+  EXPECT_EQ(again.response, "held-response");
+  for (const std::string& key : completed) {
+    EXPECT_EQ(guard.claim(key, "req-other", "").status, ClaimStatus::kRepeatOther) << key;
+  }
+  EXPECT_TRUE(cluster.wait_for_new_owner(slot, victim, milliseconds(5000)));
+  EXPECT_EQ(guard.breaker_state(), BreakerState::kClosed);  // the dead node left the map
+}
+
+}  // namespace
+}  // namespace idem

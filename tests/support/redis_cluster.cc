@@ -1,0 +1,90 @@
+#include "redis_cluster.h"
+
+#include <stdexcept>
+#include <thread>
+
+#include "wait_until.h"
+
+namespace idem::test {
+namespace {
+
+// Whether `line` (one line of CLUSTER NODES) lists `slot` among its slot ranges.
+bool line_serves(const std::string& line, int slot) {
+  for (std::size_t at = line.find(" connected "); at != std::string::npos;) {
+    at = line.find_first_of("0123456789", at);
+    if (at == std::string::npos) break;
+    const auto end = line.find(' ', at);
+    const std::string range =
+        line.substr(at, end == std::string::npos ? std::string::npos : end - at);
+    const auto dash = range.find('-');
+    if (range.find('[') == std::string::npos) {  // not a migrating-slot entry
+      const int low = std::stoi(range.substr(0, dash));
+      const int high = dash == std::string::npos ? low : std::stoi(range.substr(dash + 1));
+      if (slot >= low && slot <= high) return true;
+    }
+    at = end;
+  }
+  return false;
+}
+
+}  // namespace
+
+ClusterGroup::ClusterGroup(int masters, int replicas, std::chrono::milliseconds node_timeout) {
+  const int count = masters * (1 + replicas);
+  for (int i = 0; i < count; ++i) {
+    nodes_.push_back(std::make_unique<RedisServer>(
+        false,
+        std::vector<std::string>{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                                 "--cluster-node-timeout", std::to_string(node_timeout.count()),
+                                 "--repl-diskless-sync-delay", "0"}));
+  }
+  std::vector<std::string> create = {"--cluster", "create"};
+  for (const auto& node : nodes_) create.push_back(node->address());
+  create.insert(create.end(), {"--cluster-replicas", std::to_string(replicas), "--cluster-yes"});
+  (void)nodes_[0]->cli(create);
+  const bool formed = wait_until(std::chrono::seconds(30), [&] {
+    if (!all_ok()) return false;
+    for (const auto& node : nodes_) {
+      const std::string info = node->cli({"INFO", "replication"});
+      if (info.find("role:slave") != std::string::npos &&
+          info.find("master_link_status:up") == std::string::npos) {
+        return false;
+      }
+    }
+    return true;
+  });
+  if (!formed) throw std::runtime_error("the cluster never became ok");
+}
+
+bool ClusterGroup::all_ok() const {
+  for (const auto& node : nodes_) {
+    if (node->running() &&
+        node->cli({"CLUSTER", "INFO"}).find("cluster_state:ok") == std::string::npos) {
+      return false;
+    }
+  }
+  return true;
+}
+
+RedisServer* ClusterGroup::owner_of(int slot) const {
+  for (const auto& node : nodes_) {
+    if (!node->running()) continue;
+    const std::string id = node->cli({"CLUSTER", "MYID"});
+    const std::string nodes = node->cli({"CLUSTER", "NODES"});
+    const auto start = nodes.find(id);
+    if (start == std::string::npos) continue;
+    const std::string line = nodes.substr(start, nodes.find('\n', start) - start);
+    if (line.find("master") != std::string::npos && line_serves(line, slot)) return node.get();
+  }
+  return nullptr;
+}
+
+bool ClusterGroup::wait_for_new_owner(int slot, const RedisServer* old_owner,
+                                      std::chrono::milliseconds limit) const {
+  return wait_until(limit, [&] {
+    const RedisServer* owner = owner_of(slot);
+    return owner != nullptr && owner != old_owner && all_ok();
+  });
+}
+
+}  // namespace idem::test
