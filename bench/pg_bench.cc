@@ -2,6 +2,7 @@
 // bench/pg.sh writes (the same SQL). Usage:
 //   idem-bench-pg --url URL --schema S --setup
 //   idem-bench-pg --url URL --schema S --mode claim|claim_plus_update --clients N --seconds T
+//                 [--pooling session|transaction]
 // --setup migrates the records table and creates `accounts` (1000 rows). A run prints the
 // transactions per second on stdout; every client first does one untimed warm-up transaction
 // (its connection is opened then, as pgbench excludes connection time).
@@ -32,6 +33,7 @@ struct Args {
   int clients = 1;
   double seconds = 5;
   bool setup = false;
+  bool transaction_pooling = false;  // --pooling transaction: PgPooling::kTransaction
 };
 
 Args parse(int argc, char** argv) {
@@ -54,6 +56,8 @@ Args parse(int argc, char** argv) {
       args.seconds = std::stod(value());
     else if (flag == "--setup")
       args.setup = true;
+    else if (flag == "--pooling")
+      args.transaction_pooling = value() == "transaction";
     else
       throw std::invalid_argument("unknown argument " + std::string(flag));
   }
@@ -71,6 +75,7 @@ idem::PgSinkOptions sink_options(const Args& args) {
   options.schema = args.schema;
   options.ns = "bench";
   options.pool_size = static_cast<std::size_t>(args.clients);
+  if (args.transaction_pooling) options.pooling = idem::PgPooling::kTransaction;
   return options;
 }
 
@@ -116,9 +121,13 @@ double run(const Args& args) {
             throw std::runtime_error("unexpected duplicate");
           }
           // Prepared once per connection (a repeat with the same text is a no-op), as pgbench -M
-          // prepared does.
-          tx.conn().prepare("bench_update", update_sql);
-          tx.exec_prepared("bench_update", account(rng));
+          // prepared does; unprepared behind a transaction pooler, as the sink's own statements.
+          if (args.transaction_pooling) {
+            tx.exec_params(update_sql, account(rng));
+          } else {
+            tx.conn().prepare("bench_update", update_sql);
+            tx.exec_prepared("bench_update", account(rng));
+          }
         });
       };
       once();  // warm-up: opens this client's connection, prepares the statements

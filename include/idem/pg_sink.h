@@ -20,10 +20,36 @@ class transaction_base;  // libpqxx's transaction; include <pqxx/pqxx> to use it
 
 namespace idem {
 
+/// What the sink's connections lead to: a session of their own, or a transaction pooler that
+/// hands each transaction to any server connection (docs/pg_sink.md, "pgbouncer").
+enum class PgPooling {
+  /// PostgreSQL directly, or a pooler in session mode (pgbouncer `pool_mode = session`): each
+  /// connection is one server session for its whole life. Statements are prepared once per
+  /// connection (protocol-level PQprepare, named `idem_*`); statement_timeout and lock_timeout
+  /// are session settings, set once; single statements outside a transaction commit by
+  /// themselves.
+  kSession,
+  /// A pooler in transaction mode (pgbouncer `pool_mode = transaction`; pgbouncer 1.18 cannot
+  /// carry protocol-level prepared statements there, and no pooler keeps session settings):
+  /// idem keeps no session state. Every statement is sent with its parameters as an unnamed
+  /// statement (PQexecParams: parsed on each call), every transaction idem opens begins with
+  /// `SET LOCAL statement_timeout …; SET LOCAL lock_timeout …` (one extra round trip), and the
+  /// non-transactional claim(), complete(), release() and purge_expired() each run in such a
+  /// short transaction (BEGIN, SET LOCAL, the statements, COMMIT) instead of committing by
+  /// themselves. A transaction handed to a handler must not PREPARE statements, use
+  /// session-level SET, LISTEN or session advisory locks either.
+  kTransaction,
+};
+
 /// Options of a PgSink. Validated once by the PgSink constructor (idem::ConfigError).
 struct PgSinkOptions {
-  /// libpq connection string: a `postgresql://` URL or `key=value` keywords. Required.
+  /// libpq connection string: a `postgresql://` URL or `key=value` keywords. Required. For a
+  /// primary with standbys, list every host and let libpq find the one that accepts writes:
+  /// `host=a,b port=5432,5432 target_session_attrs=read-write` (docs/operations.md, "High
+  /// availability").
   std::string conninfo{};
+  /// Session (default) or transaction pooling between the sink and PostgreSQL; see PgPooling.
+  PgPooling pooling = PgPooling::kSession;
   /// Schema of the records. Quoted as an identifier, so any non-empty name without a NUL
   /// byte is safe (used exactly as given, case included). migrate() creates it.
   std::string schema = "public";

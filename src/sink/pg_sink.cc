@@ -149,21 +149,50 @@ struct PgSink::Impl {
         pool(with_connect_timeout(options.conninfo, options.response_timeout), options.pool_size,
              options.borrow_timeout, [this](pqxx::connection& conn) { setup(conn); }) {}
 
+  [[nodiscard]] bool transaction_pooling() const noexcept {
+    return options.pooling == PgPooling::kTransaction;
+  }
+
   // Session settings of a new pooled connection (set_variable: they survive libpqxx's
-  // transparent reconnects).
+  // transparent reconnects). Behind a transaction pooler the session is not ours: nothing.
   void setup(pqxx::connection& conn) const {
+    if (transaction_pooling()) return;
     conn.set_variable("statement_timeout", std::to_string(options.statement_timeout.count()));
     conn.set_variable("lock_timeout", std::to_string(options.lock_timeout.count()));
   }
 
-  // Runs a sink statement in `tx`, preparing it on the transaction's connection on first use
-  // (libpqxx makes a repeated prepare() of the same text a no-op), within response_timeout.
+  // Runs a sink statement in `tx` within response_timeout: prepared on the transaction's
+  // connection on first use (libpqxx makes a repeated prepare() of the same text a no-op), or,
+  // behind a transaction pooler, sent with its parameters as an unnamed statement (PQexecParams:
+  // parse, bind and execute in one message sequence, so it never outlives the transaction).
   template <typename... Args>
   pqxx::result exec(pqxx::transaction_base& tx, Statement statement, Args&&... args) const {
     return watchdog.run(tx.conn().sock(), [&] {
+      if (transaction_pooling()) return tx.exec_params(sql[statement], std::forward<Args>(args)...);
       tx.conn().prepare(kStatementNames[statement], sql[statement]);
       return tx.exec_prepared(kStatementNames[statement], std::forward<Args>(args)...);
     });
+  }
+
+  // Runs body(tx) as one short unit of its own: a nontransaction (each statement commits by
+  // itself) on a session of ours; behind a transaction pooler, a watched transaction (its first
+  // round trip sets the timeouts with SET LOCAL), committed unless keep(result) is false.
+  template <typename Body, typename Keep>
+  auto autocommit(pqxx::connection& conn, Body&& body, Keep&& keep) {
+    if (!transaction_pooling()) {
+      pqxx::nontransaction tx(conn);
+      return body(tx);
+    }
+    std::optional<decltype(body(std::declval<pqxx::transaction_base&>()))> result;
+    watched_transaction(conn, [&](pqxx::work& tx) {
+      result.emplace(body(tx));
+      return keep(*result);
+    });
+    return std::move(*result);
+  }
+  template <typename Body>
+  auto autocommit(pqxx::connection& conn, Body&& body) {
+    return autocommit(conn, std::forward<Body>(body), [](const auto&) { return true; });
   }
 
   // Runs body(tx) in a transaction on `conn`; commits when it returns true, rolls back when it
@@ -173,7 +202,10 @@ struct PgSink::Impl {
   bool watched_transaction(pqxx::connection& conn, Body&& body) {
     const int socket = conn.sock();
     std::optional<pqxx::work> tx;
-    watchdog.run(socket, [&] { tx.emplace(conn); });
+    watchdog.run(socket, [&] {
+      tx.emplace(conn);
+      if (transaction_pooling()) tx->exec0(set_local_timeouts);
+    });
     bool commit = false;
     try {
       commit = body(*tx);
@@ -275,6 +307,10 @@ struct PgSink::Impl {
   }
 
   PgSinkOptions options;
+  // The session settings of setup(), for one transaction (PgPooling::kTransaction).
+  std::string set_local_timeouts =
+      "SET LOCAL statement_timeout = " + std::to_string(options.statement_timeout.count()) +
+      "; SET LOCAL lock_timeout = " + std::to_string(options.lock_timeout.count());
   detail::SchemaNames names;
   std::array<std::string, kCount> sql;  // by Statement
   mutable detail::PgWatchdog watchdog;  // thread-safe; bounds exec() and commits
@@ -378,24 +414,31 @@ bool PgSink::run_business_write(pqxx::transaction_base& tx,
 SinkClaim PgSink::claim(std::string_view key, std::string_view request_id,
                         std::string_view fingerprint) {
   return impl_->with_connection([&](pqxx::connection& conn) {
-    pqxx::nontransaction tx(conn);
-    return impl_->claim(tx, key, request_id, fingerprint, impl_->options.lease);
+    return impl_->autocommit(
+        conn,
+        [&](pqxx::transaction_base& tx) {
+          return impl_->claim(tx, key, request_id, fingerprint, impl_->options.lease);
+        },
+        // A lock timeout (kInProgress) aborted the transaction: nothing to commit.
+        [](const SinkClaim& claim) { return claim.status != SinkStatus::kInProgress; });
   });
 }
 
 bool PgSink::complete(std::string_view key, std::string_view request_id, std::string_view response,
                       std::chrono::milliseconds retention) {
   return impl_->with_connection([&](pqxx::connection& conn) {
-    pqxx::nontransaction tx(conn);
-    return impl_->complete(tx, key, response, std::string(request_id), retention);
+    return impl_->autocommit(conn, [&](pqxx::transaction_base& tx) {
+      return impl_->complete(tx, key, response, std::string(request_id), retention);
+    });
   });
 }
 
 bool PgSink::release(std::string_view key, std::string_view request_id) {
   return impl_->with_connection([&](pqxx::connection& conn) {
-    pqxx::nontransaction tx(conn);
-    return impl_->exec(tx, kRelease, impl_->options.ns, std::string(key), std::string(request_id))
-               .affected_rows() == 1;
+    return impl_->autocommit(conn, [&](pqxx::transaction_base& tx) {
+      return impl_->exec(tx, kRelease, impl_->options.ns, std::string(key), std::string(request_id))
+                 .affected_rows() == 1;
+    });
   });
 }
 
@@ -446,8 +489,9 @@ std::size_t PgSink::purge_expired(std::size_t batch_size) {
   std::size_t total = 0;
   for (;;) {
     const std::size_t deleted = impl_->with_connection([&](pqxx::connection& conn) {
-      pqxx::nontransaction tx(conn);
-      return static_cast<std::size_t>(impl_->exec(tx, kPurge, batch_size).affected_rows());
+      return impl_->autocommit(conn, [&](pqxx::transaction_base& tx) {
+        return static_cast<std::size_t>(impl_->exec(tx, kPurge, batch_size).affected_rows());
+      });
     });
     total += deleted;
     if (deleted < batch_size) return total;

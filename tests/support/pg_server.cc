@@ -2,21 +2,28 @@
 
 #include <netinet/in.h>
 #include <pwd.h>
+#include <spawn.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <pqxx/pqxx>
+#include <regex>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
+#include <vector>
 
 #include "test_env.h"
+
+extern char** environ;
 
 namespace idem::test {
 namespace {
@@ -155,6 +162,90 @@ void PgServer::run_as_owner(const std::string& command) const {
   const std::string line =
       ::geteuid() == 0 ? "su postgres -s /bin/sh -c '" + command + "'" : command;
   if (std::system(line.c_str()) != 0) throw std::runtime_error("pg_server: failed: " + command);
+}
+
+namespace {
+
+// The parts of `postgresql://user@host:port/db` (no password, no query).
+struct ServerUrl {
+  std::string user, host, port, database;
+};
+
+ServerUrl split_url(const std::string& url) {
+  static const std::regex form(R"(postgres(?:ql)?://([^@/:]+)@([^:/]+):([0-9]+)/([^?]+))");
+  std::smatch match;
+  if (!std::regex_match(url, match, form)) {
+    throw std::runtime_error("pgbouncer: cannot read the server URL " + url);
+  }
+  return {match[1], match[2], match[3], match[4]};
+}
+
+}  // namespace
+
+PgBouncer::PgBouncer(const std::string& server_url, const std::string& pool_mode,
+                     int server_connections)
+    : port_(free_port()) {
+  const ServerUrl server = split_url(server_url);
+  user_ = server.user;
+  database_ = server.database;
+  std::string pattern = std::filesystem::temp_directory_path() / "idem-pgbouncer-XXXXXX";
+  if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("pgbouncer: mkdtemp failed");
+  dir_ = pattern;
+  {
+    std::ofstream ini(dir_ + "/pgbouncer.ini");
+    ini << "[databases]\n"
+        << database_ << " = host=" << server.host << " port=" << server.port
+        << " dbname=" << database_ << " user=" << user_ << "\n"
+        << "[pgbouncer]\n"
+        << "listen_addr = 127.0.0.1\nlisten_port = " << port_ << "\n"
+        << "unix_socket_dir =\nauth_type = any\n"
+        << "pool_mode = " << pool_mode << "\n"
+        << "default_pool_size = " << server_connections << "\n"
+        << "max_client_conn = 200\n"
+        << "logfile = " << dir_ << "/pgbouncer.log\n";
+    if (!ini) throw std::runtime_error("pgbouncer: cannot write pgbouncer.ini");
+  }
+  // A child of ours (not -d): waitpid() reaps it at once on destruction.
+  std::vector<std::string> argv = {"pgbouncer", dir_ + "/pgbouncer.ini"};
+  if (::geteuid() == 0) {
+    const passwd* owner = ::getpwnam("postgres");
+    if (owner == nullptr || ::chown(dir_.c_str(), owner->pw_uid, owner->pw_gid) != 0) {
+      throw std::runtime_error("pgbouncer: cannot hand the directory to postgres");
+    }
+    argv.insert(argv.begin() + 1, {"-u", "postgres"});
+  }
+  std::vector<char*> args;
+  for (std::string& arg : argv) args.push_back(arg.data());
+  args.push_back(nullptr);
+  if (::posix_spawnp(&pid_, "pgbouncer", nullptr, nullptr, args.data(), environ) != 0) {
+    pid_ = -1;
+    throw std::runtime_error("pgbouncer: cannot run pgbouncer (scripts/dev setup installs it)");
+  }
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    try {
+      pqxx::connection probe(url());
+      return;
+    } catch (const std::exception&) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+  }
+  ::kill(pid_, SIGTERM);
+  ::waitpid(pid_, nullptr, 0);
+  throw std::runtime_error("pgbouncer on port " + std::to_string(port_) + " did not answer (see " +
+                           dir_ + "/pgbouncer.log)");
+}
+
+PgBouncer::~PgBouncer() {
+  if (pid_ > 0) {
+    ::kill(pid_, SIGTERM);
+    ::waitpid(pid_, nullptr, 0);
+  }
+  std::error_code ignored;
+  std::filesystem::remove_all(dir_, ignored);
+}
+
+std::string PgBouncer::url() const {
+  return "postgresql://" + user_ + "@127.0.0.1:" + std::to_string(port_) + "/" + database_;
 }
 
 }  // namespace idem::test

@@ -63,4 +63,29 @@ class PgServer {
   bool paused_ = false;
 };
 
+/// A private pgbouncer (1.18) on a free loopback port in front of the PostgreSQL server at
+/// `server_url` (a postgresql:// URL with user, host, port and database), run as the
+/// unprivileged `postgres` user when the test runs as root. Every client connects as that URL's
+/// user (auth_type any) to the database of the same name. Stopped on destruction. Throws
+/// std::runtime_error when pgbouncer is missing or does not come up.
+class PgBouncer {
+ public:
+  /// `pool_mode` is "transaction" or "session"; `server_connections` is default_pool_size (fewer
+  /// than the clients, so that consecutive transactions of one client meet other servers).
+  PgBouncer(const std::string& server_url, const std::string& pool_mode, int server_connections);
+  ~PgBouncer();
+  PgBouncer(const PgBouncer&) = delete;
+  PgBouncer& operator=(const PgBouncer&) = delete;
+
+  /// `postgresql://` URL of the database through pgbouncer.
+  [[nodiscard]] std::string url() const;
+
+ private:
+  std::string dir_;
+  std::string user_;
+  std::string database_;
+  int port_ = 0;
+  pid_t pid_ = -1;
+};
+
 }  // namespace idem::test
