@@ -18,8 +18,11 @@ const char* rollback_sqlstate(const pqxx::transaction_rollback& error) {
 }  // namespace
 
 bool is_connection_loss(const std::string& sqlstate) noexcept {
+  // 25006 read_only_sql_transaction: the server is (now) a standby, e.g. an old primary after a
+  // failover; its sessions are no use for the sink, and a new connect finds the new primary
+  // (target_session_attrs=read-write).
   return sqlstate.starts_with("08") || sqlstate == "57P01" || sqlstate == "57P02" ||
-         sqlstate == "57P03" || sqlstate == "53300";
+         sqlstate == "57P03" || sqlstate == "53300" || sqlstate == "25006";
 }
 
 PostgresError translate(const pqxx::failure& error) {

@@ -12,13 +12,15 @@ namespace idem::detail {
 /// SQLSTATE given to a lost connection (libpq reports none): connection_failure.
 inline constexpr const char* kConnectionLostSqlstate = "08006";
 
-/// Translates a libpqxx failure. Retryable: connection loss (class 08, 57P01-57P03, 53300),
+/// Translates a libpqxx failure. Retryable: connection loss (class 08, 57P01-57P03, 53300, and
+/// 25006: a write on a server that is a standby now),
 /// any server-side rollback of class 40 (serialization failure 40001, deadlock 40P01), lock
 /// timeout (55P03), statement timeout or cancel (57014). A commit whose outcome is unknown is not
 /// retryable. A lost connection (including during a commit) carries kConnectionLostSqlstate.
 [[nodiscard]] PostgresError translate(const pqxx::failure& error);
 
-/// True when `sqlstate` says the connection is gone (or going): it must not be reused.
+/// True when `sqlstate` says the connection is gone (or going), or leads to a server that can no
+/// longer take writes (25006, a demoted primary): it must not be reused.
 [[nodiscard]] bool is_connection_loss(const std::string& sqlstate) noexcept;
 
 /// Runs `fn` and rethrows any libpqxx failure it throws as idem::PostgresError.

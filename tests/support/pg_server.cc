@@ -82,6 +82,66 @@ std::int64_t ScratchSchema::count(const std::string& sql) const {
 }
 
 PgServer::PgServer() : bin_dir_(postgres_bin_dir()), port_(free_port()) {
+  make_dir();
+  run_as_owner(bin_dir_ + "/initdb -D " + dir_ + "/data -A trust -U postgres --no-sync > " + dir_ +
+               "/initdb.log 2>&1");
+  start();
+}
+
+PgServer::PgServer(Standby, PgServer& primary, bool synchronous)
+    : bin_dir_(postgres_bin_dir()), port_(free_port()) {
+  make_dir();
+  constexpr const char* kName = "idem_standby";
+  run_as_owner(bin_dir_ + "/pg_basebackup -h 127.0.0.1 -p " + std::to_string(primary.port_) +
+               " -U postgres -D " + dir_ + "/data -R -X stream --no-sync > " + dir_ +
+               "/basebackup.log 2>&1");
+  {
+    // pg_basebackup -R wrote primary_conninfo; the name is what synchronous_standby_names
+    // refers to.
+    std::ofstream conf(dir_ + "/data/postgresql.auto.conf", std::ios::app);
+    conf << "primary_conninfo = 'host=127.0.0.1 port=" << primary.port_
+         << " user=postgres application_name=" << kName << "'\n";
+  }
+  start();
+  if (synchronous) {
+    primary.exec(std::string("ALTER SYSTEM SET synchronous_standby_names = '") + kName + "'");
+    primary.exec("SELECT pg_reload_conf()");
+  }
+  const std::string wanted = synchronous ? "sync" : "async";
+  for (int attempt = 0; attempt < 400; ++attempt) {
+    pqxx::connection conn(primary.url());
+    pqxx::nontransaction tx(conn);
+    const pqxx::result rows = tx.exec_params(
+        "SELECT sync_state FROM pg_stat_replication WHERE application_name = $1 AND state = "
+        "'streaming'",
+        kName);
+    if (!rows.empty() && rows[0][0].as<std::string>() == wanted) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  throw std::runtime_error("pg_server: the standby never reached " + wanted + " streaming");
+}
+
+std::unique_ptr<PgServer> PgServer::standby_of(PgServer& primary, bool synchronous) {
+  return std::unique_ptr<PgServer>(new PgServer(Standby{}, primary, synchronous));
+}
+
+void PgServer::exec(const std::string& sql) const {
+  pqxx::connection conn(url());
+  pqxx::nontransaction tx(conn);
+  tx.exec(sql);
+}
+
+void PgServer::crash() {
+  if (!running_) return;
+  run_as_owner(bin_dir_ + "/pg_ctl -D " + dir_ + "/data -m immediate -w stop > /dev/null");
+  running_ = false;
+}
+
+void PgServer::promote() {
+  run_as_owner(bin_dir_ + "/pg_ctl -D " + dir_ + "/data -w promote > /dev/null");
+}
+
+void PgServer::make_dir() {
   std::string pattern = std::filesystem::temp_directory_path() / "idem-pg-XXXXXX";
   if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("pg_server: mkdtemp failed");
   dir_ = pattern;
@@ -92,9 +152,6 @@ PgServer::PgServer() : bin_dir_(postgres_bin_dir()), port_(free_port()) {
       throw std::runtime_error("pg_server: chown failed");
     }
   }
-  run_as_owner(bin_dir_ + "/initdb -D " + dir_ + "/data -A trust -U postgres --no-sync > " + dir_ +
-               "/initdb.log 2>&1");
-  start();
 }
 
 PgServer::~PgServer() {

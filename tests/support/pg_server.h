@@ -5,6 +5,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 namespace idem::test {
@@ -39,8 +40,23 @@ class PgServer {
   PgServer(const PgServer&) = delete;
   PgServer& operator=(const PgServer&) = delete;
 
+  /// A streaming-replication standby of `primary` (pg_basebackup -R on a free port), started
+  /// and streaming. With `synchronous`, the primary names it in synchronous_standby_names, so
+  /// that a COMMIT returns only once the standby has the WAL (synchronous_commit = on), and
+  /// this waits until pg_stat_replication says `sync`.
+  static std::unique_ptr<PgServer> standby_of(PgServer& primary, bool synchronous);
+
   /// `postgresql://` URL of the `postgres` database.
   [[nodiscard]] std::string url() const;
+  /// The TCP port.
+  [[nodiscard]] int port() const noexcept { return port_; }
+  /// Runs `sql` on the server (autocommit), as the postgres user.
+  void exec(const std::string& sql) const;
+  /// pg_ctl stop -m immediate: every process exits at once without a checkpoint, as in a
+  /// crash; clients see their connections cut.
+  void crash();
+  /// pg_ctl promote -w: a standby becomes a primary and accepts writes.
+  void promote();
   /// Stops the server (fast shutdown: open sessions are terminated).
   void stop();
   /// Starts it again on the same port and waits until it accepts connections.
@@ -52,6 +68,9 @@ class PgServer {
   void resume();
 
  private:
+  struct Standby {};
+  PgServer(Standby, PgServer& primary, bool synchronous);
+  void make_dir();
   void run_as_owner(const std::string& command) const;
   // Sends `signal` to the postmaster and its children.
   void signal_cluster(int signal) const;
