@@ -3,6 +3,8 @@
 #include <hiredis/hiredis.h>
 
 #include <array>
+#include <asio/error.hpp>
+#include <asio/ssl/error.hpp>
 #include <cerrno>
 #include <string>
 
@@ -49,6 +51,28 @@ RedisError reply_error(const redisReply& reply, std::string_view during) {
   for (const std::string_view code : kTransient)
     retryable = retryable || reply_error_is(reply, code);
   return RedisError(prefix(during) + std::string(reply.str, reply.len), retryable);
+}
+
+RedisError io_error(const std::error_code& error, std::string_view during) {
+  const std::string text = error.message();
+  if (error == asio::error::eof || error == asio::ssl::error::stream_truncated ||
+      error == std::errc::connection_reset || error == std::errc::broken_pipe) {
+    return RedisError(prefix(during) + "connection closed by the server: " + text, true);
+  }
+  if (error.category() == asio::error::get_ssl_category()) {
+    // A certificate the client does not trust will not become trusted on a retry.
+    const bool certificate = text.find("certificate") != std::string::npos;
+    return RedisError(prefix(during) + "TLS error: " + text, !certificate);
+  }
+  return RedisError(prefix(during) + "I/O error: " + text, true);
+}
+
+RedisError timeout_error(long long timeout_ms, std::string_view during) {
+  return RedisError(prefix(during) + "timed out after " + std::to_string(timeout_ms) + " ms", true);
+}
+
+RedisError reader_error(const redisReader& reader, std::string_view during) {
+  return RedisError(prefix(during) + "protocol error: " + reader.errstr, false);
 }
 
 RedisError unexpected_reply(const redisReply& reply, std::string_view during) {

@@ -2,11 +2,13 @@
 #pragma once
 
 #include <string_view>
+#include <system_error>
 
 #include "idem/errors.h"
 
 struct redisContext;
 struct redisReply;
+struct redisReader;
 
 namespace idem::detail {
 
@@ -23,6 +25,17 @@ namespace idem::detail {
 
 /// The error for a reply of a type the caller did not expect (not retryable).
 [[nodiscard]] RedisError unexpected_reply(const redisReply& reply, std::string_view during);
+
+/// The error of a socket or TLS operation of the Asio transports (async connection, blocking
+/// TLS transport): EOF and resets say the server closed the connection; all are retryable
+/// except TLS certificate failures.
+[[nodiscard]] RedisError io_error(const std::error_code& error, std::string_view during);
+
+/// A command (or a connect) that outlived its timeout, in ms (retryable).
+[[nodiscard]] RedisError timeout_error(long long timeout_ms, std::string_view during);
+
+/// A protocol error of a hiredis reader fed from an Asio socket (not retryable).
+[[nodiscard]] RedisError reader_error(const redisReader& reader, std::string_view during);
 
 /// Whether an error reply starts with `code` (e.g. "NOSCRIPT").
 [[nodiscard]] bool reply_error_is(const redisReply& reply, std::string_view code);

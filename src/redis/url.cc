@@ -1,5 +1,6 @@
 #include "redis/url.h"
 
+#include <algorithm>
 #include <charconv>
 
 #include "idem/errors.h"
@@ -66,10 +67,40 @@ HostPort parse_host_port(std::string_view url, std::string_view text, int defaul
   return address;
 }
 
+// The `?name=value&…` parameters of a rediss:// URL.
+void parse_tls_params(std::string_view url, std::string_view params, RedisEndpoint& endpoint) {
+  while (!params.empty()) {
+    const std::string_view param = params.substr(0, params.find('&'));
+    params.remove_prefix(std::min(params.size(), param.size() + 1));
+    const auto equals = param.find('=');
+    if (equals == std::string_view::npos) bad_url(url, "TLS parameter without '='");
+    const std::string_view name = param.substr(0, equals);
+    std::string value = percent_decode(url, param.substr(equals + 1));
+    if (name == "ca_file") {
+      endpoint.tls_ca_file = std::move(value);
+    } else if (name == "cert_file") {
+      endpoint.tls_cert_file = std::move(value);
+    } else if (name == "key_file") {
+      endpoint.tls_key_file = std::move(value);
+    } else if (name == "server_name") {
+      endpoint.tls_server_name = std::move(value);
+    } else if (name == "verify" && (value == "peer" || value == "none")) {
+      endpoint.tls_verify = value == "peer";
+    } else {
+      bad_url(url,
+              "unknown TLS parameter (ca_file, cert_file, key_file, server_name, "
+              "verify=peer|none)");
+    }
+  }
+  if (endpoint.tls_cert_file.empty() != endpoint.tls_key_file.empty())
+    bad_url(url, "cert_file and key_file go together");
+}
+
 }  // namespace
 
 RedisEndpoint parse_redis_url(std::string_view url) {
   constexpr std::string_view kTcp = "redis://";
+  constexpr std::string_view kTls = "rediss://";
   constexpr std::string_view kUnix = "unix://";
   constexpr std::string_view kSentinel = "redis-sentinel://";
   RedisEndpoint endpoint;
@@ -86,10 +117,18 @@ RedisEndpoint parse_redis_url(std::string_view url) {
     return endpoint;
   }
   const bool sentinel = url.starts_with(kSentinel);
-  if (!sentinel && !url.starts_with(kTcp)) {
-    bad_url(url, "scheme must be redis://, redis-sentinel:// or unix://");
+  endpoint.tls = url.starts_with(kTls);
+  if (!sentinel && !endpoint.tls && !url.starts_with(kTcp)) {
+    bad_url(url, "scheme must be redis://, rediss://, redis-sentinel:// or unix://");
   }
-  std::string_view rest = url.substr(sentinel ? kSentinel.size() : kTcp.size());
+  std::string_view rest = url.substr(sentinel       ? kSentinel.size()
+                                     : endpoint.tls ? kTls.size()
+                                                    : kTcp.size());
+  if (const auto query = rest.find('?', rest.rfind('@') + 1);
+      endpoint.tls && query != std::string_view::npos) {
+    parse_tls_params(url, rest.substr(query + 1), endpoint);
+    rest = rest.substr(0, query);
+  }
   const auto at = rest.rfind('@');
   const std::size_t hosts_from = at == std::string_view::npos ? 0 : at + 1;
   if (sentinel) {

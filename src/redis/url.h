@@ -27,12 +27,21 @@ struct RedisEndpoint {
   std::vector<HostPort> sentinels;
   /// `redis-sentinel://`: the name the Sentinels monitor the master under.
   std::string sentinel_master;
+  // TLS (`rediss://`); the query parameters of the same names set the file and name fields.
+  bool tls = false;             ///< TLS over TCP (hiredis does the protocol only).
+  std::string tls_ca_file;      ///< PEM CA bundle the server is verified against; empty: system.
+  std::string tls_cert_file;    ///< PEM client certificate, for servers with tls-auth-clients.
+  std::string tls_key_file;     ///< PEM key of tls_cert_file.
+  std::string tls_server_name;  ///< Name checked in the certificate and sent as SNI; empty: host.
+  bool tls_verify = true;       ///< `verify=none` skips certificate checks (tests only).
 };
 
 /// Default port of a Redis Sentinel.
 inline constexpr int kDefaultSentinelPort = 26379;
 
-/// Parses `redis://[[user]:password@]host[:port][/db]`, `unix://path[?db=N]`, or Lettuce's
+/// Parses `redis://[[user]:password@]host[:port][/db]`, the same with `rediss://` (TLS; optional
+/// `?ca_file=…&cert_file=…&key_file=…&server_name=…&verify=peer|none`, percent-decoded),
+/// `unix://path[?db=N]`, or Lettuce's
 /// Sentinel form `redis-sentinel://[[user]:password@]host1[:port1][,host2[:port2]...][/db]`
 /// followed by `?sentinelMasterId=NAME` or `#NAME` (Sentinel ports default to 26379; the
 /// credentials and the database are the master's). Percent-escapes in user, password and master

@@ -17,10 +17,7 @@
 extern char** environ;
 
 namespace idem::test {
-namespace {
 
-// Runs `argv` (searched in PATH); returns its exit status and, when `output` is set, its
-// stdout and stderr.
 int run(const std::vector<std::string>& argv, std::string* output) {
   std::vector<char*> args;
   for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
@@ -49,6 +46,8 @@ int run(const std::vector<std::string>& argv, std::string* output) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+namespace {
+
 int any_free_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in address{};
@@ -64,7 +63,8 @@ int any_free_port() {
   return ntohs(address.sin_port);
 }
 
-// A free loopback port below 55536, so that a cluster node's bus port (port + 10000) is valid.
+}  // namespace
+
 int free_port() {
   for (int attempt = 0; attempt < 100; ++attempt) {
     const int port = any_free_port();
@@ -72,8 +72,6 @@ int free_port() {
   }
   throw std::runtime_error("no free port below 55536");
 }
-
-}  // namespace
 
 std::string redis_cli(const std::string& url, const std::vector<std::string>& args) {
   std::vector<std::string> argv = {"redis-cli", "-u", url};
@@ -120,8 +118,19 @@ std::string RedisServer::url() const { return "redis://127.0.0.1:" + std::to_str
 void RedisServer::kill() {
   if (pid_ <= 0) return;
   ::kill(pid_, SIGKILL);
+  paused_ = false;
   ::waitpid(pid_, nullptr, 0);
   pid_ = -1;
+}
+
+void RedisServer::pause() {
+  if (pid_ > 0 && !paused_) ::kill(pid_, SIGSTOP);
+  paused_ = pid_ > 0;
+}
+
+void RedisServer::resume() {
+  if (pid_ > 0 && paused_) ::kill(pid_, SIGCONT);
+  paused_ = false;
 }
 
 void RedisServer::restart() {

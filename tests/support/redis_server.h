@@ -12,6 +12,15 @@
 
 namespace idem::test {
 
+/// Runs `argv` (searched in PATH) and returns its exit status (-1 when killed by a signal) and,
+/// when `output` is set, its stdout and stderr (trailing newlines removed). Throws
+/// std::runtime_error when it cannot start.
+int run(const std::vector<std::string>& argv, std::string* output);
+
+/// A free loopback TCP port below 55536 (so that a cluster node's bus port, port + 10000, is
+/// valid too).
+int free_port();
+
 /// Runs `redis-cli -u url args...` and returns its output (trailing newline removed).
 /// Fails the calling test (ADD_FAILURE) when redis-cli exits with an error.
 std::string redis_cli(const std::string& url, const std::vector<std::string>& args);
@@ -45,6 +54,11 @@ class RedisServer {
   std::string cli(const std::vector<std::string>& args) const { return redis_cli(url(), args); }
   /// Whether the server runs (started and not killed).
   [[nodiscard]] bool running() const noexcept { return pid_ > 0; }
+  /// SIGSTOP: the server keeps its sockets (connects still succeed in the kernel's backlog)
+  /// but answers nothing, like a paused VM. resume() (or kill()) ends it.
+  void pause();
+  /// SIGCONT after pause().
+  void resume();
   /// SIGKILL and reap; the port stays reserved for restart().
   void kill();
   /// Starts the server again on the same port and directory; waits until it answers PING.
@@ -61,6 +75,7 @@ class RedisServer {
   int port_ = 0;
   std::filesystem::path dir_;
   pid_t pid_ = -1;
+  bool paused_ = false;
 };
 
 }  // namespace idem::test

@@ -114,5 +114,32 @@ TEST(RedisUrl, MalformedUrlsAreConfigErrors) {
   }
 }
 
+TEST(RedisUrl, RedissIsTlsWithItsFilesAndServerName) {
+  const RedisEndpoint endpoint = parse_redis_url(
+      "rediss://app:pw@cache.example:6380/2?ca_file=%2Fetc%2Fca.pem&cert_file=/c.pem"
+      "&key_file=/k.pem&server_name=redis.internal");
+  EXPECT_TRUE(endpoint.tls);
+  EXPECT_EQ(endpoint.host, "cache.example");
+  EXPECT_EQ(endpoint.port, 6380);
+  EXPECT_EQ(endpoint.db, 2);
+  EXPECT_EQ(endpoint.password, "pw");
+  EXPECT_EQ(endpoint.tls_ca_file, "/etc/ca.pem");
+  EXPECT_EQ(endpoint.tls_cert_file, "/c.pem");
+  EXPECT_EQ(endpoint.tls_key_file, "/k.pem");
+  EXPECT_EQ(endpoint.tls_server_name, "redis.internal");
+  EXPECT_TRUE(endpoint.tls_verify);
+  EXPECT_FALSE(parse_redis_url("redis://h/0").tls);
+  EXPECT_FALSE(parse_redis_url("rediss://h?verify=none").tls_verify);
+  EXPECT_TRUE(parse_redis_url("rediss://h").tls_ca_file.empty());
+}
+
+TEST(RedisUrl, BadTlsParametersAreConfigErrors) {
+  EXPECT_THROW((void)parse_redis_url("rediss://h?cafile=/x"), ConfigError);
+  EXPECT_THROW((void)parse_redis_url("rediss://h?verify=maybe"), ConfigError);
+  EXPECT_THROW((void)parse_redis_url("rediss://h?ca_file"), ConfigError);
+  EXPECT_THROW((void)parse_redis_url("rediss://h?cert_file=/c.pem"), ConfigError);  // no key
+  EXPECT_THROW((void)parse_redis_url("redis://h:6379?ca_file=/x"), ConfigError);    // not TLS
+}
+
 }  // namespace
 }  // namespace idem::detail

@@ -1,0 +1,134 @@
+#include "redis/async_client.h"
+
+#include <hiredis/hiredis.h>
+
+#include <algorithm>
+#include <array>
+
+#include "idem/errors.h"
+#include "redis/errors.h"
+
+namespace idem::detail {
+namespace {
+
+// One `[first, last, [host, port, ...], ...]` entry of a CLUSTER SLOTS reply, or nullopt when
+// malformed.
+struct SlotRange {
+  int first = 0;
+  int last = -1;
+  std::string host;
+  int port = 0;
+};
+
+std::optional<SlotRange> slot_range(const redisReply& entry) {
+  const auto is_integer = [](const redisReply* r) { return r->type == REDIS_REPLY_INTEGER; };
+  if (entry.type != REDIS_REPLY_ARRAY || entry.elements < 3 || !is_integer(entry.element[0]) ||
+      !is_integer(entry.element[1])) {
+    return std::nullopt;
+  }
+  const redisReply& master = *entry.element[2];
+  if (master.type != REDIS_REPLY_ARRAY || master.elements < 2 ||
+      master.element[0]->type != REDIS_REPLY_STRING || !is_integer(master.element[1])) {
+    return std::nullopt;
+  }
+  return SlotRange{static_cast<int>(entry.element[0]->integer),
+                   static_cast<int>(entry.element[1]->integer),
+                   std::string(master.element[0]->str, master.element[0]->len),
+                   static_cast<int>(master.element[1]->integer)};
+}
+
+}  // namespace
+
+const std::string AsyncClient::kAsking = format_command(std::array<std::string_view, 1>{"ASKING"});
+
+std::shared_ptr<AsyncClient> AsyncClient::create(asio::any_io_executor executor,
+                                                 AsyncClientSettings settings) {
+  return std::shared_ptr<AsyncClient>(new AsyncClient(std::move(executor), std::move(settings)));
+}
+
+AsyncClient::AsyncClient(asio::any_io_executor executor, AsyncClientSettings settings)
+    : executor_(std::move(executor)), settings_(std::move(settings)) {
+  if (settings_.cluster && !settings_.connection.endpoint.socket_path.empty())
+    throw ConfigError("idem: redis cluster needs a TCP seed node, not a unix socket");
+  if (settings_.cluster) slots_.resize(kClusterSlots);
+  // The seed's connection now, so that a bad TLS file is a ConfigError here, not in a call.
+  (void)connection_for(settings_.connection.endpoint.host, settings_.connection.endpoint.port);
+}
+
+std::shared_ptr<AsyncConnection> AsyncClient::connection_for(const std::string& host, int port) {
+  std::shared_ptr<AsyncConnection>& node = nodes_[{host, port}];
+  if (node == nullptr) {
+    AsyncConnectionSettings settings = settings_.connection;
+    settings.endpoint.host = host;
+    settings.endpoint.port = port;
+    if (settings_.cluster) settings.endpoint.db = 0;
+    node = AsyncConnection::create(executor_, std::move(settings));
+  }
+  return node;
+}
+
+std::shared_ptr<AsyncConnection> AsyncClient::connection_for_slot(int slot) {
+  if (settings_.cluster && slot >= 0) {
+    if (!slot_map_loaded_) load_slot_map();
+    if (const auto& node = slots_[static_cast<std::size_t>(slot)]) return node;
+  }
+  // Unknown slot (map loading or incomplete): the seed answers or redirects with MOVED.
+  return connection_for(settings_.connection.endpoint.host, settings_.connection.endpoint.port);
+}
+
+void AsyncClient::load_slot_map() {
+  if (slot_map_loading_) return;
+  slot_map_loading_ = true;
+  const auto seed = connection_for_slot(-1);
+  seed->exec(std::array<std::string_view, 2>{"CLUSTER", "SLOTS"},
+             [self = shared_from_this(), seed](std::exception_ptr error, ReplyPtr reply) {
+               self->slot_map_loading_ = false;
+               if (error != nullptr || reply->type != REDIS_REPLY_ARRAY) return;  // retried later
+               for (std::size_t i = 0; i < reply->elements; ++i) {
+                 std::optional<SlotRange> range = slot_range(*reply->element[i]);
+                 if (!range) continue;
+                 // A node that does not know its own address reports "" or "?".
+                 if (range->host.empty() || range->host == "?")
+                   range->host = seed->settings().endpoint.host;
+                 const auto node = self->connection_for(range->host, range->port);
+                 for (int s = std::max(0, range->first); s <= range->last && s < kClusterSlots;
+                      ++s) {
+                   self->slots_[static_cast<std::size_t>(s)] = node;
+                 }
+               }
+               self->slot_map_loaded_ = true;
+             });
+}
+
+void AsyncClient::close() {
+  for (auto& [address, node] : nodes_) node->close();
+}
+
+AsyncClient::Step AsyncClient::next_step(CallOp& op, const redisReply& reply) {
+  if (reply.type != REDIS_REPLY_ERROR) return Step::kDone;
+  if (!op.script_load.empty() && !op.reloaded && reply_error_is(reply, "NOSCRIPT")) {
+    op.reloaded = true;    // once: a second NOSCRIPT is the caller's error to see
+    return Step::kResend;  // to the same node, with ASKING again after an ASK
+  }
+  op.ask = false;
+  if (!settings_.cluster) return Step::kDone;
+  const std::optional<Redirect> redirect = parse_redirect(reply);
+  if (!redirect) return Step::kDone;
+  if (++op.redirects > settings_.max_redirects) return Step::kFail;
+  op.target = connection_for(redirect->host, redirect->port);
+  if (redirect->ask) {
+    op.ask = true;  // this call only; the slot stays where it was
+  } else if (redirect->slot >= 0 && redirect->slot < kClusterSlots) {
+    slots_[static_cast<std::size_t>(redirect->slot)] = op.target;
+  }
+  return Step::kResend;
+}
+
+std::exception_ptr AsyncClient::too_many_redirects(const redisReply& reply) const {
+  return std::make_exception_ptr(
+      RedisError("idem: redis cluster: more than " + std::to_string(settings_.max_redirects) +
+                     " redirections (last: " + std::string(reply.str, reply.len) + ")",
+                 true));
+}
+
+}  // namespace idem::detail

@@ -1,0 +1,152 @@
+// The asynchronous Redis client the async driver calls: one pipelined AsyncConnection per node
+// (a single node, or each master of a Redis Cluster), EVALSHA with NOSCRIPT reload, and cluster
+// routing with MOVED/ASK. Completion tokens: `co_await client->exec(args, asio::use_awaitable)`,
+// a callback, or asio::use_future.
+//
+// Thread safety: like AsyncConnection, not thread-safe: use it from its executor's thread.
+#pragma once
+
+#include <asio/any_io_executor.hpp>
+#include <asio/compose.hpp>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "redis/async_connection.h"
+#include "redis/cluster.h"
+
+namespace idem::detail {
+
+/// A Lua script run by EVALSHA; both views must outlive every call that uses the script (the
+/// embedded scripts of lua_scripts.h are static).
+struct LuaScript {
+  std::string_view body;  ///< The script, sent with SCRIPT LOAD after a NOSCRIPT.
+  std::string_view sha1;  ///< Its SHA-1, 40 lowercase hex digits.
+};
+
+struct AsyncClientSettings {
+  /// Endpoint (the node, or any node of the cluster) and timeouts of every connection.
+  AsyncConnectionSettings connection;
+  /// Route keys to the master of their slot (slot map from CLUSTER SLOTS, then MOVED/ASK).
+  bool cluster = false;
+  /// Redirections followed per call before it fails (retryable).
+  int max_redirects = 5;
+};
+
+class AsyncClient : public std::enable_shared_from_this<AsyncClient> {
+ public:
+  [[nodiscard]] static std::shared_ptr<AsyncClient> create(asio::any_io_executor executor,
+                                                           AsyncClientSettings settings);
+
+  [[nodiscard]] asio::any_io_executor get_executor() const noexcept { return executor_; }
+
+  /// A command about `key` (routed by its slot in cluster mode; the key must be among `args`).
+  /// Completes with ReplySignature; error replies other than MOVED/ASK are the reply.
+  template <typename Token>
+  auto exec(std::string_view key, std::span<const std::string_view> args, Token&& token) {
+    return start(key_slot(key), format_command(args), {}, std::forward<Token>(token));
+  }
+
+  /// A command about no key (the single node, or the cluster's seed node).
+  template <typename Token>
+  auto exec(std::span<const std::string_view> args, Token&& token) {
+    return start(-1, format_command(args), {}, std::forward<Token>(token));
+  }
+
+  /// `EVALSHA sha1 numkeys keys... args...`, routed by the first key; on NOSCRIPT the script is
+  /// loaded and the call re-sent once, in one write (SCRIPT LOAD + EVALSHA).
+  template <typename Token>
+  auto evalsha(const LuaScript& script, std::span<const std::string_view> keys,
+               std::span<const std::string_view> args, Token&& token) {
+    std::vector<std::string_view> argv;
+    argv.reserve(3 + keys.size() + args.size());
+    const std::string numkeys = std::to_string(keys.size());
+    argv.insert(argv.end(), {"EVALSHA", script.sha1, numkeys});
+    argv.insert(argv.end(), keys.begin(), keys.end());
+    argv.insert(argv.end(), args.begin(), args.end());
+    return start(keys.empty() ? -1 : key_slot(keys.front()), format_command(argv),
+                 format_command(std::array<std::string_view, 3>{"SCRIPT", "LOAD", script.body}),
+                 std::forward<Token>(token));
+  }
+
+  /// Closes every connection (pending commands fail with a retryable idem::RedisError); an
+  /// open connection keeps a read outstanding, so io_context::run() returns only after this.
+  void close();
+
+  /// The connection serving `slot` (-1: the seed node); for tests and the bench.
+  [[nodiscard]] std::shared_ptr<AsyncConnection> connection_for_slot(int slot);
+
+ private:
+  // One call: route, send, follow MOVED/ASK, reload on NOSCRIPT.
+  struct CallOp {
+    std::shared_ptr<AsyncClient> client;
+    int slot;
+    std::string command;
+    std::string script_load;  // empty unless EVALSHA
+    std::shared_ptr<AsyncConnection> target{};
+    bool ask = false;
+    bool reloaded = false;
+    int redirects = 0;
+    bool started = false;
+
+    template <typename Self>
+    void operator()(Self& self, std::exception_ptr error = nullptr, ReplyPtr reply = nullptr) {
+      if (!started) {
+        started = true;
+        target = client->connection_for_slot(slot);
+        return send(self);
+      }
+      if (error != nullptr) return self.complete(error, nullptr);
+      switch (client->next_step(*this, *reply)) {
+        case Step::kDone:
+          return self.complete(nullptr, std::move(reply));
+        case Step::kResend:
+          return send(self);
+        case Step::kFail:
+          return self.complete(client->too_many_redirects(*reply), nullptr);
+      }
+    }
+    template <typename Self>
+    void send(Self& self) {
+      std::string bytes;
+      int count = 1;
+      if (ask) bytes = kAsking, ++count;
+      if (reloaded && !script_load.empty()) {
+        bytes += script_load;
+        ++count;
+        if (ask) bytes += kAsking, ++count;
+      }
+      bytes += command;
+      target->send(std::move(bytes), count, client->settings_.connection.command_timeout,
+                   std::move(self));
+    }
+  };
+  enum class Step { kDone, kResend, kFail };
+  static const std::string kAsking;
+
+  AsyncClient(asio::any_io_executor executor, AsyncClientSettings settings);
+
+  template <typename Token>
+  auto start(int slot, std::string command, std::string script_load, Token&& token) {
+    return asio::async_compose<Token, ReplySignature>(
+        CallOp{shared_from_this(), slot, std::move(command), std::move(script_load)}, token,
+        executor_);
+  }
+  // What to do after `reply` to `op`'s last send; updates op (target, ask, reloaded).
+  Step next_step(CallOp& op, const redisReply& reply);
+  std::exception_ptr too_many_redirects(const redisReply& reply) const;
+  std::shared_ptr<AsyncConnection> connection_for(const std::string& host, int port);
+  void load_slot_map();
+
+  asio::any_io_executor executor_;
+  const AsyncClientSettings settings_;
+  std::map<std::pair<std::string, int>, std::shared_ptr<AsyncConnection>> nodes_;
+  std::vector<std::shared_ptr<AsyncConnection>> slots_;  // cluster: kClusterSlots entries
+  bool slot_map_loading_ = false;
+  bool slot_map_loaded_ = false;
+};
+
+}  // namespace idem::detail

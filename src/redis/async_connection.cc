@@ -1,0 +1,354 @@
+#include "redis/async_connection.h"
+
+#include <hiredis/hiredis.h>
+
+#include <algorithm>
+#include <array>
+#include <asio/connect.hpp>
+#include <asio/ip/tcp.hpp>
+#include <asio/local/stream_protocol.hpp>
+#include <asio/ssl/stream.hpp>
+#include <asio/write.hpp>
+#include <cstdlib>
+#include <vector>
+
+#include "idem/errors.h"
+#include "redis/errors.h"
+#include "redis/tls.h"
+
+namespace idem::detail {
+
+std::string format_command(std::span<const std::string_view> args) {
+  std::vector<const char*> pointers;
+  std::vector<std::size_t> sizes;
+  pointers.reserve(args.size());
+  sizes.reserve(args.size());
+  for (const std::string_view arg : args) {
+    pointers.push_back(arg.data());
+    sizes.push_back(arg.size());
+  }
+  char* raw = nullptr;
+  const int size =
+      redisFormatCommandArgv(&raw, static_cast<int>(args.size()), pointers.data(), sizes.data());
+  if (size < 0 || raw == nullptr) throw RedisError("idem: redis: cannot format a command", false);
+  std::string bytes(raw, static_cast<std::size_t>(size));
+  redisFreeCommand(raw);
+  return bytes;
+}
+
+struct AsyncConnection::Link {
+  using Tcp = asio::ip::tcp::socket;
+  using Local = asio::local::stream_protocol::socket;
+  using Tls = asio::ssl::stream<Tcp>;
+
+  Link(const executor_type& executor, asio::ssl::context* tls, const RedisEndpoint& endpoint)
+      : resolver(executor), connect_timer(executor), reader(redisReaderCreate()) {
+    if (reader == nullptr) throw RedisError("idem: redis: cannot allocate a reply reader", false);
+    if (!endpoint.socket_path.empty()) {
+      local.emplace(executor);
+    } else if (tls != nullptr) {
+      secure.emplace(executor, *tls);
+      prepare_tls_stream(*secure, endpoint);
+    } else {
+      tcp.emplace(executor);
+    }
+  }
+  ~Link() { redisReaderFree(reader); }
+  Link(const Link&) = delete;
+  Link& operator=(const Link&) = delete;
+
+  // Calls `f` with the stream bytes flow through.
+  template <typename F>
+  void with_stream(F&& f) {
+    if (secure) {
+      f(*secure);
+    } else if (local) {
+      f(*local);
+    } else {
+      f(*tcp);
+    }
+  }
+  Tcp* tcp_socket() { return secure ? &secure->next_layer() : tcp ? &*tcp : nullptr; }
+  void shut() noexcept {
+    std::error_code ignored;
+    if (Tcp* socket = tcp_socket()) socket->close(ignored);
+    if (local) local->close(ignored);
+    resolver.cancel();
+    connect_timer.cancel();
+  }
+
+  std::optional<Tcp> tcp;
+  std::optional<Local> local;
+  std::optional<Tls> secure;
+  asio::ip::tcp::resolver resolver;
+  asio::steady_timer connect_timer;
+  redisReader* reader;
+  std::string writing;  // the bytes of the write in flight
+  bool write_active = false;
+  std::array<char, 16 * 1024> input{};
+};
+
+std::shared_ptr<AsyncConnection> AsyncConnection::create(executor_type executor,
+                                                         AsyncConnectionSettings settings) {
+  return std::shared_ptr<AsyncConnection>(
+      new AsyncConnection(std::move(executor), std::move(settings)));
+}
+
+AsyncConnection::AsyncConnection(executor_type executor, AsyncConnectionSettings settings)
+    : executor_(std::move(executor)), settings_(std::move(settings)), deadline_timer_(executor_) {
+  if (settings_.endpoint.tls) tls_ = make_tls_context(settings_.endpoint);
+}
+
+AsyncConnection::~AsyncConnection() {
+  if (link_ != nullptr) link_->shut();
+}
+
+std::exception_ptr AsyncConnection::cancelled_error() {
+  return std::make_exception_ptr(
+      Cancelled("idem: redis command cancelled (the server may still run it)"));
+}
+
+void AsyncConnection::enqueue(std::unique_ptr<OpBase> op, std::string bytes, int replies,
+                              std::chrono::milliseconds timeout) {
+  Pending& entry = pending_.emplace_back();
+  entry.replies_left = replies;
+  entry.timeout = timeout;
+  entry.deadline = Clock::now() + timeout;
+  entry.op = std::move(op);
+  entry.op->entry = &entry;
+  out_.append(bytes);
+  arm_deadline(entry.deadline);
+  if (link_ == nullptr) {
+    connect();
+  } else if (ready_) {
+    schedule_write();
+  }
+}
+
+void AsyncConnection::schedule_write() {
+  if (write_scheduled_ || link_ == nullptr || link_->write_active) return;
+  write_scheduled_ = true;
+  // One write per turn of the loop: commands issued before this runs join it.
+  asio::post(executor_, [self = shared_from_this()] {
+    self->write_scheduled_ = false;
+    self->start_write();
+  });
+}
+
+void AsyncConnection::start_write() {
+  const std::shared_ptr<Link> link = link_;
+  if (link == nullptr || !ready_ || link->write_active || out_.empty()) return;
+  link->write_active = true;
+  link->writing.swap(out_);
+  ++writes_;
+  link->with_stream([&](auto& stream) {
+    asio::async_write(stream, asio::buffer(link->writing),
+                      [self = shared_from_this(), link](std::error_code error, std::size_t) {
+                        link->write_active = false;
+                        link->writing.clear();
+                        if (link != self->link_) return;
+                        if (error) {
+                          self->fail(std::make_exception_ptr(io_error(error, "write")));
+                          return;
+                        }
+                        self->start_write();  // what queued up meanwhile goes out now
+                      });
+  });
+}
+
+void AsyncConnection::start_read(const std::shared_ptr<Link>& link) {
+  link->with_stream([&](auto& stream) {
+    stream.async_read_some(asio::buffer(link->input), [self = shared_from_this(), link](
+                                                          std::error_code error, std::size_t size) {
+      if (link != self->link_) return;
+      if (error) {
+        self->fail(std::make_exception_ptr(io_error(error, "read")));
+        return;
+      }
+      self->on_data(link, size);
+    });
+  });
+}
+
+void AsyncConnection::on_data(const std::shared_ptr<Link>& link, std::size_t size) {
+  if (redisReaderFeed(link->reader, link->input.data(), size) != REDIS_OK) {
+    fail(std::make_exception_ptr(reader_error(*link->reader, "read")));
+    return;
+  }
+  for (;;) {
+    void* raw = nullptr;
+    if (redisReaderGetReply(link->reader, &raw) != REDIS_OK) {
+      fail(std::make_exception_ptr(reader_error(*link->reader, "read")));
+      return;
+    }
+    if (raw == nullptr) break;
+    on_reply(ReplyPtr(static_cast<redisReply*>(raw)));
+    if (link != link_) return;  // the reply failed the connection (a handshake error)
+  }
+  start_read(link);
+}
+
+void AsyncConnection::on_reply(ReplyPtr reply) {
+  if (pending_.empty()) {
+    fail(std::make_exception_ptr(
+        RedisError("idem: redis: a reply came with no command waiting for it", false)));
+    return;
+  }
+  Pending& entry = pending_.front();
+  if (reply->type == REDIS_REPLY_ERROR) {
+    if (entry.handshake) {
+      fail(std::make_exception_ptr(reply_error(*reply, "connect")));
+      return;
+    }
+    if (entry.first_error == nullptr) entry.first_error = std::move(reply);
+  }
+  if (--entry.replies_left > 0) return;
+  ReplyPtr result = entry.first_error != nullptr ? std::move(entry.first_error) : std::move(reply);
+  std::unique_ptr<OpBase> op = std::move(entry.op);
+  pending_.pop_front();
+  if (pending_.empty()) disarm_deadline();  // an idle connection holds no timer (nor run())
+  if (op != nullptr) {
+    op->entry = nullptr;
+    OpBase* raw = op.get();
+    raw->complete(std::move(op), nullptr, std::move(result));
+  }
+}
+
+void AsyncConnection::connect() {
+  const RedisEndpoint& endpoint = settings_.endpoint;
+  auto link = std::make_shared<Link>(executor_, tls_.get(), endpoint);
+  link_ = link;
+  ready_ = false;
+  link->connect_timer.expires_after(settings_.connect_timeout);
+  link->connect_timer.async_wait([self = shared_from_this(), link](std::error_code error) {
+    if (error || link != self->link_ || self->ready_) return;
+    self->fail(
+        std::make_exception_ptr(timeout_error(self->settings_.connect_timeout.count(), "connect")));
+  });
+  const auto connected = [self = shared_from_this(), link](std::error_code error) {
+    if (link != self->link_) return;
+    if (error) {
+      self->fail(std::make_exception_ptr(io_error(error, "connect")));
+      return;
+    }
+    if (!link->secure) {
+      self->on_connected(link);
+      return;
+    }
+    link->secure->async_handshake(
+        asio::ssl::stream_base::client, [self, link](std::error_code handshake_error) {
+          if (link != self->link_) return;
+          if (handshake_error) {
+            self->fail(std::make_exception_ptr(io_error(handshake_error, "TLS handshake")));
+            return;
+          }
+          self->on_connected(link);
+        });
+  };
+  if (link->local) {
+    link->local->async_connect(asio::local::stream_protocol::endpoint(endpoint.socket_path),
+                               connected);
+    return;
+  }
+  link->resolver.async_resolve(
+      endpoint.host, std::to_string(endpoint.port),
+      [self = shared_from_this(), link, connected](
+          std::error_code error, const asio::ip::tcp::resolver::results_type& results) {
+        if (link != self->link_) return;
+        if (error) {
+          self->fail(std::make_exception_ptr(io_error(error, "resolve")));
+          return;
+        }
+        asio::async_connect(
+            *link->tcp_socket(), results,
+            [connected](std::error_code connect_error, const auto&) { connected(connect_error); });
+      });
+}
+
+void AsyncConnection::on_connected(const std::shared_ptr<Link>& link) {
+  ++connects_;
+  link->connect_timer.cancel();
+  if (Link::Tcp* socket = link->tcp_socket()) {
+    std::error_code ignored;
+    socket->set_option(asio::ip::tcp::no_delay(true), ignored);
+  }
+  // AUTH, then SELECT, go first: ahead of the commands queued while connecting.
+  const RedisEndpoint& endpoint = settings_.endpoint;
+  const std::string db = std::to_string(endpoint.db);
+  std::vector<std::string> steps;
+  if (!endpoint.password.empty() && endpoint.user.empty()) {
+    steps.push_back(format_command(std::array<std::string_view, 2>{"AUTH", endpoint.password}));
+  } else if (!endpoint.password.empty()) {
+    steps.push_back(
+        format_command(std::array<std::string_view, 3>{"AUTH", endpoint.user, endpoint.password}));
+  }
+  if (endpoint.db != 0)
+    steps.push_back(format_command(std::array<std::string_view, 2>{"SELECT", db}));
+  std::string handshake;
+  for (const std::string& command : steps) handshake += command;
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    Pending& entry = pending_.emplace_front();
+    entry.handshake = true;
+    entry.timeout = settings_.connect_timeout;
+    entry.deadline = Clock::now() + settings_.connect_timeout;
+  }
+  out_.insert(0, handshake);
+  ready_ = true;
+  start_read(link);
+  start_write();
+}
+
+void AsyncConnection::arm_deadline(Clock::time_point deadline) {
+  if (deadline >= armed_for_) return;
+  armed_for_ = deadline;
+  deadline_timer_.expires_at(deadline);
+  deadline_timer_.async_wait([self = shared_from_this(), deadline](std::error_code error) {
+    if (error || self->armed_for_ != deadline) return;  // re-armed for an earlier deadline
+    self->on_deadline();
+  });
+}
+
+void AsyncConnection::disarm_deadline() {
+  if (armed_for_ == Clock::time_point::max()) return;
+  armed_for_ = Clock::time_point::max();
+  deadline_timer_.cancel();
+}
+
+void AsyncConnection::on_deadline() {
+  armed_for_ = Clock::time_point::max();
+  const Clock::time_point now = Clock::now();
+  Clock::time_point next = Clock::time_point::max();
+  for (const Pending& entry : pending_) {
+    if (entry.deadline <= now) {
+      // Closing is the only way to make sure the late reply is never read as another's.
+      fail(std::make_exception_ptr(
+          timeout_error(entry.timeout.count(), entry.handshake ? "connect" : "command")));
+      return;
+    }
+    next = std::min(next, entry.deadline);
+  }
+  if (next != Clock::time_point::max()) arm_deadline(next);
+}
+
+void AsyncConnection::close() {
+  fail(std::make_exception_ptr(RedisError("idem: redis connection closed by the client", true)));
+}
+
+void AsyncConnection::fail(const std::exception_ptr& error) {
+  if (link_ != nullptr) link_->shut();
+  link_.reset();
+  ready_ = false;
+  out_.clear();
+  disarm_deadline();
+  std::deque<Pending> failed;
+  failed.swap(pending_);
+  for (Pending& entry : failed) {
+    if (entry.op == nullptr) continue;
+    std::unique_ptr<OpBase> op = std::move(entry.op);
+    op->entry = nullptr;
+    OpBase* raw = op.get();
+    raw->complete(std::move(op), error, nullptr);
+  }
+}
+
+}  // namespace idem::detail

@@ -1,0 +1,213 @@
+// One asynchronous Redis connection on an Asio executor. Asio owns the socket (TCP, unix, or TLS
+// through asio::ssl); hiredis only formats commands (redisFormatCommandArgv) and parses replies
+// (redisReader).
+//
+// Automatic pipelining: every command issued while a write is in flight (or within one turn of
+// the loop) is appended to one buffer and goes out in the next single write; replies are matched
+// to commands in order. Model: Boost.Redis' connection (read, not copied).
+//
+// Timeouts: each command has a deadline (its timeout from the call). When any deadline passes,
+// the connection is closed and every pending command fails with a retryable idem::RedisError, so
+// a late reply is never paired with a later command; the next command reconnects.
+//
+// Cancellation: a command whose completion handler's cancellation slot is emitted (any type)
+// completes at once with idem::Cancelled; the command itself may still run on the server (it may
+// already be sent), and its reply, when it comes, is read and dropped.
+//
+// Lifetime: a connected connection keeps one read outstanding (so it notices at once when the
+// server closes an idle connection; the next command reconnects), so io_context::run() returns
+// only after close(). Pending operations keep the connection alive.
+//
+// Thread safety: not thread-safe. Every call, and every completion, happens on the connection's
+// executor (a single-threaded io_context or a strand); completion handlers are dispatched to
+// their own associated executor.
+#pragma once
+
+#include <asio/any_io_executor.hpp>
+#include <asio/associated_cancellation_slot.hpp>
+#include <asio/associated_executor.hpp>
+#include <asio/async_result.hpp>
+#include <asio/dispatch.hpp>
+#include <asio/executor_work_guard.hpp>
+#include <asio/post.hpp>
+#include <asio/steady_timer.hpp>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "redis/reply.h"
+#include "redis/url.h"
+
+namespace asio::ssl {
+class context;
+}
+
+namespace idem::detail {
+
+/// `args` as one RESP command (redisFormatCommandArgv). Binary-safe.
+[[nodiscard]] std::string format_command(std::span<const std::string_view> args);
+
+/// What an AsyncConnection needs.
+struct AsyncConnectionSettings {
+  RedisEndpoint endpoint;
+  /// Bound on resolve + TCP connect + TLS handshake, in ms (> 0).
+  std::chrono::milliseconds connect_timeout{500};
+  /// Default timeout of one command, in ms, from the call until its reply (> 0): it includes
+  /// the time spent queued, connecting, and waiting behind earlier pipelined commands.
+  std::chrono::milliseconds command_timeout{500};
+};
+
+/// The completion signature of every command: the reply (error replies are replies, not
+/// exceptions: the caller decides, e.g. on NOSCRIPT or MOVED), or an exception_ptr holding an
+/// idem::RedisError (connection-level failure, timeout) or idem::Cancelled.
+using ReplySignature = void(std::exception_ptr, ReplyPtr);
+
+class AsyncConnection : public std::enable_shared_from_this<AsyncConnection> {
+ public:
+  using executor_type = asio::any_io_executor;
+  using Clock = std::chrono::steady_clock;
+
+  /// A connection on `executor`; connects on the first command. Throws idem::ConfigError when
+  /// the TLS files of a `rediss://` endpoint cannot be loaded.
+  [[nodiscard]] static std::shared_ptr<AsyncConnection> create(executor_type executor,
+                                                               AsyncConnectionSettings settings);
+  ~AsyncConnection();
+  AsyncConnection(const AsyncConnection&) = delete;
+  AsyncConnection& operator=(const AsyncConnection&) = delete;
+
+  [[nodiscard]] executor_type get_executor() const noexcept { return executor_; }
+  [[nodiscard]] const AsyncConnectionSettings& settings() const noexcept { return settings_; }
+
+  /// Sends one command; completes with ReplySignature. `args` are copied before this returns
+  /// (for a deferred token such as use_awaitable, when the operation starts).
+  template <typename Token>
+  auto exec(std::span<const std::string_view> args, Token&& token) {
+    return send(format_command(args), 1, settings_.command_timeout, std::forward<Token>(token));
+  }
+
+  /// Sends `commands`: `count` already formatted commands (format_command) in one piece, so
+  /// nothing comes between them (ASKING + command, SCRIPT LOAD + EVALSHA). Completes with the
+  /// first error reply among them, else the last reply. `timeout` > 0.
+  template <typename Token>
+  auto send(std::string commands, int count, std::chrono::milliseconds timeout, Token&& token) {
+    return asio::async_initiate<Token, ReplySignature>(
+        [self = shared_from_this()](auto handler, std::string bytes, int replies,
+                                    std::chrono::milliseconds limit) {
+          using Handler = std::decay_t<decltype(handler)>;
+          auto op = std::make_unique<Op<Handler>>(std::move(handler), self->executor_);
+          self->enqueue(std::move(op), std::move(bytes), replies, limit);
+        },
+        token, std::move(commands), count, timeout);
+  }
+
+  /// Closes the connection; pending commands fail with a retryable idem::RedisError. A later
+  /// command reconnects. Idempotent.
+  void close();
+
+  /// Commands sent or queued whose reply has not come yet (including cancelled ones).
+  [[nodiscard]] std::size_t in_flight() const noexcept { return pending_.size(); }
+  /// Times the connection was (re)established, for tests and metrics.
+  [[nodiscard]] std::uint64_t connects() const noexcept { return connects_; }
+  /// Socket writes so far (each carries every command queued meanwhile), for tests and metrics.
+  [[nodiscard]] std::uint64_t writes() const noexcept { return writes_; }
+
+ private:
+  struct OpBase;
+  // One command (or group of commands sent together) awaiting its replies.
+  struct Pending {
+    std::unique_ptr<OpBase> op;  // null: the reply is dropped (cancelled, or a handshake step)
+    int replies_left = 1;
+    bool handshake = false;  // an error reply fails the connection (AUTH, SELECT)
+    ReplyPtr first_error;
+    std::chrono::milliseconds timeout{0};
+    Clock::time_point deadline;
+  };
+  // The type-erased completion handler of one command.
+  struct OpBase {
+    virtual ~OpBase() = default;
+    // Completes the handler (exactly once) and consumes `self`.
+    virtual void complete(std::unique_ptr<OpBase> self, std::exception_ptr error,
+                          ReplyPtr reply) = 0;
+    Pending* entry = nullptr;  // stable: std::deque keeps element addresses on push/pop at ends
+  };
+  template <typename Handler>
+  struct Op final : OpBase {
+    using Executor = asio::associated_executor_t<Handler, executor_type>;
+    Op(Handler h, const executor_type& fallback)
+        : handler(std::move(h)),
+          work(asio::make_work_guard(asio::get_associated_executor(handler, fallback))) {
+      auto slot = asio::get_associated_cancellation_slot(handler);
+      if (slot.is_connected()) slot.template emplace<Canceller>(this);
+    }
+    // Emitted cancellation: detach from the queue entry (its reply will be dropped) and complete
+    // with idem::Cancelled, posted so that the slot is cleared outside its own handler.
+    struct Canceller {
+      explicit Canceller(Op* op) : op(op) {}
+      void operator()(asio::cancellation_type type) const {
+        if (type == asio::cancellation_type::none || op->entry == nullptr) return;
+        std::unique_ptr<OpBase> self = std::move(op->entry->op);
+        op->entry = nullptr;
+        asio::post(op->work.get_executor(), [self = std::move(self)]() mutable {
+          auto* raw = static_cast<Op*>(self.get());
+          raw->complete(std::move(self), cancelled_error(), nullptr);
+        });
+      }
+      Op* op;
+    };
+    void complete(std::unique_ptr<OpBase> self, std::exception_ptr error, ReplyPtr reply) override {
+      auto slot = asio::get_associated_cancellation_slot(handler);
+      if (slot.is_connected()) slot.clear();
+      Handler local = std::move(handler);
+      auto guard = std::move(work);
+      self.reset();  // frees this op before the handler runs (it may start the next command)
+      asio::dispatch(guard.get_executor(),
+                     [h = std::move(local), error, r = std::move(reply)]() mutable {
+                       std::move(h)(error, std::move(r));
+                     });
+    }
+    Handler handler;
+    asio::executor_work_guard<Executor> work;
+  };
+  struct Link;  // one physical connection: stream, reader, write buffer
+
+  AsyncConnection(executor_type executor, AsyncConnectionSettings settings);
+  static std::exception_ptr cancelled_error();
+
+  void enqueue(std::unique_ptr<OpBase> op, std::string bytes, int replies,
+               std::chrono::milliseconds timeout);
+  void schedule_write();
+  void start_write();
+  void start_read(const std::shared_ptr<Link>& link);
+  void on_data(const std::shared_ptr<Link>& link, std::size_t size);
+  void on_reply(ReplyPtr reply);
+  void connect();
+  void on_connected(const std::shared_ptr<Link>& link);
+  void arm_deadline(Clock::time_point deadline);
+  void disarm_deadline();
+  void on_deadline();
+  // Closes the link and fails every pending command with `error`.
+  void fail(const std::exception_ptr& error);
+
+  executor_type executor_;
+  const AsyncConnectionSettings settings_;
+  std::shared_ptr<asio::ssl::context> tls_;  // rediss:// only
+  std::shared_ptr<Link> link_;               // null while disconnected
+  bool ready_ = false;                       // link_ connected and handshake queued
+  std::string out_;                          // commands not yet handed to a write
+  bool write_scheduled_ = false;
+  std::deque<Pending> pending_;
+  asio::steady_timer deadline_timer_;
+  Clock::time_point armed_for_ = Clock::time_point::max();
+  std::uint64_t connects_ = 0;
+  std::uint64_t writes_ = 0;
+};
+
+}  // namespace idem::detail
