@@ -11,6 +11,7 @@
 //   ├── Cancelled            thrown by a handler to signal cancellation (claim is kept)
 //   └── BackendError         a backend failed; retryable() says if the same call may succeed
 //       ├── RedisError
+//       │   └── ForeignRecord   a value under an idem key that idem did not write, or damaged
 //       └── PostgresError    with sqlstate() when the server sent one
 //
 // All are safe to copy and to catch by const reference.
@@ -103,6 +104,18 @@ class IDEM_EXPORT RedisError : public BackendError {
  public:
   /// As BackendError(what, retryable).
   using BackendError::BackendError;
+};
+
+/// The value under an idem key is not a record idem wrote, or is damaged: another service's plain
+/// string (a bare request ID) or a hash under the same key, a value truncated by a partial
+/// restore, a record of an unknown version. It is never read as a claim (never kFirst, never a
+/// duplicate) and never changed by idem; it stays until its TTL ends or an operator removes it
+/// (idemctl, RedisGuard::force_release). Not retryable. A RedisGuard counts each one through
+/// Metrics::record_foreign_record() (RedisGuardOptions::metrics).
+class IDEM_EXPORT ForeignRecord : public RedisError {
+ public:
+  /// `what` says what was wrong with the value (never the value itself).
+  explicit ForeignRecord(const std::string& what) : RedisError(what, false) {}
 };
 
 /// PostgreSQL failed. `sqlstate()` is the five-character SQLSTATE when the server sent one.

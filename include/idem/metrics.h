@@ -49,6 +49,11 @@ class IDEM_EXPORT Metrics {
   virtual void record_release() noexcept = 0;
   /// A lease renewal succeeded (`ok`) or failed.
   virtual void record_renewal(bool ok) noexcept = 0;
+  /// A backend of `layer` found a value under an idem key that idem did not write, or a damaged
+  /// one (idem::ForeignRecord), and refused to read it as a record. Called by the guard itself
+  /// (RedisGuardOptions::metrics), also when the caller sees only the exception; the facade
+  /// then applies its failure policy as for any backend error. Default: ignored.
+  virtual void record_foreign_record(Layer layer) noexcept { (void)layer; }
 };
 
 /// Lock-free in-process counters and latency histograms, rendered in the Prometheus text
@@ -64,6 +69,10 @@ class IDEM_EXPORT InProcessMetrics final : public Metrics {
   void record_backend_error(Layer layer) noexcept override;
   void record_release() noexcept override;
   void record_renewal(bool ok) noexcept override;
+  void record_foreign_record(Layer layer) noexcept override {
+    (void)layer;
+    foreign_records_.fetch_add(1, std::memory_order_relaxed);
+  }
 
   /// Decisions of `kind` taken by `layer` so far.
   [[nodiscard]] std::uint64_t decisions(Layer layer, Outcome::Kind kind) const noexcept;
@@ -71,6 +80,10 @@ class IDEM_EXPORT InProcessMetrics final : public Metrics {
   [[nodiscard]] std::uint64_t total_decisions() const noexcept;
   /// Calls whose handler failed so far.
   [[nodiscard]] std::uint64_t handler_failures() const noexcept;
+  /// Foreign or damaged values found under idem keys so far (record_foreign_record()).
+  [[nodiscard]] std::uint64_t foreign_records() const noexcept {
+    return foreign_records_.load(std::memory_order_relaxed);
+  }
   /// Backend errors of `layer` so far.
   [[nodiscard]] std::uint64_t backend_errors(Layer layer) const noexcept;
   /// The seed's duplicate rate: (Redis guard rejects + Postgres sink conflicts) / total calls,
@@ -95,6 +108,7 @@ class IDEM_EXPORT InProcessMetrics final : public Metrics {
   std::atomic<std::uint64_t> releases_{0};
   std::atomic<std::uint64_t> renewals_ok_{0};
   std::atomic<std::uint64_t> renewals_failed_{0};
+  std::atomic<std::uint64_t> foreign_records_{0};
 };
 
 }  // namespace idem

@@ -14,6 +14,7 @@
 
 #include "idem/export.h"
 #include "idem/guard.h"
+#include "idem/metrics.h"
 #include "idem/record.h"
 
 namespace idem {
@@ -100,6 +101,10 @@ struct RedisGuardOptions {
   /// Largest response stored verbatim, in bytes. A larger response is stored as its SHA-256
   /// (lowercase hex) only, and a repeat gets ClaimResult::response_sha256 without a body.
   std::size_t max_response_bytes = 64 * 1024;
+  /// Receives Metrics::record_foreign_record() for every value under a guard key that is not an
+  /// idem record (idem::ForeignRecord); may be the facade's DeduplicatorOptions::metrics. Empty:
+  /// not counted (the exception still says it).
+  std::shared_ptr<Metrics> metrics{};
   /// The claim implementation. Default kSetNxGet: one native command, up to ~1.5× the script's
   /// throughput when Redis' CPU is the limit, equal otherwise (docs/redis_guard.md,
   /// bench/guard.sh); needs Redis ≥ 7.0, else use kLuaScript.
@@ -135,17 +140,22 @@ class IDEM_EXPORT RedisGuard final : public Guard {
 
   /// Atomically claims `key` (an encoded key text, see IdempotencyKey::encode()) for
   /// `request_id` in one round trip. On kFirst the record is IN_PROGRESS with TTL = lease.
+  /// Throws idem::ForeignRecord when the key holds a value idem did not write (left as is).
   [[nodiscard]] ClaimResult claim(std::string_view key, std::string_view request_id,
                                   std::string_view fingerprint) override;
 
   /// Claims every key of `requests` in one pipelined round trip; answer i belongs to
   /// requests[i]. Each claim is atomic on its own (not the batch as a whole). Throws
-  /// idem::RedisError when the round trip fails (then no answer is known).
+  /// idem::RedisError when the round trip fails (then no answer is known), and when one key's
+  /// answer is an error or a foreign value (idem::ForeignRecord): then the claims the batch did
+  /// make are released first (owner-checked, best effort), so no key stays held by it.
   [[nodiscard]] std::vector<ClaimResult> claim_batch(const std::vector<ClaimRequest>& requests);
 
   /// Marks the claim COMPLETED with `response` (verbatim, or only its SHA-256 above
   /// max_response_bytes) and sets the retention TTL. Acts only when `owner_token` owns the
-  /// record; returns false (and changes nothing) otherwise.
+  /// record and it is still IN_PROGRESS; returns false (and changes nothing) otherwise, true
+  /// without a change when this owner completed it already (a resend after a lost reply).
+  /// Throws idem::ForeignRecord when the owner's record is damaged (left as is).
   bool complete(std::string_view key, std::string_view owner_token, std::string_view response,
                 std::chrono::milliseconds retention) override;
   /// complete() with the configured retention.

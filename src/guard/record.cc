@@ -29,7 +29,12 @@ void append_field(std::string& out, std::string_view field) {
 }
 
 [[noreturn]] void malformed(std::string_view why) {
-  throw RedisError("idem: malformed guard record (" + std::string(why) + ")", false);
+  throw ForeignRecord("idem: the value under the key is not an idem record (" + std::string(why) +
+                      ")");
+}
+
+bool lower_hex(std::string_view text) {
+  return text.find_first_not_of("0123456789abcdef") == std::string_view::npos;
 }
 
 // Reads one "<len>:<bytes>" field at `pos`, advancing it.
@@ -90,18 +95,25 @@ StoredRecord decode_record(std::string_view value) {
     malformed("unknown state");
   }
   record.owner_token = std::string(value.substr(2, kOwnerTokenSize));
+  if (!lower_hex(record.owner_token)) malformed("bad owner token");
   std::size_t pos = kHeader;
   record.request_id = read_field(value, pos);
   record.fingerprint = read_field(value, pos);
   if (pos >= value.size()) malformed("missing response");
+  // idem writes "-" with IN_PROGRESS only, a body or a hash with COMPLETED only.
+  if ((value[pos] == '-') != (record.state == RecordState::kInProgress)) {
+    malformed("response does not fit the state");
+  }
   const std::string_view rest = value.substr(pos + 1);
   switch (value[pos]) {
     case '-':
+      if (!rest.empty()) malformed("bytes after the end");
       break;
     case 'B':
       record.response = std::string(rest);
       break;
     case 'H':
+      if (rest.size() != 64 || !lower_hex(rest)) malformed("bad response hash");
       record.response_sha256 = std::string(rest);
       break;
     default:

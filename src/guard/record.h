@@ -42,7 +42,9 @@ struct StoredRecord {
 /// "H" + SHA-256 hex.
 [[nodiscard]] std::string encode_response(std::string_view response, std::size_t max_bytes);
 
-/// Decodes a record; throws idem::RedisError (not retryable) when `value` is malformed.
+/// Decodes a record; throws idem::ForeignRecord when `value` is not one (another writer's value,
+/// a truncated or otherwise damaged record). Never reads outside `value`; fuzzed by
+/// tests/fuzz/record_fuzz.cc.
 [[nodiscard]] StoredRecord decode_record(std::string_view value);
 
 /// A fresh owner token: 128 bits from OpenSSL's CSPRNG, lowercase hex.

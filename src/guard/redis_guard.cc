@@ -98,11 +98,20 @@ ReplyPtr checked(ReplyPtr reply, std::string_view during) {
   if (auto redirect = detail::parse_redirect(*reply)) {
     throw detail::RedirectError(detail::reply_error(*reply, during).what(), std::move(*redirect));
   }
+  if (detail::reply_error_is(*reply, "WRONGTYPE")) {
+    throw ForeignRecord("idem: redis " + std::string(during) +
+                        ": the key holds a value of another type, not an idem record");
+  }
   throw detail::reply_error(*reply, during);
 }
 
+// 1 = true, 0 = false; -1 = the scripts' answer for a value that is not a well-formed record.
 bool integer_flag(const redisReply& reply, std::string_view during) {
   if (reply.type != REDIS_REPLY_INTEGER) throw detail::unexpected_reply(reply, during);
+  if (reply.integer == -1) {
+    throw ForeignRecord("idem: redis " + std::string(during) +
+                        ": the value under the key is not a well-formed idem record");
+  }
   return reply.integer == 1;
 }
 
@@ -317,9 +326,22 @@ struct RedisGuard::Impl {
 
   template <std::size_t N>
   bool eval_flag(const Script& script, const std::array<std::string_view, N>& key_and_args) {
-    return with_connection(key_and_args[0], [&](Connection& connection) {
-      return integer_flag(*eval(connection, script, key_and_args), "EVALSHA");
+    return reporting([&] {
+      return with_connection(key_and_args[0], [&](Connection& connection) {
+        return integer_flag(*eval(connection, script, key_and_args), "EVALSHA");
+      });
     });
+  }
+
+  // Runs `call`; a ForeignRecord it throws is counted (RedisGuardOptions::metrics) on its way.
+  template <class Call>
+  auto reporting(Call&& call) -> decltype(call()) {
+    try {
+      return call();
+    } catch (const ForeignRecord&) {
+      if (options.metrics) options.metrics->record_foreign_record(Layer::kRedisGuard);
+      throw;
+    }
   }
 
   // Appends the claim of `key` with `record` (EVALSHA or SET NX GET) to the pipeline.
@@ -413,8 +435,10 @@ ClaimResult RedisGuard::claim(std::string_view key, std::string_view request_id,
   const std::string redis_key_text = redis_key(key);
   std::string owner_token = detail::new_owner_token();
   const std::string record = detail::encode_claim(owner_token, request_id, fingerprint);
-  const ReplyPtr reply = impl_->claim_one(redis_key_text, record);
-  return claim_result(*reply, std::move(owner_token), request_id, fingerprint);
+  return impl_->reporting([&] {
+    const ReplyPtr reply = impl_->claim_one(redis_key_text, record);
+    return claim_result(*reply, std::move(owner_token), request_id, fingerprint);
+  });
 }
 
 std::vector<ClaimResult> RedisGuard::claim_batch(const std::vector<ClaimRequest>& requests) {
@@ -446,17 +470,33 @@ std::vector<ClaimResult> RedisGuard::claim_batch(const std::vector<ClaimRequest>
         impl_->with_connection(keys[indices.front()], [&](Connection& connection) {
           return impl_->pipeline_claims(connection, keys, records, indices);
         });
-    for (std::size_t j = 0; j < indices.size(); ++j) {
-      const std::size_t i = indices[j];
-      replies[i] = detail::parse_redirect(*group[j]) ? impl_->claim_one(keys[i], records[i])
-                                                     : checked(std::move(group[j]), "claim");
-    }
+    for (std::size_t j = 0; j < indices.size(); ++j) replies[indices[j]] = std::move(group[j]);
   }
+  // Per key: a redirected claim is re-sent on its own; an error reply or a foreign value fails
+  // the batch, but only after the claims it did make are released, so none stays held.
   std::vector<ClaimResult> results;
   results.reserve(count);
-  for (std::size_t i = 0; i < count; ++i) {
-    results.push_back(claim_result(*replies[i], std::move(owners[i]), requests[i].request_id,
-                                   requests[i].fingerprint));
+  try {
+    for (std::size_t i = 0; i < count; ++i) {
+      const ReplyPtr reply = detail::parse_redirect(*replies[i])
+                                 ? impl_->claim_one(keys[i], records[i])
+                                 : checked(std::move(replies[i]), "claim");
+      results.push_back(
+          claim_result(*reply, owners[i], requests[i].request_id, requests[i].fingerprint));
+    }
+  } catch (const RedisError& error) {
+    for (std::size_t i = 0; i < count; ++i) {
+      if (i < results.size() && results[i].owner_token.empty()) continue;  // a repeat: not ours
+      try {
+        (void)release(requests[i].key, owners[i]);
+      } catch (const RedisError&) {
+        // Best effort: the lease ends it.
+      }
+    }
+    if (dynamic_cast<const ForeignRecord*>(&error) != nullptr && impl_->options.metrics) {
+      impl_->options.metrics->record_foreign_record(Layer::kRedisGuard);
+    }
+    throw;
   }
   return results;
 }
@@ -500,29 +540,31 @@ bool RedisGuard::renew(std::string_view key, std::string_view owner_token) {
 
 std::optional<RecordInfo> RedisGuard::inspect(std::string_view key) {
   const std::string redis_key_text = redis_key(key);
-  const ReplyPtr reply = impl_->with_connection(redis_key_text, [&](Connection& connection) {
-    return Impl::eval(connection, impl_->inspect_script,
-                      std::array<std::string_view, 1>{redis_key_text});
+  return impl_->reporting([&]() -> std::optional<RecordInfo> {
+    const ReplyPtr reply = impl_->with_connection(redis_key_text, [&](Connection& connection) {
+      return Impl::eval(connection, impl_->inspect_script,
+                        std::array<std::string_view, 1>{redis_key_text});
+    });
+    if (reply->type == REDIS_REPLY_NIL) return std::nullopt;
+    if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 2 ||
+        reply->element[0]->type != REDIS_REPLY_STRING ||
+        reply->element[1]->type != REDIS_REPLY_INTEGER) {
+      throw detail::unexpected_reply(*reply, "inspect");
+    }
+    detail::StoredRecord record =
+        detail::decode_record(std::string_view(reply->element[0]->str, reply->element[0]->len));
+    RecordInfo info;
+    info.state = record.state;
+    info.owner_token = std::move(record.owner_token);
+    info.request_id = std::move(record.request_id);
+    info.fingerprint = std::move(record.fingerprint);
+    if (reply->element[1]->integer >= 0) {
+      info.ttl = std::chrono::milliseconds(reply->element[1]->integer);
+    }
+    if (record.response) info.response_bytes = record.response->size();
+    info.response_sha256 = std::move(record.response_sha256);
+    return info;
   });
-  if (reply->type == REDIS_REPLY_NIL) return std::nullopt;
-  if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 2 ||
-      reply->element[0]->type != REDIS_REPLY_STRING ||
-      reply->element[1]->type != REDIS_REPLY_INTEGER) {
-    throw detail::unexpected_reply(*reply, "inspect");
-  }
-  detail::StoredRecord record =
-      detail::decode_record(std::string_view(reply->element[0]->str, reply->element[0]->len));
-  RecordInfo info;
-  info.state = record.state;
-  info.owner_token = std::move(record.owner_token);
-  info.request_id = std::move(record.request_id);
-  info.fingerprint = std::move(record.fingerprint);
-  if (reply->element[1]->integer >= 0) {
-    info.ttl = std::chrono::milliseconds(reply->element[1]->integer);
-  }
-  if (record.response) info.response_bytes = record.response->size();
-  info.response_sha256 = std::move(record.response_sha256);
-  return info;
 }
 
 ForceReleaseStatus RedisGuard::force_release(std::string_view key, ForceReleaseScope scope) {

@@ -40,16 +40,19 @@ TEST(RedisRecord, CompletedRecordWithBodyAndWithHash) {
 
 TEST(RedisRecord, EmptyResponseIsKeptAsEmptyNotAsNone) { EXPECT_EQ(encode_response("", 0), "B"); }
 
-TEST(RedisRecord, MalformedValuesAreNonRetryableRedisErrors) {
+TEST(RedisRecord, ForeignAndDamagedValuesAreForeignRecordErrors) {
   const std::string good = encode_claim(kOwner, "r", "f");
+  const std::string upper_owner = "0123456789ABCDEF0123456789abcdef";
   for (const std::string& bad :
-       {std::string(), std::string("2I") + kOwner + "1:r1:f-", "1X" + kOwner + "1:r1:f-",
-        "1I" + kOwner + "9:r1:f-", "1I" + kOwner + "x:r1:f-", "1I" + kOwner + "1:r1:f",
-        "1I" + kOwner + "1:r1:f?", good.substr(0, 20)}) {
+       {std::string(), std::string("req-123"), std::string("2I") + kOwner + "1:r1:f-",
+        "1X" + kOwner + "1:r1:f-", "1I" + kOwner + "9:r1:f-", "1I" + kOwner + "x:r1:f-",
+        "1I" + kOwner + "1:r1:f", "1I" + kOwner + "1:r1:f?", "1I" + kOwner + "1:r1:f-junk",
+        "1I" + upper_owner + "1:r1:f-", "1C" + kOwner + "1:r1:fHabc", "1I" + kOwner + "+1:r1:f-",
+        good.substr(0, 20), good.substr(0, good.size() - 1)}) {
     try {
       (void)decode_record(bad);
       ADD_FAILURE() << "accepted " << bad;
-    } catch (const RedisError& error) {
+    } catch (const ForeignRecord& error) {
       EXPECT_FALSE(error.retryable());
     }
   }
