@@ -153,6 +153,8 @@ struct RedisGuard::Impl {
         retention_ms(milliseconds_text(options.retention)) {
     detail::PoolSettings settings = pool_settings(options.redis);
     const detail::RedisEndpoint& endpoint = settings.connection.endpoint;
+    // The blocking connections speak plain TCP only (hiredis without its SSL library).
+    require(!endpoint.tls, "a rediss:// (TLS) URL is served by the async client only");
     if (options.redis.cluster) {
       require(endpoint.socket_path.empty() && endpoint.db == 0 && endpoint.sentinels.empty(),
               "a Redis Cluster URL must be redis://host:port with database 0");

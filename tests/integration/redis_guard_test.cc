@@ -293,6 +293,9 @@ TEST(RedisGuardOptions, InvalidOptionsAreConfigErrors) {
       make([](RedisGuardOptions& o) { o.redis.command_timeout = std::chrono::milliseconds(0); }),
       ConfigError);
   EXPECT_THROW(make([](RedisGuardOptions& o) { o.redis.url = "http://localhost"; }), ConfigError);
+  // The blocking guard has no TLS: a rediss:// URL must not connect in plain text.
+  EXPECT_THROW(make([](RedisGuardOptions& o) { o.redis.url = "rediss://localhost:6380/0"; }),
+               ConfigError);
   EXPECT_THROW(make([](RedisGuardOptions& o) { o.lease = std::chrono::milliseconds(-1); }),
                ConfigError);
   EXPECT_THROW(make([](RedisGuardOptions& o) { o.retention = std::chrono::milliseconds(0); }),
