@@ -31,51 +31,16 @@ done
 cmake --build "$build" --target idem-bench-guard >/dev/null
 harness="$build/bench/idem-bench-guard"
 
-work="$(mktemp -d)"
-server_pid=""
-cleanup() {
-  [[ -n "$server_pid" ]] && kill "$server_pid" 2>/dev/null && wait "$server_pid" 2>/dev/null
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-private=0
-if [[ -z "$redis_url" ]]; then
-  private=1
-  port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
-  redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$work" \
-    --logfile "$work/redis.log" >/dev/null &
-  server_pid=$!
-  redis_url="redis://127.0.0.1:$port/0"
-  for _ in $(seq 200); do redis-cli -p "$port" PING 2>/dev/null | grep -q PONG && break; sleep 0.05; done
-fi
-hostport="${redis_url#redis://}"
-hostport="${hostport##*@}"
-hostport="${hostport%%/*}"
-host="${hostport%:*}"
-port="${hostport##*:}"
-cli() { redis-cli -h "$host" -p "$port" "$@"; }
+start_bench_redis
 
 sha="$(cli SCRIPT LOAD "$(cat "$root/lua/claim.lua")")"
-# A record of idem's size: "1I" + 32-hex owner + "14:req-0000000001" + "64:" + 64-hex fp + "-".
-record="1I$(printf 'a%.0s' $(seq 32))14:req-00000000011$(printf '64:%064d' 0)-"
-
-fresh() { if ((private)); then cli FLUSHALL >/dev/null; fi; }
+record="$bench_record"
 
 run_idem() {  # method clients requests [batch]
   fresh
   local extra=()
   [[ $# -ge 4 ]] && extra=(--batch "$4")
   "$harness" --url "$redis_url" --method "$1" --clients "$2" --requests "$3" "${extra[@]}"
-}
-
-# Prints "<requests per second> <p99 µs>" from redis-benchmark's CSV line.
-run_rb() {  # clients requests pipeline command...
-  fresh
-  local clients="$1" requests="$2" pipeline="$3"
-  shift 3
-  redis-benchmark -h "$host" -p "$port" -c "$clients" -n "$requests" -P "$pipeline" -r 1000000000 \
-    --csv "$@" 2>/dev/null | tail -1 | tr -d '"' | awk -F, '{printf "%s %.1f\n", $2, $7 * 1000}'
 }
 
 field() { cut -d' ' -f"$1"; }
@@ -103,7 +68,6 @@ for scenario in clients_1 clients_50 batch_16; do
   setnx_s="$(med setnx 1)" setnx_p99="$(med setnx 2)"
   eval_s="$(med evalsha 1)" eval_p99="$(med evalsha 2)"
   # The default claim method is SET NX GET (see docs/redis_guard.md).
-  ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.3f", a / b}'; }
   ratio_set="$(ratio "$setget_s" "$setnx_s")" ratio_eval="$(ratio "$setget_s" "$eval_s")"
   lua_ratio_eval="$(ratio "$lua_s" "$eval_s")"
   printf '%-10s %12.0f %12.0f %12.0f %12.0f %8s %8s %8s %9.1f %9.1f %9.1f\n' "$scenario" "$setget_s" \

@@ -31,3 +31,46 @@ write_report() {
   printf '%s\n' "$1" >"$report"
   echo "report: $report" >&2
 }
+
+# start_bench_redis: unless --redis-url was given, starts a private redis-server on a free port
+# (stopped, with its directory $work, by the EXIT trap this sets). Then sets redis_url, host,
+# port, private (1 for the private server) and defines cli (redis-cli on it) and fresh (FLUSHALL
+# of the private server only).
+start_bench_redis() {
+  work="$(mktemp -d)"
+  server_pid=""
+  trap '[[ -n "$server_pid" ]] && kill "$server_pid" 2>/dev/null && wait "$server_pid" 2>/dev/null; rm -rf "$work"' EXIT
+  private=0
+  if [[ -z "$redis_url" ]]; then
+    private=1
+    port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+    redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$work" \
+      --logfile "$work/redis.log" >/dev/null &
+    server_pid=$!
+    redis_url="redis://127.0.0.1:$port/0"
+    for _ in $(seq 200); do redis-cli -p "$port" PING 2>/dev/null | grep -q PONG && break; sleep 0.05; done
+  fi
+  local hostport="${redis_url#redis://}"
+  hostport="${hostport##*@}"
+  hostport="${hostport%%/*}"
+  host="${hostport%:*}"
+  port="${hostport##*:}"
+}
+cli() { redis-cli -h "$host" -p "$port" "$@"; }
+fresh() { if ((private)); then cli FLUSHALL >/dev/null; fi; }
+
+# A record of idem's size: "1I" + 32-hex owner + "14:req-0000000001" + "64:" + 64-hex fp + "-".
+bench_record="1I$(printf 'a%.0s' $(seq 32))14:req-00000000011$(printf '64:%064d' 0)-"
+
+# run_rb CLIENTS REQUESTS PIPELINE COMMAND...: redis-benchmark on the bench server; prints
+# "<requests per second> <p99 µs>" from its CSV line.
+run_rb() {
+  fresh
+  local clients="$1" requests="$2" pipeline="$3"
+  shift 3
+  redis-benchmark -h "$host" -p "$port" -c "$clients" -n "$requests" -P "$pipeline" -r 1000000000 \
+    --csv "$@" 2>/dev/null | tail -1 | tr -d '"' | awk -F, '{printf "%s %.1f\n", $2, $7 * 1000}'
+}
+
+# ratio A B: A / B with three decimals.
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.3f", a / b}'; }

@@ -19,17 +19,26 @@
 namespace idem::detail {
 
 std::string format_command(std::span<const std::string_view> args) {
-  std::vector<const char*> pointers;
-  std::vector<std::size_t> sizes;
-  pointers.reserve(args.size());
-  sizes.reserve(args.size());
-  for (const std::string_view arg : args) {
-    pointers.push_back(arg.data());
-    sizes.push_back(arg.size());
+  // Claims have at most 7 arguments: no heap for the argv arrays then.
+  constexpr std::size_t kInline = 16;
+  std::array<const char*, kInline> inline_pointers{};
+  std::array<std::size_t, kInline> inline_sizes{};
+  std::vector<const char*> heap_pointers;
+  std::vector<std::size_t> heap_sizes;
+  const char** pointers = inline_pointers.data();
+  std::size_t* sizes = inline_sizes.data();
+  if (args.size() > kInline) {
+    heap_pointers.resize(args.size());
+    heap_sizes.resize(args.size());
+    pointers = heap_pointers.data();
+    sizes = heap_sizes.data();
+  }
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    pointers[i] = args[i].data();
+    sizes[i] = args[i].size();
   }
   char* raw = nullptr;
-  const int size =
-      redisFormatCommandArgv(&raw, static_cast<int>(args.size()), pointers.data(), sizes.data());
+  const int size = redisFormatCommandArgv(&raw, static_cast<int>(args.size()), pointers, sizes);
   if (size < 0 || raw == nullptr) throw RedisError("idem: redis: cannot format a command", false);
   std::string bytes(raw, static_cast<std::size_t>(size));
   redisFreeCommand(raw);
