@@ -22,7 +22,12 @@ namespace idem {
 /// Connection settings for Redis (one pool per RedisGuard).
 struct RedisOptions {
   /// `redis://[[user]:password@]host[:port][/db]` (port defaults to 6379, db to 0),
-  /// `unix://path/to/socket[?db=N]`, or Redis Sentinel in Lettuce's URI form
+  /// `rediss://…` (the same over TLS 1.2+, e.g. for managed Redis: the server's certificate is
+  /// verified against the system CA store, or `?ca_file=PATH`; `&cert_file=PATH&key_file=PATH`
+  /// present a client certificate; `&server_name=NAME` checks another name than the host;
+  /// `&verify=none` skips verification, for tests only; a file that cannot be loaded is an
+  /// idem::ConfigError in the constructor), `unix://path/to/socket[?db=N]`, or Redis Sentinel in
+  /// Lettuce's URI form
   /// `redis-sentinel://[[user]:password@]host1[:port1][,host2[:port2]...][/db]#master-name`
   /// (or `?sentinelMasterId=master-name` instead of the fragment; Sentinel ports default to
   /// 26379). Credentials are sent with AUTH, the database with SELECT; with Sentinel they are

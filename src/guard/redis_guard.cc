@@ -17,6 +17,7 @@
 #include "redis/node.h"
 #include "redis/pool.h"
 #include "redis/sentinel.h"
+#include "redis/tls_transport.h"
 
 namespace idem {
 namespace {
@@ -153,8 +154,8 @@ struct RedisGuard::Impl {
         retention_ms(milliseconds_text(options.retention)) {
     detail::PoolSettings settings = pool_settings(options.redis);
     const detail::RedisEndpoint& endpoint = settings.connection.endpoint;
-    // The blocking connections speak plain TCP only (hiredis without its SSL library).
-    require(!endpoint.tls, "a rediss:// (TLS) URL is served by the async client only");
+    // rediss://: TLS by detail::TlsTransport; a TLS file that cannot be loaded fails here.
+    if (endpoint.tls) detail::TlsTransport::check(endpoint);
     if (options.redis.cluster) {
       require(endpoint.socket_path.empty() && endpoint.db == 0 && endpoint.sentinels.empty(),
               "a Redis Cluster URL must be redis://host:port with database 0");

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "redis/errors.h"
+#include "redis/tls_transport.h"
 
 namespace idem::detail {
 namespace {
@@ -38,7 +39,7 @@ void Connection::ContextDeleter::operator()(redisContext* context) const noexcep
   redisFree(context);
 }
 
-Connection::Connection(const ConnectionSettings& settings) {
+void Connection::connect_plain(const ConnectionSettings& settings) {
   const RedisEndpoint& endpoint = settings.endpoint;
   const timeval connect_timeout = to_timeval(settings.connect_timeout);
   errno = 0;
@@ -54,6 +55,20 @@ Connection::Connection(const ConnectionSettings& settings) {
       redisEnableKeepAlive(context_.get()) != REDIS_OK) {
     fail(errno, "keepalive");
   }
+}
+
+Connection::~Connection() = default;
+
+Connection::Connection(const ConnectionSettings& settings) {
+  const RedisEndpoint& endpoint = settings.endpoint;
+  if (endpoint.tls) {
+    // hiredis 0.14 has no TLS: the transport owns socket and TLS, hiredis parses.
+    tls_ = std::make_unique<TlsTransport>(endpoint, settings.connect_timeout,
+                                          settings.command_timeout, settings.keepalive);
+  } else {
+    connect_plain(settings);
+  }
+
   const auto expect_ok = [](ReplyPtr reply, std::string_view during) {
     if (reply->type == REDIS_REPLY_ERROR) throw reply_error(*reply, during);
   };
@@ -88,6 +103,7 @@ ReplyPtr Connection::command(std::span<const std::string_view> args) {
 }
 
 void Connection::append(std::span<const std::string_view> args) {
+  if (tls_ != nullptr) return tls_->append(args);
   Argv argv(args);
   errno = 0;
   if (redisAppendCommandArgv(context_.get(), argv.count(), argv.pointers.data(),
@@ -97,6 +113,15 @@ void Connection::append(std::span<const std::string_view> args) {
 }
 
 ReplyPtr Connection::read_reply() {
+  if (tls_ != nullptr) {
+    try {
+      return tls_->read_reply();
+    } catch (const RedisError&) {
+      broken_ = true;
+      closed_by_server_ = tls_->closed_by_server();
+      throw;
+    }
+  }
   void* raw = nullptr;
   errno = 0;
   if (redisGetReply(context_.get(), &raw) != REDIS_OK || raw == nullptr) fail(errno, "command");
@@ -104,6 +129,7 @@ ReplyPtr Connection::read_reply() {
 }
 
 void Connection::shutdown() noexcept {
+  if (tls_ != nullptr) tls_->shutdown();
   if (context_ != nullptr && context_->fd >= 0) ::shutdown(context_->fd, SHUT_RDWR);
 }
 

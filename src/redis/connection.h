@@ -11,6 +11,8 @@
 
 namespace idem::detail {
 
+class TlsTransport;
+
 /// What a connection needs to open.
 struct ConnectionSettings {
   RedisEndpoint endpoint;
@@ -27,6 +29,9 @@ class Connection {
   /// Connects, then sends AUTH and SELECT when the endpoint asks for them (and ROLE with
   /// `require_master`). Throws idem::RedisError.
   explicit Connection(const ConnectionSettings& settings);
+  ~Connection();
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
 
   /// Sends one command and reads its reply. An error reply is returned, not thrown (the caller
   /// decides, e.g. on NOSCRIPT). Throws idem::RedisError when the connection fails; from then
@@ -56,9 +61,11 @@ class Connection {
     void operator()(redisContext* context) const noexcept;
   };
 
+  void connect_plain(const ConnectionSettings& settings);  // hiredis' own socket
   [[noreturn]] void fail(int saved_errno, std::string_view during);
 
-  std::unique_ptr<redisContext, ContextDeleter> context_;
+  std::unique_ptr<redisContext, ContextDeleter> context_;  // null with TLS
+  std::unique_ptr<TlsTransport> tls_;                      // rediss:// only
   bool broken_ = false;
   bool closed_by_server_ = false;
 };

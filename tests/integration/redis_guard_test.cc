@@ -293,8 +293,10 @@ TEST(RedisGuardOptions, InvalidOptionsAreConfigErrors) {
       make([](RedisGuardOptions& o) { o.redis.command_timeout = std::chrono::milliseconds(0); }),
       ConfigError);
   EXPECT_THROW(make([](RedisGuardOptions& o) { o.redis.url = "http://localhost"; }), ConfigError);
-  // The blocking guard has no TLS: a rediss:// URL must not connect in plain text.
-  EXPECT_THROW(make([](RedisGuardOptions& o) { o.redis.url = "rediss://localhost:6380/0"; }),
+  // rediss:// with a CA file that cannot be loaded fails here, not at the first claim.
+  EXPECT_THROW(make([](RedisGuardOptions& o) {
+                 o.redis.url = "rediss://localhost:6380/0?ca_file=/nonexistent/ca.pem";
+               }),
                ConfigError);
   EXPECT_THROW(make([](RedisGuardOptions& o) { o.lease = std::chrono::milliseconds(-1); }),
                ConfigError);
