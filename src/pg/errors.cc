@@ -43,11 +43,18 @@ PostgresError translate(const pqxx::failure& error) {
     return {what, true, rollback_sqlstate(*rollback)};
   }
   if (sql == nullptr || sql->sqlstate().empty()) return {what, false};
+  return server_error(error.what(), sql->sqlstate());
+}
+
+PostgresError server_error(const std::string& message, const std::string& sqlstate) {
   static constexpr std::array<std::string_view, 2> kRetryable{"55P03", "57014"};
-  const std::string& state = sql->sqlstate();
-  bool retryable = is_connection_loss(state);
-  for (std::string_view code : kRetryable) retryable = retryable || state == code;
-  return {what, retryable, state};
+  bool retryable = is_connection_loss(sqlstate) || sqlstate.starts_with("40");
+  for (std::string_view code : kRetryable) retryable = retryable || sqlstate == code;
+  return {"idem: postgres: " + message, retryable, sqlstate};
+}
+
+PostgresError connection_error(const std::string& message) {
+  return {"idem: postgres: " + redact_credentials(message), true, kConnectionLostSqlstate};
 }
 
 }  // namespace idem::detail

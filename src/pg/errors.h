@@ -19,6 +19,14 @@ inline constexpr const char* kConnectionLostSqlstate = "08006";
 /// retryable. A lost connection (including during a commit) carries kConnectionLostSqlstate.
 [[nodiscard]] PostgresError translate(const pqxx::failure& error);
 
+/// The error a server sent for a statement (`message` its text, `sqlstate` its code), classified
+/// like translate(): retryable for connection loss, class 40, 55P03 and 57014.
+[[nodiscard]] PostgresError server_error(const std::string& message, const std::string& sqlstate);
+
+/// A connection lost or never made (client side; `message` is redacted of credentials):
+/// retryable, SQLSTATE kConnectionLostSqlstate.
+[[nodiscard]] PostgresError connection_error(const std::string& message);
+
 /// True when `sqlstate` says the connection is gone (or going), or leads to a server that can no
 /// longer take writes (25006, a demoted primary): it must not be reused.
 [[nodiscard]] bool is_connection_loss(const std::string& sqlstate) noexcept;

@@ -1,0 +1,298 @@
+#include "pg/async_connection.h"
+
+#include <algorithm>
+#include <array>
+#include <thread>
+
+#include "idem/errors.h"
+#include "pg/errors.h"
+
+namespace idem::detail {
+namespace {
+
+std::exception_ptr lost(const std::string& message) {
+  return std::make_exception_ptr(connection_error(message));
+}
+
+std::string trimmed(const char* message) {
+  std::string text = message != nullptr ? message : "";
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+  return text;
+}
+
+std::exception_ptr cancelled() {
+  return std::make_exception_ptr(Cancelled("idem: postgres statement cancelled"));
+}
+
+}  // namespace
+
+std::shared_ptr<PgAsyncConnection> PgAsyncConnection::create(executor_type executor,
+                                                             PgAsyncSettings settings) {
+  return std::shared_ptr<PgAsyncConnection>(
+      new PgAsyncConnection(std::move(executor), std::move(settings)));
+}
+
+PgAsyncConnection::PgAsyncConnection(executor_type executor, PgAsyncSettings settings)
+    : executor_(std::move(executor)),
+      settings_(std::move(settings)),
+      deadline_timer_(executor_),
+      connect_timer_(executor_) {}
+
+PgAsyncConnection::~PgAsyncConnection() {
+  drop_socket();
+  if (conn_ != nullptr) PQfinish(conn_);
+}
+
+void PgAsyncConnection::enqueue(std::unique_ptr<OpBase> op, std::string sql, PgParams params,
+                                std::chrono::milliseconds timeout) {
+  Pending& entry = pending_.emplace_back();
+  entry.sql = std::move(sql);
+  entry.params = std::move(params);
+  entry.timeout = timeout;
+  entry.deadline = Clock::now() + timeout;
+  entry.op = std::move(op);
+  entry.op->connection = this;
+  entry.op->entry = &entry;
+  arm_deadline(entry.deadline);
+  if (state_ == State::kIdle) {
+    connect();
+  } else if (state_ == State::kReady && !send_scheduled_) {
+    // Statements issued in this turn of the loop are sent together.
+    send_scheduled_ = true;
+    asio::post(executor_, [self = shared_from_this(), generation = generation_] {
+      self->send_scheduled_ = false;
+      if (generation == self->generation_) self->send_unsent();
+    });
+  }
+}
+
+void PgAsyncConnection::connect() {
+  conn_ = PQconnectStart(settings_.conninfo.c_str());
+  if (conn_ == nullptr) return fail(lost("cannot allocate a connection"));
+  if (PQstatus(conn_) == CONNECTION_BAD)
+    return fail(lost("connect: " + trimmed(PQerrorMessage(conn_))));
+  if (PQsetnonblocking(conn_, 1) != 0) return fail(lost("connect: cannot set non-blocking mode"));
+  state_ = State::kConnecting;
+  connect_timer_.expires_after(settings_.connect_timeout);
+  connect_timer_.async_wait(
+      [self = shared_from_this(), generation = generation_](std::error_code e) {
+        if (e || generation != self->generation_ || self->state_ != State::kConnecting) return;
+        self->fail(lost("connect timed out after " +
+                        std::to_string(self->settings_.connect_timeout.count()) + " ms"));
+      });
+  poll_connect();
+}
+
+void PgAsyncConnection::poll_connect() {
+  const PostgresPollingStatusType status = PQconnectPoll(conn_);
+  // libpq may move to another socket (another host of a multi-host conninfo, a TLS retry).
+  if (const int fd = PQsocket(conn_); fd != socket_fd_) {
+    drop_socket();
+    if (fd >= 0) {
+      socket_ = std::make_unique<asio::posix::stream_descriptor>(executor_, fd);
+      socket_fd_ = fd;
+    }
+  }
+  switch (status) {
+    case PGRES_POLLING_READING:
+      return wait(false);
+    case PGRES_POLLING_WRITING:
+      return wait(true);
+    case PGRES_POLLING_OK:
+      state_ = State::kReady;
+      ++connects_;
+      connect_timer_.cancel();
+      if (PQenterPipelineMode(conn_) != 1)
+        return fail(lost("cannot enter pipeline mode: " + trimmed(PQerrorMessage(conn_))));
+      return send_unsent();
+    default:
+      return fail(lost("connect: " + trimmed(PQerrorMessage(conn_))));
+  }
+}
+
+void PgAsyncConnection::wait(bool for_write) {
+  bool& waiting = for_write ? waiting_write_ : waiting_read_;
+  if (waiting || socket_ == nullptr) return;
+  waiting = true;
+  socket_->async_wait(
+      for_write ? asio::posix::stream_descriptor::wait_write
+                : asio::posix::stream_descriptor::wait_read,
+      [self = shared_from_this(), generation = generation_, for_write](std::error_code error) {
+        (for_write ? self->waiting_write_ : self->waiting_read_) = false;
+        if (generation != self->generation_) return;
+        if (error) return self->fail(lost("socket: " + error.message()));
+        self->on_ready();
+      });
+}
+
+void PgAsyncConnection::on_ready() {
+  if (state_ == State::kConnecting) return poll_connect();
+  if (state_ != State::kReady) return;
+  if (PQconsumeInput(conn_) != 1) return fail(lost(trimmed(PQerrorMessage(conn_))));
+  const std::uint64_t generation = generation_;
+  if (!read_results() || generation != generation_) return;
+  if (flush_pending_) {
+    const int flushed = PQflush(conn_);
+    if (flushed < 0) return fail(lost(trimmed(PQerrorMessage(conn_))));
+    flush_pending_ = flushed == 1;
+    if (flush_pending_) wait(true);
+  }
+  if (!pending_.empty()) wait(false);
+}
+
+void PgAsyncConnection::send_unsent() {
+  if (state_ != State::kReady) return;
+  bool sent_any = false;
+  std::vector<const char*> values;
+  for (Pending& entry : pending_) {
+    if (entry.sent) continue;
+    values.clear();
+    for (const auto& param : entry.params) values.push_back(param ? param->c_str() : nullptr);
+    if (PQsendQueryParams(conn_, entry.sql.c_str(), static_cast<int>(values.size()), nullptr,
+                          values.data(), nullptr, nullptr, 0) != 1 ||
+        PQpipelineSync(conn_) != 1) {
+      return fail(lost("send: " + trimmed(PQerrorMessage(conn_))));
+    }
+    entry.sent = true;
+    sent_any = true;
+  }
+  if (!sent_any) return;
+  const int flushed = PQflush(conn_);
+  if (flushed < 0) return fail(lost("send: " + trimmed(PQerrorMessage(conn_))));
+  flush_pending_ = flushed == 1;
+  if (flush_pending_) wait(true);
+  wait(false);
+}
+
+bool PgAsyncConnection::read_results() {
+  bool after_null = false;
+  while (!pending_.empty() && pending_.front().sent && PQisBusy(conn_) == 0) {
+    PGresult* raw = PQgetResult(conn_);
+    if (raw == nullptr) {
+      if (after_null) break;  // nothing more has arrived
+      after_null = true;
+      continue;
+    }
+    after_null = false;
+    PgResultPtr result(raw);
+    const ExecStatusType status = PQresultStatus(raw);
+    Pending& front = pending_.front();
+    if (status == PGRES_PIPELINE_SYNC) {
+      finish_front(std::move(front.result));
+    } else if (front.result == nullptr || PQresultStatus(front.result.get()) != PGRES_FATAL_ERROR) {
+      front.result = std::move(result);  // keep the first error, else the last result
+    }
+  }
+  return true;
+}
+
+void PgAsyncConnection::finish_front(PgResultPtr result) {
+  Pending entry = std::move(pending_.front());
+  pending_.pop_front();
+  if (pending_.empty()) {
+    armed_for_ = Clock::time_point::max();
+    deadline_timer_.cancel();
+  }
+  if (entry.op == nullptr) return;
+  std::unique_ptr<OpBase> op = std::move(entry.op);
+  op->entry = nullptr;
+  std::exception_ptr error;
+  if (result == nullptr) {
+    error = lost("statement ended without a result");
+  } else if (PQresultStatus(result.get()) == PGRES_FATAL_ERROR ||
+             PQresultStatus(result.get()) == PGRES_PIPELINE_ABORTED) {
+    const char* state = PQresultErrorField(result.get(), PG_DIAG_SQLSTATE);
+    const std::string sqlstate = state != nullptr ? state : "";
+    if (sqlstate == "57014" && entry.cancel_requested) {
+      error = cancelled();
+    } else {
+      error = std::make_exception_ptr(
+          server_error(trimmed(PQresultErrorMessage(result.get())), sqlstate));
+    }
+    result.reset();
+  }
+  OpBase* raw = op.get();
+  raw->complete(std::move(op), error, std::move(result));
+}
+
+void PgAsyncConnection::cancel(Pending* entry) {
+  if (!pending_.empty() && &pending_.front() == entry && entry->sent && conn_ != nullptr) {
+    // Running now: cancel it on the server; it ends with 57014, reported as idem::Cancelled.
+    if (entry->cancel_requested) return;
+    entry->cancel_requested = true;
+    if (PGcancel* handle = PQgetCancel(conn_)) {
+      std::thread([handle] {
+        std::array<char, 256> message{};
+        (void)PQcancel(handle, message.data(), static_cast<int>(message.size()));
+        PQfreeCancel(handle);
+      }).detach();
+    }
+    return;
+  }
+  // Queued behind others (or not yet sent): complete now; the result will be dropped.
+  std::unique_ptr<OpBase> op = std::move(entry->op);
+  if (op == nullptr) return;
+  op->entry = nullptr;
+  asio::post(executor_, [op = std::move(op)]() mutable {
+    OpBase* raw = op.get();
+    raw->complete(std::move(op), cancelled(), nullptr);
+  });
+}
+
+void PgAsyncConnection::arm_deadline(Clock::time_point deadline) {
+  if (deadline >= armed_for_) return;
+  armed_for_ = deadline;
+  deadline_timer_.expires_at(deadline);
+  deadline_timer_.async_wait([self = shared_from_this(), deadline](std::error_code error) {
+    if (error || self->armed_for_ != deadline) return;
+    self->on_deadline();
+  });
+}
+
+void PgAsyncConnection::on_deadline() {
+  armed_for_ = Clock::time_point::max();
+  const Clock::time_point now = Clock::now();
+  Clock::time_point next = Clock::time_point::max();
+  for (const Pending& entry : pending_) {
+    if (entry.deadline <= now) {
+      // Closing is the only way a stalled server cannot deliver this result to another call.
+      return fail(lost("statement timed out after " + std::to_string(entry.timeout.count()) +
+                       " ms (connection closed; a COMMIT's outcome is unknown)"));
+    }
+    next = std::min(next, entry.deadline);
+  }
+  if (next != Clock::time_point::max()) arm_deadline(next);
+}
+
+void PgAsyncConnection::close() { fail(lost("connection closed by the client")); }
+
+void PgAsyncConnection::drop_socket() noexcept {
+  if (socket_ != nullptr) {
+    (void)socket_->release();  // libpq owns the descriptor
+    socket_.reset();
+  }
+  socket_fd_ = -1;
+}
+
+void PgAsyncConnection::fail(const std::exception_ptr& error) {
+  ++generation_;
+  drop_socket();
+  if (conn_ != nullptr) PQfinish(conn_);
+  conn_ = nullptr;
+  state_ = State::kIdle;
+  flush_pending_ = false;
+  connect_timer_.cancel();
+  armed_for_ = Clock::time_point::max();
+  deadline_timer_.cancel();
+  std::deque<Pending> failed;
+  failed.swap(pending_);
+  for (Pending& entry : failed) {
+    if (entry.op == nullptr) continue;
+    std::unique_ptr<OpBase> op = std::move(entry.op);
+    op->entry = nullptr;
+    OpBase* raw = op.get();
+    raw->complete(std::move(op), error, nullptr);
+  }
+}
+
+}  // namespace idem::detail

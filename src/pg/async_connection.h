@@ -1,0 +1,196 @@
+// One PostgreSQL connection that never blocks its Asio loop: libpq's non-blocking API
+// (PQconnectStart/PQconnectPoll, PQsendQueryParams, PQconsumeInput/PQisBusy, PQflush) driven by
+// socket readiness on the loop, in pipeline mode (libpq 14+): statements issued while others
+// run are sent at once, each followed by its own sync point, so concurrent statements share
+// round trips and an error in one never aborts another's.
+//
+// Deadlines: each statement has one (its timeout from the call). When it passes, the connection
+// is closed and every pending statement fails with a retryable idem::PostgresError (SQLSTATE
+// 08006, "connection lost"): a stalled server never holds the loop, and a late result is never
+// delivered to a later statement. A COMMIT that fails that way has an unknown outcome.
+//
+// Cancellation: when a statement's cancellation slot is emitted, the running statement is
+// cancelled on the server (PQcancel, on a helper thread since libpq 15's cancel blocks); the
+// statement then ends with SQLSTATE 57014, reported as idem::Cancelled, not as a business
+// failure. A cancelled statement still waiting behind others completes at once with
+// idem::Cancelled (it may still run; its result is dropped).
+//
+// Thread safety: not thread-safe; use it from its executor's thread. Completion handlers are
+// dispatched to their associated executor.
+#pragma once
+
+#include <libpq-fe.h>
+
+#include <asio/any_io_executor.hpp>
+#include <asio/associated_cancellation_slot.hpp>
+#include <asio/associated_executor.hpp>
+#include <asio/async_result.hpp>
+#include <asio/dispatch.hpp>
+#include <asio/executor_work_guard.hpp>
+#include <asio/posix/stream_descriptor.hpp>
+#include <asio/post.hpp>
+#include <asio/steady_timer.hpp>
+#include <chrono>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace idem::detail {
+
+struct PgResultDeleter {
+  void operator()(PGresult* result) const noexcept { PQclear(result); }
+};
+/// Owns one libpq result.
+using PgResultPtr = std::unique_ptr<PGresult, PgResultDeleter>;
+
+/// Completion signature of a statement: its result (PGRES_TUPLES_OK or PGRES_COMMAND_OK), or an
+/// exception_ptr holding idem::PostgresError (server error with its SQLSTATE, connection loss,
+/// timeout) or idem::Cancelled.
+using PgSignature = void(std::exception_ptr, PgResultPtr);
+
+struct PgAsyncSettings {
+  /// A libpq connection string or URI (sslmode etc. as libpq reads them).
+  std::string conninfo;
+  /// Bound on connecting (TCP, TLS, authentication), in ms (> 0).
+  std::chrono::milliseconds connect_timeout{5000};
+  /// Default bound on one statement from the call to its result, in ms (> 0).
+  std::chrono::milliseconds statement_timeout{5000};
+};
+
+/// Parameters of a statement: text format, nullopt is SQL NULL.
+using PgParams = std::vector<std::optional<std::string>>;
+
+class PgAsyncConnection : public std::enable_shared_from_this<PgAsyncConnection> {
+ public:
+  using executor_type = asio::any_io_executor;
+  using Clock = std::chrono::steady_clock;
+
+  [[nodiscard]] static std::shared_ptr<PgAsyncConnection> create(executor_type executor,
+                                                                 PgAsyncSettings settings);
+  ~PgAsyncConnection();
+  PgAsyncConnection(const PgAsyncConnection&) = delete;
+  PgAsyncConnection& operator=(const PgAsyncConnection&) = delete;
+
+  [[nodiscard]] executor_type get_executor() const noexcept { return executor_; }
+
+  /// Runs `sql` with `params` ($1, $2, ...; unnamed, unprepared) and completes with PgSignature.
+  /// Connects first when needed. `sql` and `params` are moved into the operation.
+  template <typename Token>
+  auto exec(std::string sql, PgParams params, Token&& token) {
+    return exec(std::move(sql), std::move(params), settings_.statement_timeout,
+                std::forward<Token>(token));
+  }
+  template <typename Token>
+  auto exec(std::string sql, PgParams params, std::chrono::milliseconds timeout, Token&& token) {
+    return asio::async_initiate<Token, PgSignature>(
+        [self = shared_from_this()](auto handler, std::string text, PgParams values,
+                                    std::chrono::milliseconds limit) {
+          using Handler = std::decay_t<decltype(handler)>;
+          self->enqueue(std::make_unique<Op<Handler>>(std::move(handler), self->executor_),
+                        std::move(text), std::move(values), limit);
+        },
+        token, std::move(sql), std::move(params), timeout);
+  }
+
+  /// Closes the connection; pending statements fail (retryable, SQLSTATE 08006).
+  void close();
+
+  /// Statements sent or queued whose result has not come (including cancelled ones).
+  [[nodiscard]] std::size_t in_flight() const noexcept { return pending_.size(); }
+  /// Times a connection was established.
+  [[nodiscard]] std::uint64_t connects() const noexcept { return connects_; }
+
+ private:
+  struct OpBase;
+  struct Pending {
+    std::unique_ptr<OpBase> op;  // null: cancelled while queued, the result is dropped
+    std::string sql;
+    PgParams params;
+    bool sent = false;
+    bool cancel_requested = false;  // PQcancel sent for it: its 57014 is idem::Cancelled
+    PgResultPtr result;             // the statement's result, kept until its sync point
+    std::chrono::milliseconds timeout{0};
+    Clock::time_point deadline;
+  };
+  struct OpBase {
+    virtual ~OpBase() = default;
+    virtual void complete(std::unique_ptr<OpBase> self, std::exception_ptr error,
+                          PgResultPtr result) = 0;
+    PgAsyncConnection* connection = nullptr;
+    Pending* entry = nullptr;
+  };
+  template <typename Handler>
+  struct Op final : OpBase {
+    using Executor = asio::associated_executor_t<Handler, executor_type>;
+    Op(Handler h, const executor_type& fallback)
+        : handler(std::move(h)),
+          work(asio::make_work_guard(asio::get_associated_executor(handler, fallback))) {
+      auto slot = asio::get_associated_cancellation_slot(handler);
+      if (slot.is_connected()) {
+        slot.template emplace<Canceller>(this);
+      }
+    }
+    struct Canceller {
+      explicit Canceller(Op* op) : op(op) {}
+      void operator()(asio::cancellation_type type) const {
+        if (type == asio::cancellation_type::none || op->entry == nullptr) return;
+        op->connection->cancel(op->entry);
+      }
+      Op* op;
+    };
+    void complete(std::unique_ptr<OpBase> self, std::exception_ptr error,
+                  PgResultPtr result) override {
+      auto slot = asio::get_associated_cancellation_slot(handler);
+      if (slot.is_connected()) slot.clear();
+      Handler local = std::move(handler);
+      auto guard = std::move(work);
+      self.reset();
+      asio::dispatch(guard.get_executor(),
+                     [h = std::move(local), error, r = std::move(result)]() mutable {
+                       std::move(h)(error, std::move(r));
+                     });
+    }
+    Handler handler;
+    asio::executor_work_guard<Executor> work;
+  };
+
+  PgAsyncConnection(executor_type executor, PgAsyncSettings settings);
+
+  void enqueue(std::unique_ptr<OpBase> op, std::string sql, PgParams params,
+               std::chrono::milliseconds timeout);
+  void connect();
+  void poll_connect();
+  void wait(bool for_write);
+  void on_ready();
+  void send_unsent();
+  bool read_results();
+  void finish_front(PgResultPtr result);
+  void cancel(Pending* entry);
+  void arm_deadline(Clock::time_point deadline);
+  void on_deadline();
+  void fail(const std::exception_ptr& error);
+  void drop_socket() noexcept;
+
+  executor_type executor_;
+  const PgAsyncSettings settings_;
+  PGconn* conn_ = nullptr;
+  enum class State { kIdle, kConnecting, kReady } state_ = State::kIdle;
+  bool connect_wants_write_ = false;
+  std::unique_ptr<asio::posix::stream_descriptor> socket_;  // wraps PQsocket, never closes it
+  int socket_fd_ = -1;
+  bool waiting_read_ = false;
+  bool waiting_write_ = false;
+  bool flush_pending_ = false;
+  bool send_scheduled_ = false;
+  std::deque<Pending> pending_;
+  asio::steady_timer deadline_timer_;
+  asio::steady_timer connect_timer_;
+  Clock::time_point armed_for_ = Clock::time_point::max();
+  std::uint64_t connects_ = 0;
+  std::uint64_t generation_ = 0;  // bumped when the connection is dropped
+};
+
+}  // namespace idem::detail
