@@ -18,10 +18,13 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <pqxx/pqxx>
+#include <stdexcept>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
+#include "chaos.h"
 #include "common/flags.h"
 #include "idem/deduplicator.h"
 #include "idem/errors.h"
@@ -39,6 +42,9 @@ struct Settings {
   std::chrono::milliseconds retention{2000};
   std::chrono::milliseconds lease{3000};
   bool chaos = false;
+  std::string topology = "single";
+  double duplicates = 0.117;
+  std::string mix;
   std::string redis_url;
   std::string pg_url;
   std::string report_json;
@@ -53,9 +59,12 @@ Settings parse_settings(int argc, char** argv) {
       "idem-storm"};
   app.footer(
       "The workload is the same for a --seed; how workers interleave is not, so which layer stops "
-      "a given duplicate varies between runs (the all-layer total does not). --chaos restarts "
-      "Redis and PostgreSQL once each mid-run, with the commands in IDEM_CHAOS_RESTART_REDIS and "
-      "IDEM_CHAOS_RESTART_PG (scripts/dev demo sets them).");
+      "a given duplicate varies between runs (the all-layer total does not). --chaos fails Redis "
+      "and "
+      "PostgreSQL over (or restarts them) once each mid-run, with the commands in "
+      "IDEM_CHAOS_RESTART_REDIS and IDEM_CHAOS_RESTART_PG (scripts/dev demo sets them for the "
+      "--topology it starts); the report gives, per event, how long calls failed after it "
+      "(unavailable_ms).");
   examples::add_redis_url(app, s.redis_url);
   examples::add_pg_url(app, s.pg_url);
   examples::add_positive_option(app, "--seed", s.seed, "Seed of the workload");
@@ -65,13 +74,35 @@ Settings parse_settings(int argc, char** argv) {
   examples::add_positive_option(app, "--retention-ms", s.retention,
                                 "Guard retention and layer-1 cache TTL, ms");
   examples::add_positive_option(app, "--lease-ms", s.lease, "Lease of a claim, ms");
-  app.add_flag("--chaos", s.chaos, "Restart Redis and PostgreSQL once each in every configuration");
+  app.add_flag("--chaos", s.chaos,
+               "Once each in every configuration, fail Redis and PostgreSQL over (SIGKILL the "
+               "Redis master, crash the primary and promote its standby) where the topology has "
+               "a replica, else restart them");
+  app.add_option("--topology", s.topology,
+                 "What idem talks to (scripts/dev demo starts it): single, sentinel, cluster "
+                 "(Redis), pg-replica, pg-replica-async (a PostgreSQL standby), pgbouncer "
+                 "(transaction pooling)")
+      ->check(CLI::IsMember(
+          {"single", "sentinel", "cluster", "pg-replica", "pg-replica-async", "pgbouncer"}))
+      ->capture_default_str();
+  app.add_option("--duplicates", s.duplicates,
+                 "Share of deliveries that are duplicates, 0 <= RATE < 1 (the seed's 0.117)")
+      ->check(CLI::Range(0.0, 0.99))
+      ->capture_default_str();
+  app.add_option("--mix", s.mix,
+                 "Where the duplicates come from, as weights: double-click=35,redelivery=30,"
+                 "racing-retry=25,late=10 (unnamed sources keep these)");
   app.add_option("--configs", s.configs, "Configurations to run, comma-separated")
       ->delimiter(',')
       ->check(CLI::IsMember({"none", "request-id", "redis", "all"}))
       ->capture_default_str();
   app.add_option("--report-json", s.report_json, "Also write the results as JSON to this file");
   app.callback([&s] {
+    try {
+      (void)storm::parse_mix(s.mix, s.duplicates);
+    } catch (const std::invalid_argument& error) {
+      throw CLI::ValidationError("--mix", error.what());
+    }
     if (s.chaos && (std::getenv("IDEM_CHAOS_RESTART_REDIS") == nullptr ||
                     std::getenv("IDEM_CHAOS_RESTART_PG") == nullptr)) {
       throw CLI::ValidationError(
@@ -93,6 +124,7 @@ struct ConfigResult {
       0;  ///< Attempts redelivered after InProgress, Unavailable or an error.
   std::map<std::string, std::size_t> stopped_by_layer;
   std::map<std::string, std::size_t> outcomes;
+  std::vector<storm::ChaosEvent> chaos;  ///< --chaos: the failovers and restarts, measured.
   double deliveries_per_s = 0;
   double p50_us = 0;
   double p99_us = 0;
@@ -135,18 +167,20 @@ std::string apply_refund(pqxx::transaction_base& tx, const storm::Delivery& d) {
 
 // One Deduplicator per worker: each worker stands for one service instance, with its own
 // layer-1 cache, sharing Redis and PostgreSQL (and, here, their connection pools) with the others.
-std::vector<std::unique_ptr<idem::Deduplicator>> make_instances(const Settings& s,
-                                                                const std::string& config) {
+std::vector<std::unique_ptr<idem::Deduplicator>> make_instances(
+    const Settings& s, const std::string& config, const std::shared_ptr<storm::FailureLog>& log) {
   std::vector<std::unique_ptr<idem::Deduplicator>> instances(s.workers);
   if (config == "none") return instances;
   idem::DeduplicatorOptions options;
   options.local_cache_capacity = 100000;
   options.local_cache_ttl = s.retention;
   if (config != "all") options.fingerprint.reset();
+  options.metrics = log;
   if (config == "redis" || config == "all") {
     idem::RedisGuardOptions guard;
     guard.redis.url = s.redis_url;
     guard.redis.pool_size = s.workers;
+    guard.redis.cluster = s.topology == "cluster";
     guard.prefix = "idem-storm";
     guard.ns = config + "-" + std::to_string(::getpid()) + "-" +
                std::to_string(Clock::now().time_since_epoch().count());
@@ -159,6 +193,7 @@ std::vector<std::unique_ptr<idem::Deduplicator>> make_instances(const Settings& 
     sink.conninfo = s.pg_url;
     sink.schema = kSchema;
     sink.pool_size = s.workers;
+    if (s.topology == "pgbouncer") sink.pooling = idem::PgPooling::kTransaction;
     sink.lease = s.lease;
     options.sink = std::make_shared<idem::PgSink>(sink);
     options.sink->migrate();
@@ -240,7 +275,7 @@ std::optional<idem::Outcome> deliver_once(const std::string& config, idem::Dedup
 void deliver(const Settings& s, const std::string& config,
              const std::vector<std::unique_ptr<idem::Deduplicator>>& instances,
              const std::vector<storm::Delivery>& deliveries, std::vector<double>& latencies_us,
-             ConfigResult& result, std::atomic<std::size_t>& delivered) {
+             ConfigResult& result, std::atomic<std::size_t>& delivered, storm::FailureLog& log) {
   std::atomic<std::size_t> next{0};
   std::mutex merge_mutex;
   std::vector<std::thread> threads;
@@ -262,6 +297,7 @@ void deliver(const Settings& s, const std::string& config,
           const bool decided = outcome && outcome->kind != idem::Outcome::Kind::kInProgress &&
                                outcome->kind != idem::Outcome::Kind::kUnavailable;
           if (decided || Clock::now() > give_up) break;
+          if (!outcome || outcome->kind == idem::Outcome::Kind::kUnavailable) log.attempt_failed();
           ++local_redeliveries;
           std::this_thread::sleep_for(backoff);
           backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
@@ -293,7 +329,8 @@ double percentile(std::vector<double>& values, double p) {
 ConfigResult run_config(const Settings& s, const std::string& config,
                         const storm::Workload& workload) {
   reset_business_tables(s);
-  const auto instances = make_instances(s, config);
+  const auto log = std::make_shared<storm::FailureLog>();
+  const auto instances = make_instances(s, config, log);
   ConfigResult result;
   result.deliveries = workload.deliveries.size() + workload.late_deliveries.size();
   result.duplicates_injected = workload.duplicates;
@@ -318,29 +355,31 @@ ConfigResult run_config(const Settings& s, const std::string& config,
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
   });
-  // --chaos: restart Redis at a third of the deliveries and PostgreSQL at two thirds.
+  // --chaos: fail over (or restart) Redis at a third of the deliveries and PostgreSQL at two
+  // thirds, with the commands scripts/dev demo sets for the topology.
   std::thread chaos([&] {
     if (!s.chaos) return;
-    for (const auto& [thirds, variable] :
-         {std::pair{1, "IDEM_CHAOS_RESTART_REDIS"}, {2, "IDEM_CHAOS_RESTART_PG"}}) {
+    for (const auto& [thirds, backend, variable] :
+         {std::tuple{1, "redis", "IDEM_CHAOS_RESTART_REDIS"}, {2, "pg", "IDEM_CHAOS_RESTART_PG"}}) {
       const std::size_t at = workload.deliveries.size() * static_cast<std::size_t>(thirds) / 3;
       while (!done && delivered < at) std::this_thread::sleep_for(std::chrono::milliseconds(5));
       if (done) return;
       std::cerr << "\n[" << config << "] chaos at delivery " << delivered << ": "
                 << std::getenv(variable) << "\n";
-      if (std::system(std::getenv(variable)) != 0)
-        std::cerr << "[" << config << "] chaos command failed\n";
+      result.chaos.push_back(storm::run_chaos(backend, std::getenv(variable), delivered));
     }
   });
   const auto start = Clock::now();
-  deliver(s, config, instances, workload.deliveries, latencies_us, result, delivered);
-  const double main_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  deliver(s, config, instances, workload.deliveries, latencies_us, result, delivered, *log);
+  const auto main_end = Clock::now();
+  const double main_seconds = std::chrono::duration<double>(main_end - start).count();
   // Late redeliveries arrive after every record of the main phase has outlived its retention.
   std::this_thread::sleep_for(s.retention + std::chrono::milliseconds(500));
-  deliver(s, config, instances, workload.late_deliveries, latencies_us, result, delivered);
+  deliver(s, config, instances, workload.late_deliveries, latencies_us, result, delivered, *log);
   done = true;
   progress.join();
   chaos.join();
+  log->attribute(result.chaos, main_end);
   std::cerr << "\r[" << config << "] " << result.deliveries << " deliveries in " << main_seconds
             << " s (+ late redeliveries after the retention)\n";
 
@@ -375,7 +414,26 @@ void print_table(const Settings& s, const std::map<std::string, ConfigResult>& r
   }
 }
 
-void write_report(const std::string& path, const std::map<std::string, ConfigResult>& results) {
+// --chaos: one line per failover or restart, with how long calls failed after it.
+void print_chaos(const Settings& s, const std::map<std::string, ConfigResult>& results) {
+  for (const auto& config : s.configs) {
+    for (const storm::ChaosEvent& e : results.at(config).chaos) {
+      std::printf(
+          "[%s] %s %s at delivery %zu (%s): %s, calls failed for %.0f ms (%zu attempts), "
+          "guard errors for %.0f ms (%zu), sink errors for %.0f ms (%zu)\n",
+          config.c_str(), e.backend.c_str(), e.kind.c_str(), e.at_delivery, s.topology.c_str(),
+          e.failover_ms
+              ? ("failover took " + std::to_string(static_cast<long>(*e.failover_ms)) + " ms")
+                    .c_str()
+              : "restarted",
+          e.unavailable_ms, e.failed_attempts, e.redis_error_ms, e.redis_errors, e.pg_error_ms,
+          e.pg_errors);
+    }
+  }
+}
+
+void write_report(const Settings& s, const std::string& path,
+                  const std::map<std::string, ConfigResult>& results) {
   nlohmann::json configs = nlohmann::json::object();
   for (const auto& [name, r] : results) {
     configs[name] = {{"deliveries", r.deliveries},
@@ -387,10 +445,12 @@ void write_report(const std::string& path, const std::map<std::string, ConfigRes
                      {"outcomes", r.outcomes},
                      {"deliveries_per_s", r.deliveries_per_s},
                      {"p50_us", r.p50_us},
-                     {"p99_us", r.p99_us}};
+                     {"p99_us", r.p99_us},
+                     {"chaos", storm::to_json(r.chaos)},
+                     {"unavailable_ms", storm::max_unavailable_ms(r.chaos)}};
   }
   std::ofstream out(path);
-  out << nlohmann::json{{"configs", configs}}.dump(2) << "\n";
+  out << nlohmann::json{{"topology", s.topology}, {"configs", configs}}.dump(2) << "\n";
   if (!out) throw std::runtime_error("cannot write " + path);
 }
 
@@ -400,7 +460,8 @@ int main(int argc, char** argv) {
   const Settings settings = parse_settings(argc, argv);
   try {
     const storm::Workload workload =
-        storm::make_workload(settings.seed, settings.requests, settings.accounts);
+        storm::make_workload(settings.seed, settings.requests, settings.accounts,
+                             storm::parse_mix(settings.mix, settings.duplicates));
     std::cerr << "idem-storm: " << workload.logical_requests << " logical requests, "
               << workload.deliveries.size() + workload.late_deliveries.size() << " deliveries ("
               << workload.duplicates << " duplicates), " << settings.workers << " workers, seed "
@@ -409,7 +470,8 @@ int main(int argc, char** argv) {
     for (const auto& config : settings.configs)
       results[config] = run_config(settings, config, workload);
     print_table(settings, results);
-    if (!settings.report_json.empty()) write_report(settings.report_json, results);
+    print_chaos(settings, results);
+    if (!settings.report_json.empty()) write_report(settings, settings.report_json, results);
     const auto all = results.find("all");
     if (all != results.end() &&
         (all->second.duplicate_effects != 0 || all->second.lost_requests != 0)) {

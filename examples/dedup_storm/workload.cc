@@ -1,15 +1,14 @@
 #include "workload.h"
 
 #include <algorithm>
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <stdexcept>
 #include <utility>
 
 namespace storm {
 namespace {
-
-// Share of duplicates among all deliveries in the seed incident.
-constexpr double kDuplicateShare = 0.117;
 
 constexpr const char* kReasons[] = {"商品未收到",
                                     "Doppelte Abbuchung",
@@ -51,11 +50,61 @@ std::string request_id_for(std::mt19937_64& rng) {
 
 }  // namespace
 
-Workload make_workload(std::uint64_t seed, std::size_t logical_requests, std::int64_t accounts) {
+Mix parse_mix(const std::string& text, double duplicate_share) {
+  if (!(duplicate_share >= 0 && duplicate_share < 1)) {
+    throw std::invalid_argument("--duplicates must be a share in [0, 1), e.g. 0.117");
+  }
+  Mix mix;
+  mix.duplicate_share = duplicate_share;
+  std::size_t from = 0;
+  while (from < text.size()) {
+    const std::size_t comma = std::min(text.find(',', from), text.size());
+    const std::string item = text.substr(from, comma - from);
+    from = comma + 1;
+    const std::size_t equals = item.find('=');
+    const std::string name = item.substr(0, equals);
+    double weight = -1;
+    try {
+      std::size_t used = 0;
+      if (equals != std::string::npos) weight = std::stod(item.substr(equals + 1), &used);
+      if (used != item.size() - equals - 1) weight = -1;
+    } catch (const std::exception&) {
+      weight = -1;
+    }
+    if (!(weight >= 0) || !std::isfinite(weight)) {
+      throw std::invalid_argument("--mix: '" + item + "' is not source=weight (weight >= 0)");
+    }
+    if (name == "double-click") {
+      mix.double_click = weight;
+    } else if (name == "redelivery") {
+      mix.redelivery = weight;
+    } else if (name == "racing-retry") {
+      mix.racing_retry = weight;
+    } else if (name == "late") {
+      mix.late_redelivery = weight;
+    } else {
+      throw std::invalid_argument("--mix: unknown source '" + name +
+                                  "' (double-click, redelivery, racing-retry, late)");
+    }
+  }
+  if (mix.double_click + mix.redelivery + mix.racing_retry + mix.late_redelivery <= 0) {
+    throw std::invalid_argument("--mix: the weights must not all be 0");
+  }
+  return mix;
+}
+
+Workload make_workload(std::uint64_t seed, std::size_t logical_requests, std::int64_t accounts,
+                       const Mix& mix) {
   std::mt19937_64 rng(seed);
-  // Per logical request, the chance of one duplicate such that duplicates make up
-  // kDuplicateShare of all deliveries: d / (1 + d) = share.
-  const double duplicate_chance = kDuplicateShare / (1.0 - kDuplicateShare);
+  // Duplicates per logical request such that they make up duplicate_share of all deliveries:
+  // d / (1 + d) = share. The whole part always, the fraction by chance.
+  const double per_request = mix.duplicate_share / (1.0 - mix.duplicate_share);
+  const double whole = std::floor(per_request);
+  const double fraction = per_request - whole;
+  const double weights = mix.double_click + mix.redelivery + mix.racing_retry + mix.late_redelivery;
+  const double click_below = mix.double_click / weights;
+  const double redelivery_below = click_below + mix.redelivery / weights;
+  const double racing_below = redelivery_below + mix.racing_retry / weights;
   std::uniform_real_distribution<double> unit(0.0, 1.0);
 
   // (position, delivery): originals at 10*i, duplicates placed relative to their original.
@@ -74,24 +123,25 @@ Workload make_workload(std::uint64_t seed, std::size_t logical_requests, std::in
     original.payload = payload_for(rng, original);
     const std::uint64_t position = 10ULL * i;
     placed.emplace_back(position, original);
-    if (unit(rng) >= duplicate_chance) continue;
-
-    Delivery duplicate = original;
-    const double kind = unit(rng);
-    ++workload.duplicates;
-    if (kind < 0.35) {
-      duplicate.source = Source::kDoubleClick;
-      duplicate.request_id = request_id_for(rng);
-      placed.emplace_back(position + 10 * (1 + rng() % 3) + 5, std::move(duplicate));
-    } else if (kind < 0.65) {
-      duplicate.source = Source::kRedelivery;
-      placed.emplace_back(position + 10 * (20 + rng() % 180) + 5, std::move(duplicate));
-    } else if (kind < 0.90) {
-      duplicate.source = Source::kRacingRetry;
-      placed.emplace_back(position + 1, std::move(duplicate));
-    } else {
-      duplicate.source = Source::kLateRedelivery;
-      workload.late_deliveries.push_back(std::move(duplicate));
+    const auto count = static_cast<int>(whole) + (unit(rng) < fraction ? 1 : 0);
+    for (int n = 0; n < count; ++n) {
+      Delivery duplicate = original;
+      const double kind = unit(rng);
+      ++workload.duplicates;
+      if (kind < click_below) {
+        duplicate.source = Source::kDoubleClick;
+        duplicate.request_id = request_id_for(rng);
+        placed.emplace_back(position + 10 * (1 + rng() % 3) + 5, std::move(duplicate));
+      } else if (kind < redelivery_below) {
+        duplicate.source = Source::kRedelivery;
+        placed.emplace_back(position + 10 * (20 + rng() % 180) + 5, std::move(duplicate));
+      } else if (kind < racing_below) {
+        duplicate.source = Source::kRacingRetry;
+        placed.emplace_back(position + 1, std::move(duplicate));
+      } else {
+        duplicate.source = Source::kLateRedelivery;
+        workload.late_deliveries.push_back(std::move(duplicate));
+      }
     }
   }
   std::stable_sort(placed.begin(), placed.end(),

@@ -37,8 +37,26 @@ struct Workload {
   std::size_t duplicates = 0;  ///< Deliveries that are not the original, late ones included.
 };
 
-/// Builds the workload deterministically from `seed`. About 11.7 % of all deliveries are
-/// duplicates; `accounts` accounts share the refunds.
-Workload make_workload(std::uint64_t seed, std::size_t logical_requests, std::int64_t accounts);
+/// How many duplicates there are and where they come from.
+struct Mix {
+  /// Share of all deliveries (late ones included) that are duplicates, 0 <= share < 1. The seed
+  /// incident's 11.7 % by default; above 50 % a logical request gets several duplicates.
+  double duplicate_share = 0.117;
+  /// Relative weights of the duplicate sources (any non-negative numbers, not all 0).
+  double double_click = 35;
+  double redelivery = 30;
+  double racing_retry = 25;
+  double late_redelivery = 10;
+};
+
+/// Parses `--mix` text: comma-separated `source=weight` with the sources double-click,
+/// redelivery, racing-retry and late (unnamed ones keep their default weight). Throws
+/// std::invalid_argument with a message for the user.
+Mix parse_mix(const std::string& text, double duplicate_share);
+
+/// Builds the workload deterministically from `seed` and `mix`; `accounts` accounts share the
+/// refunds. The default mix gives the seed incident's workload.
+Workload make_workload(std::uint64_t seed, std::size_t logical_requests, std::int64_t accounts,
+                       const Mix& mix = {});
 
 }  // namespace storm
