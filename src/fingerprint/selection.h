@@ -9,10 +9,6 @@
 
 namespace idem::detail {
 
-/// The reference tokens of an RFC 6901 JSON Pointer, unescaped (`~1` → `/`, `~0` → `~`).
-/// "" (the whole document) has none. Throws idem::ConfigError on a malformed pointer.
-[[nodiscard]] std::vector<std::string> parse_json_pointer(std::string_view pointer);
-
 /// One reference token position shared by one or more pointers.
 struct SelectionNode {
   std::string token;

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <mutex>
 
+#include "common/json_pointer.h"
 #include "idem/errors.h"
 
 namespace idem {
@@ -360,25 +361,12 @@ namespace {
 
 namespace ondemand = simdjson::ondemand;
 
-// RFC 6901 reference tokens of `pointer`, unescaped.
+// RFC 6901 reference tokens of `pointer`, unescaped; the whole document ("") is no request ID.
 std::vector<std::string> pointer_tokens(std::string_view pointer) {
-  if (pointer.empty() || pointer.front() != '/') {
+  if (pointer.empty()) {
     throw ConfigError("idem: a request-ID JSON Pointer must start with '/' (RFC 6901)");
   }
-  std::vector<std::string> tokens(1);
-  for (std::size_t i = 1; i < pointer.size(); ++i) {
-    const char c = pointer[i];
-    if (c == '/') {
-      tokens.emplace_back();
-    } else if (c != '~') {
-      tokens.back().push_back(c);
-    } else if (i + 1 < pointer.size() && (pointer[i + 1] == '0' || pointer[i + 1] == '1')) {
-      tokens.back().push_back(pointer[++i] == '0' ? '~' : '/');
-    } else {
-      throw ConfigError("idem: JSON Pointer has '~' not followed by 0 or 1 (RFC 6901)");
-    }
-  }
-  return tokens;
+  return detail::parse_json_pointer(pointer);
 }
 
 // What sits at a JSON Pointer, with byte offsets into the payload.

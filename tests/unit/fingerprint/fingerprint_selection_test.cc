@@ -14,17 +14,6 @@ constexpr const char* kPayload =
     R"({"amount":5,"timestamp":"2026-11-30T08:00:00Z","traceId":"t-1",)"
     R"("order":{"id":"o-7","lines":[{"sku":"a","qty":1},{"sku":"b","qty":2}]},"a/b":1,"m~n":2})";
 
-TEST(JsonPointer, ParsesTokensWithRfc6901Escapes) {
-  EXPECT_TRUE(detail::parse_json_pointer("").empty());
-  EXPECT_EQ(detail::parse_json_pointer("/a~1b/m~0n/0"),
-            (std::vector<std::string>{"a/b", "m~n", "0"}));
-  EXPECT_EQ(detail::parse_json_pointer("/"), (std::vector<std::string>{""}));
-  EXPECT_EQ(detail::parse_json_pointer("/~01"), (std::vector<std::string>{"~1"}));  // not "/"
-  EXPECT_THROW((void)detail::parse_json_pointer("a"), ConfigError);
-  EXPECT_THROW((void)detail::parse_json_pointer("/a~2"), ConfigError);
-  EXPECT_THROW((void)detail::parse_json_pointer("/a~"), ConfigError);
-}
-
 TEST(Selection, ExcludeDropsVolatileMembers) {
   const Fingerprinter fp({.exclude = {"/timestamp", "/traceId", "/absent"}});
   EXPECT_EQ(
