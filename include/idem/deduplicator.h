@@ -27,10 +27,12 @@
 #include "idem/fingerprint.h"
 #include "idem/guard.h"
 #include "idem/memory_guard.h"
+#include "idem/memory_sink.h"
 #include "idem/metrics.h"
 #include "idem/outcome.h"
 #include "idem/pg_sink.h"
 #include "idem/redis_guard.h"
+#include "idem/sink.h"
 
 namespace idem {
 
@@ -87,10 +89,11 @@ struct CallState;
 }
 
 /// What a running handler may know and do. Passed by reference to handlers that take it;
-/// valid only during the handler call. Thread-safe.
+/// valid only during the handler call. Thread-safe. (detail::CallState is the driver's side of
+/// the call: each driver of the call plan implements it.)
 class IDEM_EXPORT Context {
  public:
-  /// Made by the Deduplicator for each call; handlers only receive it.
+  /// Made by the driver (Deduplicator) for each call; handlers only receive it.
   explicit Context(detail::CallState& state) noexcept : state_(&state) {}
 
   /// The request ID (empty when the request had none).
@@ -108,7 +111,9 @@ class IDEM_EXPORT Context {
   /// claim was lost (the lease ended and someone else claimed the key): the handler should
   /// stop. True when the call holds no Redis claim. Throws idem::BackendError (RedisError).
   bool renew();
-  /// True once a renewal (manual or automatic) found the claim lost or failed.
+  /// True once a renewal (manual or automatic) found the claim lost or failed, or once the
+  /// lease as last extended has run out by the local monotonic clock (a handler that outlived
+  /// its lease without renewing is told so while it runs).
   [[nodiscard]] bool lease_lost() const noexcept;
   /// Requested when Request::stop is, or when Deduplicator::shutdown() is called.
   [[nodiscard]] std::stop_token stop_token() const noexcept;
@@ -134,8 +139,9 @@ struct DeduplicatorOptions {
   /// previous bucket's key (a sliding window: a repeat just across a boundary is caught); the
   /// mismatch fingerprint never includes the bucket.
   std::optional<FingerprintOptions> fingerprint = FingerprintOptions{};
-  /// Layer 4. Shared so several deduplicators can use one pool.
-  std::shared_ptr<PgSink> sink{};
+  /// Layer 4: a PgSink (shared, in PostgreSQL; the only sink run_transactional() can use) or an
+  /// InMemorySink (one process). Shared so several deduplicators can use one pool.
+  std::shared_ptr<Sink> sink{};
   /// How long the guard and the sink keep a completed fallback-key record (a request with
   /// neither request ID nor business key, keyed by its payload), in ms, > 0; other keys keep
   /// the backends' retention.
@@ -158,8 +164,10 @@ struct DeduplicatorOptions {
   /// Decides what a handler exception does to the claim. Empty: always release. Called with
   /// the exception; must not throw.
   std::function<FailureDecision(std::exception_ptr)> on_handler_failure{};
-  /// Renews the Redis lease of a running handler at this interval (a helper thread per call);
-  /// 0 (default) turns automatic renewal off. Failures show in Context::lease_lost().
+  /// Renews the Redis lease of a running handler at this interval; 0 (default) turns automatic
+  /// renewal off. One helper thread per Deduplicator (started on first use) renews every
+  /// running handler's lease in turn, so a renewal waiting on a slow Redis delays the others.
+  /// Failures show in Context::lease_lost().
   std::chrono::milliseconds auto_renew_interval{0};
 
   /// Counters and histograms (e.g. an InProcessMetrics); null for none.

@@ -13,6 +13,7 @@
 //       ├── RedisError
 //       │   └── ForeignRecord   a value under an idem key that idem did not write, or damaged
 //       └── PostgresError    with sqlstate() when the server sent one
+//           └── CommitOutcomeUnknown  the connection died during COMMIT: committed or not?
 //
 // All are safe to copy and to catch by const reference.
 #pragma once
@@ -126,9 +127,31 @@ class IDEM_EXPORT PostgresError : public BackendError {
       : BackendError(what, retryable), sqlstate_(std::move(sqlstate)) {}
   /// SQLSTATE code (e.g. "40001"), or empty when the error did not come from the server.
   [[nodiscard]] const std::string& sqlstate() const noexcept { return sqlstate_; }
+  /// True when this is a CommitOutcomeUnknown: a COMMIT was sent and its answer never came, so
+  /// the transaction may have committed or not (libpqxx's in_doubt_error).
+  [[nodiscard]] bool commit_outcome_unknown() const noexcept { return commit_outcome_unknown_; }
+
+ protected:
+  /// For CommitOutcomeUnknown.
+  struct OutcomeUnknown {};
+  /// A non-retryable error whose commit outcome is unknown, SQLSTATE 08006.
+  PostgresError(const std::string& what, OutcomeUnknown)
+      : BackendError(what, false), sqlstate_("08006"), commit_outcome_unknown_(true) {}
 
  private:
   std::string sqlstate_;
+  bool commit_outcome_unknown_ = false;
+};
+
+/// The connection to PostgreSQL was lost (or cut off after PgSinkOptions::response_timeout)
+/// while a COMMIT was under way: the transaction may or may not have committed. Not retryable
+/// as is (retryable() is false, sqlstate() 08006 connection_failure, the message ends in
+/// "(commit outcome unknown)"): the committed row, if any, decides the next attempt, so the
+/// facade keeps the claim. The counterpart of libpqxx's in_doubt_error.
+class IDEM_EXPORT CommitOutcomeUnknown : public PostgresError {
+ public:
+  /// `what` describes the failure.
+  explicit CommitOutcomeUnknown(const std::string& what) : PostgresError(what, OutcomeUnknown{}) {}
 };
 
 /// `text` with the credentials of every URL or connection string in it replaced by "***": in a

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "idem/export.h"
+#include "idem/key.h"  // fallback_key(), the key of a request keyed by its fingerprint
 
 namespace idem {
 
@@ -124,12 +125,6 @@ class IDEM_EXPORT Fingerprinter {
 /// How long a fallback key lives by default: a request without ID is deduplicated by its
 /// payload fingerprint for this long (seconds).
 inline constexpr std::chrono::seconds kFallbackKeyRetention{30};
-
-/// The fallback idempotency key `fp:{user}:{intent}:{fingerprint_hex}` for a request that
-/// carries no request ID; each component is escaped with escape_key_component() (key.h), so
-/// no component can forge another. Throws idem::InvalidKey when a component is empty.
-[[nodiscard]] IDEM_EXPORT std::string fallback_key(std::string_view user, std::string_view intent,
-                                                   std::string_view fingerprint_hex);
 
 /// RFC 8785 canonical form of `json` under default options. Throws idem::PayloadError.
 /// Thread-safe.

@@ -46,6 +46,8 @@ class IDEM_EXPORT Guard {
 
   /// Atomically claims `key` (an encoded key text, see IdempotencyKey::encode()) for
   /// `request_id`; on kFirst the record is IN_PROGRESS for lease() and the caller owns it.
+  /// Throws idem::InvalidKey when `key` fails validate_key_text() (key.h): a raw text with a
+  /// brace, space or control byte never reaches the backend.
   [[nodiscard]] virtual ClaimResult claim(std::string_view key, std::string_view request_id,
                                           std::string_view fingerprint) = 0;
   /// Marks the claim COMPLETED with `response` and keeps it for `retention` (ms; 0 means the

@@ -1,4 +1,6 @@
 // Idempotency keys: which business operation a request performs, as an injective key text.
+// The one home of the key grammar: the facade's three key forms (business, `id:`, `fp:`) are
+// encoded and decoded here, and the guards and the sink check every key text against it.
 #pragma once
 
 #include <cstddef>
@@ -61,5 +63,48 @@ inline constexpr std::size_t kMaxKeyComponentBytes = 512;
 /// (escape_key_component() never writes those). Thread-safe (pure function).
 [[nodiscard]] IDEM_EXPORT std::string unescape_key_component(std::string_view escaped,
                                                              std::string_view what);
+
+/// The three forms of key text the facade stores, told apart by their component count and
+/// prefix (a business key has three components, the others four), so no two forms collide.
+enum class KeyForm {
+  kBusiness,   ///< `user:intent:biz_key`: a request with a business key (IdempotencyKey).
+  kRequestId,  ///< `id:user:intent:request_id`: a request with a request ID but no business key.
+  kFallback,   ///< `fp:user:intent:fingerprint_hex`: a request with neither, keyed by its
+               ///< payload fingerprint (short retention, see kFallbackKeyRetention).
+};
+
+/// A facade key text taken apart: its form and its three components, unescaped. `value` is the
+/// business key, the request ID or the fingerprint (hex), by form.
+struct KeyText {
+  KeyForm form = KeyForm::kBusiness;  ///< Which form.
+  std::string user{};                 ///< User or account, raw.
+  std::string intent{};               ///< Operation name, raw.
+  std::string value{};                ///< biz_key, request ID or fingerprint hex, raw.
+
+  /// The key text of this form, each component escaped by escape_key_component(). Injective
+  /// across forms and components. Throws idem::InvalidKey as IdempotencyKey::encode().
+  [[nodiscard]] IDEM_EXPORT std::string encode() const;
+
+  /// The exact inverse of encode() (`decode(t).encode() == t`): three components are a
+  /// business key, four starting with `id` or `fp` a request-ID or fallback key. Throws
+  /// idem::InvalidKey, naming the position, on any other text. Thread-safe (pure function).
+  [[nodiscard]] IDEM_EXPORT static KeyText decode(std::string_view text);
+
+  /// Equal when form and components are equal.
+  friend bool operator==(const KeyText&, const KeyText&) = default;
+};
+
+/// Checks a key text handed to a guard or a sink: one or more components in the grammar of
+/// escape_key_component(), separated by `:` (every key encode() makes passes; so does a plain
+/// word such as "order-7"). Throws idem::InvalidKey, naming the byte offset, on an empty text or
+/// a byte that must be escaped — a brace that would make a Redis Cluster hash tag, a '%' not
+/// starting an escape, a control byte, a space. Thread-safe (pure function).
+IDEM_EXPORT void validate_key_text(std::string_view text);
+
+/// The fallback idempotency key `fp:{user}:{intent}:{fingerprint_hex}` for a request that
+/// carries no request ID (KeyText with KeyForm::kFallback); each component is escaped, so no
+/// component can forge another. Throws idem::InvalidKey when a component is empty.
+[[nodiscard]] IDEM_EXPORT std::string fallback_key(std::string_view user, std::string_view intent,
+                                                   std::string_view fingerprint_hex);
 
 }  // namespace idem

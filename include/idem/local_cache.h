@@ -61,6 +61,11 @@ class IDEM_EXPORT LocalCache {
   /// the shard is full.
   void put(std::string_view key, std::string response);
 
+  /// As put(key, response), expiring after `ttl` (ms) instead, but never later than the cache's
+  /// own ttl (a `ttl` ≤ 0 stores an entry that is already expired): for an entry whose record
+  /// is kept shorter than the cache's ttl, such as a fallback key's.
+  void put(std::string_view key, std::string response, std::chrono::milliseconds ttl);
+
   /// Removes `key`; returns whether it was present (expired or not).
   bool erase(std::string_view key);
 

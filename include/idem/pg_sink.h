@@ -13,6 +13,7 @@
 
 #include "idem/export.h"
 #include "idem/record.h"
+#include "idem/sink.h"
 
 namespace pqxx {
 class transaction_base;  // libpqxx's transaction; include <pqxx/pqxx> to use it.
@@ -101,38 +102,12 @@ struct PgSinkOptions {
   std::vector<std::string> business_constraints{};
 };
 
-/// What a sink claim found.
-enum class SinkStatus {
-  kClaimed,    ///< The row was inserted in the caller's transaction: go on with the business write.
-  kDuplicate,  ///< A committed row already holds the key (see SinkClaim::state).
-  kInProgress,  ///< Another transaction holds an uncommitted claim of the key and did not finish
-                ///< within PgSinkOptions::lock_timeout. The caller's transaction is aborted by
-                ///< the cancelled wait: roll it back (transact() does so by itself).
-};
-
-/// Answer of PgSink::claim().
-struct SinkClaim {
-  SinkStatus status = SinkStatus::kClaimed;  ///< What the claim found.
-  /// State of the existing row (kInProgress for a fresh claim or an open competitor).
-  RecordState state = RecordState::kInProgress;
-  /// Whether the stored fingerprint equals the caller's. An empty fingerprint (on either side)
-  /// carries no information and matches.
-  bool fingerprint_matches = true;
-  /// Whether the existing row was claimed by the same request ID (a retry or redelivery).
-  bool same_request = true;
-  /// Stored response of a COMPLETED row, when it was within PgSinkOptions::max_response_bytes.
-  std::optional<std::string> response{};
-  /// Lowercase hex SHA-256 of a COMPLETED row's response that was over the size cap; empty
-  /// otherwise.
-  std::string response_sha256{};
-};
-
 /// The Postgres sink. Thread-safe: one instance serves all threads through its bounded
 /// connection pool; a pqxx transaction handed to a body belongs to that body's thread only.
 /// Every method throws idem::PostgresError when PostgreSQL fails (retryable() for connection
 /// loss, serialization failure, deadlock, lock or statement timeout); connections that broke or
 /// were left in a failed transaction are never handed out again.
-class IDEM_EXPORT PgSink {
+class IDEM_EXPORT PgSink final : public Sink {
  public:
   /// Throws idem::ConfigError on invalid options. Does not connect until first use.
   explicit PgSink(PgSinkOptions options);
@@ -142,7 +117,7 @@ class IDEM_EXPORT PgSink {
 
   /// Creates or upgrades the schema objects (src/sink/schema.sql) to the current version.
   /// Idempotent, and safe to run concurrently from many processes (advisory lock).
-  void migrate();
+  void migrate() override;
 
   /// The highest schema migration applied (src/sink/schema.sql's `-- idem:migration N`), 0 when
   /// migrate() never ran on this schema and table.
@@ -198,18 +173,18 @@ class IDEM_EXPORT PgSink {
   /// own short transaction. A fresh row is committed IN_PROGRESS for `lease`; finish it with
   /// complete(key, request_id, response) or release(key, request_id).
   [[nodiscard]] SinkClaim claim(std::string_view key, std::string_view request_id,
-                                std::string_view fingerprint);
+                                std::string_view fingerprint) override;
 
   /// Non-transactional mode: marks the IN_PROGRESS row of `key` owned by `request_id` COMPLETED
   /// with `response` (size-capped), kept for `retention` in ms (0: PgSinkOptions::retention).
   /// Returns false when there is no such row (its lease ended and another request took it over).
   bool complete(std::string_view key, std::string_view request_id, std::string_view response,
-                std::chrono::milliseconds retention = std::chrono::milliseconds(0));
+                std::chrono::milliseconds retention = std::chrono::milliseconds(0)) override;
 
   /// Non-transactional mode: deletes the IN_PROGRESS row of `key` owned by `request_id`, so the
   /// operation may be retried. Never deletes another request's or a completed row. Returns
   /// whether a row was deleted.
-  bool release(std::string_view key, std::string_view request_id);
+  bool release(std::string_view key, std::string_view request_id) override;
 
   /// Reads the committed row of `key` (an encoded key text) in this namespace without claiming
   /// or changing it; nullopt when there is none. A claim still uncommitted in another

@@ -146,6 +146,8 @@ class IDEM_EXPORT RedisGuard final : public Guard {
   /// Atomically claims `key` (an encoded key text, see IdempotencyKey::encode()) for
   /// `request_id` in one round trip. On kFirst the record is IN_PROGRESS with TTL = lease.
   /// Throws idem::ForeignRecord when the key holds a value idem did not write (left as is).
+  /// Throws idem::InvalidKey when `key` fails validate_key_text() (so no caller text becomes a
+  /// Redis Cluster hash tag), idem::RedisError when Redis fails.
   [[nodiscard]] ClaimResult claim(std::string_view key, std::string_view request_id,
                                   std::string_view fingerprint) override;
 
@@ -191,7 +193,9 @@ class IDEM_EXPORT RedisGuard final : public Guard {
   /// its side effect again. Prefer the owner-checked release(). Throws idem::RedisError.
   ForceReleaseStatus force_release(std::string_view key, ForceReleaseScope scope);
 
-  /// The full Redis key for a key text: `{escaped prefix}:{escaped ns}:{key}`.
+  /// The full Redis key for a key text: `{escaped prefix}:{escaped ns}:{key}`. Every method
+  /// taking a key passes through it. Throws idem::InvalidKey when `key` fails
+  /// validate_key_text().
   [[nodiscard]] std::string redis_key(std::string_view key) const;
 
   /// Checks that Redis answers and accepts this guard's settings: borrows a pooled connection

@@ -1,6 +1,7 @@
 #include "idem/key.h"
 
 #include <string_view>
+#include <vector>
 
 #include "idem/errors.h"
 
@@ -88,19 +89,107 @@ std::string IdempotencyKey::encode() const {
   return out;
 }
 
+namespace {
+
+// The `:`-separated components of `text` (at least one; empty ones included).
+std::vector<std::string_view> split_components(std::string_view text) {
+  std::vector<std::string_view> parts;
+  std::size_t begin = 0;
+  for (std::size_t colon = text.find(':'); colon != std::string_view::npos;
+       colon = text.find(':', begin)) {
+    parts.push_back(text.substr(begin, colon - begin));
+    begin = colon + 1;
+  }
+  parts.push_back(text.substr(begin));
+  return parts;
+}
+
+constexpr std::string_view kRequestIdPrefix = "id";
+constexpr std::string_view kFallbackPrefix = "fp";
+
+}  // namespace
+
 IdempotencyKey IdempotencyKey::decode(std::string_view text) {
-  const std::size_t first = text.find(':');
-  const std::size_t second = first == std::string_view::npos ? first : text.find(':', first + 1);
-  if (second == std::string_view::npos || text.find(':', second + 1) != std::string_view::npos) {
+  const std::vector<std::string_view> parts = split_components(text);
+  if (parts.size() != 3) {
     throw InvalidKey(
         "idem: an idempotency key text has exactly three components, user:intent:biz_key "
         "(each escaped, see escape_key_component()); the facade's id: and fp: keys add a "
-        "prefix");
+        "prefix (KeyText::decode())");
   }
-  return IdempotencyKey{
-      unescape_key_component(text.substr(0, first), "user"),
-      unescape_key_component(text.substr(first + 1, second - first - 1), "intent"),
-      unescape_key_component(text.substr(second + 1), "biz_key")};
+  return IdempotencyKey{unescape_key_component(parts[0], "user"),
+                        unescape_key_component(parts[1], "intent"),
+                        unescape_key_component(parts[2], "biz_key")};
+}
+
+std::string KeyText::encode() const {
+  switch (form) {
+    case KeyForm::kBusiness:
+      return IdempotencyKey{user, intent, value}.encode();
+    case KeyForm::kRequestId:
+      return std::string(kRequestIdPrefix) + ':' + escape_key_component(user, "user") + ':' +
+             escape_key_component(intent, "intent") + ':' +
+             escape_key_component(value, "request_id");
+    case KeyForm::kFallback:
+      return std::string(kFallbackPrefix) + ':' + escape_key_component(user, "user") + ':' +
+             escape_key_component(intent, "intent") + ':' +
+             escape_key_component(value, "fingerprint");
+  }
+  throw InvalidKey("idem: unknown key form");
+}
+
+KeyText KeyText::decode(std::string_view text) {
+  const std::vector<std::string_view> parts = split_components(text);
+  if (parts.size() == 3) {
+    IdempotencyKey key = IdempotencyKey::decode(text);
+    return KeyText{KeyForm::kBusiness, std::move(key.user), std::move(key.intent),
+                   std::move(key.biz_key)};
+  }
+  const bool request_id = parts.size() == 4 && parts[0] == kRequestIdPrefix;
+  if (!request_id && (parts.size() != 4 || parts[0] != kFallbackPrefix)) {
+    throw InvalidKey(
+        "idem: a key text is user:intent:biz_key, id:user:intent:request_id or "
+        "fp:user:intent:fingerprint (components escaped, see escape_key_component())");
+  }
+  return KeyText{request_id ? KeyForm::kRequestId : KeyForm::kFallback,
+                 unescape_key_component(parts[1], "user"),
+                 unescape_key_component(parts[2], "intent"),
+                 unescape_key_component(parts[3], request_id ? "request_id" : "fingerprint")};
+}
+
+void validate_key_text(std::string_view text) {
+  if (text.empty()) throw InvalidKey("idem: empty idempotency key text");
+  const auto bad = [&](std::size_t offset, std::string_view why) {
+    throw InvalidKey("idem: malformed key text: " + std::string(why) + " at byte " +
+                     std::to_string(offset) +
+                     " (build key texts with IdempotencyKey::encode() or KeyText::encode())");
+  };
+  std::size_t component_start = 0;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const auto byte = static_cast<unsigned char>(text[i]);
+    if (byte == ':') {
+      if (i == component_start) bad(i, "an empty component");
+      component_start = i + 1;
+    } else if (byte == '%') {
+      const int high = i + 2 < text.size() ? hex_value(text[i + 1]) : -1;
+      const int low = i + 2 < text.size() ? hex_value(text[i + 2]) : -1;
+      if (high < 0 || low < 0) bad(i, "'%' not followed by two uppercase hex digits");
+      if (is_safe_byte(static_cast<unsigned char>(high * 16 + low))) {
+        bad(i, "a needless escape of a safe byte");
+      }
+      i += 2;
+    } else if (!is_safe_byte(byte)) {
+      bad(i, "a byte that must be %-escaped (a brace, space or control byte)");
+    }
+  }
+  if (component_start == text.size()) bad(text.size(), "an empty component");
+}
+
+std::string fallback_key(std::string_view user, std::string_view intent,
+                         std::string_view fingerprint_hex) {
+  return KeyText{KeyForm::kFallback, std::string(user), std::string(intent),
+                 std::string(fingerprint_hex)}
+      .encode();
 }
 
 }  // namespace idem

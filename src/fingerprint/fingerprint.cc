@@ -172,10 +172,4 @@ std::string canonicalize_json(std::string_view json) { return Fingerprinter{}.ca
 
 std::string fingerprint(std::string_view json) { return Fingerprinter{}.fingerprint(json); }
 
-std::string fallback_key(std::string_view user, std::string_view intent,
-                         std::string_view fingerprint_hex) {
-  return "fp:" + escape_key_component(user, "user") + ":" + escape_key_component(intent, "intent") +
-         ":" + escape_key_component(fingerprint_hex, "fingerprint");
-}
-
 }  // namespace idem

@@ -4,9 +4,10 @@
 
 #include <mutex>
 #include <optional>
-#include <unordered_map>
 
+#include "common/expiring_records.h"
 #include "idem/errors.h"
+#include "idem/key.h"
 
 namespace idem {
 
@@ -19,14 +20,6 @@ struct Record {
   RecordState state = RecordState::kInProgress;
   std::string response;
   std::int64_t expires_ms = 0;
-};
-
-// Hashes std::string and std::string_view alike, so lookups need no temporary string.
-struct KeyHash {
-  using is_transparent = void;
-  std::size_t operator()(std::string_view key) const noexcept {
-    return std::hash<std::string_view>{}(key);
-  }
 };
 
 std::string random_owner_token() {
@@ -45,52 +38,37 @@ std::string random_owner_token() {
 }  // namespace
 
 struct InMemoryGuard::State {
+  explicit State(InMemoryGuardOptions opts)
+      : options(std::move(opts)), records(options.max_records, "InMemoryGuard") {}
+
   InMemoryGuardOptions options;
   mutable std::mutex mutex;
-  std::unordered_map<std::string, Record, KeyHash, std::equal_to<>> records;
+  detail::ExpiringRecords<Record> records;
 
-  // The live record of `key`, dropping it when expired. Caller holds `mutex`.
-  Record* live(std::string_view key, std::int64_t now) {
-    const auto it = records.find(key);
-    if (it == records.end()) return nullptr;
-    if (it->second.expires_ms <= now) {
-      records.erase(it);
-      return nullptr;
-    }
-    return &it->second;
-  }
-
+  // The live record of `key` if `owner_token` owns it. Caller holds `mutex`.
   Record* owned(std::string_view key, std::string_view owner_token, std::int64_t now) {
-    Record* record = live(key, now);
+    Record* record = records.live(key, now);
     return record != nullptr && record->owner_token == owner_token ? record : nullptr;
-  }
-
-  void make_room(std::int64_t now) {
-    if (records.size() < options.max_records) return;
-    std::erase_if(records, [now](const auto& entry) { return entry.second.expires_ms <= now; });
-    if (records.size() >= options.max_records) {
-      throw BackendError("idem: InMemoryGuard is full (max_records live records)", true);
-    }
   }
 };
 
-InMemoryGuard::InMemoryGuard(InMemoryGuardOptions options)
-    : lease_(options.lease), state_(std::make_unique<State>()) {
+InMemoryGuard::InMemoryGuard(InMemoryGuardOptions options) : lease_(options.lease) {
   if (options.lease.count() <= 0 || options.retention.count() <= 0 || options.max_records == 0) {
     throw ConfigError("idem: InMemoryGuard needs lease > 0, retention > 0 and max_records >= 1");
   }
   if (!options.clock) options.clock = steady_clock();
-  state_->options = std::move(options);
+  state_ = std::make_unique<State>(std::move(options));
 }
 
 InMemoryGuard::~InMemoryGuard() = default;
 
 ClaimResult InMemoryGuard::claim(std::string_view key, std::string_view request_id,
                                  std::string_view fingerprint) {
+  validate_key_text(key);
   const std::int64_t now = state_->options.clock->now_ms();
   std::lock_guard lock(state_->mutex);
   ClaimResult result;
-  if (const Record* record = state_->live(key, now)) {
+  if (const Record* record = state_->records.live(key, now)) {
     result.status = !request_id.empty() && record->request_id == request_id
                         ? ClaimStatus::kRepeatSame
                         : ClaimStatus::kRepeatOther;
@@ -100,14 +78,15 @@ ClaimResult InMemoryGuard::claim(std::string_view key, std::string_view request_
     if (record->state == RecordState::kCompleted) result.response = record->response;
     return result;
   }
-  state_->make_room(now);
   result.owner_token = random_owner_token();
-  state_->records.insert_or_assign(std::string(key), Record{std::string(request_id),
-                                                            result.owner_token,
-                                                            std::string(fingerprint),
-                                                            RecordState::kInProgress,
-                                                            {},
-                                                            now + lease_.count()});
+  state_->records.put(key,
+                      Record{std::string(request_id),
+                             result.owner_token,
+                             std::string(fingerprint),
+                             RecordState::kInProgress,
+                             {},
+                             now + lease_.count()},
+                      now);
   return result;
 }
 
@@ -130,7 +109,7 @@ bool InMemoryGuard::release(std::string_view key, std::string_view owner_token) 
   std::lock_guard lock(state_->mutex);
   const Record* record = state_->owned(key, owner_token, now);
   if (record == nullptr || record->state != RecordState::kInProgress) return false;
-  state_->records.erase(state_->records.find(key));
+  state_->records.erase(key);
   return true;
 }
 

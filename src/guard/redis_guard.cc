@@ -429,7 +429,7 @@ RedisGuard::RedisGuard(RedisGuardOptions options)
 RedisGuard::~RedisGuard() = default;
 
 std::string RedisGuard::redis_key(std::string_view key) const {
-  if (key.empty()) throw InvalidKey("idem: empty idempotency key text");
+  validate_key_text(key);  // no hash tag, control byte or forged separator reaches Redis
   return impl_->key_prefix + std::string(key);
 }
 

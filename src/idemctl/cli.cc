@@ -162,12 +162,8 @@ std::string KeyFlags::key_text() const {
     if (forms > 0 || !user.empty() || !intent.empty()) {
       throw CommandError(kUsage, "give either KEY or --user/--intent/--biz-key, not both");
     }
-    // The facade's request-ID and fallback keys: `id:` or `fp:` before a business-key form.
-    const bool prefixed = (text.starts_with("id:") || text.starts_with("fp:")) &&
-                          std::count(text.begin(), text.end(), ':') == 3;
-    const std::string_view tail = std::string_view(text).substr(prefixed ? 3 : 0);
     try {
-      (void)IdempotencyKey::decode(tail);
+      (void)KeyText::decode(text);
     } catch (const InvalidKey& error) {
       throw CommandError(kUsage, "malformed key text '" + printable(text) + "': " + error.what());
     }
@@ -179,10 +175,13 @@ std::string KeyFlags::key_text() const {
                        "--request-id, --fingerprint");
   }
   try {
-    if (!biz_key.empty()) return IdempotencyKey{user, intent, biz_key}.encode();
-    const std::string form = request_id.empty() ? "fp:" : "id:";
-    return form +
-           IdempotencyKey{user, intent, request_id.empty() ? fingerprint : request_id}.encode();
+    const KeyForm form = !biz_key.empty()      ? KeyForm::kBusiness
+                         : !request_id.empty() ? KeyForm::kRequestId
+                                               : KeyForm::kFallback;
+    const std::string& value = form == KeyForm::kBusiness    ? biz_key
+                               : form == KeyForm::kRequestId ? request_id
+                                                             : fingerprint;
+    return KeyText{form, user, intent, value}.encode();
   } catch (const InvalidKey& error) {
     throw CommandError(kUsage, error.what());
   }

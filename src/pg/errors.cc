@@ -25,7 +25,7 @@ bool is_connection_loss(const std::string& sqlstate) noexcept {
          sqlstate == "57P03" || sqlstate == "53300" || sqlstate == "25006";
 }
 
-PostgresError translate(const pqxx::failure& error) {
+void throw_translated(const pqxx::failure& error) {
   // Client-side messages (connecting, a malformed connection string) may quote the connection
   // string; messages the server sent do not, and keep their text (a constraint's detail).
   const auto* sql = dynamic_cast<const pqxx::sql_error*>(&error);
@@ -34,16 +34,16 @@ PostgresError translate(const pqxx::failure& error) {
                                                      : redact_credentials(error.what()));
   if (dynamic_cast<const pqxx::in_doubt_error*>(&error) != nullptr) {
     // The connection died during COMMIT: not retryable as is, and the connection is gone.
-    return {what + " (commit outcome unknown)", false, kConnectionLostSqlstate};
+    throw CommitOutcomeUnknown(what + " (commit outcome unknown)");
   }
   if (dynamic_cast<const pqxx::broken_connection*>(&error) != nullptr) {
-    return {what, true, kConnectionLostSqlstate};
+    throw PostgresError(what, true, kConnectionLostSqlstate);
   }
   if (const auto* rollback = dynamic_cast<const pqxx::transaction_rollback*>(&error)) {
-    return {what, true, rollback_sqlstate(*rollback)};
+    throw PostgresError(what, true, rollback_sqlstate(*rollback));
   }
-  if (sql == nullptr || sql->sqlstate().empty()) return {what, false};
-  return server_error(error.what(), sql->sqlstate());
+  if (sql == nullptr || sql->sqlstate().empty()) throw PostgresError(what, false);
+  throw server_error(error.what(), sql->sqlstate());
 }
 
 PostgresError server_error(const std::string& message, const std::string& sqlstate) {

@@ -12,15 +12,16 @@ namespace idem::detail {
 /// SQLSTATE given to a lost connection (libpq reports none): connection_failure.
 inline constexpr const char* kConnectionLostSqlstate = "08006";
 
-/// Translates a libpqxx failure. Retryable: connection loss (class 08, 57P01-57P03, 53300, and
-/// 25006: a write on a server that is a standby now),
-/// any server-side rollback of class 40 (serialization failure 40001, deadlock 40P01), lock
-/// timeout (55P03), statement timeout or cancel (57014). A commit whose outcome is unknown is not
-/// retryable. A lost connection (including during a commit) carries kConnectionLostSqlstate.
-[[nodiscard]] PostgresError translate(const pqxx::failure& error);
+/// Throws the idem::PostgresError of a libpqxx failure. Retryable: connection loss (class 08,
+/// 57P01-57P03, 53300, and 25006: a write on a server that is a standby now), any server-side
+/// rollback of class 40 (serialization failure 40001, deadlock 40P01), lock timeout (55P03),
+/// statement timeout or cancel (57014). A commit whose outcome is unknown (pqxx::in_doubt_error)
+/// is an idem::CommitOutcomeUnknown. A lost connection (including during a commit) carries
+/// kConnectionLostSqlstate.
+[[noreturn]] void throw_translated(const pqxx::failure& error);
 
 /// The error a server sent for a statement (`message` its text, `sqlstate` its code), classified
-/// like translate(): retryable for connection loss, class 40, 55P03 and 57014.
+/// like throw_translated(): retryable for connection loss, class 40, 55P03 and 57014.
 [[nodiscard]] PostgresError server_error(const std::string& message, const std::string& sqlstate);
 
 /// A connection lost or never made (client side; `message` is redacted of credentials):
@@ -37,7 +38,7 @@ decltype(auto) translating(F&& fn) {
   try {
     return std::forward<F>(fn)();
   } catch (const pqxx::failure& error) {
-    throw translate(error);
+    throw_translated(error);
   }
 }
 

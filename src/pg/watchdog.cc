@@ -46,10 +46,16 @@ bool PgWatchdog::unwatch(std::uint64_t id) {
   return fired;
 }
 
-PostgresError PgWatchdog::timed_out(const PostgresError& error) const {
-  return {"idem: postgres: no answer within response_timeout (" + std::to_string(timeout_.count()) +
-              " ms), connection closed; " + error.what(),
-          error.retryable(), kConnectionLostSqlstate};
+void PgWatchdog::throw_timed_out(const pqxx::failure& error) const {
+  try {
+    throw_translated(error);
+  } catch (const PostgresError& translated) {
+    const std::string what = "idem: postgres: no answer within response_timeout (" +
+                             std::to_string(timeout_.count()) + " ms), connection closed; " +
+                             translated.what();
+    if (translated.commit_outcome_unknown()) throw CommitOutcomeUnknown(what);
+    throw PostgresError(what, translated.retryable(), kConnectionLostSqlstate);
+  }
 }
 
 void PgWatchdog::loop(std::stop_token stop) {

@@ -29,8 +29,8 @@ class PgWatchdog {
 
   /// Runs `fn`, which talks to the server over `socket` (pqxx::connection::sock()). When the
   /// watchdog shut the socket down meanwhile, the libpqxx failure that follows becomes an
-  /// idem::PostgresError that says so (retryable, SQLSTATE 08006; not retryable when it was a
-  /// commit, whose outcome is then unknown). Other failures pass through unchanged.
+  /// idem::PostgresError that says so (retryable, SQLSTATE 08006; an idem::CommitOutcomeUnknown
+  /// when it was a commit). Other failures pass through unchanged.
   template <typename F>
   decltype(auto) run(int socket, F&& fn) {
     if (timeout_.count() == 0) return std::forward<F>(fn)();
@@ -38,7 +38,7 @@ class PgWatchdog {
     try {
       return std::forward<F>(fn)();
     } catch (const pqxx::failure& error) {
-      if (watched.end()) throw timed_out(translate(error));
+      if (watched.end()) throw_timed_out(error);
       throw;
     }
   }
@@ -75,7 +75,8 @@ class PgWatchdog {
   std::uint64_t watch(int socket);
   [[nodiscard]] std::chrono::steady_clock::time_point deadline_from_now() const;
   bool unwatch(std::uint64_t id);
-  [[nodiscard]] PostgresError timed_out(const PostgresError& error) const;
+  // Throws what `error` became because the watchdog shut its socket down.
+  [[noreturn]] void throw_timed_out(const pqxx::failure& error) const;
   void loop(std::stop_token stop);
 
   const std::chrono::milliseconds timeout_;

@@ -1,5 +1,6 @@
 #include "idem/local_cache.h"
 
+#include <algorithm>
 #include <bit>
 #include <cstdint>
 #include <functional>
@@ -107,8 +108,13 @@ std::optional<std::string> LocalCache::get(std::string_view key) {
 }
 
 void LocalCache::put(std::string_view key, std::string response) {
+  put(key, std::move(response), ttl_);
+}
+
+void LocalCache::put(std::string_view key, std::string response, std::chrono::milliseconds ttl) {
   Shard& shard = shard_for(key);
-  const std::int64_t expires = clock_->now_ms() + ttl_.count();
+  const std::int64_t expires =
+      clock_->now_ms() + std::clamp(ttl, std::chrono::milliseconds(0), ttl_).count();
   std::lock_guard lock(shard.mu);
   if (const auto found = shard.index.find(key); found != shard.index.end()) {
     Shard::Entry& entry = found->second;

@@ -1,7 +1,5 @@
 #include "idem/pg_sink.h"
 
-#include <openssl/evp.h>
-
 #include <algorithm>
 #include <array>
 #include <limits>
@@ -9,7 +7,9 @@
 #include <pqxx/pqxx>
 #include <utility>
 
+#include "common/sha256.h"
 #include "idem/errors.h"
+#include "idem/key.h"
 #include "idem/pg_sql.h"  // generated from src/sink/schema.sql: kSchemaScript
 #include "pg/errors.h"
 #include "pg/pool.h"
@@ -39,21 +39,6 @@ enum Statement : std::size_t {
 constexpr std::array<const char*, kCount> kStatementNames{
     "idem_claim", "idem_lookup",  "idem_take_over", "idem_complete", "idem_release",
     "idem_purge", "idem_inspect", "idem_lock_row",  "idem_evict"};
-
-std::string sha256_hex(std::string_view data) {
-  std::array<unsigned char, EVP_MAX_MD_SIZE> digest{};
-  unsigned int size = 0;
-  if (EVP_Digest(data.data(), data.size(), digest.data(), &size, EVP_sha256(), nullptr) != 1) {
-    throw Error("idem: SHA-256 failed");
-  }
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string hex;
-  for (unsigned int i = 0; i < size; ++i) {
-    hex += kHex[digest[i] >> 4];
-    hex += kHex[digest[i] & 0xf];
-  }
-  return hex;
-}
 
 double to_ms(std::chrono::milliseconds duration) { return static_cast<double>(duration.count()); }
 
@@ -236,6 +221,7 @@ struct PgSink::Impl {
 
   SinkClaim claim(pqxx::transaction_base& tx, std::string_view key, std::string_view request_id,
                   std::string_view fingerprint, std::chrono::milliseconds expiry) const {
+    validate_key_text(key);
     if (request_id.size() > kMaxRequestIdBytes) {
       throw InvalidRequestId("idem: request ID longer than 64 bytes");
     }
@@ -284,6 +270,7 @@ struct PgSink::Impl {
 
   // `retention`, or the configured one when it is 0.
   std::chrono::milliseconds retention_or_default(std::chrono::milliseconds retention) const {
+    if (retention.count() < 0) throw ConfigError("idem: a sink retention must not be negative");
     if (retention.count() > 0) return retention;
     return std::chrono::duration_cast<std::chrono::milliseconds>(options.retention);
   }
@@ -301,7 +288,8 @@ struct PgSink::Impl {
       return updated.affected_rows() == 1;
     };
     return detail::translating([&] {
-      if (response.size() > options.max_response_bytes) return run(nullptr, sha256_hex(response));
+      if (response.size() > options.max_response_bytes)
+        return run(nullptr, detail::sha256_hex(response));
       return run(pqxx::binarystring(response.data(), response.size()), nullptr);
     });
   }

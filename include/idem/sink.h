@@ -1,0 +1,74 @@
+// The record contract of layer 4, kept by every sink: PgSink (PostgreSQL: the row commits in
+// the caller's transaction, or in a short one of its own) and InMemorySink (one process: tests,
+// single-instance services). The facade drives any Sink in Deduplicator::run(); only a PgSink
+// can serve run_transactional(), whose handler writes in the PostgreSQL transaction.
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "idem/export.h"
+#include "idem/record.h"
+
+namespace idem {
+
+/// What a sink claim found.
+enum class SinkStatus {
+  kClaimed,    ///< The row was inserted in the caller's transaction: go on with the business write.
+  kDuplicate,  ///< A committed row already holds the key (see SinkClaim::state).
+  kInProgress,  ///< PgSink: another transaction holds an uncommitted claim of the key and did
+                ///< not finish within PgSinkOptions::lock_timeout. The caller's transaction is
+                ///< aborted by the cancelled wait: roll it back (transact() does so by itself).
+};
+
+/// Answer of PgSink::claim().
+struct SinkClaim {
+  SinkStatus status = SinkStatus::kClaimed;  ///< What the claim found.
+  /// State of the existing row (kInProgress for a fresh claim or an open competitor).
+  RecordState state = RecordState::kInProgress;
+  /// Whether the stored fingerprint equals the caller's. An empty fingerprint (on either side)
+  /// carries no information and matches.
+  bool fingerprint_matches = true;
+  /// Whether the existing row was claimed by the same request ID (a retry or redelivery).
+  bool same_request = true;
+  /// Stored response of a COMPLETED row, when it was within the sink's size cap
+  /// (max_response_bytes).
+  std::optional<std::string> response{};
+  /// Lowercase hex SHA-256 of a COMPLETED row's response that was over the size cap; empty
+  /// otherwise.
+  std::string response_sha256{};
+};
+
+/// A sink in its non-transactional form: each call commits on its own. The row of a key is
+/// owned by the request ID that claimed it (a generated ID when the request had none).
+/// Implementations are thread-safe; their backend's failures throw idem::BackendError
+/// (PgSink: idem::PostgresError).
+class IDEM_EXPORT Sink {
+ public:
+  virtual ~Sink() = default;
+
+  /// Creates or upgrades what the sink stores its rows in, idempotently (PgSink: the schema
+  /// objects, see PgSink::migrate()). Default: nothing to create (InMemorySink).
+  virtual void migrate() {}
+
+  /// Claims `key` (an encoded key text; idem::InvalidKey when it fails validate_key_text()) for
+  /// `request_id` (at most 64 bytes, else idem::InvalidRequestId): a fresh row is committed
+  /// IN_PROGRESS for the sink's lease, and answers kClaimed; a row past its expiry is taken
+  /// over. An existing row answers kDuplicate with its state, fingerprint match and response.
+  /// `fingerprint` may be empty (no verdict).
+  [[nodiscard]] virtual SinkClaim claim(std::string_view key, std::string_view request_id,
+                                        std::string_view fingerprint) = 0;
+  /// Marks the IN_PROGRESS row of `key` owned by `request_id` COMPLETED with `response`
+  /// (size-capped: above the cap only its SHA-256 is kept), kept for `retention` in ms (0: the
+  /// sink's configured retention; < 0: idem::ConfigError). Returns false, changing nothing,
+  /// when there is no such row (its lease ended and another request took the key over).
+  virtual bool complete(std::string_view key, std::string_view request_id,
+                        std::string_view response, std::chrono::milliseconds retention) = 0;
+  /// Deletes the IN_PROGRESS row of `key` owned by `request_id`, so the operation may be
+  /// retried. Never deletes another request's or a completed row. Returns whether it deleted.
+  virtual bool release(std::string_view key, std::string_view request_id) = 0;
+};
+
+}  // namespace idem

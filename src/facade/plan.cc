@@ -1,0 +1,805 @@
+#include "facade/plan.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "facade/decision.h"
+#include "idem/errors.h"
+#include "idem/key.h"
+#include "idem/request_id.h"
+
+namespace idem::detail {
+namespace {
+
+// The local cache's entry of a completed key: "<fingerprint>\0<response>" (a fingerprint is hex:
+// it holds no NUL).
+std::string local_entry(std::string_view fingerprint, std::string_view response) {
+  std::string entry;
+  entry.reserve(fingerprint.size() + 1 + response.size());
+  entry.append(fingerprint).push_back('\0');
+  entry.append(response);
+  return entry;
+}
+
+bool is_a(const std::exception_ptr& error, auto test) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return test(e);
+  } catch (...) {
+    return false;
+  }
+}
+
+template <class E>
+const E* as(const std::exception& e) {
+  return dynamic_cast<const E*>(&e);
+}
+
+}  // namespace
+
+PlanRules::PlanRules(const DeduplicatorOptions& options) : options_(options) {
+  const DeduplicatorOptions& o = options_;
+  if (o.wait_for_result.count() < 0 || o.wait_poll_interval.count() <= 0 ||
+      o.auto_renew_interval.count() < 0) {
+    throw ConfigError(
+        "idem: wait_for_result and auto_renew_interval must be >= 0, wait_poll_interval > 0");
+  }
+  if (o.fallback_retention.count() <= 0) throw ConfigError("idem: fallback_retention must be > 0");
+  if (o.fingerprint) {
+    Fingerprinter bucketed(*o.fingerprint);  // validates the options as given
+    if (o.fingerprint->time_bucket.count() > 0)
+      bucketed_fingerprinter_.emplace(std::move(bucketed));
+    FingerprintOptions unbucketed = *o.fingerprint;
+    unbucketed.time_bucket = std::chrono::seconds(0);
+    fingerprinter_.emplace(unbucketed);
+  }
+  redis_failure_ = o.on_redis_failure.value_or(o.sink ? RedisFailurePolicy::kFailOpen
+                                                      : RedisFailurePolicy::kFailClosed);
+  if (o.guard) guard_lease_ = o.guard->lease();
+}
+
+CallPlan::CallPlan(const PlanRules& rules, const Request& request, CallMode mode, PlanTime now,
+                   std::chrono::system_clock::time_point wall_now, std::string attempt_id,
+                   std::stop_token shutdown)
+    : rules_(rules),
+      request_(request),
+      mode_(mode),
+      start_(now),
+      wall_start_(wall_now),
+      shutdown_(std::move(shutdown)),
+      now_(now),
+      sink_owner_(request.request_id.empty() ? std::move(attempt_id) : request.request_id) {}
+
+// ---- steps -----------------------------------------------------------------------------------
+
+Step CallPlan::next(PlanTime now) {
+  now_ = now;
+  if (state_ == State::kStart) start();
+  if (state_ == State::kRunHandler && !handler_clock_started_) {
+    // The handler starts now: its lease is renewed from here on.
+    handler_clock_started_ = true;
+    const auto interval = rules_.options_.auto_renew_interval;
+    renewing_ = interval.count() > 0 && holds_claim();
+    next_renewal_ = now + interval;
+  }
+  if (state_ == State::kEmit) {
+    if (!event_recorded_) {
+      event_recorded_ = true;
+      event_.latency = std::chrono::duration_cast<std::chrono::microseconds>(now - start_);
+      if (Metrics* metrics = rules_.options_.metrics.get()) {
+        if (event_.handler_failed) {
+          metrics->record_handler_failure(event_);
+        } else {
+          metrics->record_decision(event_);
+        }
+      }
+    }
+    if (!rules_.options_.on_decision) go(after_emit_);
+  }
+
+  Step step;
+  step.key = key_;
+  switch (state_) {
+    case State::kStart:
+      break;  // start() always moves on
+    case State::kLocalGet:
+      step.kind = StepKind::kLocalGet;
+      break;
+    case State::kGuardClaim:
+    case State::kProbeClaim:
+      step.kind = StepKind::kGuardClaim;
+      if (state_ == State::kProbeClaim) step.key = previous_bucket_key_;
+      step.request_id = request_.request_id;
+      step.fingerprint = fingerprint_;
+      break;
+    case State::kProbeRelease:
+      step.kind = StepKind::kGuardRelease;
+      step.key = previous_bucket_key_;
+      step.owner_token = probe_token_;
+      break;
+    case State::kWait:
+      step.kind = StepKind::kWait;
+      step.at = wake_at_;
+      break;
+    case State::kSinkBegin:
+    case State::kStoreBegin:
+      step.kind = StepKind::kSinkBegin;
+      break;
+    case State::kSinkClaim:
+    case State::kStoreClaim:
+      step.kind = StepKind::kSinkClaim;
+      step.request_id = sink_owner_;
+      step.fingerprint = fingerprint_;
+      step.ttl = record_retention();
+      break;
+    case State::kRunHandler:
+      step.kind = StepKind::kRunHandler;
+      break;
+    case State::kSinkComplete:
+    case State::kStoreComplete:
+      step.kind = StepKind::kSinkComplete;
+      step.request_id = sink_owner_;
+      step.value = response_;
+      step.ttl = record_retention();
+      break;
+    case State::kCommit:
+    case State::kStoreCommit:
+      step.kind = StepKind::kCommit;
+      break;
+    case State::kRollback:
+    case State::kStoreRollback:
+      step.kind = StepKind::kRollback;
+      break;
+    case State::kFailureSinkRelease:
+      step.kind = StepKind::kSinkRelease;
+      step.request_id = sink_owner_;
+      break;
+    case State::kLocalPut:
+      step.kind = StepKind::kLocalPut;
+      step.value = local_entry_;
+      // Never longer than the record itself is kept: a fallback key's is short.
+      step.ttl = std::min(rules_.options_.local_cache_ttl, is_fallback_key()
+                                                               ? rules_.options_.fallback_retention
+                                                               : rules_.options_.local_cache_ttl);
+      break;
+    case State::kGuardComplete:
+      step.kind = StepKind::kGuardComplete;
+      step.owner_token = owner_token_;
+      step.value = response_;
+      step.ttl = record_retention();
+      break;
+    case State::kGuardRelease:
+      step.kind = StepKind::kGuardRelease;
+      step.owner_token = owner_token_;
+      break;
+    case State::kEmit:
+      step.kind = StepKind::kEmit;
+      step.event = &event_;
+      break;
+    case State::kReturn:
+      step.kind = StepKind::kReturn;
+      break;
+    case State::kThrow:
+      step.kind = StepKind::kThrow;
+      break;
+  }
+  return step;
+}
+
+// ---- the start: input, keys, the fast layers --------------------------------------------------
+
+void CallPlan::start() {
+  const DeduplicatorOptions& o = rules_.options_;
+  try {
+    if (transactional() && !o.sink) {
+      throw ConfigError("idem: run_transactional needs a sink (DeduplicatorOptions::sink)");
+    }
+    if (shutdown_.stop_requested()) throw Cancelled("idem: the deduplicator is shut down");
+    if (request_.stop.stop_requested()) {
+      throw Cancelled("idem: the request's stop was requested before it was claimed");
+    }
+    if (!prepare()) {
+      if (o.on_missing_key == MissingKeyPolicy::kReject) {
+        throw MissingKey("idem: request has no request ID, business key or payload");
+      }
+      claim_rows_ = false;
+      enter_sink();
+      return;
+    }
+  } catch (...) {
+    error_ = std::current_exception();
+    go(State::kThrow);  // bad input or configuration: nothing was claimed, no event
+    return;
+  }
+  wait_deadline_ = start_ + o.wait_for_result;
+  lookup();
+}
+
+bool CallPlan::prepare() {
+  const Fingerprinter* fingerprinter = rules_.fingerprinter_ ? &*rules_.fingerprinter_ : nullptr;
+  if (!request_.request_id.empty()) validate_request_id(request_.request_id);
+  const bool has_payload = fingerprinter != nullptr && !request_.payload.empty();
+  // The mismatch fingerprint carries no time bucket: the same payload must match across one.
+  // Scoped by user, except in the seed-compatible form, whose digest has no scope (the key
+  // text still carries the user).
+  const std::string_view scope =
+      fingerprinter != nullptr && fingerprinter->options().domain_separated
+          ? std::string_view(request_.user)
+          : std::string_view();
+  if (has_payload) fingerprint_ = fingerprinter->fingerprint(request_.payload, scope);
+  if (!request_.biz_key.empty()) {
+    key_ = KeyText{KeyForm::kBusiness, request_.user, request_.intent, request_.biz_key}.encode();
+  } else if (!request_.request_id.empty()) {
+    key_ =
+        KeyText{KeyForm::kRequestId, request_.user, request_.intent, request_.request_id}.encode();
+  } else if (has_payload && rules_.bucketed_fingerprinter_) {
+    const auto window = rules_.bucketed_fingerprinter_->fingerprint_window(
+        request_.payload, request_.user, wall_start_);
+    key_ = fallback_key(request_.user, request_.intent, window.current);
+    previous_bucket_key_ = fallback_key(request_.user, request_.intent, window.previous);
+  } else if (has_payload) {
+    key_ = fallback_key(request_.user, request_.intent, fingerprint_);
+  } else {
+    return false;
+  }
+  return true;
+}
+
+void CallPlan::lookup() {
+  if (rules_.options_.local_cache_capacity > 0) {
+    go(State::kLocalGet);
+  } else {
+    claim_guard();
+  }
+}
+
+void CallPlan::local_result(std::optional<std::string> entry) {
+  if (!entry) {
+    claim_guard();
+    return;
+  }
+  const std::size_t split = entry->find('\0');
+  const std::string_view stored_fingerprint = std::string_view(*entry).substr(0, split);
+  const bool matches =
+      stored_fingerprint.empty() || fingerprint_.empty() || stored_fingerprint == fingerprint_;
+  finish(decide_repeat(Layer::kRequestId, RecordState::kCompleted, matches,
+                       split == std::string::npos ? std::string() : entry->substr(split + 1)));
+}
+
+void CallPlan::claim_guard() {
+  if (rules_.options_.guard) {
+    go(State::kGuardClaim);
+  } else {
+    enter_sink();
+  }
+}
+
+void CallPlan::claim_result(ClaimResult claim) {
+  if (state_ == State::kProbeClaim) {
+    // Sliding window of a bucketed fallback key: the current bucket's key is ours; a record
+    // under the previous bucket's key makes this a repeat across the boundary. The probe claims
+    // that key when absent, so it is released at once.
+    if (claim.status == ClaimStatus::kFirst) {
+      probe_token_ = std::move(claim.owner_token);
+      go(State::kProbeRelease);
+      return;
+    }
+    repeat(*decide_on_guard(std::move(claim)));
+    return;
+  }
+  owner_token_ = std::move(claim.owner_token);
+  // From when the claim was sent: Redis' TTL ran from a moment no earlier than that.
+  if (holds_claim()) {
+    had_claim_ = true;
+    lease_deadline_ = now_ + rules_.guard_lease_;
+  }
+  const bool reentrant_retry =
+      claim.status == ClaimStatus::kRepeatSame && claim.state == RecordState::kInProgress &&
+      claim.fingerprint_matches && rules_.options_.reentrant_intents.contains(request_.intent);
+  if (reentrant_retry) {
+    claim_rows_ = false;  // a naturally idempotent intent runs again, unclaimed
+    enter_sink();
+    return;
+  }
+  if (claim.status == ClaimStatus::kFirst && !previous_bucket_key_.empty()) {
+    go(State::kProbeClaim);
+    return;
+  }
+  if (std::optional<Outcome> stopped = decide_on_guard(std::move(claim))) {
+    repeat(*std::move(stopped));
+  } else {
+    enter_sink();
+  }
+}
+
+void CallPlan::repeat(Outcome outcome) {
+  const DeduplicatorOptions& o = rules_.options_;
+  if (outcome.kind == Outcome::Kind::kInProgress &&
+      o.on_concurrent_duplicate == ConcurrentDuplicatePolicy::kWaitForResult &&
+      now_ + o.wait_poll_interval <= wait_deadline_) {
+    wake_at_ = now_ + o.wait_poll_interval;
+    release_or(State::kWait);  // then ask the layers again
+    return;
+  }
+  finish(std::move(outcome));
+}
+
+void CallPlan::guard_failed(const BackendError& error) {
+  record_backend_error(Layer::kRedisGuard);
+  if (rules_.redis_failure_ == RedisFailurePolicy::kFailClosed) {
+    unavailable(Layer::kRedisGuard, error);  // releases the claim held when only the probe failed
+  } else {
+    enter_sink();  // fail open: on to the sink, or unguarded when there is none
+  }
+}
+
+// ---- the sink and the handler -----------------------------------------------------------------
+
+void CallPlan::enter_sink() {
+  if (stop_requested()) {
+    // Claimed but not started: nothing of the handler can have happened, so the claim goes.
+    error_ = std::make_exception_ptr(
+        Cancelled("idem: the request's stop was requested before its handler ran"));
+    cancelled_ = true;
+    release_or(State::kThrow);
+    return;
+  }
+  if (transactional()) {
+    go(State::kSinkBegin);
+  } else if (rules_.options_.sink && claim_rows_) {
+    go(State::kSinkClaim);
+  } else {
+    enter_handler();
+  }
+}
+
+void CallPlan::enter_handler() {
+  handler_started_ = true;
+  go(State::kRunHandler);
+}
+
+void CallPlan::sink_claim_result(SinkClaim claim) {
+  if (state_ == State::kStoreClaim) {
+    go(claim.status == SinkStatus::kClaimed ? State::kStoreComplete : State::kStoreRollback);
+    return;
+  }
+  std::optional<Outcome> stopped = decide_on_sink(std::move(claim));
+  if (!stopped) {
+    enter_handler();
+  } else if (transactional()) {
+    outcome_ = *std::move(stopped);
+    go(State::kRollback);
+  } else {
+    conclude(*std::move(stopped));
+  }
+}
+
+void CallPlan::handler_result(std::string response) {
+  renewing_ = false;
+  handler_end_ = now_;
+  response_ = std::move(response);
+  if (rules_.options_.sink && claim_rows_) {
+    go(State::kSinkComplete);
+  } else if (transactional()) {
+    go(State::kCommit);
+  } else {
+    finish_executed();
+  }
+}
+
+void CallPlan::business_duplicate() {
+  // A UNIQUE constraint of the caller's own tables says the effect already exists (C11): a
+  // duplicate, with no response to replay; nothing of this call commits.
+  renewing_ = false;
+  handler_end_ = now_;
+  outcome_ = decide_repeat(Layer::kPgSink, RecordState::kCompleted, true, std::nullopt);
+  go(State::kRollback);
+}
+
+void CallPlan::done() {
+  switch (state_) {
+    case State::kProbeRelease:
+      probe_token_.clear();
+      enter_sink();
+      return;
+    case State::kWait:
+      lookup();
+      return;
+    case State::kSinkBegin:
+      if (claim_rows_) {
+        go(State::kSinkClaim);
+      } else {
+        enter_handler();
+      }
+      return;
+    case State::kSinkComplete:
+      if (transactional()) {
+        go(State::kCommit);
+      } else {
+        finish_executed();
+      }
+      return;
+    case State::kCommit:
+      finish_executed();
+      return;
+    case State::kRollback:
+      // Whatever ended the transaction was recorded before it: a failure, or an outcome.
+      if (error_) {
+        after_failure();
+      } else {
+        conclude(std::move(outcome_));
+      }
+      return;
+    case State::kFailureSinkRelease:
+      emit_or_end();
+      return;
+    case State::kStoreBegin:
+      go(State::kStoreClaim);
+      return;
+    case State::kStoreComplete:
+      if (transactional()) {
+        go(State::kStoreCommit);
+      } else {
+        after_store();
+      }
+      return;
+    case State::kStoreCommit:
+    case State::kStoreRollback:
+      after_store();
+      return;
+    case State::kLocalPut:
+      if (holds_claim()) {
+        go(State::kGuardComplete);
+      } else {
+        end_completion();
+      }
+      return;
+    case State::kGuardRelease:
+      owner_token_.clear();
+      proceed(after_release_);
+      return;
+    case State::kEmit:
+      go(after_emit_);
+      return;
+    default:
+      return;  // a report for no step: ignored
+  }
+}
+
+void CallPlan::complete_result(bool owned) {
+  owned_ = owned;
+  owner_token_.clear();
+  end_completion();
+}
+
+// ---- failures -----------------------------------------------------------------------------------
+
+void CallPlan::fail(std::exception_ptr error) {
+  const bool backend =
+      is_a(error, [](const std::exception& e) { return as<BackendError>(e) != nullptr; });
+  switch (state_) {
+    case State::kGuardClaim:
+    case State::kProbeClaim:
+      if (!backend) break;  // bad input (InvalidKey, ...): thrown as is
+      is_a(error, [this](const std::exception& e) {
+        guard_failed(*as<BackendError>(e));
+        return true;
+      });
+      return;
+    case State::kProbeRelease:
+      record_backend_error(Layer::kRedisGuard);  // best effort: the probe's lease ends it
+      probe_token_.clear();
+      enter_sink();
+      return;
+    case State::kGuardRelease:
+      record_backend_error(Layer::kRedisGuard);  // best effort: the lease (or retention) ends it
+      done();
+      return;
+    case State::kGuardComplete:
+      record_backend_error(Layer::kRedisGuard);  // the sink row or the lease decides the next try
+      complete_result(true);
+      return;
+    case State::kLocalGet:
+      local_result(std::nullopt);  // an in-process cache that failed knows nothing
+      return;
+    case State::kLocalPut:
+      done();
+      return;
+    case State::kWait:
+    case State::kEmit:
+      done();  // an interrupted wait asks again; a failing log sink changes no outcome
+      return;
+    case State::kRollback:
+    case State::kStoreRollback:
+      done();  // the connection is gone with its transaction
+      return;
+    case State::kFailureSinkRelease:
+      record_backend_error(Layer::kPgSink);  // the row's lease ends it
+      emit_or_end();
+      return;
+    case State::kStoreBegin:
+    case State::kStoreClaim:
+    case State::kStoreComplete:
+    case State::kStoreCommit:
+      record_backend_error(Layer::kPgSink);
+      if (transactional() && (state_ == State::kStoreClaim || state_ == State::kStoreComplete)) {
+        go(State::kStoreRollback);
+      } else {
+        after_store();
+      }
+      return;
+    case State::kSinkComplete:
+      if (!transactional()) {
+        record_backend_error(Layer::kPgSink);  // the row's lease ends it; the effect happened
+        finish_executed();
+        return;
+      }
+      break;
+    case State::kRunHandler:
+      handler_failed(std::move(error));
+      return;
+    default:
+      break;
+  }
+  if (state_ == State::kSinkBegin || state_ == State::kSinkClaim ||
+      state_ == State::kSinkComplete || state_ == State::kCommit) {
+    sink_failed(std::move(error), backend);
+    return;
+  }
+  error_ = std::move(error);
+  go(State::kThrow);
+}
+
+void CallPlan::sink_failed(std::exception_ptr error, bool backend) {
+  const bool transaction_open =
+      transactional() && state_ != State::kSinkBegin && state_ != State::kCommit;
+  if (backend) record_backend_error(Layer::kPgSink);
+  if (backend && !handler_started_) {
+    // The sink is unreachable before anything ran: nothing executed, nothing marked.
+    is_a(error, [this](const std::exception& e) {
+      outcome_ = unavailable_outcome(Layer::kPgSink, *as<BackendError>(e));
+      return true;
+    });
+    if (transaction_open) {
+      go(State::kRollback);
+    } else {
+      conclude(std::move(outcome_));
+    }
+    return;
+  }
+  // A commit whose connection was lost has an unknown outcome: the claim is kept. A commit the
+  // server refused (a deferred constraint, a serialization failure) rolled back for sure.
+  commit_unknown_ = state_ == State::kCommit && is_a(error, [](const std::exception& e) {
+                      const auto* pg = as<PostgresError>(e);
+                      return pg != nullptr && pg->commit_outcome_unknown();
+                    });
+  error_ = std::move(error);
+  if (transaction_open) {
+    go(State::kRollback);
+  } else {
+    after_failure();
+  }
+}
+
+void CallPlan::handler_failed(std::exception_ptr error) {
+  renewing_ = false;
+  handler_end_ = now_;
+  cancelled_ = is_a(error, [](const std::exception& e) { return as<Cancelled>(e) != nullptr; });
+  error_ = std::move(error);
+  if (transactional()) {
+    go(State::kRollback);
+  } else {
+    after_failure();
+  }
+}
+
+void CallPlan::after_failure() {
+  // Cancellation keeps the claim until its lease ends, and so does a stop requested while the
+  // handler ran (its effect may be partial); so does a commit whose outcome is unknown. An
+  // unclaimed run (pass-through, reentrant retry) has nothing to release.
+  if (cancelled_) {
+    go(State::kThrow);  // no event: a cancelled call decided nothing
+    return;
+  }
+  if (commit_unknown_ || !claim_rows_ || stop_requested()) {
+    emit_or_end();
+    return;
+  }
+  const DeduplicatorOptions& o = rules_.options_;
+  failure_ = o.on_handler_failure ? o.on_handler_failure(error_) : FailureDecision{};
+  switch (failure_.action) {
+    case FailureAction::kRelease:
+      release_or(o.sink && !transactional() ? State::kFailureSinkRelease : State::kEmit);
+      return;
+    case FailureAction::kKeepUntilLeaseEnds:
+      emit_or_end();
+      return;
+    case FailureAction::kStoreAsResponse:
+      response_ = failure_.response;
+      if (!o.sink) {
+        after_store();
+      } else if (transactional()) {
+        go(State::kStoreBegin);  // the failed transaction is gone: a new one stores the response
+      } else {
+        go(State::kStoreComplete);
+      }
+      return;
+  }
+}
+
+void CallPlan::after_store() {
+  // The stored business error is replayed like a response: the guard and the local cache learn
+  // it too.
+  completing_failure_ = true;
+  begin_completion();
+}
+
+// ---- the end: completion, release, the decision event ----------------------------------------
+
+void CallPlan::finish_executed() {
+  outcome_ = Outcome{};
+  outcome_.response = response_;
+  if (!claim_rows_) {
+    emit_or_end();  // unclaimed: nothing to complete
+    return;
+  }
+  conclude(std::move(outcome_));
+}
+
+void CallPlan::conclude(Outcome outcome) {
+  outcome_ = std::move(outcome);
+  const bool replayable = outcome_.kind == Outcome::Kind::kExecuted ||
+                          (outcome_.kind == Outcome::Kind::kDuplicate && outcome_.response);
+  if (!replayable) {
+    finish(std::move(outcome_));  // a later layer stopped it; the first owner's record stands
+    return;
+  }
+  if (outcome_.kind == Outcome::Kind::kDuplicate) response_ = *outcome_.response;
+  begin_completion();
+}
+
+void CallPlan::begin_completion() {
+  if (rules_.options_.local_cache_capacity > 0) {
+    local_entry_ = local_entry(fingerprint_, response_);
+    go(State::kLocalPut);
+  } else if (holds_claim()) {
+    go(State::kGuardComplete);
+  } else {
+    end_completion();
+  }
+}
+
+void CallPlan::end_completion() {
+  if (!completing_failure_ && outcome_.kind == Outcome::Kind::kExecuted) {
+    outcome_.lease_lost = !owned_ || lease_lost_ || (had_claim_ && handler_end_ >= lease_deadline_);
+  }
+  emit_or_end();
+}
+
+void CallPlan::finish(Outcome outcome) {
+  outcome_ = std::move(outcome);
+  release_or(State::kEmit);
+}
+
+void CallPlan::release_or(State next) {
+  if (!holds_claim()) {
+    proceed(next);
+    return;
+  }
+  if (Metrics* metrics = rules_.options_.metrics.get()) metrics->record_release();
+  after_release_ = next;
+  go(State::kGuardRelease);
+}
+
+void CallPlan::proceed(State next) {
+  if (next == State::kEmit) {
+    emit_or_end();
+  } else {
+    go(next);
+  }
+}
+
+void CallPlan::unavailable(Layer layer, const BackendError& error) {
+  finish(unavailable_outcome(layer, error));
+}
+
+Outcome CallPlan::unavailable_outcome(Layer layer, const BackendError& error) {
+  Outcome outcome;
+  outcome.kind = Outcome::Kind::kUnavailable;
+  outcome.layer = layer;
+  outcome.error = error.what();
+  return outcome;
+}
+
+void CallPlan::emit_or_end() {
+  const DeduplicatorOptions& o = rules_.options_;
+  const State end = error_ ? State::kThrow : State::kReturn;
+  // A failed call reports only a handler that ran (or was called): errors before it decided
+  // nothing; a cancellation is no decision either.
+  const bool report = error_ ? handler_started_ && !cancelled_ : true;
+  if (!report || (!o.metrics && !o.on_decision)) {
+    go(end);
+    return;
+  }
+  event_ = DecisionEvent{};
+  event_.request_id = request_.request_id;
+  event_.key = key_;
+  event_.fingerprint = fingerprint_;
+  event_.attempt = request_.attempt;
+  if (error_) {
+    event_.handler_failed = true;
+    error_text_ = "unknown exception";
+    is_a(error_, [this](const std::exception& e) {
+      error_text_ = e.what();
+      return true;
+    });
+    event_.error = error_text_;
+  } else {
+    event_.layer = outcome_.layer;
+    event_.outcome = outcome_.kind;
+  }
+  event_recorded_ = false;
+  after_emit_ = end;
+  go(State::kEmit);
+}
+
+// ---- the lease ------------------------------------------------------------------------------
+
+std::optional<PlanTime> CallPlan::renewal_due() const noexcept {
+  if (!renewing_ || !holds_claim()) return std::nullopt;
+  return next_renewal_;
+}
+
+RenewalStep CallPlan::renewal() const noexcept {
+  return RenewalStep{key_, owner_token_, rules_.guard_lease_};
+}
+
+void CallPlan::renewed(PlanTime now, bool owned) noexcept {
+  if (Metrics* metrics = rules_.options_.metrics.get()) metrics->record_renewal(owned);
+  if (owned) {
+    lease_deadline_ = std::max(lease_deadline_, now + rules_.guard_lease_);
+    next_renewal_ = now + rules_.options_.auto_renew_interval;
+  } else {
+    lease_lost_ = true;
+    renewing_ = false;  // someone else holds the key: stop
+  }
+}
+
+void CallPlan::renewal_failed(PlanTime now) noexcept {
+  if (Metrics* metrics = rules_.options_.metrics.get()) metrics->record_renewal(false);
+  lease_lost_ = true;  // keep trying: Redis may come back before the lease ends
+  next_renewal_ = now + rules_.options_.auto_renew_interval;
+}
+
+std::chrono::milliseconds CallPlan::remaining_lease(PlanTime now) const noexcept {
+  if (!holds_claim()) return std::chrono::milliseconds(0);
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(lease_deadline_ - now);
+  return std::max(left, std::chrono::milliseconds(0));
+}
+
+bool CallPlan::lease_lost(PlanTime now) const noexcept {
+  return lease_lost_ || (holds_claim() && now >= lease_deadline_);
+}
+
+// ---- helpers ----------------------------------------------------------------------------------
+
+bool CallPlan::is_fallback_key() const noexcept {
+  return request_.biz_key.empty() && request_.request_id.empty();
+}
+
+std::chrono::milliseconds CallPlan::record_retention() const noexcept {
+  // A payload-keyed request's fallback key is kept only fallback_retention (the same body later
+  // is legitimately new); others the backend's retention (0).
+  return is_fallback_key() ? rules_.options_.fallback_retention : std::chrono::milliseconds(0);
+}
+
+bool CallPlan::stop_requested() const noexcept {
+  return request_.stop.stop_requested() || shutdown_.stop_requested();
+}
+
+void CallPlan::record_backend_error(Layer layer) const noexcept {
+  if (Metrics* metrics = rules_.options_.metrics.get()) metrics->record_backend_error(layer);
+}
+
+}  // namespace idem::detail
