@@ -377,7 +377,6 @@ void CallPlan::sink_claim_result(SinkClaim claim) {
 
 void CallPlan::handler_result(std::string response) {
   renewing_ = false;
-  handler_end_ = now_;
   response_ = std::move(response);
   if (rules_.options_.sink && claim_rows_) {
     go(State::kSinkComplete);
@@ -392,7 +391,6 @@ void CallPlan::business_duplicate() {
   // A UNIQUE constraint of the caller's own tables says the effect already exists (C11): a
   // duplicate, with no response to replay; nothing of this call commits.
   renewing_ = false;
-  handler_end_ = now_;
   outcome_ = decide_repeat(Layer::kPgSink, RecordState::kCompleted, true, std::nullopt);
   go(State::kRollback);
 }
@@ -584,7 +582,6 @@ void CallPlan::sink_failed(std::exception_ptr error, bool backend) {
 
 void CallPlan::handler_failed(std::exception_ptr error) {
   renewing_ = false;
-  handler_end_ = now_;
   cancelled_ = is_a(error, [](const std::exception& e) { return as<Cancelled>(e) != nullptr; });
   error_ = std::move(error);
   if (transactional()) {
@@ -671,8 +668,9 @@ void CallPlan::begin_completion() {
 }
 
 void CallPlan::end_completion() {
+  // By the time the completion was sent (now_): a claim past its lease is lost by then.
   if (!completing_failure_ && outcome_.kind == Outcome::Kind::kExecuted) {
-    outcome_.lease_lost = !owned_ || lease_lost_ || (had_claim_ && handler_end_ >= lease_deadline_);
+    outcome_.lease_lost = !owned_ || lease_lost_ || (had_claim_ && now_ >= lease_deadline_);
   }
   emit_or_end();
 }

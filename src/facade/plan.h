@@ -241,7 +241,6 @@ class CallPlan {
   bool had_claim_ = false;        // this call claimed the key in the guard
   bool handler_started_ = false;  // the handler was called
   bool handler_clock_started_ = false;
-  PlanTime handler_end_{};
   bool owned_ = true;  // the guard's complete found the claim still ours
 
   // The lease while the handler runs.

@@ -664,5 +664,20 @@ TEST_F(DeduplicatorTest, AnotherConstraintsViolationInTheHandlerIsABusinessError
   EXPECT_EQ(ledger_rows(), 1);
 }
 
+// Regression: a Request::stop already requested when the call started still claimed, ran and
+// committed the handler (a user's trial: `s.request_stop(); r.stop = s.get_token();` → executed).
+TEST_F(DeduplicatorTest, ARequestStoppedBeforeItIsClaimedIsCancelledAndNothingCommits) {
+  std::stop_source stop;
+  stop.request_stop();
+  Request r = request("r1", "b-stop");
+  r.stop = stop.get_token();
+  EXPECT_THROW((void)dedup_->run_transactional(r, refund("b-stop")), Cancelled);
+  EXPECT_EQ(ledger_rows(), 0);
+  // Nothing was claimed: the redelivery runs.
+  EXPECT_EQ(dedup_->run_transactional(request("r1", "b-stop"), refund("b-stop")).kind,
+            Outcome::Kind::kExecuted);
+  EXPECT_EQ(ledger_rows(), 1);
+}
+
 }  // namespace
 }  // namespace idem

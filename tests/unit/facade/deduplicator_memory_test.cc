@@ -9,6 +9,7 @@
 #include "idem/deduplicator.h"
 #include "idem/errors.h"
 #include "idem/memory_guard.h"
+#include "idem/memory_sink.h"
 #include "idem/metrics.h"
 
 namespace idem {
@@ -282,6 +283,91 @@ TEST(InMemoryFacadeLease, AHandlerThatOutlivesItsLeaseIsToldAndAHandlerThatDoesN
     return std::string("in time");
   });
   EXPECT_FALSE(within.lease_lost);
+}
+
+// The facade with an in-memory sink: the sink paths of run() without PostgreSQL.
+class InMemorySinkFacade : public ::testing::Test {
+ protected:
+  std::shared_ptr<InMemoryGuard> guard_ = std::make_shared<InMemoryGuard>();
+  std::shared_ptr<InMemorySink> sink_ = std::make_shared<InMemorySink>();
+  DeduplicatorOptions options() const {
+    DeduplicatorOptions o;
+    o.guard = guard_;
+    o.sink = sink_;
+    o.local_cache_capacity = 0;
+    return o;
+  }
+};
+
+TEST_F(InMemorySinkFacade, AFailedHandlerReleasesTheSinkRowAndTheRetryRuns) {
+  Deduplicator dedup(options());
+  EXPECT_THROW(
+      (void)dedup.run(request("r1", "b1"), []() -> std::string { throw std::logic_error("no"); }),
+      std::logic_error);
+  EXPECT_EQ(sink_->size(), 0u);
+  EXPECT_EQ(dedup.run(request("r1", "b1"), [] { return std::string("yes"); }).kind,
+            Outcome::Kind::kExecuted);
+  EXPECT_EQ(sink_->inspect("u1:notify:b1")->state, RecordState::kCompleted);
+}
+
+TEST_F(InMemorySinkFacade, StoreAsResponseIsReplayedFromTheSinkAfterTheGuardForgets) {
+  DeduplicatorOptions o = options();
+  o.on_handler_failure = [](std::exception_ptr) {
+    return FailureDecision{FailureAction::kStoreAsResponse, "declined"};
+  };
+  Deduplicator dedup(o);
+  EXPECT_THROW(
+      (void)dedup.run(request("r1", "b2"), []() -> std::string { throw std::runtime_error("x"); }),
+      std::runtime_error);
+  DeduplicatorOptions forgetful = options();
+  forgetful.guard = std::make_shared<InMemoryGuard>();  // Redis lost its data
+  Deduplicator after(forgetful);
+  const Outcome replay = after.run(request("r2", "b2"), [] { return std::string("ran"); });
+  EXPECT_EQ(replay.kind, Outcome::Kind::kDuplicate);
+  EXPECT_EQ(replay.layer, Layer::kPgSink);
+  EXPECT_EQ(replay.response, "declined");
+}
+
+TEST_F(InMemorySinkFacade, RunTransactionalNeedsAPgSink) {
+  Deduplicator dedup(options());
+  EXPECT_THROW((void)dedup.run_transactional(request("r1", "b3"),
+                                             [](pqxx::transaction_base&) { return std::string(); }),
+               ConfigError);
+  EXPECT_EQ(guard_->size(), 0u);
+}
+
+// Regression: Context::lease_lost() stayed false inside a handler that had outlived its lease
+// without renewing; only Outcome::lease_lost said so, after the fact.
+TEST(InMemoryFacadeLease, ContextLeaseLostIsTrueInsideAHandlerPastItsLease) {
+  DeduplicatorOptions o;
+  o.guard =
+      std::make_shared<InMemoryGuard>(InMemoryGuardOptions{.lease = std::chrono::milliseconds(30)});
+  Deduplicator dedup(std::move(o));
+  bool before = true;
+  bool after = false;
+  const Outcome outcome = dedup.run(request("r1", "b11"), [&](Context& context) {
+    before = context.lease_lost();
+    std::this_thread::sleep_for(std::chrono::milliseconds(60));  // past the 30 ms lease
+    after = context.lease_lost();
+    return std::string("late");
+  });
+  EXPECT_FALSE(before);
+  EXPECT_TRUE(after);
+  EXPECT_TRUE(outcome.lease_lost);
+}
+
+TEST(InMemoryFacadeLease, AutomaticRenewalKeepsALongHandlersClaim) {
+  DeduplicatorOptions o;
+  o.guard = std::make_shared<InMemoryGuard>(
+      InMemoryGuardOptions{.lease = std::chrono::milliseconds(100)});
+  o.auto_renew_interval = std::chrono::milliseconds(20);
+  Deduplicator dedup(std::move(o));
+  const Outcome outcome = dedup.run(request("r1", "b12"), [&](Context& context) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    EXPECT_FALSE(context.lease_lost());
+    return std::string("done");
+  });
+  EXPECT_FALSE(outcome.lease_lost);  // 250 ms on a 100 ms lease: only renewals kept it
 }
 
 }  // namespace

@@ -63,6 +63,9 @@ TEST(PgWatchdog, ACommitWhoseAnswerNeverCameStaysNotRetryable) {
   } catch (const PostgresError& error) {
     EXPECT_FALSE(error.retryable());
     EXPECT_NE(std::string(error.what()).find("commit outcome unknown"), std::string::npos);
+    // Its own type, with a query method: the facade needs no SQLSTATE or message to tell it.
+    EXPECT_TRUE(error.commit_outcome_unknown());
+    EXPECT_NE(dynamic_cast<const CommitOutcomeUnknown*>(&error), nullptr);
   }
 }
 

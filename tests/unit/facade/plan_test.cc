@@ -1,0 +1,753 @@
+// The call plan (src/facade/plan.h) without servers or threads: a scripted driver performs each
+// step against in-memory backends (and, for run_transactional, a staged in-memory transaction),
+// injects failures where a row of the outcome table (docs/semantics.md) needs one, and moves a
+// manual clock. Every row and policy combination is a case here, with the steps it takes.
+#include "facade/plan.h"
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "idem/errors.h"
+#include "idem/local_cache.h"
+#include "idem/memory_guard.h"
+#include "idem/memory_sink.h"
+#include "idem/metrics.h"
+
+namespace idem::detail {
+namespace {
+
+using std::chrono::milliseconds;
+using K = StepKind;
+
+const char* name(StepKind kind) {
+  switch (kind) {
+    case K::kLocalGet:
+      return "LocalGet";
+    case K::kLocalPut:
+      return "LocalPut";
+    case K::kGuardClaim:
+      return "GuardClaim";
+    case K::kGuardComplete:
+      return "GuardComplete";
+    case K::kGuardRelease:
+      return "GuardRelease";
+    case K::kSinkBegin:
+      return "SinkBegin";
+    case K::kSinkClaim:
+      return "SinkClaim";
+    case K::kRunHandler:
+      return "RunHandler";
+    case K::kSinkComplete:
+      return "SinkComplete";
+    case K::kCommit:
+      return "Commit";
+    case K::kRollback:
+      return "Rollback";
+    case K::kSinkRelease:
+      return "SinkRelease";
+    case K::kWait:
+      return "Wait";
+    case K::kEmit:
+      return "Emit";
+    case K::kReturn:
+      return "Return";
+    case K::kThrow:
+      return "Throw";
+  }
+  return "?";
+}
+
+std::string trace_text(const std::vector<StepKind>& trace) {
+  std::string text;
+  for (const StepKind kind : trace) text += std::string(text.empty() ? "" : " ") + name(kind);
+  return text;
+}
+
+// A sink transaction of the scripted driver: claims and completions are staged and applied
+// to `rows` (by key: the row's owner and state) at commit.
+struct TxRow {
+  std::string owner;
+  RecordState state = RecordState::kInProgress;
+  std::string response;
+};
+
+class ScriptedDriver {
+ public:
+  ScriptedDriver() {
+    options.guard = guard;
+    options.fingerprint = FingerprintOptions{};
+  }
+
+  DeduplicatorOptions options;
+  std::shared_ptr<InMemoryGuard> guard = std::make_shared<InMemoryGuard>(
+      InMemoryGuardOptions{.lease = milliseconds(1000), .retention = milliseconds(60000)});
+  std::shared_ptr<InMemorySink> sink = std::make_shared<InMemorySink>();
+  LocalCache cache{LocalCacheOptions{.max_entries = 16, .shards = 1}};
+  std::map<std::string, TxRow> rows;  // the transactional sink's committed rows
+
+  // Failures to inject: the next step of this kind throws (once per entry).
+  std::multimap<StepKind, std::exception_ptr> faults;
+  // What the handler does (it may advance `now`), and what happened.
+  std::function<std::string()> handler = [] { return std::string("ok"); };
+  bool business_duplicate = false;            // transactional: a business constraint fires
+  std::function<void(StepKind)> before_step;  // called before each step is performed
+  int handler_runs = 0;
+  PlanTime now{std::chrono::hours(1)};
+  std::vector<StepKind> trace;
+  // The decision events seen, their texts copied (an event's views live only in the callback).
+  struct Seen {
+    std::string key;
+    bool handler_failed = false;
+    std::string error;
+    std::chrono::microseconds latency{0};
+  };
+  std::vector<Seen> events;
+  std::stop_source shutdown;
+
+  void use_sink() { options.sink = sink; }
+
+  // Runs one call to its end: the outcome, or the exception it throws.
+  Outcome call(const Request& request, CallMode mode = CallMode::kRun) {
+    trace.clear();
+    if (!rules_ || rules_options_version_ != options_version_) rebuild();
+    CallPlan plan(*rules_, request, mode, now, std::chrono::system_clock::time_point{},
+                  "attempt-" + std::to_string(++attempts_), shutdown.get_token());
+    plan_ = &plan;
+    for (int guard_steps = 0; guard_steps < 1000; ++guard_steps) {
+      const Step step = plan.next(now);
+      trace.push_back(step.kind);
+      if (before_step) before_step(step.kind);
+      if (step.kind == K::kReturn) return plan.outcome();
+      if (step.kind == K::kThrow) std::rethrow_exception(plan.error());
+      if (const auto fault = faults.find(step.kind); fault != faults.end()) {
+        const std::exception_ptr error = fault->second;
+        faults.erase(fault);
+        if (step.kind == K::kCommit) staged_.clear();
+        plan.fail(error);
+        continue;
+      }
+      perform(plan, step);
+    }
+    ADD_FAILURE() << "the plan never ended: " << trace_text(trace);
+    return {};
+  }
+
+  // Options changed after a call: the next call builds its rules anew.
+  void changed() { ++options_version_; }
+  CallPlan* plan() { return plan_; }
+
+ private:
+  void rebuild() {
+    if (!options.on_decision) {
+      options.on_decision = [this](const DecisionEvent& event) {
+        events.push_back({std::string(event.key), event.handler_failed, std::string(event.error),
+                          event.latency});
+      };
+    }
+    rules_ = std::make_unique<PlanRules>(options);
+    rules_options_version_ = options_version_;
+  }
+
+  void perform(CallPlan& plan, const Step& step) {
+    switch (step.kind) {
+      case K::kLocalGet:
+        plan.local_result(cache.get(step.key));
+        return;
+      case K::kLocalPut:
+        cache.put(step.key, std::string(step.value), step.ttl);
+        plan.done();
+        return;
+      case K::kGuardClaim:
+        plan.claim_result(guard->claim(step.key, step.request_id, step.fingerprint));
+        return;
+      case K::kGuardComplete:
+        plan.complete_result(guard->complete(step.key, step.owner_token, step.value, step.ttl));
+        return;
+      case K::kGuardRelease:
+        (void)guard->release(step.key, step.owner_token);
+        plan.done();
+        return;
+      case K::kSinkBegin:
+        staged_.clear();
+        plan.done();
+        return;
+      case K::kSinkClaim:
+        if (plan.mode() == CallMode::kRun) {
+          plan.sink_claim_result(sink->claim(step.key, step.request_id, step.fingerprint));
+        } else {
+          plan.sink_claim_result(tx_claim(step));
+        }
+        return;
+      case K::kRunHandler:
+        ++handler_runs;
+        try {
+          std::string response = handler();
+          if (business_duplicate && plan.mode() == CallMode::kTransactional) {
+            plan.business_duplicate();
+          } else {
+            plan.handler_result(std::move(response));
+          }
+        } catch (...) {
+          plan.fail(std::current_exception());
+        }
+        return;
+      case K::kSinkComplete:
+        if (plan.mode() == CallMode::kRun) {
+          (void)sink->complete(step.key, step.request_id, step.value, step.ttl);
+        } else {
+          staged_[std::string(step.key)].state = RecordState::kCompleted;
+          staged_[std::string(step.key)].response = step.value;
+        }
+        plan.done();
+        return;
+      case K::kCommit:
+        for (auto& [key, row] : staged_) rows[key] = row;
+        staged_.clear();
+        plan.done();
+        return;
+      case K::kRollback:
+        staged_.clear();
+        plan.done();
+        return;
+      case K::kSinkRelease:
+        (void)sink->release(step.key, step.request_id);
+        plan.done();
+        return;
+      case K::kWait:
+        now = step.at;
+        plan.done();
+        return;
+      case K::kEmit:
+        options.on_decision(*step.event);
+        plan.done();
+        return;
+      case K::kReturn:
+      case K::kThrow:
+        return;
+    }
+  }
+
+  SinkClaim tx_claim(const Step& step) {
+    SinkClaim answer;
+    const auto found = rows.find(std::string(step.key));
+    if (found == rows.end()) {
+      staged_[std::string(step.key)] =
+          TxRow{std::string(step.request_id), RecordState::kInProgress, {}};
+      return answer;
+    }
+    answer.status = SinkStatus::kDuplicate;
+    answer.state = found->second.state;
+    answer.same_request = found->second.owner == step.request_id;
+    if (answer.state == RecordState::kCompleted) answer.response = found->second.response;
+    return answer;
+  }
+
+  std::unique_ptr<PlanRules> rules_;
+  int options_version_ = 0;
+  int rules_options_version_ = -1;
+  int attempts_ = 0;
+  std::map<std::string, TxRow> staged_;
+  CallPlan* plan_ = nullptr;
+};
+
+Request request(const std::string& id, const std::string& biz_key = "b1",
+                const std::string& payload = R"({"a":1})") {
+  Request r;
+  r.request_id = id;
+  r.user = "u1";
+  r.intent = "refund";
+  r.biz_key = biz_key;
+  r.payload = payload;
+  return r;
+}
+
+template <class E>
+std::exception_ptr error(const std::string& what) {
+  return std::make_exception_ptr(E(what));
+}
+
+std::exception_ptr backend_down(bool redis) {
+  return redis ? std::make_exception_ptr(RedisError("idem: redis: connection refused", true))
+               : std::make_exception_ptr(PostgresError("idem: postgres: gone", true, "08006"));
+}
+
+// ---- first time, repeats, mismatch --------------------------------------------------------------
+
+TEST(CallPlan, FirstTimeClaimsRunsAndCompletesInOrder) {
+  ScriptedDriver d;
+  d.use_sink();
+  const Outcome first = d.call(request("r1"));
+  EXPECT_EQ(first.kind, Outcome::Kind::kExecuted);
+  EXPECT_EQ(first.response, "ok");
+  EXPECT_EQ(trace_text(d.trace),
+            "LocalGet GuardClaim SinkClaim RunHandler SinkComplete LocalPut GuardComplete Emit "
+            "Return");
+  EXPECT_EQ(d.sink->inspect("u1:refund:b1")->state, RecordState::kCompleted);
+}
+
+TEST(CallPlan, TransactionalFirstTimeCommitsTheRowWithTheHandler) {
+  ScriptedDriver d;
+  d.use_sink();
+  EXPECT_EQ(d.call(request("r1"), CallMode::kTransactional).kind, Outcome::Kind::kExecuted);
+  EXPECT_EQ(trace_text(d.trace),
+            "LocalGet GuardClaim SinkBegin SinkClaim RunHandler SinkComplete Commit LocalPut "
+            "GuardComplete Emit Return");
+  EXPECT_EQ(d.rows.at("u1:refund:b1").state, RecordState::kCompleted);
+}
+
+TEST(CallPlan, RepeatsReplayFromTheLayerThatRemembers) {
+  ScriptedDriver d;
+  ASSERT_EQ(d.call(request("r1")).kind, Outcome::Kind::kExecuted);
+  const Outcome local = d.call(request("r2"));
+  EXPECT_EQ(local.kind, Outcome::Kind::kDuplicate);
+  EXPECT_EQ(local.layer, Layer::kRequestId);
+  EXPECT_EQ(local.response, "ok");
+  EXPECT_EQ(trace_text(d.trace), "LocalGet Emit Return");
+
+  d.options.local_cache_capacity = 0;
+  d.changed();
+  const Outcome guarded = d.call(request("r3"));
+  EXPECT_EQ(guarded.kind, Outcome::Kind::kDuplicate);
+  EXPECT_EQ(guarded.layer, Layer::kRedisGuard);
+  EXPECT_EQ(guarded.response, "ok");
+  EXPECT_EQ(trace_text(d.trace), "GuardClaim Emit Return");
+  EXPECT_EQ(d.handler_runs, 1);
+}
+
+TEST(CallPlan, TheSinkCatchesWhatTheGuardForgotAndTeachesTheGuardItsResponse) {
+  ScriptedDriver d;
+  d.use_sink();
+  d.options.local_cache_capacity = 0;
+  ASSERT_EQ(d.call(request("r1"), CallMode::kTransactional).kind, Outcome::Kind::kExecuted);
+  d.guard = std::make_shared<InMemoryGuard>();  // Redis lost its data (restart, failover)
+  d.options.guard = d.guard;
+  d.changed();
+  const Outcome late = d.call(request("r2"), CallMode::kTransactional);
+  EXPECT_EQ(late.kind, Outcome::Kind::kDuplicate);
+  EXPECT_EQ(late.layer, Layer::kPgSink);
+  EXPECT_EQ(late.response, "ok");
+  EXPECT_EQ(trace_text(d.trace),
+            "GuardClaim SinkBegin SinkClaim Rollback GuardComplete Emit Return");
+  EXPECT_EQ(d.call(request("r3"), CallMode::kTransactional).layer, Layer::kRedisGuard);
+  EXPECT_EQ(d.handler_runs, 1);
+}
+
+// Another process holds the key: a claim of its own, straight in the guard.
+void held_elsewhere(ScriptedDriver& d, const std::string& key, const std::string& id,
+                    const std::string& fingerprint = "") {
+  ASSERT_EQ(d.guard->claim(key, id, fingerprint).status, ClaimStatus::kFirst);
+}
+
+TEST(CallPlan, SameKeyOtherPayloadIsAMismatchEvenWhileInProgress) {
+  ScriptedDriver d;
+  held_elsewhere(d, "u1:refund:b1", "r0", "another-fingerprint");
+  const Outcome other = d.call(request("r1"));
+  EXPECT_EQ(other.kind, Outcome::Kind::kMismatch);
+  EXPECT_EQ(other.layer, Layer::kRedisGuard);
+  EXPECT_EQ(d.handler_runs, 0);
+}
+
+TEST(CallPlan, ARepeatWhileTheFirstRunsIsInProgressOrRunsAgainWhenReentrant) {
+  ScriptedDriver d;
+  held_elsewhere(d, "u1:refund:b1", "r1");
+  const Outcome busy = d.call(request("r1"));
+  EXPECT_EQ(busy.kind, Outcome::Kind::kInProgress);
+  EXPECT_EQ(trace_text(d.trace), "LocalGet GuardClaim Emit Return");
+  d.options.reentrant_intents = {"refund"};
+  d.changed();
+  // The same request ID again, reentrant: runs unclaimed and completes nothing.
+  EXPECT_EQ(d.call(request("r1")).kind, Outcome::Kind::kExecuted);
+  EXPECT_EQ(trace_text(d.trace), "LocalGet GuardClaim RunHandler Emit Return");
+  // Another request ID is the same operation asked again: not reentrant.
+  EXPECT_EQ(d.call(request("r2")).kind, Outcome::Kind::kInProgress);
+  EXPECT_EQ(d.handler_runs, 1);
+}
+
+// ---- wait for the first execution's result ---------------------------------------------------
+
+TEST(CallPlan, WaitForResultPollsUntilTheFirstCompletesThenReplays) {
+  ScriptedDriver d;
+  d.options.on_concurrent_duplicate = ConcurrentDuplicatePolicy::kWaitForResult;
+  d.options.wait_poll_interval = milliseconds(20);
+  d.options.wait_for_result = milliseconds(100);
+  d.options.local_cache_capacity = 0;
+  const ClaimResult first = d.guard->claim("u1:refund:b1", "r0", "");
+  int waits = 0;
+  d.before_step = [&](StepKind kind) {
+    // The first execution completes during the second wait.
+    if (kind == K::kWait && ++waits == 2) {
+      ASSERT_TRUE(d.guard->complete("u1:refund:b1", first.owner_token, "first's", milliseconds(0)));
+    }
+  };
+  const Outcome replay = d.call(request("r1"));
+  EXPECT_EQ(replay.kind, Outcome::Kind::kDuplicate);
+  EXPECT_EQ(replay.response, "first's");
+  EXPECT_EQ(trace_text(d.trace), "GuardClaim Wait GuardClaim Wait GuardClaim Emit Return");
+  EXPECT_EQ(d.handler_runs, 0);
+}
+
+TEST(CallPlan, WaitForResultEndsInProgressAtItsDeadline) {
+  ScriptedDriver d;
+  d.options.on_concurrent_duplicate = ConcurrentDuplicatePolicy::kWaitForResult;
+  d.options.wait_poll_interval = milliseconds(20);
+  d.options.wait_for_result = milliseconds(100);
+  d.options.local_cache_capacity = 0;
+  held_elsewhere(d, "u1:refund:b1", "r0");
+  const PlanTime start = d.now;
+  const Outcome busy = d.call(request("r1"));
+  EXPECT_EQ(busy.kind, Outcome::Kind::kInProgress);
+  // Five polls of 20 ms fit in 100 ms: claim, then wait + claim five times.
+  EXPECT_EQ(trace_text(d.trace),
+            "GuardClaim Wait GuardClaim Wait GuardClaim Wait GuardClaim Wait GuardClaim Wait "
+            "GuardClaim Emit Return");
+  EXPECT_EQ(d.now - start, milliseconds(100));
+}
+
+// ---- failures of the handler and the failure policy -------------------------------------------
+
+TEST(CallPlan, ABusinessErrorReleasesBothClaimsInRunMode) {
+  ScriptedDriver d;
+  d.use_sink();
+  d.handler = []() -> std::string { throw std::logic_error("refused"); };
+  EXPECT_THROW((void)d.call(request("r1")), std::logic_error);
+  EXPECT_EQ(trace_text(d.trace),
+            "LocalGet GuardClaim SinkClaim RunHandler GuardRelease SinkRelease Emit Throw");
+  EXPECT_EQ(d.guard->size(), 0u);
+  EXPECT_EQ(d.sink->size(), 0u);
+  ASSERT_EQ(d.events.size(), 1u);
+  EXPECT_TRUE(d.events[0].handler_failed);
+  EXPECT_EQ(d.events[0].error, "refused");
+}
+
+TEST(CallPlan, ABusinessErrorInATransactionRollsBackAndReleasesTheGuard) {
+  ScriptedDriver d;
+  d.use_sink();
+  d.handler = []() -> std::string { throw std::logic_error("refused"); };
+  EXPECT_THROW((void)d.call(request("r1"), CallMode::kTransactional), std::logic_error);
+  EXPECT_EQ(trace_text(d.trace),
+            "LocalGet GuardClaim SinkBegin SinkClaim RunHandler Rollback GuardRelease Emit Throw");
+  EXPECT_TRUE(d.rows.empty());
+}
+
+TEST(CallPlan, KeepUntilLeaseEndsKeepsTheClaims) {
+  ScriptedDriver d;
+  d.use_sink();
+  d.options.on_handler_failure = [](std::exception_ptr) {
+    return FailureDecision{FailureAction::kKeepUntilLeaseEnds, ""};
+  };
+  d.handler = []() -> std::string { throw std::runtime_error("flaky"); };
+  EXPECT_THROW((void)d.call(request("r1")), std::runtime_error);
+  EXPECT_EQ(trace_text(d.trace), "LocalGet GuardClaim SinkClaim RunHandler Emit Throw");
+  d.handler = [] { return std::string("ok"); };
+  EXPECT_EQ(d.call(request("r1")).kind, Outcome::Kind::kInProgress);
+}
+
+TEST(CallPlan, StoreAsResponseInRunModeCompletesTheSinkRowAndTheGuard) {
+  ScriptedDriver d;
+  d.use_sink();
+  d.options.on_handler_failure = [](std::exception_ptr) {
+    return FailureDecision{FailureAction::kStoreAsResponse, R"({"error":"insufficient funds"})"};
+  };
+  d.handler = []() -> std::string { throw std::runtime_error("insufficient funds"); };
+  EXPECT_THROW((void)d.call(request("r1")), std::runtime_error);
+  EXPECT_EQ(trace_text(d.trace),
+            "LocalGet GuardClaim SinkClaim RunHandler SinkComplete LocalPut GuardComplete Emit "
+            "Throw");
+  EXPECT_EQ(d.sink->inspect("u1:refund:b1")->state, RecordState::kCompleted);
+  d.options.local_cache_capacity = 0;
+  d.changed();
+  const Outcome replay = d.call(request("r2"));
+  EXPECT_EQ(replay.kind, Outcome::Kind::kDuplicate);
+  EXPECT_EQ(replay.response, R"({"error":"insufficient funds"})");
+}
+
+TEST(CallPlan, StoreAsResponseInATransactionCommitsItInATransactionOfItsOwn) {
+  ScriptedDriver d;
+  d.use_sink();
+  d.options.on_handler_failure = [](std::exception_ptr) {
+    return FailureDecision{FailureAction::kStoreAsResponse, "declined"};
+  };
+  d.handler = []() -> std::string { throw std::runtime_error("declined"); };
+  EXPECT_THROW((void)d.call(request("r1"), CallMode::kTransactional), std::runtime_error);
+  EXPECT_EQ(trace_text(d.trace),
+            "LocalGet GuardClaim SinkBegin SinkClaim RunHandler Rollback SinkBegin SinkClaim "
+            "SinkComplete Commit LocalPut GuardComplete Emit Throw");
+  EXPECT_EQ(d.rows.at("u1:refund:b1").response, "declined");
+}
+
+TEST(CallPlan, ACancelledHandlerKeepsItsClaimAndReportsNoDecision) {
+  ScriptedDriver d;
+  d.use_sink();
+  d.handler = []() -> std::string { throw Cancelled(); };
+  EXPECT_THROW((void)d.call(request("r1"), CallMode::kTransactional), Cancelled);
+  EXPECT_EQ(trace_text(d.trace),
+            "LocalGet GuardClaim SinkBegin SinkClaim RunHandler Rollback Throw");
+  EXPECT_TRUE(d.events.empty());
+  EXPECT_EQ(d.call(request("r1")).kind, Outcome::Kind::kInProgress);
+}
+
+TEST(CallPlan, AStopRequestedWhileTheHandlerRanKeepsTheClaimWhateverItThrew) {
+  ScriptedDriver d;
+  std::stop_source stop;
+  Request r = request("r1");
+  r.stop = stop.get_token();
+  d.handler = [&]() -> std::string {
+    stop.request_stop();
+    throw std::runtime_error("interrupted");
+  };
+  EXPECT_THROW((void)d.call(r), std::runtime_error);
+  EXPECT_EQ(trace_text(d.trace), "LocalGet GuardClaim RunHandler Emit Throw");
+  EXPECT_EQ(d.guard->size(), 1u);
+}
+
+// Regression: a Request::stop already requested when the call started still claimed, ran and
+// committed the handler.
+TEST(CallPlan, ARequestStoppedBeforeItIsClaimedNeverRuns) {
+  ScriptedDriver d;
+  d.use_sink();
+  std::stop_source stop;
+  stop.request_stop();
+  Request r = request("r1");
+  r.stop = stop.get_token();
+  EXPECT_THROW((void)d.call(r, CallMode::kTransactional), Cancelled);
+  EXPECT_EQ(trace_text(d.trace), "Throw");
+  EXPECT_EQ(d.handler_runs, 0);
+  EXPECT_EQ(d.guard->size(), 0u);
+}
+
+TEST(CallPlan, AStopRequestedAfterTheClaimReleasesItUnrun) {
+  ScriptedDriver d;
+  std::stop_source stop;
+  Request r = request("r1");
+  r.stop = stop.get_token();
+  d.before_step = [&](StepKind kind) {
+    if (kind == K::kGuardClaim) stop.request_stop();  // while the claim is under way
+  };
+  EXPECT_THROW((void)d.call(r), Cancelled);
+  EXPECT_EQ(trace_text(d.trace), "LocalGet GuardClaim GuardRelease Throw");
+  EXPECT_EQ(d.guard->size(), 0u);  // nothing of the handler ran: the claim goes
+  EXPECT_EQ(d.handler_runs, 0);
+}
+
+// ---- commits --------------------------------------------------------------------------------
+
+TEST(CallPlan, ACommitTheServerRefusedReleasesTheClaim) {
+  ScriptedDriver d;
+  d.use_sink();
+  d.faults.emplace(K::kCommit, std::make_exception_ptr(PostgresError(
+                                   "idem: postgres: deferred constraint", false, "23505")));
+  EXPECT_THROW((void)d.call(request("r1"), CallMode::kTransactional), PostgresError);
+  EXPECT_EQ(trace_text(d.trace),
+            "LocalGet GuardClaim SinkBegin SinkClaim RunHandler SinkComplete Commit GuardRelease "
+            "Emit Throw");
+  EXPECT_EQ(d.guard->size(), 0u);
+  ASSERT_EQ(d.events.size(), 1u);
+  EXPECT_TRUE(d.events[0].handler_failed);
+}
+
+TEST(CallPlan, ACommitWhoseOutcomeIsUnknownKeepsTheClaim) {
+  ScriptedDriver d;
+  d.use_sink();
+  d.faults.emplace(K::kCommit, std::make_exception_ptr(CommitOutcomeUnknown(
+                                   "idem: postgres: lost (commit outcome unknown)")));
+  EXPECT_THROW((void)d.call(request("r1"), CallMode::kTransactional), CommitOutcomeUnknown);
+  EXPECT_EQ(trace_text(d.trace),
+            "LocalGet GuardClaim SinkBegin SinkClaim RunHandler SinkComplete Commit Emit Throw");
+  EXPECT_EQ(d.guard->size(), 1u);  // the committed row (or none) decides the next attempt
+}
+
+TEST(CallPlan, ABusinessConstraintIsADuplicateWithoutResponse) {
+  ScriptedDriver d;
+  d.use_sink();
+  d.business_duplicate = true;
+  const Outcome dup = d.call(request("r1"), CallMode::kTransactional);
+  EXPECT_EQ(dup.kind, Outcome::Kind::kDuplicate);
+  EXPECT_EQ(dup.layer, Layer::kPgSink);
+  EXPECT_FALSE(dup.response.has_value());
+  EXPECT_EQ(trace_text(d.trace),
+            "LocalGet GuardClaim SinkBegin SinkClaim RunHandler Rollback GuardRelease Emit Return");
+}
+
+// ---- backends down ------------------------------------------------------------------------------
+
+TEST(CallPlan, RedisDownFailsOpenToTheSinkByDefaultAndClosedWithoutOne) {
+  ScriptedDriver d;
+  d.use_sink();
+  auto metrics = std::make_shared<InProcessMetrics>();
+  d.options.metrics = metrics;
+  d.changed();
+  d.faults.emplace(K::kGuardClaim, backend_down(true));
+  EXPECT_EQ(d.call(request("r1")).kind, Outcome::Kind::kExecuted);
+  EXPECT_EQ(trace_text(d.trace),
+            "LocalGet GuardClaim SinkClaim RunHandler SinkComplete LocalPut Emit Return");
+  EXPECT_EQ(metrics->backend_errors(Layer::kRedisGuard), 1u);
+
+  ScriptedDriver closed;
+  closed.faults.emplace(K::kGuardClaim, backend_down(true));
+  const Outcome down = closed.call(request("r1"));
+  EXPECT_EQ(down.kind, Outcome::Kind::kUnavailable);
+  EXPECT_EQ(down.layer, Layer::kRedisGuard);
+  EXPECT_EQ(closed.handler_runs, 0);
+
+  ScriptedDriver forced;
+  forced.use_sink();
+  forced.options.on_redis_failure = RedisFailurePolicy::kFailClosed;
+  forced.faults.emplace(K::kGuardClaim, backend_down(true));
+  EXPECT_EQ(forced.call(request("r1")).kind, Outcome::Kind::kUnavailable);
+}
+
+TEST(CallPlan, PostgresDownIsUnavailableAndReleasesTheGuardsClaim) {
+  for (const CallMode mode : {CallMode::kRun, CallMode::kTransactional}) {
+    ScriptedDriver d;
+    d.use_sink();
+    d.faults.emplace(mode == CallMode::kRun ? K::kSinkClaim : K::kSinkBegin, backend_down(false));
+    const Outcome down = d.call(request("r1"), mode);
+    EXPECT_EQ(down.kind, Outcome::Kind::kUnavailable);
+    EXPECT_EQ(down.layer, Layer::kPgSink);
+    EXPECT_EQ(d.handler_runs, 0);
+    EXPECT_EQ(d.guard->size(), 0u);
+    EXPECT_EQ(d.trace.back(), K::kReturn);
+  }
+  ScriptedDriver d;
+  d.use_sink();
+  d.faults.emplace(K::kSinkClaim, backend_down(false));  // inside the open transaction
+  EXPECT_EQ(d.call(request("r1"), CallMode::kTransactional).kind, Outcome::Kind::kUnavailable);
+  EXPECT_EQ(trace_text(d.trace),
+            "LocalGet GuardClaim SinkBegin SinkClaim Rollback GuardRelease Emit Return");
+}
+
+TEST(CallPlan, RunModeSinkCompletionFailingAfterTheEffectStillAnswersExecuted) {
+  ScriptedDriver d;
+  d.use_sink();
+  d.faults.emplace(K::kSinkComplete, backend_down(false));
+  EXPECT_EQ(d.call(request("r1")).kind, Outcome::Kind::kExecuted);
+  EXPECT_EQ(d.handler_runs, 1);
+}
+
+// ---- keys --------------------------------------------------------------------------------------
+
+TEST(CallPlan, MissingKeyIsRejectedOrPassedThroughUnguarded) {
+  ScriptedDriver d;
+  EXPECT_THROW((void)d.call(request("", "", "")), MissingKey);
+  EXPECT_EQ(trace_text(d.trace), "Throw");
+  d.options.on_missing_key = MissingKeyPolicy::kPassThrough;
+  d.changed();
+  EXPECT_EQ(d.call(request("", "", "")).kind, Outcome::Kind::kExecuted);
+  EXPECT_EQ(trace_text(d.trace), "RunHandler Emit Return");
+}
+
+TEST(CallPlan, BadInputThrowsBeforeAnyStep) {
+  ScriptedDriver d;
+  EXPECT_THROW((void)d.call(request("bad id\r\n")), InvalidRequestId);
+  EXPECT_THROW((void)d.call(request("r1", "b1", "{not json")), PayloadError);
+  EXPECT_EQ(trace_text(d.trace), "Throw");
+  ScriptedDriver no_sink;
+  EXPECT_THROW((void)no_sink.call(request("r1"), CallMode::kTransactional), ConfigError);
+  no_sink.shutdown.request_stop();
+  EXPECT_THROW((void)no_sink.call(request("r1")), Cancelled);
+  EXPECT_EQ(d.guard->size(), 0u);
+}
+
+TEST(CallPlan, EachKeyFormComesFromOneGrammar) {
+  ScriptedDriver d;
+  d.options.local_cache_capacity = 0;
+  ASSERT_EQ(d.call(request("r:1", "")).kind, Outcome::Kind::kExecuted);
+  EXPECT_TRUE(d.guard->claim("id:u1:refund:r%3A1", "x", "").status != ClaimStatus::kFirst);
+  ASSERT_EQ(d.call(request("", "", R"({"n":1})")).kind, Outcome::Kind::kExecuted);
+  EXPECT_EQ(d.guard->size(), 2u);
+}
+
+TEST(CallPlan, ABucketedFallbackKeyProbesThePreviousBucket) {
+  ScriptedDriver d;
+  d.options.local_cache_capacity = 0;
+  d.options.fingerprint = FingerprintOptions{.time_bucket = std::chrono::seconds(60)};
+  d.changed();
+  EXPECT_EQ(d.call(request("", "", R"({"n":1})")).kind, Outcome::Kind::kExecuted);
+  EXPECT_EQ(trace_text(d.trace),
+            "GuardClaim GuardClaim GuardRelease RunHandler GuardComplete Emit Return");
+}
+
+// ---- the lease ---------------------------------------------------------------------------------
+
+TEST(CallPlan, RenewalIsDueAtIntervalsWhileTheHandlerRunsAndExtendsTheLease) {
+  ScriptedDriver d;
+  d.options.auto_renew_interval = milliseconds(300);
+  d.changed();
+  bool checked = false;
+  d.handler = [&] {
+    CallPlan& plan = *d.plan();
+    const PlanTime started = d.now;
+    EXPECT_EQ(plan.renewal_due(), started + milliseconds(300));
+    EXPECT_EQ(plan.remaining_lease(started), milliseconds(1000));
+    d.now += milliseconds(300);
+    const RenewalStep step = plan.renewal();
+    plan.renewed(d.now, d.guard->renew(step.key, step.owner_token, step.lease));
+    EXPECT_EQ(plan.remaining_lease(d.now), milliseconds(1000));
+    EXPECT_EQ(plan.renewal_due(), d.now + milliseconds(300));
+    plan.renewal_failed(d.now + milliseconds(300));  // Redis did not answer this one
+    EXPECT_TRUE(plan.lease_lost(d.now));
+    EXPECT_TRUE(plan.renewal_due().has_value());  // it keeps trying
+    checked = true;
+    return std::string("ok");
+  };
+  EXPECT_EQ(d.call(request("r1")).lease_lost, true);
+  EXPECT_TRUE(checked);
+}
+
+// Regression: Context::lease_lost() stayed false inside a handler that had outlived its lease
+// without renewing (remaining_lease() was 0, Outcome::lease_lost ended up true).
+TEST(CallPlan, AHandlerPastItsLeaseIsToldWhileItRuns) {
+  ScriptedDriver d;
+  bool told = false;
+  d.handler = [&] {
+    EXPECT_FALSE(d.plan()->lease_lost(d.now));
+    d.now += milliseconds(1000);  // the guard's lease
+    told = d.plan()->lease_lost(d.now);
+    EXPECT_EQ(d.plan()->remaining_lease(d.now), milliseconds(0));
+    return std::string("ok");
+  };
+  EXPECT_TRUE(d.call(request("r1")).lease_lost);
+  EXPECT_TRUE(told);
+}
+
+TEST(CallPlan, ARenewalThatFindsTheClaimGoneStopsRenewing) {
+  ScriptedDriver d;
+  d.options.auto_renew_interval = milliseconds(100);
+  d.changed();
+  d.handler = [&] {
+    d.plan()->renewed(d.now, false);
+    EXPECT_TRUE(d.plan()->lease_lost(d.now));
+    EXPECT_FALSE(d.plan()->renewal_due().has_value());
+    return std::string("ok");
+  };
+  EXPECT_TRUE(d.call(request("r1")).lease_lost);
+}
+
+// ---- metrics and events ------------------------------------------------------------------------
+
+TEST(CallPlan, EveryDecisionIsCountedOnceWithItsLayerAndLatency) {
+  ScriptedDriver d;
+  auto metrics = std::make_shared<InProcessMetrics>();
+  d.options.metrics = metrics;
+  d.changed();
+  d.handler = [&] {
+    d.now += milliseconds(7);
+    return std::string("ok");
+  };
+  (void)d.call(request("r1"));
+  (void)d.call(request("r2"));
+  EXPECT_EQ(metrics->decisions(Layer::kHandler, Outcome::Kind::kExecuted), 1u);
+  EXPECT_EQ(metrics->decisions(Layer::kRequestId, Outcome::Kind::kDuplicate), 1u);
+  ASSERT_EQ(d.events.size(), 2u);
+  EXPECT_EQ(d.events[0].latency, std::chrono::microseconds(7000));
+  EXPECT_EQ(d.events[0].key, "u1:refund:b1");
+}
+
+}  // namespace
+}  // namespace idem::detail
