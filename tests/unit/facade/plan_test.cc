@@ -258,18 +258,8 @@ class ScriptedDriver {
 
 Request request(const std::string& id, const std::string& biz_key = "b1",
                 const std::string& payload = R"({"a":1})") {
-  Request r;
-  r.request_id = id;
-  r.user = "u1";
-  r.intent = "refund";
-  r.biz_key = biz_key;
-  r.payload = payload;
-  return r;
-}
-
-template <class E>
-std::exception_ptr error(const std::string& what) {
-  return std::make_exception_ptr(E(what));
+  return Request{
+      .request_id = id, .user = "u1", .intent = "refund", .biz_key = biz_key, .payload = payload};
 }
 
 std::exception_ptr backend_down(bool redis) {
