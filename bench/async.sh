@@ -17,19 +17,8 @@
 # (`run_with_sink` comes with the async driver.)
 set -euo pipefail
 
-report=""
-runs=3
-redis_url=""
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-parse_bench_args "$@"
-
-for tool in redis-server redis-cli redis-benchmark; do
-  command -v "$tool" >/dev/null || { echo "bench/async.sh: $tool not found" >&2; exit 2; }
-done
-cmake --build "$build" --target idem-bench-async >/dev/null
-harness="$build/bench/idem-bench-async"
-start_bench_redis
-sha="$(cli SCRIPT LOAD "$(cat "$root/lua/claim.lua")")"
+redis_bench_setup idem-bench-async "$@"
 
 in_flight=1000
 requests=400000

@@ -19,21 +19,8 @@
 # idem_per_s / p99_us are those of the default claim method; redis_benchmark_p99_us is SET NX's.
 set -euo pipefail
 
-report=""
-runs=3
-redis_url=""
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-parse_bench_args "$@"
-
-for tool in redis-server redis-cli redis-benchmark; do
-  command -v "$tool" >/dev/null || { echo "bench/guard.sh: $tool not found" >&2; exit 2; }
-done
-cmake --build "$build" --target idem-bench-guard >/dev/null
-harness="$build/bench/idem-bench-guard"
-
-start_bench_redis
-
-sha="$(cli SCRIPT LOAD "$(cat "$root/lua/claim.lua")")"
+redis_bench_setup idem-bench-guard "$@"
 record="$bench_record"
 
 run_idem() {  # method clients requests [batch]

@@ -18,6 +18,14 @@ parse_bench_args() {
   done
 }
 
+# require_tools TOOL...: exits 2 unless every TOOL is on PATH.
+require_tools() {
+  local tool
+  for tool in "$@"; do
+    command -v "$tool" >/dev/null || { echo "$(basename "$0"): $tool not found" >&2; exit 2; }
+  done
+}
+
 # median VALUE...: the median (the lower one of an even count).
 median() { printf '%s\n' "$@" | sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
 
@@ -74,3 +82,18 @@ run_rb() {
 
 # ratio A B: A / B with three decimals.
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.3f", a / b}'; }
+
+# redis_bench_setup TARGET ARGS...: the common start of a Redis benchmark: parses ARGS
+# (--report-json, --runs default 3, --redis-url), checks the tools, builds TARGET into $harness,
+# starts (or points at) the server and loads lua/claim.lua ($sha).
+redis_bench_setup() {
+  local target=$1
+  shift
+  report="" runs=3 redis_url=""
+  parse_bench_args "$@"
+  require_tools redis-server redis-cli redis-benchmark
+  cmake --build "$build" --target "$target" >/dev/null
+  harness="$build/bench/$target"
+  start_bench_redis
+  sha="$(cli SCRIPT LOAD "$(cat "$root/lua/claim.lua")")"
+}

@@ -35,7 +35,7 @@ std::shared_ptr<PgAsyncConnection> PgAsyncConnection::create(executor_type execu
 PgAsyncConnection::PgAsyncConnection(executor_type executor, PgAsyncSettings settings)
     : executor_(std::move(executor)),
       settings_(std::move(settings)),
-      deadline_timer_(executor_),
+      deadline_(executor_),
       connect_timer_(executor_) {}
 
 PgAsyncConnection::~PgAsyncConnection() {
@@ -43,7 +43,12 @@ PgAsyncConnection::~PgAsyncConnection() {
   if (conn_ != nullptr) PQfinish(conn_);
 }
 
-void PgAsyncConnection::enqueue(std::unique_ptr<OpBase> op, std::string sql, PgParams params,
+void PgAsyncConnection::on_cancel(Op& op) {
+  auto* entry = static_cast<Pending*>(op.entry);
+  entry->owner->cancel(entry);
+}
+
+void PgAsyncConnection::enqueue(std::unique_ptr<Op> op, std::string sql, PgParams params,
                                 std::chrono::milliseconds timeout) {
   Pending& entry = pending_.emplace_back();
   entry.sql = std::move(sql);
@@ -51,7 +56,7 @@ void PgAsyncConnection::enqueue(std::unique_ptr<OpBase> op, std::string sql, PgP
   entry.timeout = timeout;
   entry.deadline = Clock::now() + timeout;
   entry.op = std::move(op);
-  entry.op->connection = this;
+  entry.owner = this;
   entry.op->entry = &entry;
   arm_deadline(entry.deadline);
   if (state_ == State::kIdle) {
@@ -189,12 +194,9 @@ bool PgAsyncConnection::read_results() {
 void PgAsyncConnection::finish_front(PgResultPtr result) {
   Pending entry = std::move(pending_.front());
   pending_.pop_front();
-  if (pending_.empty()) {
-    armed_for_ = Clock::time_point::max();
-    deadline_timer_.cancel();
-  }
+  if (pending_.empty()) deadline_.disarm();
   if (entry.op == nullptr) return;
-  std::unique_ptr<OpBase> op = std::move(entry.op);
+  std::unique_ptr<Op> op = std::move(entry.op);
   op->entry = nullptr;
   std::exception_ptr error;
   if (result == nullptr) {
@@ -211,8 +213,7 @@ void PgAsyncConnection::finish_front(PgResultPtr result) {
     }
     result.reset();
   }
-  OpBase* raw = op.get();
-  raw->complete(std::move(op), error, std::move(result));
+  finish(std::move(op), error, std::move(result));
 }
 
 void PgAsyncConnection::cancel(Pending* entry) {
@@ -230,38 +231,24 @@ void PgAsyncConnection::cancel(Pending* entry) {
     return;
   }
   // Queued behind others (or not yet sent): complete now; the result will be dropped.
-  std::unique_ptr<OpBase> op = std::move(entry->op);
+  std::unique_ptr<Op> op = std::move(entry->op);
   if (op == nullptr) return;
   op->entry = nullptr;
-  asio::post(executor_, [op = std::move(op)]() mutable {
-    OpBase* raw = op.get();
-    raw->complete(std::move(op), cancelled(), nullptr);
-  });
+  Op* raw = op.get();
+  raw->post_complete(std::move(op), cancelled());
 }
 
 void PgAsyncConnection::arm_deadline(Clock::time_point deadline) {
-  if (deadline >= armed_for_) return;
-  armed_for_ = deadline;
-  deadline_timer_.expires_at(deadline);
-  deadline_timer_.async_wait([self = shared_from_this(), deadline](std::error_code error) {
-    if (error || self->armed_for_ != deadline) return;
-    self->on_deadline();
-  });
+  deadline_.arm(deadline, shared_from_this());
 }
 
-void PgAsyncConnection::on_deadline() {
-  armed_for_ = Clock::time_point::max();
-  const Clock::time_point now = Clock::now();
-  Clock::time_point next = Clock::time_point::max();
-  for (const Pending& entry : pending_) {
-    if (entry.deadline <= now) {
-      // Closing is the only way a stalled server cannot deliver this result to another call.
-      return fail(lost("statement timed out after " + std::to_string(entry.timeout.count()) +
-                       " ms (connection closed; a COMMIT's outcome is unknown)"));
-    }
-    next = std::min(next, entry.deadline);
+void PgAsyncConnection::on_deadline(Clock::time_point deadline) {
+  const Pending* late = deadline_.expired(deadline, pending_, shared_from_this());
+  // Closing is the only way a stalled server cannot deliver this result to another call.
+  if (late != nullptr) {
+    fail(lost("statement timed out after " + std::to_string(late->timeout.count()) +
+              " ms (connection closed; a COMMIT's outcome is unknown)"));
   }
-  if (next != Clock::time_point::max()) arm_deadline(next);
 }
 
 void PgAsyncConnection::close() { fail(lost("connection closed by the client")); }
@@ -282,17 +269,8 @@ void PgAsyncConnection::fail(const std::exception_ptr& error) {
   state_ = State::kIdle;
   flush_pending_ = false;
   connect_timer_.cancel();
-  armed_for_ = Clock::time_point::max();
-  deadline_timer_.cancel();
-  std::deque<Pending> failed;
-  failed.swap(pending_);
-  for (Pending& entry : failed) {
-    if (entry.op == nullptr) continue;
-    std::unique_ptr<OpBase> op = std::move(entry.op);
-    op->entry = nullptr;
-    OpBase* raw = op.get();
-    raw->complete(std::move(op), error, nullptr);
-  }
+  deadline_.disarm();
+  fail_all(pending_, error);
 }
 
 }  // namespace idem::detail

@@ -22,13 +22,8 @@
 #include <libpq-fe.h>
 
 #include <asio/any_io_executor.hpp>
-#include <asio/associated_cancellation_slot.hpp>
-#include <asio/associated_executor.hpp>
 #include <asio/async_result.hpp>
-#include <asio/dispatch.hpp>
-#include <asio/executor_work_guard.hpp>
 #include <asio/posix/stream_descriptor.hpp>
-#include <asio/post.hpp>
 #include <asio/steady_timer.hpp>
 #include <chrono>
 #include <deque>
@@ -37,6 +32,8 @@
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "common/async_op.h"
 
 namespace idem::detail {
 
@@ -88,9 +85,9 @@ class PgAsyncConnection : public std::enable_shared_from_this<PgAsyncConnection>
     return asio::async_initiate<Token, PgSignature>(
         [self = shared_from_this()](auto handler, std::string text, PgParams values,
                                     std::chrono::milliseconds limit) {
-          using Handler = std::decay_t<decltype(handler)>;
-          self->enqueue(std::make_unique<Op<Handler>>(std::move(handler), self->executor_),
-                        std::move(text), std::move(values), limit);
+          self->enqueue(
+              make_pending_op<PgResultPtr>(std::move(handler), self->executor_, &on_cancel),
+              std::move(text), std::move(values), limit);
         },
         token, std::move(sql), std::move(params), timeout);
   }
@@ -104,9 +101,10 @@ class PgAsyncConnection : public std::enable_shared_from_this<PgAsyncConnection>
   [[nodiscard]] std::uint64_t connects() const noexcept { return connects_; }
 
  private:
-  struct OpBase;
+  using Op = PendingOp<PgResultPtr>;
   struct Pending {
-    std::unique_ptr<OpBase> op;  // null: cancelled while queued, the result is dropped
+    std::unique_ptr<Op> op;  // null: cancelled while queued, the result is dropped
+    PgAsyncConnection* owner = nullptr;
     std::string sql;
     PgParams params;
     bool sent = false;
@@ -115,51 +113,11 @@ class PgAsyncConnection : public std::enable_shared_from_this<PgAsyncConnection>
     std::chrono::milliseconds timeout{0};
     Clock::time_point deadline;
   };
-  struct OpBase {
-    virtual ~OpBase() = default;
-    virtual void complete(std::unique_ptr<OpBase> self, std::exception_ptr error,
-                          PgResultPtr result) = 0;
-    PgAsyncConnection* connection = nullptr;
-    Pending* entry = nullptr;
-  };
-  template <typename Handler>
-  struct Op final : OpBase {
-    using Executor = asio::associated_executor_t<Handler, executor_type>;
-    Op(Handler h, const executor_type& fallback)
-        : handler(std::move(h)),
-          work(asio::make_work_guard(asio::get_associated_executor(handler, fallback))) {
-      auto slot = asio::get_associated_cancellation_slot(handler);
-      if (slot.is_connected()) {
-        slot.template emplace<Canceller>(this);
-      }
-    }
-    struct Canceller {
-      explicit Canceller(Op* op) : op(op) {}
-      void operator()(asio::cancellation_type type) const {
-        if (type == asio::cancellation_type::none || op->entry == nullptr) return;
-        op->connection->cancel(op->entry);
-      }
-      Op* op;
-    };
-    void complete(std::unique_ptr<OpBase> self, std::exception_ptr error,
-                  PgResultPtr result) override {
-      auto slot = asio::get_associated_cancellation_slot(handler);
-      if (slot.is_connected()) slot.clear();
-      Handler local = std::move(handler);
-      auto guard = std::move(work);
-      self.reset();
-      asio::dispatch(guard.get_executor(),
-                     [h = std::move(local), error, r = std::move(result)]() mutable {
-                       std::move(h)(error, std::move(r));
-                     });
-    }
-    Handler handler;
-    asio::executor_work_guard<Executor> work;
-  };
 
   PgAsyncConnection(executor_type executor, PgAsyncSettings settings);
 
-  void enqueue(std::unique_ptr<OpBase> op, std::string sql, PgParams params,
+  static void on_cancel(Op& op);
+  void enqueue(std::unique_ptr<Op> op, std::string sql, PgParams params,
                std::chrono::milliseconds timeout);
   void connect();
   void poll_connect();
@@ -170,7 +128,8 @@ class PgAsyncConnection : public std::enable_shared_from_this<PgAsyncConnection>
   void finish_front(PgResultPtr result);
   void cancel(Pending* entry);
   void arm_deadline(Clock::time_point deadline);
-  void on_deadline();
+  friend class QueueDeadline;  // calls on_deadline()
+  void on_deadline(Clock::time_point deadline);
   void fail(const std::exception_ptr& error);
   void drop_socket() noexcept;
 
@@ -186,9 +145,8 @@ class PgAsyncConnection : public std::enable_shared_from_this<PgAsyncConnection>
   bool flush_pending_ = false;
   bool send_scheduled_ = false;
   std::deque<Pending> pending_;
-  asio::steady_timer deadline_timer_;
+  QueueDeadline deadline_;
   asio::steady_timer connect_timer_;
-  Clock::time_point armed_for_ = Clock::time_point::max();
   std::uint64_t connects_ = 0;
   std::uint64_t generation_ = 0;  // bumped when the connection is dropped
 };

@@ -104,7 +104,7 @@ std::shared_ptr<AsyncConnection> AsyncConnection::create(executor_type executor,
 }
 
 AsyncConnection::AsyncConnection(executor_type executor, AsyncConnectionSettings settings)
-    : executor_(std::move(executor)), settings_(std::move(settings)), deadline_timer_(executor_) {
+    : executor_(std::move(executor)), settings_(std::move(settings)), deadline_(executor_) {
   if (settings_.endpoint.tls) tls_ = make_tls_context(settings_.endpoint);
 }
 
@@ -112,12 +112,17 @@ AsyncConnection::~AsyncConnection() {
   if (link_ != nullptr) link_->shut();
 }
 
-std::exception_ptr AsyncConnection::cancelled_error() {
-  return std::make_exception_ptr(
-      Cancelled("idem: redis command cancelled (the server may still run it)"));
+void AsyncConnection::on_cancel(Op& op) {
+  auto* entry = static_cast<Pending*>(op.entry);
+  std::unique_ptr<Op> self = std::move(entry->op);
+  op.entry = nullptr;
+  Op* raw = self.get();
+  raw->post_complete(std::move(self),
+                     std::make_exception_ptr(
+                         Cancelled("idem: redis command cancelled (the server may still run it)")));
 }
 
-void AsyncConnection::enqueue(std::unique_ptr<OpBase> op, std::string bytes, int replies,
+void AsyncConnection::enqueue(std::unique_ptr<Op> op, std::string bytes, int replies,
                               std::chrono::milliseconds timeout) {
   Pending& entry = pending_.emplace_back();
   entry.replies_left = replies;
@@ -213,13 +218,12 @@ void AsyncConnection::on_reply(ReplyPtr reply) {
   }
   if (--entry.replies_left > 0) return;
   ReplyPtr result = entry.first_error != nullptr ? std::move(entry.first_error) : std::move(reply);
-  std::unique_ptr<OpBase> op = std::move(entry.op);
+  std::unique_ptr<Op> op = std::move(entry.op);
   pending_.pop_front();
-  if (pending_.empty()) disarm_deadline();  // an idle connection holds no timer (nor run())
+  if (pending_.empty()) deadline_.disarm();  // an idle connection holds no timer (nor run())
   if (op != nullptr) {
     op->entry = nullptr;
-    OpBase* raw = op.get();
-    raw->complete(std::move(op), nullptr, std::move(result));
+    finish(std::move(op), nullptr, std::move(result));
   }
 }
 
@@ -308,35 +312,16 @@ void AsyncConnection::on_connected(const std::shared_ptr<Link>& link) {
 }
 
 void AsyncConnection::arm_deadline(Clock::time_point deadline) {
-  if (deadline >= armed_for_) return;
-  armed_for_ = deadline;
-  deadline_timer_.expires_at(deadline);
-  deadline_timer_.async_wait([self = shared_from_this(), deadline](std::error_code error) {
-    if (error || self->armed_for_ != deadline) return;  // re-armed for an earlier deadline
-    self->on_deadline();
-  });
+  deadline_.arm(deadline, shared_from_this());
 }
 
-void AsyncConnection::disarm_deadline() {
-  if (armed_for_ == Clock::time_point::max()) return;
-  armed_for_ = Clock::time_point::max();
-  deadline_timer_.cancel();
-}
-
-void AsyncConnection::on_deadline() {
-  armed_for_ = Clock::time_point::max();
-  const Clock::time_point now = Clock::now();
-  Clock::time_point next = Clock::time_point::max();
-  for (const Pending& entry : pending_) {
-    if (entry.deadline <= now) {
-      // Closing is the only way to make sure the late reply is never read as another's.
-      fail(std::make_exception_ptr(
-          timeout_error(entry.timeout.count(), entry.handshake ? "connect" : "command")));
-      return;
-    }
-    next = std::min(next, entry.deadline);
+void AsyncConnection::on_deadline(Clock::time_point deadline) {
+  const Pending* late = deadline_.expired(deadline, pending_, shared_from_this());
+  // Closing is the only way to make sure the late reply is never read as another's.
+  if (late != nullptr) {
+    fail(std::make_exception_ptr(
+        timeout_error(late->timeout.count(), late->handshake ? "connect" : "command")));
   }
-  if (next != Clock::time_point::max()) arm_deadline(next);
 }
 
 void AsyncConnection::close() {
@@ -348,16 +333,8 @@ void AsyncConnection::fail(const std::exception_ptr& error) {
   link_.reset();
   ready_ = false;
   out_.clear();
-  disarm_deadline();
-  std::deque<Pending> failed;
-  failed.swap(pending_);
-  for (Pending& entry : failed) {
-    if (entry.op == nullptr) continue;
-    std::unique_ptr<OpBase> op = std::move(entry.op);
-    op->entry = nullptr;
-    OpBase* raw = op.get();
-    raw->complete(std::move(op), error, nullptr);
-  }
+  deadline_.disarm();
+  fail_all(pending_, error);
 }
 
 }  // namespace idem::detail

@@ -24,13 +24,7 @@
 #pragma once
 
 #include <asio/any_io_executor.hpp>
-#include <asio/associated_cancellation_slot.hpp>
-#include <asio/associated_executor.hpp>
 #include <asio/async_result.hpp>
-#include <asio/dispatch.hpp>
-#include <asio/executor_work_guard.hpp>
-#include <asio/post.hpp>
-#include <asio/steady_timer.hpp>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -43,6 +37,7 @@
 #include <string_view>
 #include <utility>
 
+#include "common/async_op.h"
 #include "redis/reply.h"
 #include "redis/url.h"
 
@@ -101,9 +96,8 @@ class AsyncConnection : public std::enable_shared_from_this<AsyncConnection> {
     return asio::async_initiate<Token, ReplySignature>(
         [self = shared_from_this()](auto handler, std::string bytes, int replies,
                                     std::chrono::milliseconds limit) {
-          using Handler = std::decay_t<decltype(handler)>;
-          auto op = std::make_unique<Op<Handler>>(std::move(handler), self->executor_);
-          self->enqueue(std::move(op), std::move(bytes), replies, limit);
+          self->enqueue(make_pending_op<ReplyPtr>(std::move(handler), self->executor_, &on_cancel),
+                        std::move(bytes), replies, limit);
         },
         token, std::move(commands), count, timeout);
   }
@@ -120,68 +114,24 @@ class AsyncConnection : public std::enable_shared_from_this<AsyncConnection> {
   [[nodiscard]] std::uint64_t writes() const noexcept { return writes_; }
 
  private:
-  struct OpBase;
+  using Op = PendingOp<ReplyPtr>;
   // One command (or group of commands sent together) awaiting its replies.
   struct Pending {
-    std::unique_ptr<OpBase> op;  // null: the reply is dropped (cancelled, or a handshake step)
+    std::unique_ptr<Op> op;  // null: the reply is dropped (cancelled, or a handshake step)
     int replies_left = 1;
     bool handshake = false;  // an error reply fails the connection (AUTH, SELECT)
     ReplyPtr first_error;
     std::chrono::milliseconds timeout{0};
     Clock::time_point deadline;
   };
-  // The type-erased completion handler of one command.
-  struct OpBase {
-    virtual ~OpBase() = default;
-    // Completes the handler (exactly once) and consumes `self`.
-    virtual void complete(std::unique_ptr<OpBase> self, std::exception_ptr error,
-                          ReplyPtr reply) = 0;
-    Pending* entry = nullptr;  // stable: std::deque keeps element addresses on push/pop at ends
-  };
-  template <typename Handler>
-  struct Op final : OpBase {
-    using Executor = asio::associated_executor_t<Handler, executor_type>;
-    Op(Handler h, const executor_type& fallback)
-        : handler(std::move(h)),
-          work(asio::make_work_guard(asio::get_associated_executor(handler, fallback))) {
-      auto slot = asio::get_associated_cancellation_slot(handler);
-      if (slot.is_connected()) slot.template emplace<Canceller>(this);
-    }
-    // Emitted cancellation: detach from the queue entry (its reply will be dropped) and complete
-    // with idem::Cancelled, posted so that the slot is cleared outside its own handler.
-    struct Canceller {
-      explicit Canceller(Op* op) : op(op) {}
-      void operator()(asio::cancellation_type type) const {
-        if (type == asio::cancellation_type::none || op->entry == nullptr) return;
-        std::unique_ptr<OpBase> self = std::move(op->entry->op);
-        op->entry = nullptr;
-        asio::post(op->work.get_executor(), [self = std::move(self)]() mutable {
-          auto* raw = static_cast<Op*>(self.get());
-          raw->complete(std::move(self), cancelled_error(), nullptr);
-        });
-      }
-      Op* op;
-    };
-    void complete(std::unique_ptr<OpBase> self, std::exception_ptr error, ReplyPtr reply) override {
-      auto slot = asio::get_associated_cancellation_slot(handler);
-      if (slot.is_connected()) slot.clear();
-      Handler local = std::move(handler);
-      auto guard = std::move(work);
-      self.reset();  // frees this op before the handler runs (it may start the next command)
-      asio::dispatch(guard.get_executor(),
-                     [h = std::move(local), error, r = std::move(reply)]() mutable {
-                       std::move(h)(error, std::move(r));
-                     });
-    }
-    Handler handler;
-    asio::executor_work_guard<Executor> work;
-  };
   struct Link;  // one physical connection: stream, reader, write buffer
 
   AsyncConnection(executor_type executor, AsyncConnectionSettings settings);
-  static std::exception_ptr cancelled_error();
+  // Detaches a cancelled command from its entry (the reply will be dropped) and completes it
+  // with idem::Cancelled.
+  static void on_cancel(Op& op);
 
-  void enqueue(std::unique_ptr<OpBase> op, std::string bytes, int replies,
+  void enqueue(std::unique_ptr<Op> op, std::string bytes, int replies,
                std::chrono::milliseconds timeout);
   void schedule_write();
   void start_write();
@@ -191,8 +141,8 @@ class AsyncConnection : public std::enable_shared_from_this<AsyncConnection> {
   void connect();
   void on_connected(const std::shared_ptr<Link>& link);
   void arm_deadline(Clock::time_point deadline);
-  void disarm_deadline();
-  void on_deadline();
+  friend class QueueDeadline;  // calls on_deadline()
+  void on_deadline(Clock::time_point deadline);
   // Closes the link and fails every pending command with `error`.
   void fail(const std::exception_ptr& error);
 
@@ -204,8 +154,7 @@ class AsyncConnection : public std::enable_shared_from_this<AsyncConnection> {
   std::string out_;                          // commands not yet handed to a write
   bool write_scheduled_ = false;
   std::deque<Pending> pending_;
-  asio::steady_timer deadline_timer_;
-  Clock::time_point armed_for_ = Clock::time_point::max();
+  QueueDeadline deadline_;
   std::uint64_t connects_ = 0;
   std::uint64_t writes_ = 0;
 };

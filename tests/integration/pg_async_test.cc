@@ -12,12 +12,12 @@
 #include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
 #include <chrono>
-#include <functional>
 #include <pqxx/pqxx>
 #include <string>
 #include <vector>
 
 #include "idem/errors.h"
+#include "loop_probe.h"
 #include "pg/async_connection.h"
 #include "pg_server.h"
 #include "test_env.h"
@@ -39,15 +39,7 @@ PgAsyncSettings settings_for(const std::string& conninfo,
       .conninfo = conninfo, .connect_timeout = timeout, .statement_timeout = timeout};
 }
 
-// Runs `body` as a coroutine on a fresh io_context until it finishes; rethrows its exception.
-template <typename Body>
-void run_coroutine(Body body) {
-  asio::io_context io;
-  std::exception_ptr failure;
-  asio::co_spawn(io, body(io.get_executor()), [&](std::exception_ptr error) { failure = error; });
-  io.run();
-  if (failure) std::rethrow_exception(failure);
-}
+using test::run_coroutine;
 
 TEST(PgAsync, ParametersNullsAndErrorsWithTheirSqlstate) {
   IDEM_REQUIRE_SERVICE(url, "IDEM_TEST_PG_URL");
@@ -153,41 +145,19 @@ TEST(PgAsync, LoopKeepsRunningWhilePostgresIsStopped) {
   io.run();
   io.restart();
   server.pause();
-  const auto started = Clock::now();
-  int failed = 0;
-  Clock::duration last_end{};
-  for (int i = 0; i < 1000; ++i) {
-    connection->exec("SELECT $1::int", PgParams{std::to_string(i)},
-                     [&](std::exception_ptr error, PgResultPtr) {
-                       try {
-                         std::rethrow_exception(error);
-                       } catch (const PostgresError& e) {
-                         EXPECT_TRUE(e.retryable());
-                         EXPECT_EQ(e.sqlstate(), "08006");
-                         ++failed;
-                       }
-                       last_end = Clock::now() - started;
-                     });
-  }
-  Clock::duration worst_gap{};
-  auto previous = Clock::now();
-  asio::steady_timer tick(io);
-  std::function<void()> arm = [&] {
-    tick.expires_after(1ms);
-    tick.async_wait([&](std::error_code) {
-      const auto now = Clock::now();
-      worst_gap = std::max(worst_gap, now - previous);
-      previous = now;
-      if (now - started < 600ms) arm();
-    });
-  };
-  arm();
+  test::FailureTally<PostgresError> tally([](const PostgresError& e) {
+    EXPECT_TRUE(e.retryable());
+    EXPECT_EQ(e.sqlstate(), "08006");
+  });
+  for (int i = 0; i < 1000; ++i)
+    connection->exec("SELECT $1::int", PgParams{std::to_string(i)}, tally.handler());
+  test::LoopProbe probe(io, 600ms);
   io.run();
   server.resume();
-  EXPECT_EQ(failed, 1000);
-  EXPECT_GE(last_end, 300ms);
-  EXPECT_LT(last_end, 450ms);
-  EXPECT_LT(worst_gap, 10ms) << "the loop stalled";
+  EXPECT_EQ(tally.failed(), 1000);
+  EXPECT_GE(tally.last_end(), 300ms);
+  EXPECT_LT(tally.last_end(), 450ms);
+  EXPECT_LT(probe.worst_gap(), test::kMaxLoopGap) << "the loop stalled";
   // Resumed, the server answers a new connection (the old one was closed at the timeout).
   std::string answer;
   connection->exec("SELECT 'back'", {}, [&](std::exception_ptr error, PgResultPtr result) {

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "idem/errors.h"
+#include "loop_probe.h"
 #include "redis/async_client.h"
 #include "redis/async_connection.h"
 #include "redis/url.h"
@@ -42,15 +43,7 @@ AsyncConnectionSettings settings_for(const std::string& url,
       .endpoint = parse_redis_url(url), .connect_timeout = timeout, .command_timeout = timeout};
 }
 
-// Runs `body` as a coroutine on a fresh io_context until it finishes; rethrows its exception.
-template <typename Body>
-void run_coroutine(Body body) {
-  asio::io_context io;
-  std::exception_ptr failure;
-  asio::co_spawn(io, body(io.get_executor()), [&](std::exception_ptr error) { failure = error; });
-  io.run();
-  if (failure) std::rethrow_exception(failure);
-}
+using test::run_coroutine;
 
 class RedisAsyncTest : public ::testing::Test {
  protected:
@@ -303,41 +296,16 @@ TEST(RedisAsync, LoopKeepsRunningWhileRedisIsStopped) {
   io.run_for(200ms);
   io.restart();
   server.pause();
-  using Clock = std::chrono::steady_clock;
-  const auto started = Clock::now();
-  int failed = 0;
-  Clock::duration last_end{};
-  for (int i = 0; i < 1000; ++i) {
-    connection->exec(Args{"SET", "stopped:" + std::to_string(i), "x"},
-                     [&](std::exception_ptr error, ReplyPtr) {
-                       try {
-                         std::rethrow_exception(error);
-                       } catch (const RedisError& e) {
-                         EXPECT_TRUE(e.retryable());
-                         ++failed;
-                       }
-                       last_end = Clock::now() - started;
-                     });
-  }
-  Clock::duration worst_gap{};
-  auto previous = Clock::now();
-  asio::steady_timer tick(io);
-  std::function<void()> arm = [&] {
-    tick.expires_after(1ms);
-    tick.async_wait([&](std::error_code) {
-      const auto now = Clock::now();
-      worst_gap = std::max(worst_gap, now - previous);
-      previous = now;
-      if (now - started < 600ms) arm();
-    });
-  };
-  arm();
+  test::FailureTally<RedisError> tally([](const RedisError& e) { EXPECT_TRUE(e.retryable()); });
+  for (int i = 0; i < 1000; ++i)
+    connection->exec(Args{"SET", "stopped:" + std::to_string(i), "x"}, tally.handler());
+  test::LoopProbe probe(io, 600ms);
   io.run();
   server.resume();
-  EXPECT_EQ(failed, 1000);
-  EXPECT_GE(last_end, 300ms);
-  EXPECT_LT(last_end, 450ms);
-  EXPECT_LT(worst_gap, 10ms) << "the loop stalled";
+  EXPECT_EQ(tally.failed(), 1000);
+  EXPECT_GE(tally.last_end(), 300ms);
+  EXPECT_LT(tally.last_end(), 450ms);
+  EXPECT_LT(probe.worst_gap(), test::kMaxLoopGap) << "the loop stalled";
 }
 
 TEST(RedisAsync, TlsConnectionVerifiesTheServer) {

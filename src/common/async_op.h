@@ -1,0 +1,171 @@
+// What the asynchronous clients (src/redis/async_connection.h, src/pg/async_connection.h) share:
+// a type-erased completion handler that honours Asio per-operation cancellation, and one timer
+// per connection for the earliest deadline of its queue of pending operations.
+//
+// Not thread-safe: both live on their connection's executor.
+#pragma once
+
+#include <asio/any_io_executor.hpp>
+#include <asio/associated_cancellation_slot.hpp>
+#include <asio/associated_executor.hpp>
+#include <asio/dispatch.hpp>
+#include <asio/executor_work_guard.hpp>
+#include <asio/post.hpp>
+#include <asio/steady_timer.hpp>
+#include <chrono>
+#include <exception>
+#include <memory>
+#include <type_traits>
+#include <utility>
+
+namespace idem::detail {
+
+/// The completion handler of one queued operation with signature
+/// `void(std::exception_ptr, Result)`, its type erased.
+template <typename Result>
+struct PendingOp {
+  virtual ~PendingOp() = default;
+  /// Completes the handler exactly once, dispatched to its associated executor, after clearing
+  /// its cancellation slot; consumes `self` first (the handler may start the next operation).
+  virtual void complete(std::unique_ptr<PendingOp> self, std::exception_ptr error,
+                        Result result) = 0;
+  /// Posts complete() to the handler's executor (from inside a cancellation handler, where the
+  /// slot must not be cleared).
+  virtual void post_complete(std::unique_ptr<PendingOp> self, std::exception_ptr error) = 0;
+  /// The owner's queue entry while the operation is queued; null once it is detached.
+  void* entry = nullptr;
+  /// Called when the handler's cancellation slot is emitted while `entry` is set.
+  void (*on_cancel)(PendingOp& op) = nullptr;
+};
+
+/// complete() of `op` (which it consumes).
+template <typename Result>
+void finish(std::unique_ptr<PendingOp<Result>> op, std::exception_ptr error, Result result) {
+  PendingOp<Result>* raw = op.get();
+  raw->complete(std::move(op), error, std::move(result));
+}
+
+template <typename Result, typename Handler>
+class HandlerOp final : public PendingOp<Result> {
+ public:
+  using Executor = asio::associated_executor_t<Handler, asio::any_io_executor>;
+
+  HandlerOp(Handler handler, const asio::any_io_executor& fallback,
+            void (*on_cancel)(PendingOp<Result>&))
+      : handler_(std::move(handler)),
+        work_(asio::make_work_guard(asio::get_associated_executor(handler_, fallback))) {
+    this->on_cancel = on_cancel;
+    auto slot = asio::get_associated_cancellation_slot(handler_);
+    if (slot.is_connected()) slot.template emplace<Canceller>(this);
+  }
+
+  void complete(std::unique_ptr<PendingOp<Result>> self, std::exception_ptr error,
+                Result result) override {
+    auto slot = asio::get_associated_cancellation_slot(handler_);
+    if (slot.is_connected()) slot.clear();
+    Handler handler = std::move(handler_);
+    auto work = std::move(work_);
+    self.reset();
+    asio::dispatch(work.get_executor(),
+                   [h = std::move(handler), error, r = std::move(result)]() mutable {
+                     std::move(h)(error, std::move(r));
+                   });
+  }
+
+  void post_complete(std::unique_ptr<PendingOp<Result>> self, std::exception_ptr error) override {
+    const Executor executor = work_.get_executor();
+    asio::post(executor, [self = std::move(self), error]() mutable {
+      finish(std::move(self), error, Result{});
+    });
+  }
+
+ private:
+  struct Canceller {
+    explicit Canceller(HandlerOp* op) : op(op) {}
+    void operator()(asio::cancellation_type type) const {
+      if (type != asio::cancellation_type::none && op->entry != nullptr &&
+          op->on_cancel != nullptr) {
+        op->on_cancel(*op);
+      }
+    }
+    HandlerOp* op;
+  };
+
+  Handler handler_;
+  asio::executor_work_guard<Executor> work_;
+};
+
+/// A PendingOp for `handler`; `on_cancel` reacts to its cancellation (see PendingOp).
+template <typename Result, typename Handler>
+std::unique_ptr<PendingOp<Result>> make_pending_op(Handler handler,
+                                                   const asio::any_io_executor& fallback,
+                                                   void (*on_cancel)(PendingOp<Result>&)) {
+  return std::make_unique<HandlerOp<Result, std::decay_t<Handler>>>(std::move(handler), fallback,
+                                                                    on_cancel);
+}
+
+/// Empties `queue` (entries with an `op` member) and completes every operation still attached
+/// with `error` (a dropped connection fails everything it had).
+template <typename Queue>
+void fail_all(Queue& queue, const std::exception_ptr& error) {
+  Queue failed;
+  failed.swap(queue);
+  for (auto& entry : failed) {
+    if (entry.op == nullptr) continue;
+    entry.op->entry = nullptr;
+    finish(std::move(entry.op), error, {});
+  }
+}
+
+/// One timer for the earliest deadline among a connection's pending operations (each with a
+/// `deadline` time point). An idle connection holds no timer.
+class QueueDeadline {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  explicit QueueDeadline(const asio::any_io_executor& executor) : timer_(executor) {}
+
+  /// Arms for `deadline` unless an earlier one is armed. When it passes,
+  /// `owner->on_deadline(deadline)` runs (the timer keeps `owner` alive meanwhile); it is
+  /// expected to call expired().
+  template <typename Owner>
+  void arm(Clock::time_point deadline, std::shared_ptr<Owner> owner) {
+    if (deadline >= armed_for_) return;
+    armed_for_ = deadline;
+    timer_.expires_at(deadline);
+    timer_.async_wait([owner = std::move(owner), deadline](std::error_code error) {
+      if (!error) owner->on_deadline(deadline);
+    });
+  }
+
+  /// With the deadline on_deadline() was called for: the first entry of `queue` whose deadline
+  /// has passed, or nullptr after re-arming (for `owner`) for the earliest remaining one. Also
+  /// nullptr when `deadline` is no longer the armed one (re-armed or disarmed since).
+  template <typename Queue, typename Owner>
+  const typename Queue::value_type* expired(Clock::time_point deadline, const Queue& queue,
+                                            std::shared_ptr<Owner> owner) {
+    if (deadline != armed_for_) return nullptr;
+    armed_for_ = Clock::time_point::max();
+    const Clock::time_point now = Clock::now();
+    Clock::time_point next = Clock::time_point::max();
+    for (const auto& entry : queue) {
+      if (entry.deadline <= now) return &entry;
+      if (entry.deadline < next) next = entry.deadline;
+    }
+    if (next != Clock::time_point::max()) arm(next, std::move(owner));
+    return nullptr;
+  }
+
+  /// Cancels the timer (the queue is empty, or its connection failed).
+  void disarm() {
+    if (armed_for_ == Clock::time_point::max()) return;
+    armed_for_ = Clock::time_point::max();
+    timer_.cancel();
+  }
+
+ private:
+  asio::steady_timer timer_;
+  Clock::time_point armed_for_ = Clock::time_point::max();
+};
+
+}  // namespace idem::detail
