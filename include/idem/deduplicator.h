@@ -124,8 +124,8 @@ class IDEM_EXPORT Context {
 
 /// Options of a Deduplicator. Every layer is optional; a null pointer or nullopt leaves it out.
 struct DeduplicatorOptions {
-  /// Layer 1: remember up to this many keys completed in this process and answer their repeats
-  /// without a network round trip. 0 turns the layer off.
+  /// Layer 1, the request-ID layer's local cache: remember up to this many keys completed in
+  /// this process and answer their repeats without a network round trip. 0 turns it off.
   std::size_t local_cache_capacity = 10000;
   /// How long layer 1 remembers a completed key, in ms. Keep it no longer than the guard's
   /// retention, so a repeat after the retention reaches the sink.

@@ -1,4 +1,4 @@
-// Layer 1's in-process cache of recently completed request IDs (or keys) and their stored
+// Layer 1 (the request-ID layer)'s in-process cache of recently completed keys and their stored
 // responses, so a repeat that reaches the same process is answered without a network hop.
 #pragma once
 

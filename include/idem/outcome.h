@@ -12,7 +12,8 @@ namespace idem {
 /// The layer that decided an outcome.
 enum class Layer {
   kHandler,      ///< No layer stopped the request: the handler ran (Outcome::Kind::kExecuted).
-  kRequestId,    ///< Layer 1: a repeat of a request ID completed earlier in this process.
+  kRequestId,    ///< Layer 1, the request-ID layer: a repeat of a key completed earlier in this
+                 ///< process, answered by its local cache without a network round trip.
   kRedisGuard,   ///< Layer 2: the Redis claim.
   kFingerprint,  ///< Layer 3, the payload fingerprint. It stores nothing itself: a fallback
                  ///< key's duplicate or a mismatch is reported under the layer whose record
