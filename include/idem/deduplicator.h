@@ -22,6 +22,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <vector>
 
 #include "idem/export.h"
 #include "idem/fingerprint.h"
@@ -139,6 +140,16 @@ struct DeduplicatorOptions {
   /// previous bucket's key (a sliding window: a repeat just across a boundary is caught); the
   /// mismatch fingerprint never includes the bucket.
   std::optional<FingerprintOptions> fingerprint = FingerprintOptions{};
+  /// RFC 6901 JSON Pointers of the payload members that carry the request ID (where
+  /// request_id_from_json() reads it and inject_request_id() writes it: "/requestId"). They are
+  /// left out of the fingerprint (added to FingerprintOptions::exclude), so a message re-sent
+  /// with a new request ID is a duplicate, not a mismatch. A member the fingerprint's `include`
+  /// names explicitly stays in; nothing is left out of a seed-compatible fingerprint
+  /// (domain_separated false), which must hash what the seed hashed. {} leaves them in.
+  /// Records keep the fingerprint options' tag (Fingerprinter::options_tag()), so changing these
+  /// or the fingerprint options makes stored fingerprints incomparable (no verdict), never
+  /// mismatches.
+  std::vector<std::string> request_id_fields{"/requestId"};
   /// Layer 4: a PgSink (shared, in PostgreSQL; the only sink run_transactional() can use) or an
   /// InMemorySink (one process). Shared so several deduplicators can use one pool.
   std::shared_ptr<Sink> sink{};

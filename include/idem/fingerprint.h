@@ -117,14 +117,31 @@ class IDEM_EXPORT Fingerprinter {
   /// The options in force.
   [[nodiscard]] const FingerprintOptions& options() const noexcept { return options_; }
 
+  /// 8 lowercase hex digits naming the options that shape a digest (form, hash, include,
+  /// exclude, absent_include, domain_separated, hex_length; not the time bucket, the depth or
+  /// size limits): two Fingerprinters with the same tag make the same fingerprint of a payload.
+  /// The facade stores `tag.fingerprint` in its records (see fingerprints_match()).
+  [[nodiscard]] const std::string& options_tag() const noexcept { return options_tag_; }
+
  private:
   FingerprintOptions options_;
   std::shared_ptr<const detail::Selection> selection_;  // nullptr without include/exclude
+  std::string options_tag_;
 };
 
 /// How long a fallback key lives by default: a request without ID is deduplicated by its
 /// payload fingerprint for this long (seconds).
 inline constexpr std::chrono::seconds kFallbackKeyRetention{30};
+
+/// Whether a fingerprint stored with a record (`stored`) and a request's (`current`) say the
+/// payloads are the same. Either may be `tag.hex` (Fingerprinter::options_tag(), as the facade
+/// stores them) or a bare hex digest (records written before tags, or by other tools). Empty on
+/// either side carries no verdict (true). Two tags that differ mean the fingerprints were made
+/// under other options and cannot be compared: no verdict either (true), so changing the
+/// fingerprint options never turns the repeats of stored records into mismatches. Otherwise the
+/// digests must be equal. Pure function; thread-safe.
+[[nodiscard]] IDEM_EXPORT bool fingerprints_match(std::string_view stored,
+                                                  std::string_view current) noexcept;
 
 /// RFC 8785 canonical form of `json` under default options. Throws idem::PayloadError.
 /// Thread-safe.

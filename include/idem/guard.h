@@ -27,8 +27,9 @@ struct ClaimResult {
   std::string owner_token{};
   /// State of the record found (kInProgress for a fresh claim).
   RecordState state = RecordState::kInProgress;
-  /// Whether the stored fingerprint equals the caller's. True for a fresh claim, and when
-  /// either side has no fingerprint (empty string).
+  /// Whether the stored fingerprint and the caller's say the same payload, by
+  /// fingerprints_match() (fingerprint.h). True for a fresh claim, when either side has no
+  /// fingerprint (empty string), and when they were made under other fingerprint options.
   bool fingerprint_matches = true;
   /// The stored response of a COMPLETED record, when it was stored verbatim.
   std::optional<std::string> response{};

@@ -28,8 +28,9 @@ struct SinkClaim {
   SinkStatus status = SinkStatus::kClaimed;  ///< What the claim found.
   /// State of the existing row (kInProgress for a fresh claim or an open competitor).
   RecordState state = RecordState::kInProgress;
-  /// Whether the stored fingerprint equals the caller's. An empty fingerprint (on either side)
-  /// carries no information and matches.
+  /// Whether the stored fingerprint and the caller's say the same payload, by
+  /// fingerprints_match() (fingerprint.h): an empty fingerprint (on either side), or two made
+  /// under other fingerprint options, carry no verdict and match.
   bool fingerprint_matches = true;
   /// Whether the existing row was claimed by the same request ID (a retry or redelivery).
   bool same_request = true;

@@ -36,6 +36,26 @@ const E* as(const std::exception& e) {
   return dynamic_cast<const E*>(&e);
 }
 
+// True when `pointer` is `field` or a member below it.
+bool at_or_below(const std::string& pointer, const std::string& field) {
+  return pointer == field || pointer.starts_with(field + "/");
+}
+
+// `fingerprint` leaving out the members that carry the request ID (see
+// DeduplicatorOptions::request_id_fields).
+FingerprintOptions without_request_id_fields(FingerprintOptions fingerprint,
+                                             const DeduplicatorOptions& options) {
+  if (!fingerprint.domain_separated) return fingerprint;  // the seed's digest, byte for byte
+  for (const std::string& field : options.request_id_fields) {
+    const bool included = std::any_of(fingerprint.include.begin(), fingerprint.include.end(),
+                                      [&](const std::string& p) { return at_or_below(p, field); });
+    const bool excluded = std::any_of(fingerprint.exclude.begin(), fingerprint.exclude.end(),
+                                      [&](const std::string& p) { return at_or_below(field, p); });
+    if (!included && !excluded) fingerprint.exclude.push_back(field);
+  }
+  return fingerprint;
+}
+
 }  // namespace
 
 PlanRules::PlanRules(const DeduplicatorOptions& options) : options_(options) {
@@ -47,10 +67,10 @@ PlanRules::PlanRules(const DeduplicatorOptions& options) : options_(options) {
   }
   if (o.fallback_retention.count() <= 0) throw ConfigError("idem: fallback_retention must be > 0");
   if (o.fingerprint) {
-    Fingerprinter bucketed(*o.fingerprint);  // validates the options as given
-    if (o.fingerprint->time_bucket.count() > 0)
-      bucketed_fingerprinter_.emplace(std::move(bucketed));
-    FingerprintOptions unbucketed = *o.fingerprint;
+    (void)Fingerprinter(*o.fingerprint);  // validates the options as given
+    const FingerprintOptions options = without_request_id_fields(*o.fingerprint, o);
+    if (options.time_bucket.count() > 0) bucketed_fingerprinter_.emplace(options);
+    FingerprintOptions unbucketed = options;
     unbucketed.time_bucket = std::chrono::seconds(0);
     fingerprinter_.emplace(unbucketed);
   }
@@ -111,7 +131,7 @@ Step CallPlan::next(PlanTime now) {
       step.kind = StepKind::kGuardClaim;
       if (state_ == State::kProbeClaim) step.key = previous_bucket_key_;
       step.request_id = request_.request_id;
-      step.fingerprint = fingerprint_;
+      step.fingerprint = record_fingerprint_;
       break;
     case State::kProbeRelease:
       step.kind = StepKind::kGuardRelease;
@@ -130,7 +150,7 @@ Step CallPlan::next(PlanTime now) {
     case State::kStoreClaim:
       step.kind = StepKind::kSinkClaim;
       step.request_id = sink_owner_;
-      step.fingerprint = fingerprint_;
+      step.fingerprint = record_fingerprint_;
       step.ttl = record_retention();
       break;
     case State::kRunHandler:
@@ -227,7 +247,11 @@ bool CallPlan::prepare() {
       fingerprinter != nullptr && fingerprinter->options().domain_separated
           ? std::string_view(request_.user)
           : std::string_view();
-  if (has_payload) fingerprint_ = fingerprinter->fingerprint(request_.payload, scope);
+  if (has_payload) {
+    fingerprint_ = fingerprinter->fingerprint(request_.payload, scope);
+    // Stored with its options' tag: a fingerprint made under other options is no mismatch.
+    record_fingerprint_ = fingerprinter->options_tag() + '.' + fingerprint_;
+  }
   if (!request_.biz_key.empty()) {
     key_ = KeyText{KeyForm::kBusiness, request_.user, request_.intent, request_.biz_key}.encode();
   } else if (!request_.request_id.empty()) {

@@ -80,7 +80,8 @@ struct Step {
   StepKind kind = StepKind::kReturn;
   std::string_view key{};            ///< The key text the step acts on.
   std::string_view request_id{};     ///< Guard claim: the request ID; sink steps: the row's owner.
-  std::string_view fingerprint{};    ///< Claims: the payload fingerprint (may be empty).
+  std::string_view fingerprint{};    ///< Claims: the fingerprint as records keep it,
+                                     ///< `options_tag.hex` (may be empty).
   std::string_view owner_token{};    ///< Guard complete/release: the claim's owner token.
   std::string_view value{};          ///< Completions: the response; kLocalPut: the cache entry.
   std::chrono::milliseconds ttl{0};  ///< Retention (completions, transactional claim; 0: the
@@ -228,7 +229,8 @@ class CallPlan {
   State state_ = State::kStart;
 
   std::string key_;
-  std::string fingerprint_;
+  std::string fingerprint_;          // hex, as Context and the events show it
+  std::string record_fingerprint_;   // `options_tag.hex`, as the records keep it
   std::string previous_bucket_key_;  // fallback key of the previous time bucket, when bucketed
   std::string owner_token_;          // non-empty while this call owns a Redis claim
   std::string probe_token_;          // owner of the previous-bucket probe while it is held

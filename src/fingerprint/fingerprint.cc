@@ -108,7 +108,45 @@ std::string digest_hex(ThreadState& state, const FingerprintOptions& options,
   return state.digest.finish_hex(options.hex_length);
 }
 
+// The options_tag() of `options`: SHA-256 of every option that shapes a digest, each
+// length-prefixed (pointers in the order given: reordering them is a new tag, never a false one).
+std::string tag_of(const FingerprintOptions& options) {
+  std::string description;
+  const auto field = [&](std::string_view value) {
+    append_length(description, value.size());
+    description.append(value);
+  };
+  field(version_tag(options.form));
+  field(options.hash == HashAlgorithm::kSha256 ? "sha256" : "md5");
+  field(std::to_string(options.include.size()));
+  for (const std::string& pointer : options.include) field(pointer);
+  field(std::to_string(options.exclude.size()));
+  for (const std::string& pointer : options.exclude) field(pointer);
+  field(options.absent_include == AbsentInclude::kSkip ? "skip" : "error");
+  field(options.domain_separated ? "separated" : "bare");
+  field(std::to_string(options.hex_length));
+  detail::Digest digest;
+  digest.begin(HashAlgorithm::kSha256);
+  digest.update(description);
+  return digest.finish_hex(8);
+}
+
+// `fingerprint` split into its options tag (empty when untagged) and its digest.
+std::pair<std::string_view, std::string_view> split_tag(std::string_view fingerprint) {
+  const std::size_t dot = fingerprint.find('.');
+  if (dot == std::string_view::npos) return {{}, fingerprint};
+  return {fingerprint.substr(0, dot), fingerprint.substr(dot + 1)};
+}
+
 }  // namespace
+
+bool fingerprints_match(std::string_view stored, std::string_view current) noexcept {
+  if (stored.empty() || current.empty()) return true;
+  const auto [stored_tag, stored_digest] = split_tag(stored);
+  const auto [current_tag, current_digest] = split_tag(current);
+  if (!stored_tag.empty() && !current_tag.empty() && stored_tag != current_tag) return true;
+  return stored_digest == current_digest;
+}
 
 Fingerprinter::Fingerprinter(FingerprintOptions options) : options_(std::move(options)) {
   const std::size_t digest_hex = options_.hash == HashAlgorithm::kSha256 ? 64 : 32;
@@ -129,6 +167,7 @@ Fingerprinter::Fingerprinter(FingerprintOptions options) : options_(std::move(op
   if (!options_.include.empty() || !options_.exclude.empty()) {
     selection_ = std::make_shared<const detail::Selection>(options_.include, options_.exclude);
   }
+  options_tag_ = tag_of(options_);
 }
 
 std::string Fingerprinter::canonicalize(std::string_view json) const {

@@ -7,6 +7,7 @@
 
 #include "common/expiring_records.h"
 #include "idem/errors.h"
+#include "idem/fingerprint.h"
 #include "idem/key.h"
 
 namespace idem {
@@ -74,7 +75,7 @@ ClaimResult InMemoryGuard::claim(std::string_view key, std::string_view request_
                         : ClaimStatus::kRepeatOther;
     result.state = record->state;
     result.fingerprint_matches =
-        fingerprint.empty() || record->fingerprint.empty() || record->fingerprint == fingerprint;
+        fingerprints_match(record->fingerprint, fingerprint);
     if (record->state == RecordState::kCompleted) result.response = record->response;
     return result;
   }

@@ -9,6 +9,7 @@
 
 #include "guard/record.h"
 #include "idem/errors.h"
+#include "idem/fingerprint.h"
 #include "idem/key.h"
 #include "idem/lua_scripts.h"
 #include "redis/breaker.h"
@@ -137,7 +138,7 @@ ClaimResult claim_result(const redisReply& reply, std::string owner_token,
                       : ClaimStatus::kRepeatOther;
   result.state = record.state;
   result.fingerprint_matches =
-      fingerprint.empty() || record.fingerprint.empty() || record.fingerprint == fingerprint;
+      fingerprints_match(record.fingerprint, fingerprint);
   result.response = std::move(record.response);
   result.response_sha256 = std::move(record.response_sha256);
   return result;

@@ -6,6 +6,7 @@
 #include "common/expiring_records.h"
 #include "common/sha256.h"
 #include "idem/errors.h"
+#include "idem/fingerprint.h"
 #include "idem/key.h"
 
 namespace idem {
@@ -64,7 +65,7 @@ SinkClaim InMemorySink::claim(std::string_view key, std::string_view request_id,
     answer.status = SinkStatus::kDuplicate;
     answer.state = row->state;
     answer.fingerprint_matches =
-        fingerprint.empty() || row->fingerprint.empty() || row->fingerprint == fingerprint;
+        fingerprints_match(row->fingerprint, fingerprint);
     answer.same_request = row->request_id == request_id;
     answer.response = row->response;
     answer.response_sha256 = row->response_sha256;

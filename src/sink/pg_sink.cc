@@ -9,6 +9,7 @@
 
 #include "common/sha256.h"
 #include "idem/errors.h"
+#include "idem/fingerprint.h"
 #include "idem/key.h"
 #include "idem/pg_sql.h"  // generated from src/sink/schema.sql: kSchemaScript
 #include "pg/errors.h"
@@ -261,7 +262,7 @@ struct PgSink::Impl {
                                                            : RecordState::kInProgress;
     const auto stored_fingerprint = row[1].as<std::string>();
     answer.fingerprint_matches =
-        fingerprint.empty() || stored_fingerprint.empty() || stored_fingerprint == fingerprint;
+        fingerprints_match(stored_fingerprint, fingerprint);
     answer.same_request = row[2].as<std::string>() == request_id;
     if (!row[3].is_null()) answer.response = pqxx::binarystring(row[3]).str();
     if (!row[4].is_null()) answer.response_sha256 = row[4].as<std::string>();

@@ -370,5 +370,66 @@ TEST(InMemoryFacadeLease, AutomaticRenewalKeepsALongHandlersClaim) {
   EXPECT_FALSE(outcome.lease_lost);  // 250 ms on a 100 ms lease: only renewals kept it
 }
 
+// Regression: a message re-sent with a new request ID came back kMismatch, because the body's
+// own requestId field (where request_id_from_json() read the ID) changed its fingerprint; twenty
+// legitimate re-sends were dead-lettered.
+TEST(InMemoryFacadeFingerprint, AReSendWithANewRequestIdIsADuplicateNotAMismatch) {
+  DeduplicatorOptions o;
+  o.guard = std::make_shared<InMemoryGuard>();
+  o.local_cache_capacity = 0;
+  Deduplicator dedup(o);
+  const auto refund = [](const std::string& id) {
+    return request(id, "order-7", R"({"requestId":")" + id + R"(","amount":5})");
+  };
+  ASSERT_EQ(dedup.run(refund("m-1"), [] { return std::string("refunded"); }).kind,
+            Outcome::Kind::kExecuted);
+  const Outcome resent = dedup.run(refund("m-2"), [] { return std::string("again"); });
+  EXPECT_EQ(resent.kind, Outcome::Kind::kDuplicate);
+  EXPECT_EQ(resent.response, "refunded");
+  // Another amount is still another payload.
+  EXPECT_EQ(dedup
+                .run(request("m-3", "order-7", R"({"requestId":"m-3","amount":6})"),
+                     [] { return std::string(); })
+                .kind,
+            Outcome::Kind::kMismatch);
+  // Opting out fingerprints the field again (on a guard of its own: the records above were made
+  // under other options, which carry no verdict).
+  o.request_id_fields = {};
+  o.guard = std::make_shared<InMemoryGuard>();
+  Deduplicator strict(o);
+  ASSERT_EQ(strict.run(refund("m-1"), [] { return std::string(); }).kind, Outcome::Kind::kExecuted);
+  EXPECT_EQ(strict.run(refund("m-4"), [] { return std::string(); }).kind, Outcome::Kind::kMismatch);
+}
+
+// Regression: after `exclude = {"/requestId"}` was added to the fingerprint options, 239 of 240
+// stored records answered kMismatch: their fingerprints were made under the old options.
+TEST(InMemoryFacadeFingerprint, RecordsMadeUnderOtherFingerprintOptionsAreNoMismatch) {
+  auto guard = std::make_shared<InMemoryGuard>();
+  DeduplicatorOptions before;
+  before.guard = guard;
+  before.local_cache_capacity = 0;
+  before.request_id_fields = {};
+  Deduplicator old_service(before);
+  ASSERT_EQ(old_service
+                .run(request("r1", "o-1", R"({"traceId":"t-1","amount":5})"),
+                     [] { return std::string("done"); })
+                .kind,
+            Outcome::Kind::kExecuted);
+  DeduplicatorOptions after = before;
+  after.fingerprint = FingerprintOptions{.exclude = {"/traceId"}};
+  Deduplicator new_service(after);
+  const Outcome repeat = new_service.run(request("r2", "o-1", R"({"traceId":"t-2","amount":5})"),
+                                         [] { return std::string("twice"); });
+  EXPECT_EQ(repeat.kind, Outcome::Kind::kDuplicate);
+  EXPECT_EQ(repeat.response, "done");
+  // Under one set of options a changed payload is still a mismatch.
+  ASSERT_EQ(
+      new_service.run(request("r3", "o-2", R"({"amount":1})"), [] { return std::string(); }).kind,
+      Outcome::Kind::kExecuted);
+  EXPECT_EQ(
+      new_service.run(request("r4", "o-2", R"({"amount":2})"), [] { return std::string(); }).kind,
+      Outcome::Kind::kMismatch);
+}
+
 }  // namespace
 }  // namespace idem

@@ -80,5 +80,29 @@ TEST(FallbackKey, EscapesComponentsSoNoneCanForgeAnother) {
   EXPECT_EQ(kFallbackKeyRetention, seconds(30));
 }
 
+TEST(FingerprintOptionsTag, NamesTheOptionsThatShapeADigestAndNothingElse) {
+  const Fingerprinter base;
+  EXPECT_EQ(base.options_tag().size(), 8u);
+  EXPECT_EQ(base.options_tag(), Fingerprinter{}.options_tag());
+  EXPECT_EQ(base.options_tag(), Fingerprinter({.max_depth = 7, .max_bytes = 100}).options_tag());
+  EXPECT_EQ(base.options_tag(),
+            Fingerprinter({.time_bucket = std::chrono::seconds(60)}).options_tag());
+  EXPECT_NE(base.options_tag(), Fingerprinter({.exclude = {"/traceId"}}).options_tag());
+  EXPECT_NE(base.options_tag(), Fingerprinter({.hex_length = 16}).options_tag());
+  EXPECT_NE(base.options_tag(),
+            Fingerprinter({.form = CanonicalForm::kPythonJsonDumps}).options_tag());
+}
+
+TEST(FingerprintsMatch, TagsTellOtherOptionsFromAnotherPayload) {
+  EXPECT_TRUE(fingerprints_match("", "aa.0123"));
+  EXPECT_TRUE(fingerprints_match("aa.0123", ""));
+  EXPECT_TRUE(fingerprints_match("aa.0123", "aa.0123"));
+  EXPECT_FALSE(fingerprints_match("aa.0123", "aa.4567"));  // same options, another payload
+  EXPECT_TRUE(fingerprints_match("aa.0123", "bb.4567"));   // other options: no verdict
+  EXPECT_TRUE(fingerprints_match("0123", "aa.0123"));      // a record from before tags
+  EXPECT_FALSE(fingerprints_match("0123", "aa.4567"));
+  EXPECT_FALSE(fingerprints_match("fp-a", "fp-b"));
+}
+
 }  // namespace
 }  // namespace idem
