@@ -8,7 +8,8 @@
 #   pg-replica        a PostgreSQL primary with a synchronous streaming standby, reached by a
 #                     multi-host URL with target_session_attrs=read-write; chaos: the primary
 #                     crashes (pg_ctl stop -m immediate) and the standby is promoted
-#   pg-replica-async  the same with asynchronous replication (what it loses is measured)
+#   pg-replica-async  the same with asynchronous replication, the standby made to lag 500 ms
+#                     (IDEM_PG_ASYNC_LAG_MS) before the crash: what that loses is measured
 #   pgbouncer         pgbouncer (transaction pooling) in front of the base PostgreSQL; chaos:
 #                     PostgreSQL restarts behind it
 #
@@ -205,7 +206,7 @@ pg_make_standby() {
   local dir=$1 port=$2 primary=$3
   rm -rf "$dir/data"
   as_pg "$PG_BIN/pg_basebackup" -h 127.0.0.1 -p "$primary" -U postgres -D "$dir/data" -R \
-    -X stream --no-sync >"$dir/basebackup.log" 2>&1 ||
+    -X stream --checkpoint=fast --no-sync >"$dir/basebackup.log" 2>&1 ||
     { cat "$dir/basebackup.log" >&2; die "pg_basebackup failed"; }
   echo "primary_conninfo = 'host=127.0.0.1 port=$primary user=postgres application_name=$PG_STANDBY_NAME'" |
     as_pg tee -a "$dir/data/postgresql.auto.conf" >/dev/null
@@ -254,8 +255,18 @@ topology_failover_pg() {
   read -r name port <<<"$primary"
   local old_name=$name old_port=$port
   read -r name port <<<"$standby"
+  # An asynchronous standby lags: on loopback by microseconds, so the demo makes it lag
+  # IDEM_PG_ASYNC_LAG_MS (default 500) by stopping its WAL receiver before the crash, as a slow
+  # link would. What the primary acknowledged meanwhile is what asynchronous replication loses.
+  local receiver="" lag_ms="${IDEM_PG_ASYNC_LAG_MS:-500}"
+  if [[ "$mode" == async && "$lag_ms" -gt 0 ]]; then
+    receiver="$(pg_sql "$port" "SELECT pid FROM pg_stat_wal_receiver")"
+    [[ -n "$receiver" ]] && kill -STOP "$receiver"
+    sleep "$(awk "BEGIN { print $lag_ms / 1000 }")"
+  fi
   start="$(now_ms)"
   as_pg "$PG_BIN/pg_ctl" -D "$dir/$old_name/data" -m immediate -w stop >/dev/null
+  [[ -n "$receiver" ]] && kill -CONT "$receiver"
   as_pg "$PG_BIN/pg_ctl" -D "$dir/$name/data" -w promote >/dev/null
   url="postgresql://postgres@127.0.0.1:$port/idem"
   wait_for 60 pg_writable "$url" || die "the promoted standby never took writes"
