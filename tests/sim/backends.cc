@@ -1,0 +1,290 @@
+#include "backends.h"
+
+#include <cstdio>
+#include <utility>
+
+#include "idem/errors.h"
+#include "idem/fingerprint.h"
+#include "idem/key.h"
+
+namespace idem::sim {
+
+// ---- SimRedis ----------------------------------------------------------------------------------
+
+const SimRedis::Record* SimRedis::live(std::string_view key) const {
+  const auto found = records_.find(key);
+  return found != records_.end() && found->second.expires > now_ ? &found->second : nullptr;
+}
+
+SimRedis::Record* SimRedis::owned(std::string_view key, std::string_view owner_token) {
+  const Record* record = live(key);
+  return record != nullptr && record->owner_token == owner_token ? const_cast<Record*>(record)
+                                                                 : nullptr;
+}
+
+void SimRedis::write(std::string_view key, std::optional<Record> value) {
+  while (!journal_.empty() && journal_.front().at < now_ - options_.max_lag) journal_.pop_front();
+  const auto found = records_.find(key);
+  std::vector<Logged>& history = history_[std::string(key)];
+  Write entry{now_, std::string(key), std::nullopt, history.size()};
+  if (found != records_.end()) entry.before = found->second;
+  journal_.push_back(std::move(entry));
+  history.push_back(value ? Logged{now_, value->owner_token, value->expires} : Logged{now_, {}, 0});
+  if (value) {
+    records_.insert_or_assign(std::string(key), *std::move(value));
+  } else if (found != records_.end()) {
+    records_.erase(found);
+  }
+}
+
+ClaimResult SimRedis::claim(std::string_view key, std::string_view request_id,
+                            std::string_view fingerprint) {
+  validate_key_text(key);
+  ClaimResult result;
+  if (const Record* record = live(key)) {
+    result.status = !request_id.empty() && record->request_id == request_id
+                        ? ClaimStatus::kRepeatSame
+                        : ClaimStatus::kRepeatOther;
+    result.state = record->state;
+    result.fingerprint_matches = fingerprints_match(record->fingerprint, fingerprint);
+    if (record->state == RecordState::kCompleted) result.response = record->response;
+    return result;
+  }
+  char token[33];
+  std::snprintf(token, sizeof token, "%032llx", static_cast<unsigned long long>(++tokens_));
+  result.owner_token = token;
+  write(key, Record{std::string(request_id),
+                    result.owner_token,
+                    std::string(fingerprint),
+                    RecordState::kInProgress,
+                    {},
+                    now_ + options_.lease.count()});
+  return result;
+}
+
+bool SimRedis::complete(std::string_view key, std::string_view owner_token,
+                        std::string_view response, std::chrono::milliseconds retention) {
+  if (retention.count() < 0) throw ConfigError("idem: complete: retention must be >= 0");
+  if (retention.count() == 0) retention = options_.retention;
+  const Record* record = options_.complete_checks_owner ? owned(key, owner_token) : live(key);
+  if (record == nullptr) return false;
+  Record done = *record;
+  done.state = RecordState::kCompleted;
+  done.response = response;
+  done.expires = now_ + retention.count();
+  write(key, std::move(done));
+  return true;
+}
+
+bool SimRedis::release(std::string_view key, std::string_view owner_token) {
+  const Record* record = owned(key, owner_token);
+  if (record == nullptr || record->state != RecordState::kInProgress) return false;
+  write(key, std::nullopt);
+  return true;
+}
+
+bool SimRedis::renew(std::string_view key, std::string_view owner_token,
+                     std::chrono::milliseconds lease) {
+  const Record* record = owned(key, owner_token);
+  if (record == nullptr || record->state != RecordState::kInProgress) return false;
+  Record renewed = *record;
+  renewed.expires = now_ + lease.count();
+  write(key, std::move(renewed));
+  return true;
+}
+
+std::size_t SimRedis::restart() {
+  std::size_t lost = 0;
+  for (const auto& [key, record] : records_) {
+    lost += record.expires > now_ ? 1 : 0;
+    history_[key].push_back(Logged{now_, {}, 0});
+  }
+  records_.clear();
+  journal_.clear();
+  return lost;
+}
+
+std::size_t SimRedis::failover(Time lag) {
+  std::size_t undone = 0;
+  while (!journal_.empty() && journal_.back().at > now_ - lag) {
+    Write& last = journal_.back();
+    history_[last.key][last.logged].undone = true;
+    if (last.before) {
+      records_.insert_or_assign(last.key, *std::move(last.before));
+    } else {
+      records_.erase(last.key);
+    }
+    journal_.pop_back();
+    ++undone;
+  }
+  journal_.clear();  // the new replica starts from the new master
+  return undone;
+}
+
+std::string SimRedis::evict(std::size_t n) {
+  std::vector<std::string> keys;
+  for (const auto& [key, record] : records_) {
+    if (record.expires > now_) keys.push_back(key);
+  }
+  if (keys.empty()) return {};
+  std::string key = keys[n % keys.size()];
+  write(key, std::nullopt);
+  return key;
+}
+
+bool SimRedis::holds(std::string_view key, std::string_view owner_token) const {
+  const Record* record = live(key);
+  return record != nullptr && record->owner_token == owner_token;
+}
+
+bool SimRedis::held_at(std::string_view key, std::string_view owner_token, Time at) const {
+  const auto found = history_.find(key);
+  if (found == history_.end()) return false;
+  for (auto it = found->second.rbegin(); it != found->second.rend(); ++it) {
+    if (it->undone || it->at > at) continue;
+    return it->owner_token == owner_token && it->expires > at;
+  }
+  return false;
+}
+
+std::optional<Time> SimRedis::expiry(std::string_view key, std::string_view owner_token) const {
+  if (!holds(key, owner_token)) return std::nullopt;
+  return live(key)->expires;
+}
+
+// ---- SimPostgres -------------------------------------------------------------------------------
+
+const SimPostgres::Row* SimPostgres::live(std::string_view key) const {
+  const auto found = rows_.find(key);
+  return found != rows_.end() && found->second.expires > now_ ? &found->second : nullptr;
+}
+
+SinkClaim SimPostgres::duplicate(const Row& row, std::string_view request_id,
+                                 std::string_view fingerprint) {
+  SinkClaim answer;
+  answer.status = SinkStatus::kDuplicate;
+  answer.state = row.state;
+  answer.fingerprint_matches = fingerprints_match(row.fingerprint, fingerprint);
+  answer.same_request = row.request_id == request_id;
+  answer.response = row.response;
+  return answer;
+}
+
+SinkClaim SimPostgres::claim(std::string_view key, std::string_view request_id,
+                             std::string_view fingerprint) {
+  if (const Row* row = live(key)) return duplicate(*row, request_id, fingerprint);
+  if (locks_.contains(key)) {
+    SinkClaim busy;
+    busy.status = SinkStatus::kInProgress;  // the lock_timeout ran out at once
+    return busy;
+  }
+  rows_.insert_or_assign(std::string(key),
+                         Row{std::string(request_id), std::string(fingerprint),
+                             RecordState::kInProgress, std::nullopt, now_ + lease_.count()});
+  return SinkClaim{};
+}
+
+bool SimPostgres::complete(std::string_view key, std::string_view request_id,
+                           std::string_view response, std::chrono::milliseconds retention) {
+  const auto found = rows_.find(key);
+  if (found == rows_.end() || found->second.expires <= now_ ||
+      found->second.state != RecordState::kInProgress || found->second.request_id != request_id) {
+    return false;
+  }
+  found->second.state = RecordState::kCompleted;
+  found->second.response = std::string(response);
+  found->second.expires = now_ + (retention.count() > 0 ? retention : retention_).count();
+  return true;
+}
+
+bool SimPostgres::release(std::string_view key, std::string_view request_id) {
+  const auto found = rows_.find(key);
+  if (found == rows_.end() || found->second.expires <= now_ ||
+      found->second.state != RecordState::kInProgress || found->second.request_id != request_id) {
+    return false;
+  }
+  rows_.erase(found);
+  return true;
+}
+
+SimPostgres::TxId SimPostgres::begin() {
+  const TxId tx = next_tx_++;
+  open_.emplace(tx, Tx{});
+  return tx;
+}
+
+std::optional<SinkClaim> SimPostgres::claim(TxId tx, std::string_view key,
+                                            std::string_view request_id,
+                                            std::string_view fingerprint,
+                                            std::chrono::milliseconds ttl, TxId* blocker) {
+  Tx& staged = open_.at(tx);
+  if (const auto lock = locks_.find(key); lock != locks_.end() && lock->second != tx) {
+    *blocker = lock->second;
+    return std::nullopt;
+  }
+  if (const Row* row = live(key)) return duplicate(*row, request_id, fingerprint);
+  (void)ttl;  // the row's retention is set by complete(); an unfinished claim holds the lease
+  staged.rows.insert_or_assign(std::string(key),
+                               Row{std::string(request_id), std::string(fingerprint),
+                                   RecordState::kInProgress, std::nullopt, now_ + lease_.count()});
+  locks_.insert_or_assign(std::string(key), tx);
+  return SinkClaim{};
+}
+
+void SimPostgres::complete(TxId tx, std::string_view key, std::string_view response,
+                           std::chrono::milliseconds ttl) {
+  Tx& staged = open_.at(tx);
+  const auto found = staged.rows.find(key);
+  if (found == staged.rows.end()) return;  // PgSink's UPDATE finds no row of this transaction
+  found->second.state = RecordState::kCompleted;
+  found->second.response = std::string(response);
+  found->second.expires = now_ + (ttl.count() > 0 ? ttl : retention_).count();
+}
+
+void SimPostgres::write_effect(TxId tx, Effect effect) {
+  open_.at(tx).effects.push_back(std::move(effect));
+}
+
+void SimPostgres::unlock(TxId tx, const Tx& staged) {
+  for (const auto& [key, row] : staged.rows) {
+    if (const auto lock = locks_.find(key); lock != locks_.end() && lock->second == tx) {
+      locks_.erase(lock);
+    }
+  }
+}
+
+void SimPostgres::commit(TxId tx) {
+  auto found = open_.find(tx);
+  Tx staged = std::move(found->second);
+  open_.erase(found);
+  unlock(tx, staged);
+  for (auto& [key, row] : staged.rows) rows_.insert_or_assign(key, std::move(row));
+  for (Effect& effect : staged.effects) {
+    effect.committed_at = now_;
+    ledger_.push_back(std::move(effect));
+  }
+}
+
+void SimPostgres::rollback(TxId tx) {
+  const auto found = open_.find(tx);
+  if (found == open_.end()) return;
+  unlock(tx, found->second);
+  open_.erase(found);
+}
+
+std::size_t SimPostgres::abort_all() {
+  const std::size_t aborted = open_.size();
+  open_.clear();
+  locks_.clear();
+  return aborted;
+}
+
+std::vector<const Effect*> SimPostgres::effects_of(int logical) const {
+  std::vector<const Effect*> found;
+  for (const Effect& effect : ledger_) {
+    if (effect.logical == logical) found.push_back(&effect);
+  }
+  return found;
+}
+
+}  // namespace idem::sim

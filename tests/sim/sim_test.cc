@@ -1,0 +1,186 @@
+// The simulator (tests/sim/simulation.h) is itself tested: a seed replays exactly, the correct
+// plan keeps every invariant, and each planted bug is caught within 1 000 seeds, by the
+// invariant it breaks. (The 10 000-seed run is ctest's sim.seeds_* tests, idem-sim.)
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <iostream>
+#include <optional>
+#include <string>
+
+#include "simulation.h"
+
+namespace idem::sim {
+namespace {
+
+std::string text_of(const RunResult& r) {
+  std::string text = r.config + "\n";
+  for (const TraceLine& line : r.trace) text += std::to_string(line.at) + " " + line.text + "\n";
+  return text;
+}
+
+TEST(Simulation, ASeedReplaysExactly) {
+  for (const std::uint64_t seed : {1u, 2u, 77u}) {
+    const RunResult first = run({.seed = seed, .trace = true});
+    const RunResult again = run({.seed = seed, .trace = true});
+    EXPECT_EQ(text_of(first), text_of(again));
+    EXPECT_EQ(first.steps, again.steps);
+    EXPECT_EQ(first.injected, again.injected);
+    EXPECT_GT(first.trace.size(), 10u);
+  }
+}
+
+TEST(Simulation, ARunInjectsFaultsAndDuplicates) {
+  std::size_t faults = 0;
+  std::size_t duplicates = 0;
+  std::array<std::size_t, kFaultKinds> kinds{};
+  for (std::uint64_t seed = 1; seed <= 200; ++seed) {
+    const RunResult r = run({.seed = seed});
+    faults += r.fault_count();
+    duplicates += r.messages - r.logicals;
+    for (std::size_t k = 0; k < kFaultKinds; ++k) kinds[k] += r.faults[k];
+  }
+  EXPECT_GT(faults, 1000u);
+  EXPECT_GT(duplicates, 100u);
+  for (std::size_t k = 0; k < kFaultKinds; ++k) {
+    EXPECT_GT(kinds[k], 0u) << "no " << to_string(static_cast<Fault>(k)) << " in 200 seeds";
+  }
+}
+
+TEST(Simulation, TheCallPlanKeepsEveryInvariant) {
+  for (std::uint64_t seed = 1; seed <= 500; ++seed) {
+    const RunResult r = run({.seed = seed});
+    ASSERT_FALSE(r.violation) << minimize(seed, Bug::kNone).text;
+  }
+}
+
+// The first seed (from 1) that breaks an invariant with `bug` planted, or 0 when none of the
+// first 1 000 does.
+std::uint64_t first_caught(Bug bug, const std::string& invariant) {
+  for (std::uint64_t seed = 1; seed <= 1000; ++seed) {
+    const RunResult r = run({.seed = seed, .bug = bug});
+    if (r.violation) {
+      EXPECT_EQ(r.violation->invariant, invariant)
+          << "seed " << seed << ": " << r.violation->detail;
+      std::cout << "planted bug " << to_string(bug) << " caught by seed " << seed << ": "
+                << r.violation->detail << "\n";
+      return seed;
+    }
+  }
+  return 0;
+}
+
+TEST(PlantedBug, ReleaseOnCancellationIsCaughtWithin1000Seeds) {
+  const std::uint64_t seed = first_caught(Bug::kReleaseOnCancel, "claim-kept-after-unclean-end");
+  ASSERT_NE(seed, 0u);
+  RecordProperty("first_seed", static_cast<int>(seed));
+}
+
+TEST(PlantedBug, CompleteWithoutTheOwnerCheckIsCaughtWithin1000Seeds) {
+  const std::uint64_t seed = first_caught(Bug::kCompleteWithoutOwnerCheck, "lease-lost-is-told");
+  ASSERT_NE(seed, 0u);
+  RecordProperty("first_seed", static_cast<int>(seed));
+}
+
+TEST(PlantedBug, AckBeforeCommitIsCaughtWithin1000Seeds) {
+  const std::uint64_t seed = first_caught(Bug::kAckBeforeCommit, "eventually-exactly-once");
+  ASSERT_NE(seed, 0u);
+  RecordProperty("first_seed", static_cast<int>(seed));
+}
+
+TEST(Simulation, AFailingSeedIsMinimizedToTheFaultsItNeeds) {
+  const std::uint64_t seed = first_caught(Bug::kReleaseOnCancel, "claim-kept-after-unclean-end");
+  ASSERT_NE(seed, 0u);
+  const RunResult original = run({.seed = seed, .bug = Bug::kReleaseOnCancel});
+  const Reproduction repro = minimize(seed, Bug::kReleaseOnCancel);
+  ASSERT_TRUE(repro.run.violation);
+  EXPECT_LE(repro.run.injected.size(), original.injected.size());
+  // Each fault left is needed: taking any one out passes.
+  for (const int number : repro.run.injected) {
+    RunOptions fewer{.seed = seed, .bug = Bug::kReleaseOnCancel, .suppressed = repro.suppressed};
+    fewer.suppressed.insert(number);
+    EXPECT_FALSE(run(fewer).violation) << "fault #" << number << " was not needed";
+  }
+  EXPECT_NE(repro.text.find("VIOLATION claim-kept-after-unclean-end"), std::string::npos);
+  EXPECT_NE(repro.text.find("(planted bug) released its claim on cancellation"), std::string::npos)
+      << repro.text;
+}
+
+// ---- the simulated backends --------------------------------------------------------------------
+
+using std::chrono::milliseconds;
+
+SimRedis::Options redis_options() {
+  return {.lease = milliseconds(100), .retention = milliseconds(1000), .max_lag = 300};
+}
+
+// Regression (seed 210929): after a failover, a later failover undid a claim the new replica had
+// already copied, so the history blamed the plan for a claim Redis still held.
+TEST(SimRedis, AFailoverNeverUndoesWhatAnEarlierFailoverKept) {
+  Time now = 0;
+  SimRedis redis(now, redis_options());
+  now = 10;
+  const std::string token = redis.claim("k", "r1", "").owner_token;
+  now = 40;
+  EXPECT_EQ(redis.failover(20), 0u);  // the claim is 30 ms old: on the replica
+  now = 60;
+  EXPECT_EQ(redis.failover(100), 0u);  // the new replica started from it at 40
+  EXPECT_TRUE(redis.holds("k", token));
+  EXPECT_TRUE(redis.held_at("k", token, 50));
+}
+
+// Regression (seed 11783): a failover that undoes an eviction brings the claim back, and in the
+// history that survived the claim was never gone.
+TEST(SimRedis, AFailoverThatUndoesAnEvictionMeansTheClaimWasHeldAllAlong) {
+  Time now = 0;
+  SimRedis redis(now, redis_options());
+  const std::string token = redis.claim("k", "r1", "").owner_token;
+  now = 20;
+  EXPECT_EQ(redis.evict(0), "k");
+  now = 30;
+  EXPECT_FALSE(redis.held_at("k", token, 25));
+  EXPECT_EQ(redis.failover(15), 1u);
+  EXPECT_TRUE(redis.holds("k", token));
+  EXPECT_TRUE(redis.held_at("k", token, 25));
+  now = 100;  // its lease ended
+  EXPECT_FALSE(redis.holds("k", token));
+  EXPECT_FALSE(redis.held_at("k", token, 100));
+}
+
+TEST(SimRedis, ARestartLosesEveryRecordForGood) {
+  Time now = 0;
+  SimRedis redis(now, redis_options());
+  const std::string token = redis.claim("k", "r1", "").owner_token;
+  now = 10;
+  EXPECT_EQ(redis.restart(), 1u);
+  now = 20;
+  EXPECT_EQ(redis.failover(300), 0u);
+  EXPECT_FALSE(redis.holds("k", token));
+  EXPECT_EQ(redis.claim("k", "r2", "").status, ClaimStatus::kFirst);
+}
+
+TEST(SimPostgres, AnUncommittedClaimLocksItsKeyAndCommitsWithTheEffect) {
+  Time now = 0;
+  SimPostgres pg(now, milliseconds(100), milliseconds(100000));
+  const SimPostgres::TxId a = pg.begin();
+  const SimPostgres::TxId b = pg.begin();
+  SimPostgres::TxId blocker = 0;
+  ASSERT_TRUE(pg.claim(a, "k", "r1", "", milliseconds(0), &blocker));
+  EXPECT_FALSE(pg.claim(b, "k", "r2", "", milliseconds(0), &blocker));
+  EXPECT_EQ(blocker, a);
+  pg.write_effect(a, Effect{0, 1, "done", 0});
+  pg.complete(a, "k", "done", milliseconds(0));
+  EXPECT_TRUE(pg.ledger().empty());
+  pg.commit(a);
+  ASSERT_EQ(pg.effects_of(0).size(), 1u);
+  const std::optional<SinkClaim> again = pg.claim(b, "k", "r2", "", milliseconds(0), &blocker);
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->status, SinkStatus::kDuplicate);
+  EXPECT_EQ(again->response, "done");
+  EXPECT_EQ(pg.abort_all(), 1u);  // b
+  EXPECT_FALSE(pg.is_open(b));
+}
+
+}  // namespace
+}  // namespace idem::sim

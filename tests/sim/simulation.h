@@ -1,0 +1,127 @@
+// The deterministic simulation of idem's call plan (docs/simulation.md): many concurrent calls
+// of detail::CallPlan (src/facade/plan.h) in run_transactional() mode, interleaved by one seeded
+// scheduler on one thread, against a simulated Redis guard, a simulated PostgreSQL (the sink's
+// rows and a business ledger, committed together) and simulated processes with local caches and
+// clocks of their own. The seed decides the configuration, the workload (duplicates from every
+// source of the storm demo), every interleaving and every fault, so a failing seed replays
+// exactly. After each run the invariants are checked; the first violation ends the run.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "backends.h"
+
+namespace idem::sim {
+
+/// A bug planted in the simulator's own driver or backends, to show that the invariants catch
+/// it (production code is never changed).
+enum class Bug {
+  kNone,
+  kReleaseOnCancel,            ///< The driver releases the guard claim of a cancelled call.
+  kCompleteWithoutOwnerCheck,  ///< The guard's complete marks any live record COMPLETED.
+  kAckBeforeCommit,            ///< The consumer acks its message when the handler returns.
+};
+
+/// "none", "release-on-cancel", "complete-without-owner-check", "ack-before-commit".
+[[nodiscard]] std::string_view to_string(Bug bug) noexcept;
+/// The bug of a name of to_string(); nullopt for an unknown name.
+[[nodiscard]] std::optional<Bug> parse_bug(std::string_view name) noexcept;
+
+/// The faults the seed injects.
+enum class Fault {
+  kCrash,                   ///< A process dies: its calls vanish, their messages come back later.
+  kShutdown,                ///< A process shuts down: its calls are stopped, then it restarts.
+  kPause,                   ///< A process freezes (GC, VM steal): its handlers outlive leases.
+  kClockSkew,               ///< A process's monotonic clock changes rate (up to +-10 %).
+  kCancel,                  ///< One call's Request::stop is requested.
+  kRedisRestart,            ///< Redis restarts without persistence: every record lost.
+  kRedisFailover,           ///< A replica up to max_lag behind takes over: recent writes lost.
+  kRedisOutage,             ///< Redis refuses connections for a while (nothing lost).
+  kRedisEviction,           ///< Redis evicts one live record (maxmemory).
+  kPgOutage,                ///< PostgreSQL restarts: open transactions roll back, then it is down.
+  kRedisTimeoutApplied,     ///< A Redis command times out after it took effect.
+  kRedisTimeoutLost,        ///< A Redis command times out without taking effect.
+  kPgTimeout,               ///< A statement times out: the connection and its transaction go.
+  kCommitUnknownCommitted,  ///< The commit's answer is lost; it did commit.
+  kCommitUnknownLost,       ///< The commit's answer is lost; it did not commit.
+  kCommitRefused,           ///< The server refuses the commit (serialization failure).
+  kSlowHandler,             ///< A handler runs 1-3 leases long.
+  kHandlerFailure,          ///< A handler throws a (transient) business error.
+  kAckLost,                 ///< The broker loses an ack: the message is redelivered.
+};
+inline constexpr std::size_t kFaultKinds = static_cast<std::size_t>(Fault::kAckLost) + 1;
+/// A short name ("crash", "redis-failover", ...).
+[[nodiscard]] std::string_view to_string(Fault fault) noexcept;
+
+/// What one run is asked to do.
+struct RunOptions {
+  std::uint64_t seed = 1;
+  Bug bug = Bug::kNone;
+  /// Keep a trace of every step and fault (a re-run of a failing seed does).
+  bool trace = false;
+  /// Faults not to inject, by number (the order in which the run drew them): minimize() uses it.
+  std::set<int> suppressed{};
+};
+
+/// A broken invariant.
+struct Violation {
+  std::string invariant;  ///< Its name (see docs/simulation.md).
+  int logical = -1;       ///< The logical request concerned, -1 when none.
+  std::string detail;     ///< What was seen.
+};
+
+/// One line of a trace.
+struct TraceLine {
+  Time at = 0;         ///< Simulated time, ms.
+  int logical = -1;    ///< The logical request the step served; -1 for the world's events.
+  bool fault = false;  ///< An injected fault.
+  std::string text;
+};
+
+/// What one run did.
+struct RunResult {
+  std::uint64_t seed = 0;
+  std::string config;        ///< The configuration the seed chose, one line.
+  std::size_t steps = 0;     ///< Scheduling points run (plan steps, handler ticks, events).
+  std::size_t calls = 0;     ///< Deduplicator calls started.
+  std::size_t logicals = 0;  ///< Logical requests of the workload.
+  std::size_t messages = 0;  ///< Their messages (duplicates included).
+  std::array<std::size_t, kFaultKinds> faults{};  ///< Faults injected, by kind.
+  /// Plan steps performed, by detail::StepKind (kLocalGet ... kThrow), in that order.
+  std::array<std::size_t, 16> plan_steps{};
+  /// How calls ended, by Outcome::Kind (kExecuted ... kUnavailable), then by an exception.
+  std::array<std::size_t, 6> endings{};
+  std::vector<int> injected;  ///< Numbers of the faults injected (see RunOptions::suppressed).
+  std::optional<Violation> violation;
+  std::vector<TraceLine> trace;  ///< With RunOptions::trace.
+
+  [[nodiscard]] std::size_t fault_count() const noexcept;
+};
+
+/// The name of a plan step by its number (RunResult::plan_steps): "LocalGet" ... "Throw".
+[[nodiscard]] std::string_view step_name(std::size_t kind);
+
+/// Runs one seed. Deterministic: the same options give the same result.
+[[nodiscard]] RunResult run(const RunOptions& options);
+
+/// A failing seed made small: faults are taken out one at a time while the run still breaks an
+/// invariant (so each fault left is needed), then the run is traced.
+struct Reproduction {
+  RunResult run;             ///< The traced run with the faults left.
+  std::set<int> suppressed;  ///< The faults taken out.
+  /// The violation, then the steps of the logical request concerned and every fault, one per
+  /// line.
+  std::string text;
+};
+
+/// Minimizes a failing seed (`run({seed, bug})` must break an invariant).
+[[nodiscard]] Reproduction minimize(std::uint64_t seed, Bug bug);
+
+}  // namespace idem::sim
