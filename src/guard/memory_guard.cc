@@ -74,8 +74,7 @@ ClaimResult InMemoryGuard::claim(std::string_view key, std::string_view request_
                         ? ClaimStatus::kRepeatSame
                         : ClaimStatus::kRepeatOther;
     result.state = record->state;
-    result.fingerprint_matches =
-        fingerprints_match(record->fingerprint, fingerprint);
+    result.fingerprint_matches = fingerprints_match(record->fingerprint, fingerprint);
     if (record->state == RecordState::kCompleted) result.response = record->response;
     return result;
   }

@@ -137,8 +137,7 @@ ClaimResult claim_result(const redisReply& reply, std::string owner_token,
                       ? ClaimStatus::kRepeatSame
                       : ClaimStatus::kRepeatOther;
   result.state = record.state;
-  result.fingerprint_matches =
-      fingerprints_match(record.fingerprint, fingerprint);
+  result.fingerprint_matches = fingerprints_match(record.fingerprint, fingerprint);
   result.response = std::move(record.response);
   result.response_sha256 = std::move(record.response_sha256);
   return result;

@@ -64,8 +64,7 @@ SinkClaim InMemorySink::claim(std::string_view key, std::string_view request_id,
   if (const Row* row = state_->rows.live(key, now)) {
     answer.status = SinkStatus::kDuplicate;
     answer.state = row->state;
-    answer.fingerprint_matches =
-        fingerprints_match(row->fingerprint, fingerprint);
+    answer.fingerprint_matches = fingerprints_match(row->fingerprint, fingerprint);
     answer.same_request = row->request_id == request_id;
     answer.response = row->response;
     answer.response_sha256 = row->response_sha256;

@@ -261,8 +261,7 @@ struct PgSink::Impl {
     answer.state = row[0].as<std::string>() == "completed" ? RecordState::kCompleted
                                                            : RecordState::kInProgress;
     const auto stored_fingerprint = row[1].as<std::string>();
-    answer.fingerprint_matches =
-        fingerprints_match(stored_fingerprint, fingerprint);
+    answer.fingerprint_matches = fingerprints_match(stored_fingerprint, fingerprint);
     answer.same_request = row[2].as<std::string>() == request_id;
     if (!row[3].is_null()) answer.response = pqxx::binarystring(row[3]).str();
     if (!row[4].is_null()) answer.response_sha256 = row[4].as<std::string>();

@@ -93,9 +93,8 @@ PgServer::PgServer(Standby, PgServer& primary, bool synchronous)
   make_dir();
   constexpr const char* kName = "idem_standby";
   run_as_owner(bin_dir_ + "/pg_basebackup -h 127.0.0.1 -p " + std::to_string(primary.port_) +
-               " -U postgres -D " + dir_ +
-               "/data -R -X stream --checkpoint=fast --no-sync > " + dir_ +
-               "/basebackup.log 2>&1");
+               " -U postgres -D " + dir_ + "/data -R -X stream --checkpoint=fast --no-sync > " +
+               dir_ + "/basebackup.log 2>&1");
   {
     // pg_basebackup -R wrote primary_conninfo; the name is what synchronous_standby_names
     // refers to.
