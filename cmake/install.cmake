@@ -4,6 +4,13 @@ include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
 set(IDEM_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/idem)
+# Shared or static as built (BUILD_SHARED_LIBS is the top-level project's, maybe unset).
+get_target_property(IDEM_LIBRARY_TYPE idem TYPE)
+if(IDEM_LIBRARY_TYPE STREQUAL "SHARED_LIBRARY")
+  set(IDEM_SHARED ON)
+else()
+  set(IDEM_SHARED OFF)
+endif()
 
 install(TARGETS idem EXPORT idem-targets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
@@ -27,7 +34,7 @@ install(FILES ${PROJECT_BINARY_DIR}/idem-config.cmake ${PROJECT_BINARY_DIR}/idem
 # libidem needs its dependencies on every link line (Requires); a shared one only privately.
 file(RELATIVE_PATH IDEM_PC_TO_PREFIX /p/${CMAKE_INSTALL_LIBDIR}/pkgconfig /p)
 string(REGEX REPLACE "/$" "" IDEM_PC_TO_PREFIX "${IDEM_PC_TO_PREFIX}")
-if(BUILD_SHARED_LIBS)
+if(IDEM_SHARED)
   set(IDEM_PC_REQUIRES "Requires.private")
 else()
   set(IDEM_PC_REQUIRES "Requires")
