@@ -104,6 +104,7 @@ std::unique_ptr<idem::Deduplicator> make_deduplicator(
   options.guard = std::move(redis_guard);
   options.sink = std::make_shared<idem::PgSink>(sink);
   options.sink->migrate();
+  metrics->watch_backends(options.guard, options.sink);  // breaker and pool gauges on /metrics
   options.metrics = std::move(metrics);
   options.on_decision = [](const idem::DecisionEvent& e) {
     static std::mutex out;
