@@ -10,12 +10,11 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <iostream>
 #include <map>
 #include <mutex>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <pqxx/pqxx>
 #include <stdexcept>
@@ -28,6 +27,7 @@
 #include "common/flags.h"
 #include "idem/deduplicator.h"
 #include "idem/errors.h"
+#include "report.h"
 #include "workload.h"
 
 namespace {
@@ -48,6 +48,7 @@ struct Settings {
   std::string redis_url;
   std::string pg_url;
   std::string report_json;
+  std::string report_html;
   std::vector<std::string> configs = {"none", "request-id", "redis", "all"};
 };
 
@@ -97,6 +98,9 @@ Settings parse_settings(int argc, char** argv) {
       ->check(CLI::IsMember({"none", "request-id", "redis", "all"}))
       ->capture_default_str();
   app.add_option("--report-json", s.report_json, "Also write the results as JSON to this file");
+  app.add_option("--report-html", s.report_html,
+                 "Also write the results as one HTML page with charts (inline SVG, nothing "
+                 "fetched) to this file");
   app.callback([&s] {
     try {
       (void)storm::parse_mix(s.mix, s.duplicates);
@@ -115,20 +119,7 @@ Settings parse_settings(int argc, char** argv) {
   return s;
 }
 
-struct ConfigResult {
-  std::size_t deliveries = 0;
-  std::size_t duplicates_injected = 0;
-  std::int64_t duplicate_effects = 0;
-  std::int64_t lost_requests = 0;
-  std::size_t redeliveries =
-      0;  ///< Attempts redelivered after InProgress, Unavailable or an error.
-  std::map<std::string, std::size_t> stopped_by_layer;
-  std::map<std::string, std::size_t> outcomes;
-  std::vector<storm::ChaosEvent> chaos;  ///< --chaos: the failovers and restarts, measured.
-  double deliveries_per_s = 0;
-  double p50_us = 0;
-  double p99_us = 0;
-};
+using storm::ConfigResult;
 
 constexpr const char* kSchema = "idem_storm";
 
@@ -398,26 +389,10 @@ ConfigResult run_config(const Settings& s, const std::string& config,
   return result;
 }
 
-void print_table(const Settings& s, const std::map<std::string, ConfigResult>& results) {
-  std::printf("\n%-11s %10s %10s %10s %6s  %-44s %12s %9s %9s\n", "config", "deliveries", "dups_in",
-              "dup_effects", "lost", "stopped by layer", "deliveries/s", "p50_us", "p99_us");
-  for (const auto& config : s.configs) {
-    const ConfigResult& r = results.at(config);
-    std::string stopped;
-    for (const auto& [layer, n] : r.stopped_by_layer) {
-      stopped += (stopped.empty() ? "" : " ") + layer + "=" + std::to_string(n);
-    }
-    std::printf("%-11s %10zu %10zu %10lld %6lld  %-44s %12.0f %9.0f %9.0f\n", config.c_str(),
-                r.deliveries, r.duplicates_injected, static_cast<long long>(r.duplicate_effects),
-                static_cast<long long>(r.lost_requests), stopped.empty() ? "-" : stopped.c_str(),
-                r.deliveries_per_s, r.p50_us, r.p99_us);
-  }
-}
-
 // --chaos: one line per failover or restart, with how long calls failed after it.
-void print_chaos(const Settings& s, const std::map<std::string, ConfigResult>& results) {
-  for (const auto& config : s.configs) {
-    for (const storm::ChaosEvent& e : results.at(config).chaos) {
+void print_chaos(const Settings& s, const storm::Results& results) {
+  for (const auto& [config, result] : results) {
+    for (const storm::ChaosEvent& e : result.chaos) {
       std::printf(
           "[%s] %s %s at delivery %zu (%s): %s, calls failed for %.0f ms (%zu attempts), "
           "guard errors for %.0f ms (%zu), sink errors for %.0f ms (%zu)\n",
@@ -432,28 +407,6 @@ void print_chaos(const Settings& s, const std::map<std::string, ConfigResult>& r
   }
 }
 
-void write_report(const Settings& s, const std::string& path,
-                  const std::map<std::string, ConfigResult>& results) {
-  nlohmann::json configs = nlohmann::json::object();
-  for (const auto& [name, r] : results) {
-    configs[name] = {{"deliveries", r.deliveries},
-                     {"duplicates_injected", r.duplicates_injected},
-                     {"duplicate_effects", r.duplicate_effects},
-                     {"lost_requests", r.lost_requests},
-                     {"redeliveries", r.redeliveries},
-                     {"stopped_by_layer", r.stopped_by_layer},
-                     {"outcomes", r.outcomes},
-                     {"deliveries_per_s", r.deliveries_per_s},
-                     {"p50_us", r.p50_us},
-                     {"p99_us", r.p99_us},
-                     {"chaos", storm::to_json(r.chaos)},
-                     {"unavailable_ms", storm::max_unavailable_ms(r.chaos)}};
-  }
-  std::ofstream out(path);
-  out << nlohmann::json{{"topology", s.topology}, {"configs", configs}}.dump(2) << "\n";
-  if (!out) throw std::runtime_error("cannot write " + path);
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -466,13 +419,29 @@ int main(int argc, char** argv) {
               << workload.deliveries.size() + workload.late_deliveries.size() << " deliveries ("
               << workload.duplicates << " duplicates), " << settings.workers << " workers, seed "
               << settings.seed << "\n";
-    std::map<std::string, ConfigResult> results;
+    storm::Results results;
     for (const auto& config : settings.configs)
-      results[config] = run_config(settings, config, workload);
-    print_table(settings, results);
+      results.emplace_back(config, run_config(settings, config, workload));
+    std::printf("\n%s", storm::format_table(results).c_str());
+    std::printf(
+        "\ndup_rate_%%: duplicate effects / deliveries; seed_%%: the seed's production with the "
+        "same layers\n");
     print_chaos(settings, results);
-    if (!settings.report_json.empty()) write_report(settings, settings.report_json, results);
-    const auto all = results.find("all");
+    if (!settings.report_json.empty()) {
+      storm::write_json_report(settings.report_json, results, settings.topology);
+    }
+    if (!settings.report_html.empty()) {
+      storm::write_html_report(
+          settings.report_html, results,
+          std::to_string(workload.logical_requests) + " logical refund requests, " +
+              std::to_string(workload.deliveries.size() + workload.late_deliveries.size()) +
+              " deliveries (" + std::to_string(workload.duplicates) + " duplicates), " +
+              std::to_string(settings.workers) + " workers, seed " + std::to_string(settings.seed) +
+              ", topology " + settings.topology + (settings.chaos ? ", with --chaos" : "") + ".");
+      std::cerr << "idem-storm: wrote " << settings.report_html << "\n";
+    }
+    const auto all = std::find_if(results.begin(), results.end(),
+                                  [](const auto& entry) { return entry.first == "all"; });
     if (all != results.end() &&
         (all->second.duplicate_effects != 0 || all->second.lost_requests != 0)) {
       std::cerr << "idem-storm: FAILED: the all-layer configuration let duplicates through or lost "
