@@ -85,6 +85,25 @@ struct FailureDecision {
   std::string response{};                          ///< The response to store with kStoreAsResponse.
 };
 
+/// How run_transactional() claims a key in the PostgreSQL transaction (docs/pg_sink.md, "What a
+/// call costs"). Both keep the effect single under concurrency; neither aborts the caller's
+/// transaction on a conflict of idem's own.
+enum class TransactionalClaim {
+  /// Claim first, with idem's record: before the handler the key's advisory lock is taken and
+  /// its record read, in BEGIN's round trip; a repeat the sink remembers gets its stored
+  /// response and its handler never runs. After the handler the record is written once, with
+  /// the response, in COMMIT's round trip. Default.
+  kRecord,
+  /// No record of idem's in PostgreSQL: a UNIQUE constraint of the caller's own tables, named
+  /// in PgSinkOptions::business_constraints (required: idem::ConfigError otherwise), is the
+  /// claim, and idem adds no statement to the transaction. A repeat the guard does not stop
+  /// runs its handler until the constraint fails, then is rolled back and answered Duplicate
+  /// (layer kPgSink) without a response; the sink sees no fingerprint (no Mismatch from it),
+  /// and a failure stored with FailureAction::kStoreAsResponse is kept by the guard and the
+  /// local cache only. For callers that need no stored response from PostgreSQL.
+  kBusinessKey,
+};
+
 namespace detail {
 struct CallState;
 }
@@ -180,6 +199,9 @@ struct DeduplicatorOptions {
   /// running handler's lease in turn, so a renewal waiting on a slow Redis delays the others.
   /// Failures show in Context::lease_lost().
   std::chrono::milliseconds auto_renew_interval{0};
+  /// How run_transactional() claims in the sink's transaction: idem's record (default) or a
+  /// business table's unique key.
+  TransactionalClaim transactional_claim = TransactionalClaim::kRecord;
 
   /// Counters and histograms (e.g. an InProcessMetrics); null for none.
   std::shared_ptr<Metrics> metrics{};
@@ -190,8 +212,10 @@ struct DeduplicatorOptions {
 
 /// The idempotency facade. Thread-safe: one instance serves all threads.
 ///
-/// Order of work: layer 1 (local cache) → claim in Redis → claim row in the Postgres
-/// transaction → handler → complete row → commit → complete in Redis → local cache. A crash
+/// Order of work: layer 1 (local cache) → claim in Redis → claim of the key in the Postgres
+/// transaction (its lock and a read of its record, sent with BEGIN) → handler → the record,
+/// written once and sent with COMMIT → complete in Redis → local cache
+/// (docs/pg_sink.md, "What a call costs"). A crash
 /// between commit and the Redis complete is safe: the Postgres row decides the next attempt.
 ///
 /// Throws idem::InvalidRequestId, idem::InvalidKey, idem::PayloadError, idem::MissingKey for
@@ -225,8 +249,9 @@ class IDEM_EXPORT Deduplicator {
 
   /// Runs `handler` (`std::string(pqxx::transaction_base&)` or
   /// `std::string(pqxx::transaction_base&, Context&)`) inside the sink's transaction, after the
-  /// claim row is inserted, so the claim and the handler's writes commit together or not at
-  /// all. Requires a sink (idem::ConfigError otherwise).
+  /// key is claimed there (DeduplicatorOptions::transactional_claim), so the claim and the
+  /// handler's writes commit together or not at all. Requires a sink (idem::ConfigError
+  /// otherwise).
   template <class Handler>
   [[nodiscard]] Outcome run_transactional(const Request& request, Handler&& handler) {
     return run_handler(

@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "idem/export.h"
-#include "idem/pool_stats.h"
 #include "idem/record.h"
 #include "idem/sink.h"
 
@@ -21,6 +20,10 @@ class transaction_base;  // libpqxx's transaction; include <pqxx/pqxx> to use it
 }
 
 namespace idem {
+
+namespace detail {
+class PgCall;  // the driver's entry points (src/sink/pg_call.h)
+}
 
 /// What the sink's connections lead to: a session of their own, or a transaction pooler that
 /// hands each transaction to any server connection (docs/pg_sink.md, "pgbouncer").
@@ -142,7 +145,8 @@ class IDEM_EXPORT PgSink final : public Sink {
   bool transact_if(const std::function<bool(pqxx::transaction_base&)>& body);
 
   /// Inserts the claim row for `key` inside `tx` (`INSERT … ON CONFLICT DO NOTHING
-  /// RETURNING`), before the caller's business write. A conflict with a committed row never
+  /// RETURNING`, after the key's transaction-scoped advisory lock, which every claim of idem
+  /// takes), before the caller's business write. A conflict with a committed row never
   /// aborts `tx`; it answers kDuplicate with that row's state, fingerprint match and response.
   /// A conflict with an open transaction waits up to lock_timeout, then answers kInProgress.
   /// A row past its expiry is taken over (answers kClaimed). `key` is an encoded key text
@@ -209,11 +213,8 @@ class IDEM_EXPORT PgSink final : public Sink {
   /// The options in force (as validated by the constructor).
   [[nodiscard]] const PgSinkOptions& options() const noexcept;
 
-  /// What the sink's connection pool holds now. Thread-safe, no I/O; for gauges
-  /// (InProcessMetrics::watch()) and sizing.
-  [[nodiscard]] PoolStats pool_stats() const;
-
  private:
+  friend class detail::PgCall;
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -22,6 +22,7 @@
 #include "idem/local_cache.h"
 #include "idem/request_id.h"
 #include "pg/errors.h"
+#include "sink/pg_call.h"
 
 namespace idem {
 
@@ -175,8 +176,8 @@ class BlockingCall final : public detail::CallState {
   // Performs `step`, one outside any transaction, and reports it.
   void perform(const detail::Step& step, const Handler& handler);
   void run_handler(pqxx::transaction_base* tx, const Handler& handler);
-  void transaction(const Handler& handler);
-  bool in_transaction(pqxx::transaction_base& tx, const Handler& handler);
+  void transaction(const Handler& handler, bool begin_with_claim);
+  bool in_transaction(pqxx::transaction_base& tx, const Handler& handler, bool begin_with_claim);
 
   struct StopForwarder {
     std::stop_source* target;
@@ -244,7 +245,7 @@ Outcome BlockingCall::drive(const Handler& handler) {
       case detail::StepKind::kThrow:
         std::rethrow_exception(plan_.error());
       case detail::StepKind::kSinkBegin:
-        transaction(handler);
+        transaction(handler, step.with_next);
         break;
       default:
         perform(step, handler);
@@ -335,12 +336,12 @@ void BlockingCall::run_handler(pqxx::transaction_base* tx, const Handler& handle
     try {
       if (tx == nullptr) {
         response = handler(nullptr, context);
-      } else if (pg_->options().business_constraints.empty()) {
-        // The handler's own libpqxx errors become idem::PostgresError, as every sink call's.
-        response = detail::translating([&] { return handler(tx, context); });
       } else {
-        business_duplicate = !pg_->run_business_write(
-            *tx, [&](pqxx::transaction_base& t) { response = handler(&t, context); });
+        // The handler's own libpqxx errors become idem::PostgresError, as every sink call's. A
+        // business constraint's unique violation needs no savepoint: the plan rolls the whole
+        // transaction back after it.
+        business_duplicate =
+            !detail::PgCall::business_write(*pg_, [&] { response = handler(tx, context); });
       }
     } catch (...) {
       failure = std::current_exception();
@@ -357,11 +358,14 @@ void BlockingCall::run_handler(pqxx::transaction_base* tx, const Handler& handle
   }
 }
 
-// kSinkBegin: the steps up to kCommit or kRollback run inside PgSink::transact_if(), which owns
-// BEGIN, COMMIT and ROLLBACK (and drops a connection that was lost).
-void BlockingCall::transaction(const Handler& handler) {
+// kSinkBegin: the steps up to kCommit or kRollback run inside detail::PgCall::transact(), which
+// owns BEGIN, COMMIT and ROLLBACK (and drops a connection that was lost). BEGIN goes with the
+// claim and the record with COMMIT, in one round trip each (Step::with_next).
+void BlockingCall::transaction(const Handler& handler, bool begin_with_claim) {
   try {
-    (void)pg_->transact_if([&](pqxx::transaction_base& tx) { return in_transaction(tx, handler); });
+    (void)detail::PgCall::transact(*pg_, [&](pqxx::transaction_base& tx) {
+      return in_transaction(tx, handler, begin_with_claim);
+    });
   } catch (...) {
     // BEGIN or COMMIT failed, or the failure that made the plan roll back came back out.
     if (plan_.next(SteadyClock::now()).kind == detail::StepKind::kRollback) {
@@ -374,8 +378,11 @@ void BlockingCall::transaction(const Handler& handler) {
   plan_.done();  // committed, or rolled back at the plan's word
 }
 
-bool BlockingCall::in_transaction(pqxx::transaction_base& tx, const Handler& handler) {
+bool BlockingCall::in_transaction(pqxx::transaction_base& tx, const Handler& handler,
+                                  bool begin_with_claim) {
   using detail::StepKind;
+  // Without a claim, BEGIN goes now: a failure is kSinkBegin's (thrown out of transact()).
+  if (!begin_with_claim) detail::PgCall::begin(tx);
   plan_.done();  // BEGIN
   last_failure_ = nullptr;
   for (;;) {
@@ -390,11 +397,19 @@ bool BlockingCall::in_transaction(pqxx::transaction_base& tx, const Handler& han
         return false;
       case StepKind::kSinkClaim:
         perform(
-            [&] { return pg_->claim(tx, step.key, step.request_id, step.fingerprint, step.ttl); },
+            [&] {
+              return detail::PgCall::claim(*pg_, tx, step.key, step.request_id, step.fingerprint);
+            },
             [&](SinkClaim claim) { plan_.sink_claim_result(std::move(claim)); });
         break;
       case StepKind::kSinkComplete:
-        perform([&] { pg_->complete(tx, step.key, step.value, step.ttl); }, [&] { plan_.done(); });
+        // Staged: the record is inserted with COMMIT; its failure is the commit's.
+        perform(
+            [&] {
+              detail::PgCall::record(*pg_, tx, step.key, step.request_id, step.fingerprint,
+                                     step.value, step.ttl);
+            },
+            [&] { plan_.done(); });
         break;
       case StepKind::kRunHandler:
         run_handler(&tx, handler);
@@ -410,6 +425,12 @@ bool BlockingCall::in_transaction(pqxx::transaction_base& tx, const Handler& han
 struct Deduplicator::Impl {
   explicit Impl(DeduplicatorOptions options) : rules(options) {
     const DeduplicatorOptions& o = rules.options();
+    if (o.transactional_claim == TransactionalClaim::kBusinessKey &&
+        (pg == nullptr || pg->options().business_constraints.empty())) {
+      throw ConfigError(
+          "idem: TransactionalClaim::kBusinessKey needs a PgSink whose business_constraints "
+          "name the UNIQUE constraint that is the claim");
+    }
     if (o.local_cache_capacity > 0) {
       LocalCacheOptions cache;
       cache.max_entries = o.local_cache_capacity;

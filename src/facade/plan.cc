@@ -77,6 +77,7 @@ PlanRules::PlanRules(const DeduplicatorOptions& options) : options_(options) {
   redis_failure_ = o.on_redis_failure.value_or(o.sink ? RedisFailurePolicy::kFailOpen
                                                       : RedisFailurePolicy::kFailClosed);
   if (o.guard) guard_lease_ = o.guard->lease();
+  transactional_records_ = o.transactional_claim == TransactionalClaim::kRecord;
 }
 
 CallPlan::CallPlan(const PlanRules& rules, const Request& request, CallMode mode, PlanTime now,
@@ -145,6 +146,7 @@ Step CallPlan::next(PlanTime now) {
     case State::kSinkBegin:
     case State::kStoreBegin:
       step.kind = StepKind::kSinkBegin;
+      step.with_next = state_ == State::kStoreBegin || sink_records();  // a claim follows
       break;
     case State::kSinkClaim:
     case State::kStoreClaim:
@@ -160,8 +162,10 @@ Step CallPlan::next(PlanTime now) {
     case State::kStoreComplete:
       step.kind = StepKind::kSinkComplete;
       step.request_id = sink_owner_;
+      step.fingerprint = record_fingerprint_;  // transactional: the whole record is written now
       step.value = response_;
       step.ttl = record_retention();
+      step.with_next = transactional();  // the commit follows
       break;
     case State::kCommit:
     case State::kStoreCommit:
@@ -371,7 +375,7 @@ void CallPlan::enter_sink() {
   }
   if (transactional()) {
     go(State::kSinkBegin);
-  } else if (rules_.options_.sink && claim_rows_) {
+  } else if (sink_records()) {
     go(State::kSinkClaim);
   } else {
     enter_handler();
@@ -402,7 +406,7 @@ void CallPlan::sink_claim_result(SinkClaim claim) {
 void CallPlan::handler_result(std::string response) {
   renewing_ = false;
   response_ = std::move(response);
-  if (rules_.options_.sink && claim_rows_) {
+  if (sink_records()) {
     go(State::kSinkComplete);
   } else if (transactional()) {
     go(State::kCommit);
@@ -429,7 +433,7 @@ void CallPlan::done() {
       lookup();
       return;
     case State::kSinkBegin:
-      if (claim_rows_) {
+      if (sink_records()) {
         go(State::kSinkClaim);
       } else {
         enter_handler();
@@ -638,8 +642,8 @@ void CallPlan::after_failure() {
       return;
     case FailureAction::kStoreAsResponse:
       response_ = failure_.response;
-      if (!o.sink) {
-        after_store();
+      if (!sink_records()) {
+        after_store();  // no sink, or no record of idem's there (TransactionalClaim::kBusinessKey)
       } else if (transactional()) {
         go(State::kStoreBegin);  // the failed transaction is gone: a new one stores the response
       } else {

@@ -41,6 +41,7 @@ class PlanRules {
   std::optional<Fingerprinter> fingerprinter_;           // no time bucket: mismatch detection
   std::optional<Fingerprinter> bucketed_fingerprinter_;  // fallback keys, when a bucket is set
   RedisFailurePolicy redis_failure_ = RedisFailurePolicy::kFailClosed;
+  bool transactional_records_ = true;  // run_transactional() keeps idem's record in the sink
   std::chrono::milliseconds guard_lease_{0};
 };
 
@@ -87,6 +88,11 @@ struct Step {
   std::chrono::milliseconds ttl{0};  ///< Retention (completions, transactional claim; 0: the
                                      ///< backend's own), or the local cache entry's TTL.
   PlanTime at{};                     ///< kWait: when to wake.
+  /// kSinkBegin before a claim, and a transactional kSinkComplete: the step may go with the next
+  /// one (kSinkClaim; kCommit) in one round trip. The driver may then report done() at once and
+  /// perform it with the next step; a failure of either is reported at the next step, where
+  /// the plan treats it alike (nothing ran yet; the commit did not happen).
+  bool with_next = false;
   const DecisionEvent* event = nullptr;  ///< kEmit: the event (valid until done()).
 };
 
@@ -217,6 +223,11 @@ class CallPlan {
   [[nodiscard]] bool is_fallback_key() const noexcept;
   [[nodiscard]] bool stop_requested() const noexcept;
   [[nodiscard]] bool transactional() const noexcept { return mode_ == CallMode::kTransactional; }
+  // Whether this call claims and completes a record in the sink.
+  [[nodiscard]] bool sink_records() const noexcept {
+    return rules_.options_.sink && claim_rows_ &&
+           (!transactional() || rules_.transactional_records_);
+  }
 
   const PlanRules& rules_;
   const Request& request_;

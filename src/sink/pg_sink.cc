@@ -6,6 +6,7 @@
 #include <optional>
 #include <pqxx/pqxx>
 #include <utility>
+#include <vector>
 
 #include "common/sha256.h"
 #include "idem/errors.h"
@@ -15,6 +16,8 @@
 #include "pg/errors.h"
 #include "pg/pool.h"
 #include "pg/watchdog.h"
+#include "sink/batched_transaction.h"
+#include "sink/pg_call.h"
 #include "sink/sql.h"
 
 namespace idem {
@@ -27,8 +30,10 @@ constexpr const char* kLockNotAvailable = "55P03";
 // The sink's prepared statements, by index into PgSink::Impl::sql.
 enum Statement : std::size_t {
   kClaim,
+  kLockKey,
   kLookup,
   kTakeOver,
+  kRecord,
   kComplete,
   kRelease,
   kPurge,
@@ -38,8 +43,9 @@ enum Statement : std::size_t {
   kCount
 };
 constexpr std::array<const char*, kCount> kStatementNames{
-    "idem_claim", "idem_lookup",  "idem_take_over", "idem_complete", "idem_release",
-    "idem_purge", "idem_inspect", "idem_lock_row",  "idem_evict"};
+    "idem_claim",   "idem_lock_key", "idem_lookup",  "idem_take_over",
+    "idem_record",  "idem_complete", "idem_release", "idem_purge",
+    "idem_inspect", "idem_lock_row", "idem_evict"};
 
 double to_ms(std::chrono::milliseconds duration) { return static_cast<double>(duration.count()); }
 
@@ -93,15 +99,30 @@ std::string with_connect_timeout(const std::string& conninfo,
 // The statements' SQL for the records table `table` (already quoted).
 std::array<std::string, kCount> statements(const std::string& table) {
   std::array<std::string, kCount> sql;
-  sql[kClaim] = "INSERT INTO " + table +
+  // Every claim of a key first takes the key's transaction-scoped advisory lock (kLockKey), so
+  // that claims of one key, whichever statement makes them, wait for each other instead of
+  // meeting at the unique index (docs/pg_sink.md, "What a call costs"). A colliding hash only
+  // makes two keys wait for each other.
+  const std::string key_lock = "pg_advisory_xact_lock(hashtextextended($2, hashtext($1)))";
+  // The lock is a CTE the insert reads from, so it is held before the row is inserted (a
+  // volatile CTE is evaluated once, never inlined); ON CONFLICT sees committed rows whatever
+  // the statement's snapshot.
+  sql[kClaim] = "WITH key_lock AS (SELECT " + key_lock + ") INSERT INTO " + table +
                 " (ns, key, request_id, fingerprint, expires_at)"
-                " VALUES ($1, $2, $3, $4, now() + $5::float8 * interval '1 ms')"
+                " SELECT $1, $2, $3, $4, now() + $5::float8 * interval '1 ms' FROM key_lock"
                 " ON CONFLICT (ns, key) DO NOTHING RETURNING 1";
+  sql[kLockKey] = "SELECT " + key_lock;
   sql[kLookup] =
       "SELECT state, fingerprint, request_id, response, response_sha256,"
       " expires_at <= now() FROM " +
       table + " WHERE ns = $1 AND key = $2";
   sql[kTakeOver] = "DELETE FROM " + table + " WHERE ns = $1 AND key = $2 AND expires_at <= now()";
+  // The whole record of a first execution, written once with COMMIT (no ON CONFLICT: a row of
+  // the key that appeared meanwhile fails the statement, so COMMIT never runs).
+  sql[kRecord] = "INSERT INTO " + table +
+                 " (ns, key, request_id, fingerprint, state, response, response_sha256, expires_at)"
+                 " VALUES ($1, $2, $3, $4, 'completed', $5, $6, now() + $7::float8 * interval "
+                 "'1 ms')";
   // $6: the owner's request ID in non-transactional mode; NULL inside the claiming transaction.
   sql[kComplete] = "UPDATE " + table +
                    " SET state = 'completed', response = $3, response_sha256 = $4,"
@@ -186,12 +207,39 @@ struct PgSink::Impl {
   // statements of `body` are its own business).
   template <typename Body>
   bool watched_transaction(pqxx::connection& conn, Body&& body) {
+    return watched<pqxx::work>(
+        conn,
+        [&](std::optional<pqxx::work>& tx) {
+          tx.emplace(conn);
+          if (transaction_pooling()) tx->exec0(set_local_timeouts);
+        },
+        std::forward<Body>(body));
+  }
+
+  // What opens a transaction: BEGIN, and behind a transaction pooler the timeouts for it.
+  [[nodiscard]] std::string begin_sql() const {
+    return transaction_pooling() ? "BEGIN; " + set_local_timeouts : std::string("BEGIN");
+  }
+
+  // `statement` as text for a multi-statement query, with `literals` (quoted SQL literals) for
+  // its parameters: EXECUTE of the statement prepared on this connection (prepared now if it is
+  // not yet), or behind a transaction pooler the statement itself with the literals in place.
+  std::string text(pqxx::transaction_base& tx, Statement statement,
+                   const std::vector<std::string>& literals) const {
+    if (transaction_pooling()) return detail::bind_literals(sql[statement], literals);
+    tx.conn().prepare(kStatementNames[statement], sql[statement]);
+    tx.conn().prepare_now(kStatementNames[statement]);
+    std::string call = std::string("EXECUTE ") + kStatementNames[statement] + "(";
+    for (std::size_t i = 0; i < literals.size(); ++i) call += (i == 0 ? "" : ", ") + literals[i];
+    return call + ")";
+  }
+
+  // The transaction of watched_transaction(), of type Tx, opened by open(std::optional<Tx>&).
+  template <typename Tx, typename Open, typename Body>
+  bool watched(pqxx::connection& conn, Open&& open, Body&& body) {
     const int socket = conn.sock();
-    std::optional<pqxx::work> tx;
-    watchdog.run(socket, [&] {
-      tx.emplace(conn);
-      if (transaction_pooling()) tx->exec0(set_local_timeouts);
-    });
+    std::optional<Tx> tx;
+    watchdog.run(socket, [&] { open(tx); });
     bool commit = false;
     try {
       commit = body(*tx);
@@ -222,10 +270,7 @@ struct PgSink::Impl {
 
   SinkClaim claim(pqxx::transaction_base& tx, std::string_view key, std::string_view request_id,
                   std::string_view fingerprint, std::chrono::milliseconds expiry) const {
-    validate_key_text(key);
-    if (request_id.size() > kMaxRequestIdBytes) {
-      throw InvalidRequestId("idem: request ID longer than 64 bytes");
-    }
+    validate_claim(key, request_id);
     const std::string k(key);
     const std::string rid(request_id);
     const std::string fp(fingerprint);
@@ -245,13 +290,25 @@ struct PgSink::Impl {
         }
       } catch (const pqxx::sql_error& error) {
         if (error.sqlstate() != kLockNotAvailable) throw;
-        SinkClaim open;
-        open.status = SinkStatus::kInProgress;
-        open.same_request = false;
-        return open;
+        return held_elsewhere();
       }
       throw PostgresError("idem: postgres: the row of the key kept changing during claim", true);
     });
+  }
+
+  // A claim that waited lock_timeout for another transaction holding the key.
+  static SinkClaim held_elsewhere() {
+    SinkClaim open;
+    open.status = SinkStatus::kInProgress;
+    open.same_request = false;
+    return open;
+  }
+
+  static void validate_claim(std::string_view key, std::string_view request_id) {
+    validate_key_text(key);
+    if (request_id.size() > kMaxRequestIdBytes) {
+      throw InvalidRequestId("idem: request ID longer than 64 bytes");
+    }
   }
 
   static SinkClaim existing(const pqxx::row& row, std::string_view request_id,
@@ -386,16 +443,10 @@ bool PgSink::run_business_write(pqxx::transaction_base& tx,
                                 const std::function<void(pqxx::transaction_base&)>& write) {
   return detail::translating([&] {
     tx.exec0("SAVEPOINT idem_business_write");
-    try {
-      write(tx);
-    } catch (const pqxx::unique_violation& error) {
-      if (!detail::names_constraint(error.what(), impl_->options.business_constraints)) throw;
-      tx.exec0("ROLLBACK TO SAVEPOINT idem_business_write");
-      tx.exec0("RELEASE SAVEPOINT idem_business_write");
-      return false;
-    }
+    const bool wrote = detail::PgCall::business_write(*this, [&] { write(tx); });
+    if (!wrote) tx.exec0("ROLLBACK TO SAVEPOINT idem_business_write");
     tx.exec0("RELEASE SAVEPOINT idem_business_write");
-    return true;
+    return wrote;
   });
 }
 
@@ -472,8 +523,6 @@ ForceReleaseStatus PgSink::force_release(std::string_view key, ForceReleaseScope
 
 const PgSinkOptions& PgSink::options() const noexcept { return impl_->options; }
 
-PoolStats PgSink::pool_stats() const { return impl_->pool.stats(); }
-
 std::size_t PgSink::purge_expired(std::size_t batch_size) {
   if (batch_size == 0) throw ConfigError("idem: purge_expired batch_size must be >= 1");
   std::size_t total = 0;
@@ -488,4 +537,99 @@ std::size_t PgSink::purge_expired(std::size_t batch_size) {
   }
 }
 
+// ---- the driver's entry points (src/sink/pg_call.h) --------------------------------------------
+
+namespace detail {
+
+bool PgCall::transact(PgSink& sink, const std::function<bool(pqxx::transaction_base&)>& body) {
+  PgSink::Impl& impl = *sink.impl_;
+  return impl.with_connection([&](pqxx::connection& conn) {
+    return impl.watched<BatchedTransaction>(
+        conn, [&](std::optional<BatchedTransaction>& tx) { tx.emplace(conn, impl.begin_sql()); },
+        [&](BatchedTransaction& tx) { return body(tx); });
+  });
+}
+
+SinkClaim PgCall::claim(PgSink& sink, pqxx::transaction_base& tx, std::string_view key,
+                        std::string_view request_id, std::string_view fingerprint) {
+  const PgSink::Impl& impl = *sink.impl_;
+  PgSink::Impl::validate_claim(key, request_id);
+  const std::string& ns = impl.options.ns;
+  const std::string k(key);
+  return translating([&] {
+    try {
+      pqxx::result found;
+      if (auto* batched = dynamic_cast<BatchedTransaction*>(&tx)) {
+        const std::vector<std::string> literals{tx.quote(ns), tx.quote(k)};
+        const std::string statements =
+            impl.text(tx, kLockKey, literals) + "; " + impl.text(tx, kLookup, literals);
+        found = impl.watchdog.run(tx.conn().sock(), [&] { return batched->send(statements); });
+      } else {
+        impl.exec(tx, kLockKey, ns, k);
+        found = impl.exec(tx, kLookup, ns, k);
+      }
+      if (found.empty()) return SinkClaim{};
+      if (found[0][5].as<bool>()) {  // expired: the key is ours (we hold its lock)
+        impl.exec(tx, kTakeOver, ns, k);
+        return SinkClaim{};
+      }
+      return PgSink::Impl::existing(found[0], request_id, fingerprint);
+    } catch (const pqxx::sql_error& error) {
+      if (error.sqlstate() != kLockNotAvailable) throw;
+      return PgSink::Impl::held_elsewhere();
+    }
+  });
+}
+
+void PgCall::begin(pqxx::transaction_base& tx) {
+  if (auto* batched = dynamic_cast<BatchedTransaction*>(&tx)) {
+    translating([&] { batched->begin_now(); });
+  }
+}
+
+void PgCall::record(PgSink& sink, pqxx::transaction_base& tx, std::string_view key,
+                    std::string_view request_id, std::string_view fingerprint,
+                    std::string_view response, std::chrono::milliseconds retention) {
+  const PgSink::Impl& impl = *sink.impl_;
+  PgSink::Impl::validate_claim(key, request_id);
+  const std::string& ns = impl.options.ns;
+  const std::string k(key);
+  const std::string rid(request_id);
+  const std::string fp(fingerprint);
+  const double keep = to_ms(impl.retention_or_default(retention));
+  const bool capped = response.size() > impl.options.max_response_bytes;
+  translating([&] {
+    auto* batched = dynamic_cast<BatchedTransaction*>(&tx);
+    if (batched == nullptr) {
+      if (capped) {
+        impl.exec(tx, kRecord, ns, k, rid, fp, nullptr, detail::sha256_hex(response), keep);
+      } else {
+        impl.exec(tx, kRecord, ns, k, rid, fp, pqxx::binarystring(response.data(), response.size()),
+                  nullptr, keep);
+      }
+      return;
+    }
+    const auto* bytes = reinterpret_cast<const unsigned char*>(response.data());
+    batched->at_commit(
+        impl.text(tx, kRecord,
+                  {tx.quote(ns), tx.quote(k), tx.quote(rid), tx.quote(fp),
+                   capped ? std::string("NULL") : tx.quote_raw(bytes, response.size()),
+                   capped ? tx.quote(detail::sha256_hex(response)) : std::string("NULL"),
+                   std::to_string(static_cast<std::int64_t>(keep))}));
+  });
+}
+
+bool PgCall::business_write(const PgSink& sink, const std::function<void()>& handler) {
+  return translating([&] {
+    try {
+      handler();
+    } catch (const pqxx::unique_violation& error) {
+      if (!names_constraint(error.what(), sink.impl_->options.business_constraints)) throw;
+      return false;
+    }
+    return true;
+  });
+}
+
+}  // namespace detail
 }  // namespace idem

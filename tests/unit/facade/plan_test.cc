@@ -91,6 +91,11 @@ class ScriptedDriver {
   LocalCache cache{LocalCacheOptions{.max_entries = 16, .shards = 1}};
   std::map<std::string, TxRow> rows;  // the transactional sink's committed rows
 
+  // The steps the driver was allowed to send with the next one (Step::with_next), and the
+  // fingerprint each transactional completion carried.
+  std::vector<StepKind> with_next;
+  std::vector<std::string> completed_fingerprints;
+  std::vector<std::string> claimed_fingerprints;
   // Failures to inject: the next step of this kind throws (once per entry).
   std::multimap<StepKind, std::exception_ptr> faults;
   // What the handler does (it may advance `now`), and what happened.
@@ -122,6 +127,7 @@ class ScriptedDriver {
     for (int guard_steps = 0; guard_steps < 1000; ++guard_steps) {
       const Step step = plan.next(now);
       trace.push_back(step.kind);
+      if (step.with_next) with_next.push_back(step.kind);
       if (before_step) before_step(step.kind);
       if (step.kind == K::kReturn) return plan.outcome();
       if (step.kind == K::kThrow) std::rethrow_exception(plan.error());
@@ -178,6 +184,7 @@ class ScriptedDriver {
         plan.done();
         return;
       case K::kSinkClaim:
+        claimed_fingerprints.emplace_back(step.fingerprint);
         if (plan.mode() == CallMode::kRun) {
           plan.sink_claim_result(sink->claim(step.key, step.request_id, step.fingerprint));
         } else {
@@ -201,6 +208,7 @@ class ScriptedDriver {
         if (plan.mode() == CallMode::kRun) {
           (void)sink->complete(step.key, step.request_id, step.value, step.ttl);
         } else {
+          completed_fingerprints.emplace_back(step.fingerprint);
           staged_[std::string(step.key)].state = RecordState::kCompleted;
           staged_[std::string(step.key)].response = step.value;
         }
@@ -562,6 +570,83 @@ TEST(CallPlan, ABusinessConstraintIsADuplicateWithoutResponse) {
   EXPECT_FALSE(dup.response.has_value());
   EXPECT_EQ(trace_text(d.trace),
             "LocalGet GuardClaim SinkBegin SinkClaim RunHandler Rollback GuardRelease Emit Return");
+}
+
+// ---- what the transactional steps may share ---------------------------------------------------
+
+TEST(CallPlan, BeginGoesWithTheClaimAndTheRecordWithTheCommit) {
+  ScriptedDriver d;
+  d.use_sink();
+  ASSERT_EQ(d.call(request("r1"), CallMode::kTransactional).kind, Outcome::Kind::kExecuted);
+  // One round trip each for BEGIN + claim and record + COMMIT (docs/pg_sink.md).
+  EXPECT_EQ(trace_text(d.with_next), "SinkBegin SinkComplete");
+  // The completion writes the whole record at once: with the fingerprint of the claim.
+  ASSERT_EQ(d.completed_fingerprints.size(), 1u);
+  EXPECT_FALSE(d.completed_fingerprints[0].empty());
+  EXPECT_EQ(d.completed_fingerprints, d.claimed_fingerprints);
+  // Run mode sends nothing together: each sink call commits by itself.
+  d.with_next.clear();
+  (void)d.call(request("r2", "b2"));
+  EXPECT_TRUE(d.with_next.empty());
+}
+
+TEST(CallPlan, AFailureOfABeginSentWithTheClaimIsUnavailableAsABeginOfItsOwn) {
+  ScriptedDriver d;
+  d.use_sink();
+  d.faults.emplace(K::kSinkClaim, backend_down(false));  // BEGIN + claim: the connection is gone
+  const Outcome down = d.call(request("r1"), CallMode::kTransactional);
+  EXPECT_EQ(down.kind, Outcome::Kind::kUnavailable);
+  EXPECT_EQ(down.layer, Layer::kPgSink);
+  EXPECT_EQ(d.handler_runs, 0);
+  EXPECT_EQ(d.guard->size(), 0u);
+}
+
+TEST(CallPlan, TheBusinessKeyAsTheClaimAddsNoSinkStepToTheTransaction) {
+  ScriptedDriver d;
+  d.use_sink();
+  d.options.transactional_claim = TransactionalClaim::kBusinessKey;
+  d.changed();
+  ASSERT_EQ(d.call(request("r1"), CallMode::kTransactional).kind, Outcome::Kind::kExecuted);
+  EXPECT_EQ(trace_text(d.trace),
+            "LocalGet GuardClaim SinkBegin RunHandler Commit LocalPut GuardComplete Emit Return");
+  EXPECT_TRUE(d.with_next.empty());  // BEGIN goes at once: the handler's statements follow
+  EXPECT_TRUE(d.rows.empty());
+  // A repeat that got past the guard is stopped by the business constraint: no response.
+  d.guard = std::make_shared<InMemoryGuard>();
+  d.options.guard = d.guard;
+  d.options.local_cache_capacity = 0;
+  d.changed();
+  d.business_duplicate = true;
+  const Outcome dup = d.call(request("r2"), CallMode::kTransactional);
+  EXPECT_EQ(dup.kind, Outcome::Kind::kDuplicate);
+  EXPECT_EQ(dup.layer, Layer::kPgSink);
+  EXPECT_FALSE(dup.response.has_value());
+  EXPECT_EQ(trace_text(d.trace),
+            "GuardClaim SinkBegin RunHandler Rollback GuardRelease Emit Return");
+  // Run mode keeps its rows: the mode is run_transactional()'s only.
+  d.business_duplicate = false;
+  EXPECT_EQ(d.call(request("r3", "b3")).kind, Outcome::Kind::kExecuted);
+  EXPECT_EQ(trace_text(d.trace),
+            "GuardClaim SinkClaim RunHandler SinkComplete GuardComplete Emit Return");
+}
+
+TEST(CallPlan, WithTheBusinessKeyAStoredFailureGoesToTheGuardOnly) {
+  ScriptedDriver d;
+  d.use_sink();
+  d.options.transactional_claim = TransactionalClaim::kBusinessKey;
+  d.options.on_handler_failure = [](std::exception_ptr) {
+    return FailureDecision{FailureAction::kStoreAsResponse, "declined"};
+  };
+  d.handler = []() -> std::string { throw std::runtime_error("declined"); };
+  EXPECT_THROW((void)d.call(request("r1"), CallMode::kTransactional), std::runtime_error);
+  EXPECT_EQ(trace_text(d.trace),
+            "LocalGet GuardClaim SinkBegin RunHandler Rollback LocalPut GuardComplete Emit Throw");
+  EXPECT_TRUE(d.rows.empty());
+  d.options.local_cache_capacity = 0;
+  d.changed();
+  const Outcome replay = d.call(request("r2"), CallMode::kTransactional);
+  EXPECT_EQ(replay.layer, Layer::kRedisGuard);
+  EXPECT_EQ(replay.response, "declined");
 }
 
 // ---- backends down ------------------------------------------------------------------------------
