@@ -26,6 +26,12 @@ require_tools() {
   done
 }
 
+# mean VALUE...: the arithmetic mean, one decimal.
+mean() { printf '%s\n' "$@" | awk '{s += $1} END {printf "%.1f", s / NR}'; }
+
+# json_list VALUE...: a JSON array of the values.
+json_list() { local IFS=,; echo "[$*]"; }
+
 # median VALUE...: the median (the lower one of an even count).
 median() { printf '%s\n' "$@" | sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
 

@@ -42,7 +42,7 @@ trap cleanup EXIT
 
 # The statements idem sends (src/sink/pg_sink.cc, bench/pg_bench.cc), with pgbench variables for the
 # parameters. Keys are random 60-bit numbers: a collision in one run is practically impossible.
-claim_sql="INSERT INTO $table (ns, key, request_id, fingerprint, expires_at) VALUES ('bench', 'pgbench:' || :client_id || ':' || :n, 'req', 'fp', now() + :keep::float8 * interval '1 ms') ON CONFLICT (ns, key) DO NOTHING RETURNING 1;"
+claim_sql="WITH key_lock AS (SELECT pg_advisory_xact_lock(hashtextextended('pgbench:' || :client_id || ':' || :n, hashtext('bench')))) INSERT INTO $table (ns, key, request_id, fingerprint, expires_at) SELECT 'bench', 'pgbench:' || :client_id || ':' || :n, 'req', 'fp', now() + :keep::float8 * interval '1 ms' FROM key_lock ON CONFLICT (ns, key) DO NOTHING RETURNING 1;"
 cat >"$work/claim.sql" <<SQL
 \set n random(1, 1152921504606846976)
 \set keep 86400000
@@ -85,8 +85,6 @@ run_pair() {  # mode clients
   echo "$(mean "${a[@]}") $(mean "${b[@]}")"
 }
 
-mean() { printf '%s\n' "$@" | awk '{s += $1} END {printf "%.1f", s / NR}'; }
-json_list() { local IFS=,; echo "[$*]"; }
 
 json="{"
 printf '%-18s %7s %12s %12s %6s\n' scenario clients idem_tps pgbench_tps ratio

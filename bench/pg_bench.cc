@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "clients.h"
 #include "idem/errors.h"
 #include "idem/pg_sink.h"
 
@@ -96,72 +97,49 @@ double run(const Args& args) {
   const bool with_update = args.mode == "claim_plus_update";
   const std::string update_sql =
       "UPDATE \"" + args.schema + "\".accounts SET balance = balance + 1 WHERE id = $1";
-  std::atomic<long> done{0};
-  std::atomic<bool> stop{false};
-  std::barrier ready(args.clients + 1);
-  std::vector<std::thread> clients;
-  for (int c = 0; c < args.clients; ++c) {
-    clients.emplace_back([&, c] {
-      std::mt19937 rng(static_cast<unsigned>(c) + 1);
-      std::uniform_int_distribution<int> account(1, kAccounts);
-      const std::string prefix =
-          "idem:" + std::to_string(c) + ":" +
-          std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()) + ":";
-      long n = 0;
-      const auto once = [&] {
-        const std::string key = prefix + std::to_string(n++);
-        if (!with_update) {
-          if (sink.claim(key, "req", "fp").status != idem::SinkStatus::kClaimed) {
-            throw std::runtime_error("unexpected duplicate");
-          }
-          return;
+  return bench::calls_per_second(args.clients, args.seconds, [&](int c, const auto& measure) {
+    std::mt19937 rng(static_cast<unsigned>(c) + 1);
+    std::uniform_int_distribution<int> account(1, kAccounts);
+    const std::string prefix =
+        "idem:" + std::to_string(c) + ":" +
+        std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()) + ":";
+    long n = 0;
+    const auto once = [&] {
+      const std::string key = prefix + std::to_string(n++);
+      if (!with_update) {
+        if (sink.claim(key, "req", "fp").status != idem::SinkStatus::kClaimed) {
+          throw std::runtime_error("unexpected duplicate");
         }
-        sink.transact([&](pqxx::transaction_base& tx) {
-          if (sink.claim(tx, key, "req", "fp").status != idem::SinkStatus::kClaimed) {
-            throw std::runtime_error("unexpected duplicate");
-          }
-          // Prepared once per connection (a repeat with the same text is a no-op), as pgbench -M
-          // prepared does; unprepared behind a transaction pooler, as the sink's own statements.
-          if (args.transaction_pooling) {
-            tx.exec_params(update_sql, account(rng));
-          } else {
-            tx.conn().prepare("bench_update", update_sql);
-            tx.exec_prepared("bench_update", account(rng));
-          }
-        });
-      };
-      once();  // warm-up: opens this client's connection, prepares the statements
-      ready.arrive_and_wait();
-      long mine = 0;
-      while (!stop.load(std::memory_order_relaxed)) {
-        once();
-        ++mine;
+        return;
       }
-      done += mine;
-    });
-  }
-  ready.arrive_and_wait();
-  const auto start = std::chrono::steady_clock::now();
-  std::this_thread::sleep_for(std::chrono::duration<double>(args.seconds));
-  stop = true;
-  for (auto& client : clients) client.join();
-  const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
-  return static_cast<double>(done.load()) / elapsed.count();
+      sink.transact([&](pqxx::transaction_base& tx) {
+        if (sink.claim(tx, key, "req", "fp").status != idem::SinkStatus::kClaimed) {
+          throw std::runtime_error("unexpected duplicate");
+        }
+        // Prepared once per connection (a repeat with the same text is a no-op), as pgbench -M
+        // prepared does; unprepared behind a transaction pooler, as the sink's own statements.
+        if (args.transaction_pooling) {
+          tx.exec_params(update_sql, account(rng));
+        } else {
+          tx.conn().prepare("bench_update", update_sql);
+          tx.exec_prepared("bench_update", account(rng));
+        }
+      });
+    };
+    measure(once);
+  });
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  Args args;
   try {
-    const Args args = parse(argc, argv);
-    if (args.setup) {
-      setup(args);
-      return 0;
-    }
-    std::printf("%.1f\n", run(args));
-    return 0;
+    args = parse(argc, argv);
   } catch (const std::exception& error) {
     std::fprintf(stderr, "idem-bench-pg: %s\n", error.what());
     return 1;
   }
+  return bench::setup_or_run(
+      "idem-bench-pg", args.setup, [&] { setup(args); }, [&] { return run(args); });
 }

@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# scripts/dev bench e2e [--report-json PATH] [--seconds N] [--runs N]
+#
+# What idem costs a business transaction. In one run, on the services of scripts/dev, at 1 and 8
+# clients, with interleaved one-second slices (the tables emptied before each):
+#   bare        the business transaction alone as a pgbench script (-M prepared):
+#               BEGIN; INSERT INTO ledger …; UPDATE accounts …; COMMIT
+#   sink        the same statements in Deduplicator::run_transactional(), Postgres sink only
+#   guard_sink  the same with the Redis guard too
+#   key_sink, key_guard_sink
+#               the same with TransactionalClaim::kBusinessKey (the ledger's UNIQUE idem_key is
+#               the claim; no record of idem's)
+# and the floors that bound the ratios (docs/pg_sink.md, "What a call costs"):
+#   floor_bare_simple, floor_record_simple
+#               pgbench -M simple: the bare transaction, and the same with one INSERT of a
+#               record of idem's shape sent with COMMIT (the same round trips, one more row)
+#   client_bare, client_bare_guard
+#               the bare transaction through libpqxx (the client library's share), and with the
+#               guard's claim and complete around it without the facade (Redis' round trips)
+# A tps is the median over --runs runs (default 3) of the mean of a run's --seconds one-second
+# slices (default 5); a ratio is the median over every round of the ratio within the round
+# (client_bare_guard against client_bare, the floor_* against floor_bare_simple, the rest
+# against bare). Prints a table; --report-json writes
+#   {"clients_8": {"bare_tps", "sink_tps", "guard_sink_tps", "sink_ratio", "guard_sink_ratio",
+#                  "key_sink_tps", "key_guard_sink_tps", "key_sink_ratio", "key_guard_sink_ratio",
+#                  "floors": {…}, "tps_per_run": {…}}, "clients_1": {…}, …}
+set -euo pipefail
+
+report=""
+seconds=5
+runs=3
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+parse_bench_args "$@"
+
+url="${IDEM_TEST_PG_URL:?run through scripts/dev bench e2e (or set IDEM_TEST_PG_URL)}"
+redis="${IDEM_TEST_REDIS_URL:?run through scripts/dev bench e2e (or set IDEM_TEST_REDIS_URL)}"
+command -v pgbench >/dev/null || { echo "bench/e2e.sh: pgbench not found" >&2; exit 2; }
+cmake --build "$build" --target idem-bench-e2e >/dev/null
+harness="$build/bench/idem-bench-e2e"
+
+schema="idem_bench_e2e_$$"
+work="$(mktemp -d)"
+cleanup() {
+  psql -q "$url" -c "DROP SCHEMA IF EXISTS \"$schema\" CASCADE" >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+psql -q "$url" -c "CREATE SCHEMA \"$schema\"" >/dev/null
+"$harness" --pg-url "$url" --schema "$schema" --setup
+
+# The business transaction, with the statements of bench/e2e_bench.cc. Keys are random 60-bit
+# numbers: a collision in one run is practically impossible.
+s="\"$schema\""
+vars='\set n random(1, 1152921504606846976)
+\set a random(1, 1000)'
+ledger="INSERT INTO $s.ledger (idem_key, account, amount_cents) VALUES ('pgb-' || :client_id || '-' || :n, :a, 500)"
+account="UPDATE $s.accounts SET balance_cents = balance_cents - 500 WHERE id = :a"
+# A completed record as the sink writes it with COMMIT (src/sink/pg_sink.cc, kRecord).
+record="INSERT INTO $s.idem_records (ns, key, request_id, fingerprint, state, response, response_sha256, expires_at) VALUES ('bench', 'u:refund:pgb-' || :client_id || '-' || :n, 'req-pgb-' || :n, 'f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f00', 'completed', '\\x7b22737461747573223a22726566756e646564222c22616d6f756e745f63656e7473223a3530307d'::bytea, NULL, now() + 86400000::float8 * interval '1 ms')"
+printf '%s\nBEGIN;\n%s;\n%s;\nCOMMIT;\n' "$vars" "$ledger" "$account" >"$work/bare.sql"
+printf '%s\nBEGIN;\n%s;\n%s;\n%s \\;\nCOMMIT;\n' "$vars" "$ledger" "$account" "$record" >"$work/record.sql"
+
+empty_tables() { psql -q "$url" -c "TRUNCATE $s.ledger, $s.idem_records" >/dev/null; }
+
+# One slice of `scenario` at `clients` for `secs` seconds: prints its transactions per second.
+slice() {  # scenario clients secs
+  empty_tables
+  local pgb=(pgbench -n -c "$2" -j "$2" -T "$3")
+  case "$1" in
+    bare) "${pgb[@]}" -M prepared -f "$work/bare.sql" "$url" 2>/dev/null | tps ;;
+    floor_bare_simple) "${pgb[@]}" -M simple -f "$work/bare.sql" "$url" 2>/dev/null | tps ;;
+    floor_record_simple) "${pgb[@]}" -M simple -f "$work/record.sql" "$url" 2>/dev/null | tps ;;
+    client_bare) "$harness" --pg-url "$url" --schema "$schema" --mode bare --clients "$2" --seconds "$3" ;;
+    client_bare_guard) "$harness" --pg-url "$url" --redis-url "$redis" --schema "$schema" --mode bare_guard --clients "$2" --seconds "$3" ;;
+    *) "$harness" --pg-url "$url" --redis-url "$redis" --schema "$schema" --mode "$1" --clients "$2" --seconds "$3" ;;
+  esac
+}
+tps() { sed -n 's/^tps = \([0-9.]*\) (without initial connection time)$/\1/p'; }
+
+scenarios=(bare sink guard_sink key_sink key_guard_sink floor_bare_simple floor_record_simple client_bare client_bare_guard)
+# What each scenario's ratio is taken against.
+base_of() {
+  case "$1" in
+    floor_*) echo floor_bare_simple ;;
+    client_bare_guard) echo client_bare ;;
+    *) echo bare ;;
+  esac
+}
+
+json="{"
+printf '%7s %-20s %10s %7s\n' clients scenario tps ratio
+for clients in 8 1; do
+  declare -A per_run=() ratios=()
+  for ((r = 0; r < runs; r++)); do
+    # One run: $seconds rounds, each a one-second slice of every scenario in turn (the order
+    # rotates from round to round), so that all see the same load on a shared machine. A ratio
+    # is taken within a round (against its base's slice of the same round), then the median
+    # over all rounds of all runs: the load of a busy machine changes from second to second.
+    declare -A slices=()
+    for ((i = 0; i < seconds; i++)); do
+      declare -A round=()
+      for ((k = 0; k < ${#scenarios[@]}; k++)); do
+        sc="${scenarios[$(((k + i) % ${#scenarios[@]}))]}"
+        round[$sc]="$(slice "$sc" "$clients" 1)"
+        slices[$sc]="${slices[$sc]:-} ${round[$sc]}"
+      done
+      for sc in "${scenarios[@]}"; do
+        ratios[$sc]="${ratios[$sc]:-} $(ratio "${round[$sc]}" "${round[$(base_of "$sc")]}")"
+      done
+      unset round
+    done
+    for sc in "${scenarios[@]}"; do
+      # shellcheck disable=SC2086
+      per_run[$sc]="${per_run[$sc]:-} $(mean ${slices[$sc]})"
+    done
+    unset slices
+  done
+  declare -A med=() rat=()
+  for sc in "${scenarios[@]}"; do
+    # shellcheck disable=SC2086
+    med[$sc]="$(median ${per_run[$sc]})"
+    # shellcheck disable=SC2086
+    rat[$sc]="$(median ${ratios[$sc]})"
+    printf '%7d %-20s %10.1f %7s\n' "$clients" "$sc" "${med[$sc]}" "${rat[$sc]}"
+  done
+  runs_json=""
+  for sc in "${scenarios[@]}"; do
+    # shellcheck disable=SC2086
+    runs_json+="${runs_json:+, }\"$sc\": $(json_list ${per_run[$sc]})"
+  done
+  json+="\"clients_$clients\": {\"bare_tps\": ${med[bare]}, \"sink_tps\": ${med[sink]},"
+  json+=" \"guard_sink_tps\": ${med[guard_sink]}, \"sink_ratio\": ${rat[sink]},"
+  json+=" \"guard_sink_ratio\": ${rat[guard_sink]},"
+  json+=" \"key_sink_tps\": ${med[key_sink]}, \"key_guard_sink_tps\": ${med[key_guard_sink]},"
+  json+=" \"key_sink_ratio\": ${rat[key_sink]}, \"key_guard_sink_ratio\": ${rat[key_guard_sink]},"
+  json+=" \"floors\": {\"bare_simple_tps\": ${med[floor_bare_simple]},"
+  json+=" \"record_simple_tps\": ${med[floor_record_simple]},"
+  json+=" \"record_ratio\": ${rat[floor_record_simple]},"
+  json+=" \"client_bare_tps\": ${med[client_bare]}, \"client_bare_ratio\": ${rat[client_bare]},"
+  json+=" \"client_bare_guard_tps\": ${med[client_bare_guard]},"
+  json+=" \"client_guard_ratio\": ${rat[client_bare_guard]}},"
+  json+=" \"tps_per_run\": {$runs_json}}, "
+  unset per_run ratios med rat
+done
+# The load on the machine during the run (benchmarks on shared cores are noisy: compare ratios).
+json+="\"seconds_per_run\": $seconds, \"runs\": $runs, \"loadavg_1_5_15\": $(loadavg_json)}"
+
+write_report "$json"

@@ -1,0 +1,204 @@
+// idem-bench-e2e: what idem costs a business transaction, the counterpart of the pgbench script
+// bench/e2e.sh writes (the same business SQL). Usage:
+//   idem-bench-e2e --pg-url URL --schema S --setup
+//   idem-bench-e2e --pg-url URL [--redis-url URL] --schema S --mode MODE --clients N --seconds T
+// --setup migrates idem's records table and creates the business tables: `accounts` (1000 rows)
+// and `ledger` (a refund ledger whose idem_key is UNIQUE, as the seed's second service has it).
+// A run prints the calls per second on stdout. MODE:
+//   bare            the business transaction alone through libpqxx (BEGIN; INSERT ledger;
+//                   UPDATE accounts; COMMIT): the client library's share, no idem
+//   sink            Deduplicator::run_transactional() with the Postgres sink only
+//   guard_sink      the same with the Redis guard in front
+//   key_sink        run_transactional() with TransactionalClaim::kBusinessKey (the ledger's
+//                   UNIQUE idem_key is the claim; no record of idem's)
+//   key_guard_sink  the same with the Redis guard
+//   bare_guard      the bare transaction plus the guard's two calls (RedisGuard::claim() before,
+//                   complete() after) without the facade: the floor of the guard's round trips
+// Every call is a first execution (a new key). The Deduplicator keeps its defaults (local cache,
+// fingerprint of the payload); the business statements are prepared, as pgbench -M prepared
+// sends them. Every client first makes one untimed call (its connections open then, as pgbench
+// excludes connection time).
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <atomic>
+#include <barrier>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <pqxx/pqxx>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "clients.h"
+#include "idem/deduplicator.h"
+
+namespace {
+
+constexpr int kAccounts = 1000;
+
+struct Args {
+  std::string pg_url;
+  std::string redis_url;
+  std::string schema = "idem_bench_e2e";
+  std::string mode = "sink";
+  int clients = 1;
+  double seconds = 1;
+  bool setup = false;
+};
+
+// The business transaction's two statements, as bench/e2e.sh gives them to pgbench.
+struct BusinessSql {
+  std::string ledger;
+  std::string account;
+};
+
+BusinessSql business_sql(const std::string& schema) {
+  return {
+      "INSERT INTO \"" + schema + "\".ledger (idem_key, account, amount_cents) VALUES ($1, $2, $3)",
+      "UPDATE \"" + schema + "\".accounts SET balance_cents = balance_cents - $1 WHERE id = $2"};
+}
+
+void business_write(pqxx::transaction_base& tx, const BusinessSql& sql, const std::string& key,
+                    int account) {
+  tx.conn().prepare("bench_ledger", sql.ledger);  // prepared once per connection
+  tx.conn().prepare("bench_account", sql.account);
+  tx.exec_prepared0("bench_ledger", key, account, 500);
+  tx.exec_prepared0("bench_account", 500, account);
+}
+
+idem::PgSinkOptions sink_options(const Args& args) {
+  idem::PgSinkOptions options;
+  options.conninfo = args.pg_url;
+  options.schema = args.schema;
+  options.ns = "bench";
+  options.pool_size = static_cast<std::size_t>(args.clients);
+  options.business_constraints = {"ledger_idem_key_key"};
+  return options;
+}
+
+void setup(const Args& args) {
+  idem::PgSink sink(sink_options(args));
+  sink.migrate();
+  sink.transact([&](pqxx::transaction_base& tx) {
+    const std::string s = tx.quote_name(args.schema);
+    tx.exec0("DROP TABLE IF EXISTS " + s + ".ledger, " + s + ".accounts");
+    tx.exec0("CREATE TABLE " + s +
+             ".accounts (id integer PRIMARY KEY, balance_cents bigint NOT NULL)");
+    tx.exec0("INSERT INTO " + s + ".accounts SELECT g, 100000000 FROM generate_series(1, " +
+             std::to_string(kAccounts) + ") g");
+    tx.exec0("CREATE TABLE " + s +
+             ".ledger (id bigserial PRIMARY KEY, idem_key text NOT NULL UNIQUE,"
+             " account integer NOT NULL, amount_cents bigint NOT NULL,"
+             " created_at timestamptz NOT NULL DEFAULT now())");
+  });
+}
+
+// A refund request as a service receives it: request ID, business key, JSON payload.
+idem::Request request_for(const std::string& key, int account) {
+  idem::Request r;
+  r.request_id = "req-" + key;
+  r.user = "u-" + std::to_string(account);
+  r.intent = "refund";
+  r.biz_key = key;
+  r.payload = R"({"order_id":")" + key + R"(","user_id":"u-)" + std::to_string(account) +
+              R"(","amount":{"value":5.00,"currency":"EUR"},"reason":"damaged"})";
+  return r;
+}
+
+std::shared_ptr<idem::RedisGuard> redis_guard(const Args& args) {
+  if (args.redis_url.empty())
+    throw std::invalid_argument("--mode " + args.mode + " needs --redis-url");
+  idem::RedisGuardOptions guard;
+  guard.redis.url = args.redis_url;
+  guard.redis.pool_size = static_cast<std::size_t>(args.clients);
+  guard.ns = "e2e-" + std::to_string(::getpid()) + "-" +
+             std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
+  guard.retention = std::chrono::seconds(30);  // a run writes ~10^5 keys: let Redis drop them
+  return std::make_shared<idem::RedisGuard>(guard);
+}
+
+std::unique_ptr<idem::Deduplicator> deduplicator(const Args& args) {
+  if (args.mode.starts_with("bare")) return nullptr;
+  idem::DeduplicatorOptions options;
+  options.sink = std::make_shared<idem::PgSink>(sink_options(args));
+  if (args.mode == "guard_sink" || args.mode == "key_guard_sink") options.guard = redis_guard(args);
+  if (args.mode == "key_sink" || args.mode == "key_guard_sink") {
+    options.transactional_claim = idem::TransactionalClaim::kBusinessKey;
+  }
+  return std::make_unique<idem::Deduplicator>(std::move(options));
+}
+
+double run(const Args& args) {
+  const BusinessSql sql = business_sql(args.schema);
+  const auto dedup = deduplicator(args);
+  const auto guard = args.mode == "bare_guard" ? redis_guard(args) : nullptr;
+  return bench::calls_per_second(args.clients, args.seconds, [&](int c, const auto& measure) {
+    std::mt19937 rng(static_cast<unsigned>(c) + 1);
+    std::uniform_int_distribution<int> account(1, kAccounts);
+    const std::string prefix =
+        "o" + std::to_string(::getpid()) + "-" + std::to_string(c) + "-" +
+        std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()) + "-";
+    std::unique_ptr<pqxx::connection> own;  // bare: one connection per client
+    if (!dedup) own = std::make_unique<pqxx::connection>(args.pg_url);
+    long n = 0;
+    const auto once = [&] {
+      const std::string key = prefix + std::to_string(n++);
+      const int a = account(rng);
+      if (!dedup) {
+        idem::ClaimResult claim;
+        if (guard) claim = guard->claim("u:refund:" + key, "req-" + key, "");
+        pqxx::work tx(*own);
+        business_write(tx, sql, key, a);
+        tx.commit();
+        if (guard)
+          (void)guard->complete("u:refund:" + key, claim.owner_token, R"({"status":"refunded"})");
+        return;
+      }
+      const idem::Outcome outcome =
+          dedup->run_transactional(request_for(key, a), [&](pqxx::transaction_base& tx) {
+            business_write(tx, sql, key, a);
+            return std::string(R"({"status":"refunded","amount_cents":500})");
+          });
+      if (outcome.kind != idem::Outcome::Kind::kExecuted) {
+        throw std::runtime_error("a new key was not executed");
+      }
+    };
+    measure(once);
+  });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args args;
+  CLI::App app{
+      "idem-bench-e2e: calls per second of a business transaction through idem (see "
+      "the top of bench/e2e_bench.cc).",
+      "idem-bench-e2e"};
+  app.add_option("--pg-url", args.pg_url, "PostgreSQL connection string")->required();
+  app.add_option("--redis-url", args.redis_url, "Redis URL (the guard modes)");
+  app.add_option("--schema", args.schema, "Schema of the business tables and idem's records")
+      ->capture_default_str();
+  app.add_flag("--setup", args.setup, "Create the tables and exit");
+  app.add_option("--mode", args.mode, "What to run")
+      ->check(
+          CLI::IsMember({"bare", "bare_guard", "sink", "guard_sink", "key_sink", "key_guard_sink"}))
+      ->capture_default_str();
+  app.add_option("--clients", args.clients, "Client threads")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  app.add_option("--seconds", args.seconds, "Seconds to run")
+      ->check(CLI::Range(0.01, 3600.0))
+      ->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    return app.exit(error) == 0 ? 0 : 2;
+  }
+  return bench::setup_or_run(
+      "idem-bench-e2e", args.setup, [&] { setup(args); }, [&] { return run(args); });
+}
