@@ -13,6 +13,7 @@
 #include "idem/metrics.h"
 #include "idem/outcome.h"
 #include "idem/pg_sink.h"
+#include "idem/pool_stats.h"
 #include "idem/record.h"
 #include "idem/redis_guard.h"
 #include "idem/request_context.h"

@@ -6,13 +6,21 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "idem/export.h"
 #include "idem/outcome.h"
 
 namespace idem {
+
+class Guard;
+class RedisGuard;
+class PgSink;
+class Sink;
 
 /// What the facade decided for one call. The views are valid only during the callback.
 struct DecisionEvent {
@@ -54,13 +62,24 @@ class IDEM_EXPORT Metrics {
   /// (RedisGuardOptions::metrics), also when the caller sees only the exception; the facade
   /// then applies its failure policy as for any backend error. Default: ignored.
   virtual void record_foreign_record(Layer layer) noexcept { (void)layer; }
+  /// Tells the metrics which backends the calls it counts go to (either may be null), so that
+  /// gauges can be read from them at scrape time (InProcessMetrics reports a RedisGuard's
+  /// breaker and pool and a PgSink's pool). Safe to call again with the same backends, from
+  /// any thread. Default: ignored.
+  virtual void watch_backends(const std::shared_ptr<Guard>& guard,
+                              const std::shared_ptr<Sink>& sink) noexcept {
+    (void)guard;
+    (void)sink;
+  }
 };
 
-/// Lock-free in-process counters and latency histograms, rendered in the Prometheus text
-/// exposition format (version 0.0.4). Thread-safe.
+/// In-process counters, latency histograms and backend gauges, rendered in the Prometheus
+/// text exposition format (version 0.0.4) by Prometheus' naming conventions: base units
+/// (seconds), `_total` counters. Thread-safe; recording is lock-free (relaxed atomics).
 class IDEM_EXPORT InProcessMetrics final : public Metrics {
  public:
-  /// Upper bounds of the latency histogram buckets, in microseconds (+Inf is implicit).
+  /// Upper bounds of the latency histogram buckets, in microseconds (+Inf is implicit); the
+  /// text renders them in seconds (`le="0.00005"` … `le="2"`).
   static constexpr std::array<std::int64_t, 12> kLatencyBucketsUs = {
       50, 100, 250, 500, 1000, 2500, 5000, 10000, 25000, 100000, 500000, 2000000};
 
@@ -73,6 +92,16 @@ class IDEM_EXPORT InProcessMetrics final : public Metrics {
     (void)layer;
     foreign_records_.fetch_add(1, std::memory_order_relaxed);
   }
+  /// Watches `guard` when it is a RedisGuard and `sink` when it is a PgSink (see watch()).
+  void watch_backends(const std::shared_ptr<Guard>& guard,
+                      const std::shared_ptr<Sink>& sink) noexcept override;
+
+  /// Reports `guard`'s circuit breaker and connection pool as gauges in prometheus_text().
+  /// Holds it weakly: a destroyed guard drops out. Watching the same guard twice counts it
+  /// once. Several guards add up (per breaker state, per pool figure). Thread-safe.
+  void watch(const std::shared_ptr<const RedisGuard>& guard);
+  /// Reports `sink`'s connection pool as gauges in prometheus_text(); as watch(guard).
+  void watch(const std::shared_ptr<const PgSink>& sink);
 
   /// Decisions of `kind` taken by `layer` so far.
   [[nodiscard]] std::uint64_t decisions(Layer layer, Outcome::Kind kind) const noexcept;
@@ -86,14 +115,22 @@ class IDEM_EXPORT InProcessMetrics final : public Metrics {
   }
   /// Backend errors of `layer` so far.
   [[nodiscard]] std::uint64_t backend_errors(Layer layer) const noexcept;
-  /// The seed's duplicate rate: (Redis guard rejects + Postgres sink conflicts) / total calls,
-  /// where a reject is any outcome other than kExecuted that the layer decided. 0 when no calls.
+  /// The seed's duplicate rate, and only it: (Redis guard rejects + Postgres sink unique
+  /// conflicts) / calls, where a reject or conflict is a kDuplicate, kInProgress or kMismatch
+  /// decided by that layer, and calls are all decisions. A kUnavailable (a backend down under
+  /// fail_closed) is no duplicate; repeats stopped by layer 1 or the fingerprint layer are not
+  /// in the seed's formula (idem_decisions_total has them). 0 when no calls.
   [[nodiscard]] double duplicate_rate() const noexcept;
 
-  /// Metrics as Prometheus text: `idem_decisions_total{layer,outcome}`,
-  /// `idem_handler_failures_total`, `idem_backend_errors_total{layer}`, `idem_releases_total`,
-  /// `idem_renewals_total{result}`, `idem_duplicate_rate`, and the histogram
-  /// `idem_decision_latency_us{layer}`.
+  /// Metrics as Prometheus text: counters `idem_decisions_total{layer,outcome}`,
+  /// `idem_handler_failures_total`, `idem_foreign_records_total`,
+  /// `idem_backend_errors_total{layer}`, `idem_releases_total`,
+  /// `idem_renewals_total{result}`; the gauge `idem_duplicate_rate`; the histogram
+  /// `idem_decision_duration_seconds{layer}` (the whole call, handler included); and for what
+  /// watch() was given, the gauges `idem_redis_breaker_state{state}` (guards in closed, open,
+  /// half_open) and `idem_pool_connections_max`, `idem_pool_connections_open`,
+  /// `idem_pool_connections_in_use`, `idem_pool_waiters` `{layer}` (see PoolStats).
+  /// docs/prometheus/ has a scrape configuration, alert rules and a Grafana dashboard for them.
   [[nodiscard]] std::string prometheus_text() const;
 
  private:
@@ -109,6 +146,9 @@ class IDEM_EXPORT InProcessMetrics final : public Metrics {
   std::atomic<std::uint64_t> renewals_ok_{0};
   std::atomic<std::uint64_t> renewals_failed_{0};
   std::atomic<std::uint64_t> foreign_records_{0};
+  mutable std::mutex watched_mutex_;
+  std::vector<std::weak_ptr<const RedisGuard>> guards_;  // guarded by watched_mutex_
+  std::vector<std::weak_ptr<const PgSink>> sinks_;       // guarded by watched_mutex_
 };
 
 }  // namespace idem

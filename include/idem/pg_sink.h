@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "idem/export.h"
+#include "idem/pool_stats.h"
 #include "idem/record.h"
 #include "idem/sink.h"
 
@@ -212,6 +213,10 @@ class IDEM_EXPORT PgSink final : public Sink {
 
   /// The options in force (as validated by the constructor).
   [[nodiscard]] const PgSinkOptions& options() const noexcept;
+
+  /// What the sink's connection pool holds now. Thread-safe, no I/O; for gauges
+  /// (InProcessMetrics::watch()) and sizing.
+  [[nodiscard]] PoolStats pool_stats() const;
 
  private:
   friend class detail::PgCall;

@@ -15,6 +15,7 @@
 #include "idem/export.h"
 #include "idem/guard.h"
 #include "idem/metrics.h"
+#include "idem/pool_stats.h"
 #include "idem/record.h"
 
 namespace idem {
@@ -210,6 +211,11 @@ class IDEM_EXPORT RedisGuard final : public Guard {
   /// master's (kClosed before the first call), or in a cluster the worst of the masters'
   /// (kOpen if any is open, else kHalfOpen if any is). Thread-safe, no I/O.
   [[nodiscard]] BreakerState breaker_state() const;
+
+  /// What the guard's connection pool holds now: the standalone server's, the current Sentinel
+  /// master's (an empty pool of pool_size before the first call), or in a cluster the current
+  /// masters' summed. Thread-safe, no I/O; for gauges (InProcessMetrics::watch()) and sizing.
+  [[nodiscard]] PoolStats pool_stats() const;
 
   /// The options in force (as validated by the constructor).
   [[nodiscard]] const RedisGuardOptions& options() const noexcept;

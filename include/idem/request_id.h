@@ -1,6 +1,7 @@
 // Layer 1, the request-ID propagator: validate, generate, read and write request IDs.
 // Snowflake IDs are in snowflake.h, the thread's current ID in request_context.h and the
-// in-process cache of completed requests in local_cache.h.
+// in-process cache of completed requests in local_cache.h. Generators, extraction precedence,
+// propagation and the local cache: docs/request_id.md.
 #pragma once
 
 #include <cstddef>

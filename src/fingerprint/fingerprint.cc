@@ -29,17 +29,6 @@ ThreadState& thread_state() {
   return state;
 }
 
-// Throws the PayloadError naming the first problem of `json` and its byte offset; `fallback`
-// describes the failure when the strict scanner finds none.
-[[noreturn]] void throw_payload_error(std::string_view json, const FingerprintOptions& options,
-                                      const std::string& fallback) {
-  if (auto problem = detail::find_payload_problem(json, options.max_depth)) {
-    throw PayloadError("idem: " + problem->message + " at byte " + std::to_string(problem->offset),
-                       problem->offset);
-  }
-  throw PayloadError("idem: " + fallback);
-}
-
 // The canonical bytes of the selected parts of `json`, valid until the thread's next call.
 std::string_view canonical_bytes(ThreadState& state, std::string_view json,
                                  const FingerprintOptions& options,
@@ -56,7 +45,7 @@ std::string_view canonical_bytes(ThreadState& state, std::string_view json,
                .selection = selection,
                .absent_include_is_error = options.absent_include == AbsentInclude::kError});
   } catch (const PayloadError& error) {  // the writer knows what, not where
-    throw_payload_error(json, options, error.what());
+    detail::throw_payload_error(json, options.max_depth, error.what());
   }
 }
 

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <set>
 
+#include "idem/errors.h"
+
 namespace idem::detail {
 namespace {
 
@@ -297,6 +299,15 @@ std::optional<PayloadProblem> find_payload_problem(std::string_view json, std::s
     return PayloadProblem{"invalid UTF-8 in JSON payload", offset};
   }
   return Scanner(json, max_depth).run();
+}
+
+void throw_payload_error(std::string_view json, std::size_t max_depth,
+                         const std::string& fallback) {
+  if (auto problem = find_payload_problem(json, max_depth)) {
+    throw PayloadError("idem: " + problem->message + " at byte " + std::to_string(problem->offset),
+                       problem->offset);
+  }
+  throw PayloadError("idem: " + fallback);
 }
 
 }  // namespace idem::detail

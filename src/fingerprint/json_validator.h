@@ -22,4 +22,10 @@ struct PayloadProblem {
 [[nodiscard]] std::optional<PayloadProblem> find_payload_problem(std::string_view json,
                                                                  std::size_t max_depth);
 
+/// Throws the idem::PayloadError every layer reports for a bad payload: "idem: <problem> at byte
+/// <offset>" with offset(), for the first problem find_payload_problem(json, max_depth) names;
+/// "idem: <fallback>" without an offset when it names none.
+[[noreturn]] void throw_payload_error(std::string_view json, std::size_t max_depth,
+                                      const std::string& fallback);
+
 }  // namespace idem::detail

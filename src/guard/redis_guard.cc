@@ -302,6 +302,30 @@ struct RedisGuard::Impl {
     return worst;
   }
 
+  // The pool figures reported by pool_stats(): the standalone server's, the current Sentinel
+  // master's (an empty pool before the first call), or the masters' summed.
+  [[nodiscard]] PoolStats pool_stats() const {
+    if (node != nullptr) return node->pool().stats();
+    std::vector<const detail::Node*> masters;
+    std::shared_ptr<detail::Node> current;
+    if (sentinel != nullptr) {
+      current = sentinel->known_master();
+      if (current == nullptr) return {.size = options.redis.pool_size};
+      masters.push_back(current.get());
+    } else {
+      masters = cluster->masters();
+    }
+    PoolStats total;
+    for (const detail::Node* master : masters) {
+      const PoolStats one = master->pool().stats();
+      total.size += one.size;
+      total.open += one.open;
+      total.in_use += one.in_use;
+      total.waiters += one.waiters;
+    }
+    return total;
+  }
+
   // Loads `script` on `connection` (SCRIPT LOAD) and checks the server's SHA-1.
   static void load(Connection& connection, const Script& script) {
     const ReplyPtr reply =
@@ -602,5 +626,7 @@ void RedisGuard::ping() {
 }
 
 BreakerState RedisGuard::breaker_state() const { return impl_->breaker_state(); }
+
+PoolStats RedisGuard::pool_stats() const { return impl_->pool_stats(); }
 
 }  // namespace idem

@@ -136,7 +136,7 @@ std::string fetch(const std::string& url, std::chrono::milliseconds timeout) {
 }
 
 // Share of decisions that were repeats at any layer (duplicate, in_progress, mismatch): what the
-// "duplicate rate" panel of docs/operations.md plots. 0 without decisions.
+// "repeat rate" query of docs/operations.md plots. 0 without decisions.
 double repeat_rate(const Stats& stats) {
   std::uint64_t repeats = 0;
   for (const auto& [layer, by_outcome] : stats.decisions) {

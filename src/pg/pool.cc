@@ -39,8 +39,13 @@ PgPool::Lease PgPool::borrow() {
   std::vector<std::unique_ptr<pqxx::connection>> stale;  // closed outside the lock
   {
     std::unique_lock lock(mutex_);
-    const bool ready = available_.wait_for(lock, borrow_timeout_,
-                                           [this] { return !idle_.empty() || open_ < size_; });
+    const auto free = [this] { return !idle_.empty() || open_ < size_; };
+    bool ready = free();
+    if (!ready) {
+      ++waiters_;
+      ready = available_.wait_for(lock, borrow_timeout_, free);
+      --waiters_;
+    }
     if (!ready) {
       throw PostgresError("idem: postgres: no pooled connection free within the borrow timeout",
                           true);
@@ -67,6 +72,11 @@ PgPool::Lease PgPool::borrow() {
     give_back(nullptr, false);
     throw;
   }
+}
+
+PoolStats PgPool::stats() const {
+  std::lock_guard lock(mutex_);
+  return {.size = size_, .open = open_, .in_use = open_ - idle_.size(), .waiters = waiters_};
 }
 
 std::vector<std::unique_ptr<pqxx::connection>> PgPool::take_idle_locked() {

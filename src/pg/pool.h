@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "idem/pool_stats.h"
+
 namespace idem::detail {
 
 /// Hands out at most `size` connections at once. Thread-safe. A connection is opened on demand
@@ -56,6 +58,9 @@ class PgPool {
   /// fails.
   [[nodiscard]] Lease borrow();
 
+  /// What the pool holds now. Thread-safe, no I/O.
+  [[nodiscard]] PoolStats stats() const;
+
  private:
   void give_back(std::unique_ptr<pqxx::connection> conn, bool reuse) noexcept;
   // Removes every idle connection from the pool (to be closed outside the lock); mutex_ held.
@@ -65,10 +70,11 @@ class PgPool {
   const std::size_t size_;
   const std::chrono::milliseconds borrow_timeout_;
   const Setup setup_;
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::condition_variable available_;
   std::vector<std::unique_ptr<pqxx::connection>> idle_;  // guarded by mutex_
   std::size_t open_ = 0;                                 // guarded by mutex_: idle + lent
+  std::size_t waiters_ = 0;                              // guarded by mutex_: in borrow()
 };
 
 }  // namespace idem::detail

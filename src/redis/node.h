@@ -23,6 +23,7 @@ class Node {
   /// host:port (empty host for a unix socket).
   [[nodiscard]] const HostPort& address() const noexcept { return address_; }
   [[nodiscard]] Pool& pool() noexcept { return pool_; }
+  [[nodiscard]] const Pool& pool() const noexcept { return pool_; }
   [[nodiscard]] CircuitBreaker& breaker() noexcept { return breaker_; }
   [[nodiscard]] const CircuitBreaker& breaker() const noexcept { return breaker_; }
 

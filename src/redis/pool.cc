@@ -9,8 +9,13 @@ namespace idem::detail {
 
 Pool::Lease Pool::borrow() {
   std::unique_lock lock(mutex_);
-  const bool available = returned_.wait_for(
-      lock, settings_.borrow_timeout, [this] { return !idle_.empty() || open_ < settings_.size; });
+  const auto free = [this] { return !idle_.empty() || open_ < settings_.size; };
+  bool available = free();
+  if (!available) {
+    ++waiters_;
+    available = returned_.wait_for(lock, settings_.borrow_timeout, free);
+    --waiters_;
+  }
   if (!available) {
     throw RedisError("idem: redis pool: no connection free within the borrow timeout", true);
   }
@@ -62,6 +67,12 @@ void Pool::give_back(std::unique_ptr<Connection> connection) noexcept {
   }
   returned_.notify_one();
   // A broken connection is destroyed here, outside the lock.
+}
+
+PoolStats Pool::stats() const {
+  std::lock_guard lock(mutex_);
+  return {
+      .size = settings_.size, .open = open_, .in_use = open_ - idle_.size(), .waiters = waiters_};
 }
 
 void Pool::discard_idle() noexcept {

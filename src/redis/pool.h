@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "idem/errors.h"
+#include "idem/pool_stats.h"
 #include "redis/connection.h"
 
 namespace idem::detail {
@@ -58,15 +59,19 @@ class Pool {
   /// opened to the same server, are presumed closed too).
   void discard_idle() noexcept;
 
+  /// What the pool holds now. Thread-safe, no I/O.
+  [[nodiscard]] PoolStats stats() const;
+
  private:
   void give_back(std::unique_ptr<Connection> connection) noexcept;
   std::unique_ptr<Connection> connect();
 
   const PoolSettings settings_;
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::condition_variable returned_;
   std::vector<std::unique_ptr<Connection>> idle_;
-  std::size_t open_ = 0;  // idle + borrowed + being connected
+  std::size_t open_ = 0;     // idle + borrowed + being connected
+  std::size_t waiters_ = 0;  // threads blocked in borrow()
   // Reconnect backoff after a failed connect.
   std::chrono::steady_clock::time_point retry_after_{};
   std::chrono::milliseconds backoff_{0};

@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "common/json_pointer.h"
+#include "fingerprint/json_validator.h"
 #include "idem/errors.h"
 
 namespace idem {
@@ -431,7 +432,7 @@ class JsonLocator {
     for (auto field : object) {
       empty = false;
       if (std::string_view(field.unescaped_key()) != tokens_[depth]) continue;
-      if (matched) throw PayloadError("idem: duplicate member name on the request-ID path");
+      if (matched) throw PayloadError("duplicate member name on the request-ID path");
       matched = true;
       found = in_value(field.value(), depth + 1);
     }
@@ -479,21 +480,30 @@ class JsonLocator {
   const std::vector<std::string>& tokens_;
 };
 
-// Validates `payload` in full (DOM parse) and locates `pointer` in it.
+// simdjson's default nesting limit: deeper payloads are invalid here.
+constexpr std::size_t kMaxJsonDepth = 1024;
+
+// Validates `payload` in full (DOM parse) and locates `pointer` in it. A payload that is not
+// valid JSON, or has a duplicate member name on the path, throws the idem::PayloadError the
+// fingerprint layer (and so the facade) throws for it: the same message and byte offset.
 JsonTarget locate_in_json(std::string_view payload, std::string_view pointer) {
   const std::vector<std::string> tokens = pointer_tokens(pointer);
   const simdjson::padded_string json(payload);
   thread_local simdjson::dom::parser validator;
   thread_local ondemand::parser parser;
   if (const auto error = validator.parse(json).error()) {
-    throw PayloadError(std::string("idem: invalid JSON payload: ") +
-                       simdjson::error_message(error));
+    detail::throw_payload_error(
+        payload, kMaxJsonDepth,
+        std::string("invalid JSON payload: ") + simdjson::error_message(error));
   }
   try {
     ondemand::document doc = parser.iterate(json);
     return JsonLocator(json, tokens).locate(doc);
   } catch (const simdjson::simdjson_error& e) {
-    throw PayloadError(std::string("idem: invalid JSON payload: ") + e.what());
+    detail::throw_payload_error(payload, kMaxJsonDepth,
+                                std::string("invalid JSON payload: ") + e.what());
+  } catch (const PayloadError& e) {  // the locator knows what, not where
+    detail::throw_payload_error(payload, kMaxJsonDepth, e.what());
   }
 }
 

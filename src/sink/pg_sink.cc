@@ -523,6 +523,8 @@ ForceReleaseStatus PgSink::force_release(std::string_view key, ForceReleaseScope
 
 const PgSinkOptions& PgSink::options() const noexcept { return impl_->options; }
 
+PoolStats PgSink::pool_stats() const { return impl_->pool.stats(); }
+
 std::size_t PgSink::purge_expired(std::size_t batch_size) {
   if (batch_size == 0) throw ConfigError("idem: purge_expired batch_size must be >= 1");
   std::size_t total = 0;

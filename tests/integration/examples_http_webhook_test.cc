@@ -248,6 +248,11 @@ TEST_F(HttpWebhookTest, MetricsServePrometheusText) {
   EXPECT_NE(result->body.find("idem_decisions_total{layer=\"handler\",outcome=\"executed\"}"),
             std::string::npos)
       << result->body;
+  EXPECT_NE(result->body.find("idem_decision_duration_seconds_count{layer=\"handler\"} "),
+            std::string::npos);
+  EXPECT_NE(result->body.find("idem_redis_breaker_state{state=\"closed\"} 1\n"), std::string::npos);
+  EXPECT_NE(result->body.find("idem_pool_connections_open{layer=\"pg_sink\"} "), std::string::npos);
+  EXPECT_NE(result->body.find("idem_pool_waiters{layer=\"redis_guard\"} 0\n"), std::string::npos);
 }
 
 }  // namespace

@@ -360,20 +360,40 @@ TEST_F(PgSinkTest, DeadlockIsARetryablePostgresError) {
   EXPECT_EQ(schema_->count("SELECT sum(n) FROM " + accounts), 2);
 }
 
+// Holds one of `sink`'s pooled connections, in an open transaction on a thread of its own,
+// from construction until release() (or destruction).
+class HeldConnection {
+ public:
+  explicit HeldConnection(PgSink& sink)
+      : thread_([this, &sink] {
+          sink.transact([this](pqxx::transaction_base&) {
+            holding_.set_value();
+            release_.get_future().wait();
+          });
+        }) {
+    holding_.get_future().wait();
+  }
+  ~HeldConnection() { release(); }
+  HeldConnection(const HeldConnection&) = delete;
+  HeldConnection& operator=(const HeldConnection&) = delete;
+  void release() {
+    if (!thread_.joinable()) return;
+    release_.set_value();
+    thread_.join();
+  }
+
+ private:
+  std::promise<void> holding_;
+  std::promise<void> release_;
+  std::thread thread_;
+};
+
 TEST_F(PgSinkTest, AnExhaustedPoolFailsAfterTheBorrowTimeoutWithARetryableError) {
   PgSinkOptions opts = options();
   opts.pool_size = 1;
   opts.borrow_timeout = std::chrono::milliseconds(10);
   auto sink = make_sink(opts);
-  std::promise<void> holding;
-  std::promise<void> release;
-  std::thread holder([&] {
-    sink->transact([&](pqxx::transaction_base&) {
-      holding.set_value();
-      release.get_future().wait();
-    });
-  });
-  holding.get_future().wait();
+  HeldConnection held(*sink);
   try {
     (void)sink->claim("k8", "req", "");
     ADD_FAILURE() << "borrowed from an exhausted pool";
@@ -381,9 +401,39 @@ TEST_F(PgSinkTest, AnExhaustedPoolFailsAfterTheBorrowTimeoutWithARetryableError)
     EXPECT_TRUE(error.retryable());
     EXPECT_EQ(error.sqlstate(), "");
   }
-  release.set_value();
-  holder.join();
+  held.release();
   EXPECT_EQ(sink->claim("k8", "req", "").status, SinkStatus::kClaimed);
+}
+
+// Polls `done` for up to 10 s; whether it became true.
+template <class Done>
+bool within_seconds(Done done) {
+  for (int i = 0; i < 1000; ++i) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return done();
+}
+
+TEST_F(PgSinkTest, PoolStatsCountTheConnectionInUseAndTheThreadWaitingForIt) {
+  PgSinkOptions opts = options();
+  opts.pool_size = 1;
+  opts.borrow_timeout = std::chrono::seconds(30);
+  auto sink = make_sink(opts);
+  EXPECT_EQ(sink->pool_stats().size, 1u);
+  EXPECT_EQ(sink->pool_stats().open, 0u);  // nothing connects before the first call
+  HeldConnection held(*sink);
+  EXPECT_EQ(sink->pool_stats().in_use, 1u);
+  EXPECT_EQ(sink->pool_stats().waiters, 0u);
+  std::thread waiter([&] { EXPECT_EQ(sink->claim("k9", "req", "").status, SinkStatus::kClaimed); });
+  EXPECT_TRUE(within_seconds([&] { return sink->pool_stats().waiters == 1; }));
+  EXPECT_EQ(sink->pool_stats().in_use, 1u);
+  held.release();
+  waiter.join();
+  const PoolStats after = sink->pool_stats();
+  EXPECT_EQ(after.open, 1u);
+  EXPECT_EQ(after.in_use, 0u);
+  EXPECT_EQ(after.waiters, 0u);
 }
 
 TEST_F(PgSinkTest, KeywordConninfoAndTheCallersOwnConnectionWork) {

@@ -29,6 +29,15 @@ class RedisFailureTest : public ::testing::TestWithParam<ClaimMethod> {
     guard_options.claim_method = GetParam();
     return guard_options;
   }
+  // options(url) with a pool of one connection and the given timeouts.
+  RedisGuardOptions one_connection(const std::string& url, milliseconds borrow_timeout,
+                                   milliseconds command_timeout) const {
+    RedisGuardOptions guard_options = options(url);
+    guard_options.redis.pool_size = 1;
+    guard_options.redis.borrow_timeout = borrow_timeout;
+    guard_options.redis.command_timeout = command_timeout;
+    return guard_options;
+  }
 };
 
 // Retries `call` (bounded) while it throws a retryable RedisError, e.g. during reconnect.
@@ -42,6 +51,28 @@ auto eventually(Call call) {
       std::this_thread::sleep_for(milliseconds(20));
     }
   }
+}
+
+// Puts `server` to sleep (DEBUG SLEEP `seconds`) and returns once it no longer answers: a probe
+// guard's claim, with a 50 ms command timeout, timed out. The future ends with the sleep ("OK").
+std::future<std::string> put_to_sleep(const test::RedisServer& server,
+                                      const RedisGuardOptions& like, const std::string& seconds) {
+  RedisGuardOptions probe_options = like;
+  probe_options.redis = {.url = server.url(), .command_timeout = milliseconds(50)};
+  probe_options.breaker.failure_threshold = 0;
+  RedisGuard probe(probe_options);
+  auto sleeper = std::async(std::launch::async, [&server, seconds] {
+    return server.cli({"DEBUG", "SLEEP", seconds});
+  });
+  for (int i = 0; i < 10000; ++i) {
+    try {
+      (void)probe.claim("probe-" + std::to_string(i), "req", "");
+    } catch (const RedisError&) {
+      return sleeper;
+    }
+  }
+  ADD_FAILURE() << "the server never fell asleep";
+  return sleeper;
 }
 
 TEST_P(RedisFailureTest, SigkillMidRunGivesTypedErrorsAndNeverAWrongFirst) {
@@ -138,28 +169,10 @@ TEST_P(RedisFailureTest, CommandTimeoutDestroysTheConnectionSoTheNextCallGetsIts
 
 TEST_P(RedisFailureTest, ExhaustedPoolFailsAfterTheBorrowTimeout) {
   test::RedisServer server;
-  RedisGuardOptions guard_options = options(server.url());
-  guard_options.redis.pool_size = 1;
-  guard_options.redis.borrow_timeout = milliseconds(0);
-  guard_options.redis.command_timeout = milliseconds(5000);
+  const RedisGuardOptions guard_options =
+      one_connection(server.url(), milliseconds(0), milliseconds(5000));
   RedisGuard guard(guard_options);
-  RedisGuardOptions probe_options = options(server.url());
-  probe_options.redis.command_timeout = milliseconds(50);
-  probe_options.breaker.failure_threshold = 0;
-  RedisGuard probe(probe_options);
-
-  auto sleeper = std::async(std::launch::async, [&] {
-    return server.cli({"DEBUG", "SLEEP", "1"});
-  });
-  bool sleeping = false;  // the probe's claim times out once the server sleeps
-  for (int i = 0; i < 10000 && !sleeping; ++i) {
-    try {
-      (void)probe.claim("probe-" + std::to_string(i), "req", "");
-    } catch (const RedisError&) {
-      sleeping = true;
-    }
-  }
-  ASSERT_TRUE(sleeping);
+  auto sleeper = put_to_sleep(server, guard_options, "1");
   // Two claims on a pool of one while the server sleeps: one waits for its reply, the other
   // finds no free connection.
   std::atomic<int> answered{0};
@@ -182,6 +195,39 @@ TEST_P(RedisFailureTest, ExhaustedPoolFailsAfterTheBorrowTimeout) {
   EXPECT_EQ(sleeper.get(), "OK");
   EXPECT_EQ(answered.load(), 1);
   EXPECT_EQ(no_connection.load(), 1);
+}
+
+TEST_P(RedisFailureTest, PoolStatsCountTheConnectionInUseAndTheThreadWaitingForIt) {
+  test::RedisServer server;
+  const RedisGuardOptions guard_options =
+      one_connection(server.url(), milliseconds(10000), milliseconds(10000));
+  RedisGuard guard(guard_options);
+  EXPECT_EQ(guard.pool_stats().size, 1u);
+  ASSERT_EQ(guard.claim("warm", "req", "").status, ClaimStatus::kFirst);
+  EXPECT_EQ(guard.pool_stats().open, 1u);
+  EXPECT_EQ(guard.pool_stats().in_use, 0u);
+
+  // While the server sleeps, one claim holds the only connection and the next one waits.
+  auto sleeper = put_to_sleep(server, guard_options, "2");
+  const auto seen = [&](std::size_t in_use, std::size_t waiters) {
+    for (int i = 0; i < 1000; ++i) {
+      const PoolStats stats = guard.pool_stats();
+      if (stats.in_use == in_use && stats.waiters == waiters) return true;
+      std::this_thread::sleep_for(milliseconds(1));
+    }
+    return false;
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 2; ++t) {
+    threads.emplace_back([&, t] {
+      EXPECT_EQ(guard.claim("k" + std::to_string(t), "req", "").status, ClaimStatus::kFirst);
+    });
+  }
+  EXPECT_TRUE(seen(1, 1));
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(sleeper.get(), "OK");
+  EXPECT_TRUE(seen(0, 0));
+  EXPECT_EQ(guard.pool_stats().open, 1u);
 }
 
 TEST_P(RedisFailureTest, IdleConnectionsClosedByARestartAreReplacedTransparently) {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Proves idem is adoptable: installs it (static, then shared) and builds tests/package/consumer
-# against it with find_package(idem), with pkg-config, and with add_subdirectory; each consumer
-# runs. Usage: tests/package/run.sh [WORK_DIR] (default: build-package/ in the source tree).
+# against it with find_package(idem) and with pkg-config; each consumer runs. (add_subdirectory
+# and FetchContent consumers are ctest tests: Package.Consumer.*.)
+# Usage: tests/package/run.sh [WORK_DIR] (default: build-package/ in the source tree).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -66,6 +67,4 @@ c++ -std=c++20 "$CONSUMER/main.cc" -o "$WORK/consumer-pkg-config-shared" \
   $(pkg-config --cflags --libs idem) -Wl,-rpath,"$(dirname "$lib")"
 "$WORK/consumer-pkg-config-shared"
 
-say "add_subdirectory(idem)"
-build_consumer subdirectory -DIDEM_CONSUMER_MODE=subdirectory -DIDEM_SOURCE_DIR="$ROOT"
 say "all consumers built and ran"

@@ -2,7 +2,9 @@
 
 #include <string>
 
+#include "idem/deduplicator.h"
 #include "idem/errors.h"
+#include "idem/memory_guard.h"
 #include "idem/request_id.h"
 
 namespace idem {
@@ -39,6 +41,55 @@ TEST(RequestIdFromJson, RejectsBadValuesPayloadsAndPointers) {
   EXPECT_THROW((void)request_id_from_json(R"({"requestId":"a"})", "requestId"), ConfigError);
   EXPECT_THROW((void)request_id_from_json(R"({"requestId":"a"})", ""), ConfigError);
   EXPECT_THROW((void)request_id_from_json(R"({"requestId":"a"})", "/a~2"), ConfigError);
+}
+
+// The PayloadError `call` throws; fails the test when it throws none.
+template <class Call>
+PayloadError payload_error_of(Call call) {
+  try {
+    call();
+  } catch (const PayloadError& error) {
+    return error;
+  }
+  ADD_FAILURE() << "no PayloadError";
+  return PayloadError("none");
+}
+
+// Regression: a malformed payload was reported without an offset and with another message
+// ("invalid JSON payload: ...") than the facade's PayloadError for the same body, so a consumer
+// that read the request ID first logged one error and the facade another.
+TEST(RequestIdFromJson, MalformedJsonIsReportedAsTheFacadeReportsIt) {
+  Deduplicator facade([] {
+    DeduplicatorOptions options;
+    options.guard = std::make_shared<InMemoryGuard>();
+    return options;
+  }());
+  const struct {
+    std::string payload;
+    std::size_t offset;
+  } cases[] = {
+      {R"({"requestId":"a")", 16},                   // unexpected end
+      {R"({"requestId":"a"} x)", 18},                // trailing content
+      {R"({"amount":5,})", 12},                      // unexpected character
+      {R"({"requestId":"a","requestId":"b"})", 17},  // duplicate member on the path
+      {"{\"requestId\":\"a\xC3\"}", 15},             // invalid UTF-8
+  };
+  for (const auto& c : cases) {
+    const PayloadError mine = payload_error_of([&] { (void)request_id_from_json(c.payload); });
+    Request request;
+    request.user = "u1";
+    request.intent = "refund";
+    request.biz_key = "o-1";
+    request.payload = c.payload;
+    const PayloadError facades =
+        payload_error_of([&] { (void)facade.run(request, [] { return std::string(); }); });
+    EXPECT_STREQ(mine.what(), facades.what()) << c.payload;
+    EXPECT_EQ(mine.offset(), c.offset) << mine.what();
+    EXPECT_EQ(facades.offset(), c.offset) << facades.what();
+    EXPECT_NE(std::string(mine.what()).find(" at byte " + std::to_string(c.offset)),
+              std::string::npos)
+        << mine.what();
+  }
 }
 
 TEST(InjectRequestIdJson, ReplacesOnlyTheValueBytes) {

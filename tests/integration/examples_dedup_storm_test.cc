@@ -1,0 +1,102 @@
+// examples/dedup_storm end to end, on a small workload: the table gains the duplicate rate and
+// the seed's production figures, --report-json carries them, and --report-html is one page with
+// the charts as inline SVG that fetches nothing.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "examples_child.h"
+#include "test_env.h"
+
+namespace idem::test {
+namespace {
+
+std::string read_file(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  std::ostringstream content;
+  content << in.rdbuf();
+  return content.str();
+}
+
+// The table row of `config` (the line starting with its name and a space).
+std::string row_of(const std::vector<std::string>& lines, const std::string& config) {
+  for (const std::string& line : lines) {
+    if (line.starts_with(config + " ")) return line;
+  }
+  return "";
+}
+
+// The whitespace-separated fields of a table row.
+std::vector<std::string> fields(const std::string& row) {
+  std::istringstream in(row);
+  std::vector<std::string> out;
+  for (std::string field; in >> field;) out.push_back(field);
+  return out;
+}
+
+TEST(DedupStormTest, TableJsonAndHtmlReportTheDuplicateRateBesideTheSeedsFigures) {
+  IDEM_REQUIRE_SERVICE(redis_url, "IDEM_TEST_REDIS_URL");
+  IDEM_REQUIRE_SERVICE(pg_url, "IDEM_TEST_PG_URL");
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("idem-storm-test-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string json_path = (dir / "report.json").string();
+  const std::string html_path = (dir / "report.html").string();
+
+  ChildProcess storm({IDEM_STORM_BIN, "--redis-url", std::string(redis_url), "--pg-url",
+                      std::string(pg_url), "--requests", "1500", "--workers", "4", "--retention-ms",
+                      "500", "--lease-ms", "2000", "--report-json", json_path, "--report-html",
+                      html_path});
+  ASSERT_EQ(storm.wait_exit(std::chrono::minutes(3)), 0) << storm.tail(40);
+  const std::vector<std::string> lines = storm.lines();
+
+  // Header: the rate and the seed's figure stand beside the duplicate effects.
+  const std::string header = row_of(lines, "config");
+  const std::vector<std::string> columns = fields(header);
+  ASSERT_GE(columns.size(), 6u) << header;
+  EXPECT_EQ(columns[3], "dup_effects") << header;
+  EXPECT_EQ(columns[4], "dup_rate_%") << header;
+  EXPECT_EQ(columns[5], "seed_%") << header;
+  const struct {
+    const char* config;
+    const char* seed;
+  } seeds[] = {{"none", "11.7"}, {"request-id", "3.1"}, {"redis", "0.42"}, {"all", "0.08"}};
+  for (const auto& [config, seed] : seeds) {
+    const std::vector<std::string> row = fields(row_of(lines, config));
+    ASSERT_GE(row.size(), 6u) << config << ": " << storm.tail(10);
+    EXPECT_EQ(row[5], seed) << config;
+    // dup_rate_% is dup_effects / deliveries.
+    const double expected = 100.0 * std::stod(row[3]) / std::stod(row[1]);
+    EXPECT_NEAR(std::stod(row[4]), expected, expected >= 10 ? 0.05 : 0.005) << config;
+  }
+  EXPECT_EQ(fields(row_of(lines, "all"))[3], "0");  // all four layers: nothing booked twice
+  EXPECT_GT(std::stod(fields(row_of(lines, "none"))[4]), 5.0);  // every duplicate got through
+
+  const nlohmann::json report = nlohmann::json::parse(read_file(json_path));
+  EXPECT_DOUBLE_EQ(report["configs"]["redis"]["seed_duplicate_rate_percent"].get<double>(), 0.42);
+  EXPECT_DOUBLE_EQ(report["configs"]["all"]["duplicate_rate_percent"].get<double>(), 0.0);
+
+  const std::string html = read_file(html_path);
+  EXPECT_TRUE(html.starts_with("<!DOCTYPE html>")) << html.substr(0, 100);
+  EXPECT_NE(html.find("<svg"), std::string::npos);
+  for (const auto& [config, seed] : seeds) {
+    EXPECT_NE(html.find(">" + std::string(config) + "</text>"), std::string::npos) << config;
+  }
+  EXPECT_NE(html.find(">11.7 %</text>"), std::string::npos);  // the seed's bar for "none"
+  EXPECT_NE(html.find("got through"), std::string::npos);
+  // One file, nothing fetched: no link, script or external reference of any kind.
+  EXPECT_EQ(html.find("http"), std::string::npos);
+  EXPECT_EQ(html.find("<script"), std::string::npos);
+  EXPECT_EQ(html.find("<link"), std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace idem::test
