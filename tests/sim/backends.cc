@@ -245,7 +245,25 @@ void SimPostgres::write_effect(TxId tx, Effect effect) {
   open_.at(tx).effects.push_back(std::move(effect));
 }
 
+SimPostgres::BusinessWrite SimPostgres::write_unique_effect(TxId tx, Effect effect, TxId* blocker) {
+  if (const auto lock = effect_locks_.find(effect.logical);
+      lock != effect_locks_.end() && lock->second != tx) {
+    *blocker = lock->second;
+    return BusinessWrite::kBlocked;
+  }
+  if (!effects_of(effect.logical).empty()) return BusinessWrite::kDuplicate;
+  effect_locks_.insert_or_assign(effect.logical, tx);
+  write_effect(tx, std::move(effect));
+  return BusinessWrite::kWritten;
+}
+
 void SimPostgres::unlock(TxId tx, const Tx& staged) {
+  for (const Effect& effect : staged.effects) {
+    if (const auto lock = effect_locks_.find(effect.logical);
+        lock != effect_locks_.end() && lock->second == tx) {
+      effect_locks_.erase(lock);
+    }
+  }
   for (const auto& [key, row] : staged.rows) {
     if (const auto lock = locks_.find(key); lock != locks_.end() && lock->second == tx) {
       locks_.erase(lock);
@@ -276,6 +294,7 @@ std::size_t SimPostgres::abort_all() {
   const std::size_t aborted = open_.size();
   open_.clear();
   locks_.clear();
+  effect_locks_.clear();
   return aborted;
 }
 

@@ -144,6 +144,15 @@ class SimPostgres final : public Sink {
                 std::chrono::milliseconds ttl);
   /// The handler's business write, in `tx`.
   void write_effect(TxId tx, Effect effect);
+  /// What a business write under a UNIQUE constraint on the logical request found
+  /// (TransactionalClaim::kBusinessKey: the constraint is the claim).
+  enum class BusinessWrite {
+    kWritten,    ///< Staged in `tx`.
+    kDuplicate,  ///< A committed effect holds the key: unique violation (23505).
+    kBlocked,    ///< Another open transaction wrote the key: the INSERT waits for it.
+  };
+  /// The business write under that constraint; kBlocked sets `*blocker`.
+  [[nodiscard]] BusinessWrite write_unique_effect(TxId tx, Effect effect, TxId* blocker);
   /// Applies everything `tx` wrote at once.
   void commit(TxId tx);
   /// Drops what `tx` wrote (also what the server does to a transaction whose connection died).
@@ -180,6 +189,7 @@ class SimPostgres final : public Sink {
   std::chrono::milliseconds retention_;
   std::map<std::string, Row, std::less<>> rows_;
   std::map<std::string, TxId, std::less<>> locks_;  // key -> the open transaction claiming it
+  std::map<int, TxId> effect_locks_;  // logical request -> the open transaction that wrote it
   std::map<TxId, Tx> open_;
   std::vector<Effect> ledger_;
   TxId next_tx_ = 1;

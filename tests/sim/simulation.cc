@@ -123,6 +123,12 @@ struct Config {
   bool store_declines = false;  // a declined refund is stored as the response (kStoreAsResponse)
   bool emit = false;
   bool metrics = false;
+  // The driver sends BEGIN with the claim and the record with COMMIT (Step::with_next), as the
+  // blocking Deduplicator does; otherwise each step is a round trip of its own.
+  bool batched = false;
+  // TransactionalClaim::kBusinessKey: the ledger's UNIQUE key is the claim; idem keeps no
+  // record in PostgreSQL.
+  bool business_key = false;
   // The duplicate sources of the storm demo, per mille of logical requests (racing retries: up
   // to three), and how long a handler normally runs (ms).
   std::uint64_t double_clicks = 250;
@@ -145,6 +151,8 @@ struct Config {
     if (wait_for_result) text += ", wait-for-result";
     if (keep_on_failure) text += ", keep-on-failure";
     if (store_declines) text += ", declines stored";
+    if (batched) text += ", batched round trips";
+    if (business_key) text += ", business-key claim";
     text += ", faults " + std::to_string(world_faults) + "/" + std::to_string(step_faults) +
             " per mille until " + std::to_string(fault_end) + " ms";
     return text;
@@ -165,6 +173,8 @@ Config choose_config(Rng& rng) {
   c.keep_on_failure = rng.chance(200);
   c.store_declines = rng.chance(300);
   c.metrics = rng.chance(300);
+  c.batched = rng.chance(500);
+  c.business_key = rng.chance(250);
   c.emit = rng.chance(300);
   c.double_clicks = static_cast<std::uint64_t>(rng.between(0, 600));
   c.racing_retries = static_cast<std::uint64_t>(rng.between(0, 600));
@@ -277,8 +287,15 @@ struct Call {
 
   enum class Phase { kPlan, kHandler, kLockWait } phase = Phase::kPlan;
   SimPostgres::TxId tx = 0;
-  SimPostgres::TxId blocked_by = 0;
+  SimPostgres::TxId blocked_by = 0;  // a statement waits for this transaction's locks
   Time lock_deadline = 0;
+  bool begin_pending = false;  // BEGIN goes with the next statement
+  struct Record {
+    std::string key;
+    std::string value;
+    milliseconds ttl{0};
+  };
+  std::optional<Record> record_pending;  // the record goes with COMMIT
 
   // The guard claim of the call's key, while the driver believes it holds it.
   bool holds = false;
@@ -429,6 +446,7 @@ Simulation::Simulation(const RunOptions& options)
     };
   }
   if (config_.metrics) o.metrics = std::make_shared<InProcessMetrics>();
+  if (config_.business_key) o.transactional_claim = TransactionalClaim::kBusinessKey;
   if (config_.auto_renew) o.auto_renew_interval = config_.lease / 3;
   if (config_.emit) o.on_decision = [](const DecisionEvent&) {};
   rules_ = std::make_unique<PlanRules>(o);
@@ -737,7 +755,7 @@ void Simulation::inject_world_fault() {
       const std::size_t aborted = pg_->abort_all();
       pg_down_until_ = now_ + faults_.between(20, 300);
       for (auto& [id, call] : calls_) {
-        if (call->phase == Call::Phase::kLockWait) call->ready_at = now_;
+        if (call->blocked_by != 0) call->ready_at = now_;
       }
       injected(fault, -1,
                "postgres restarts, " + std::to_string(aborted) +
@@ -919,6 +937,13 @@ bool Simulation::statement(Call& c) {
 void Simulation::sink_step(Call& c, const Step& step) {
   switch (step.kind) {
     case StepKind::kSinkBegin:
+      if (config_.batched && step.with_next) {
+        c.begin_pending = true;  // BEGIN goes with the claim: its failure is the claim's
+        if (tracing()) trace(c, "SinkBegin (sent with the claim)");
+        c.ready_at = now_;
+        c.plan->done();
+        return;
+      }
       if (now_ < pg_down_until_) {
         if (tracing()) trace(c, "SinkBegin -> connection refused");
         c.ready_at = now_ + 1;
@@ -932,6 +957,7 @@ void Simulation::sink_step(Call& c, const Step& step) {
       c.plan->done();
       return;
     case StepKind::kSinkClaim: {
+      if (std::exchange(c.begin_pending, false) && now_ >= pg_down_until_) c.tx = pg_->begin();
       if (!statement(c)) {
         c.phase = Call::Phase::kPlan;
         return;
@@ -959,6 +985,7 @@ void Simulation::sink_step(Call& c, const Step& step) {
         claim->status = SinkStatus::kInProgress;
       }
       c.phase = Call::Phase::kPlan;
+      c.blocked_by = 0;
       if (tracing()) {
         trace(c, "SinkClaim " + std::string(step.key) + " -> " +
                      (claim->status == SinkStatus::kClaimed ? "claimed"
@@ -971,6 +998,13 @@ void Simulation::sink_step(Call& c, const Step& step) {
       return;
     }
     case StepKind::kSinkComplete:
+      if (config_.batched && step.with_next) {
+        c.record_pending = Call::Record{std::string(step.key), std::string(step.value), step.ttl};
+        if (tracing()) trace(c, "SinkComplete " + std::string(step.key) + " (sent with COMMIT)");
+        c.ready_at = now_;
+        c.plan->done();
+        return;
+      }
       if (!statement(c)) return;
       pg_->complete(c.tx, step.key, step.value, step.ttl);
       if (tracing()) trace(c, "SinkComplete " + std::string(step.key));
@@ -1002,6 +1036,10 @@ void Simulation::sink_step(Call& c, const Step& step) {
 
 void Simulation::commit(Call& c) {
   const SimPostgres::TxId tx = std::exchange(c.tx, 0);
+  if (const std::optional<Call::Record> record = std::exchange(c.record_pending, std::nullopt);
+      record && now_ >= pg_down_until_ && pg_->is_open(tx)) {
+    pg_->complete(tx, record->key, record->value, record->ttl);
+  }
   std::exception_ptr failure;
   if (now_ < pg_down_until_ || !pg_->is_open(tx)) {
     failure = std::make_exception_ptr(
@@ -1052,7 +1090,7 @@ void Simulation::commit(Call& c) {
 
 void Simulation::wake_waiters(SimPostgres::TxId tx) {
   for (auto& [id, call] : calls_) {
-    if (call->phase == Call::Phase::kLockWait && call->blocked_by == tx) call->ready_at = now_;
+    if (call->blocked_by == tx) call->ready_at = now_;
   }
 }
 
@@ -1099,17 +1137,49 @@ void Simulation::handler_tick(Call& c) {
     failure = std::make_exception_ptr(Declined(c.logical));
   } else if (statement(c)) {
     // The business write, in the sink's transaction.
-    pg_->write_effect(c.tx, Effect{c.logical, c.id, c.response, 0});
-    if (c.holds) c.returned_at = now_;
-    c.phase = Call::Phase::kPlan;
-    c.ready_at = now_ + latency();
-    if (tracing()) trace(c, "RunHandler returns " + c.response);
-    c.plan->handler_result(c.response);
-    if (options_.bug == Bug::kAckBeforeCommit) {
-      ack(messages_[c.message], c);  // planted: the consumer acks before the commit
-      c.acked_early = true;
+    Effect effect{c.logical, c.id, c.response, 0};
+    if (config_.business_key) {
+      SimPostgres::TxId blocker = 0;
+      const SimPostgres::BusinessWrite written = pg_->write_unique_effect(c.tx, effect, &blocker);
+      if (written == SimPostgres::BusinessWrite::kBlocked) {
+        if (c.blocked_by == 0) {
+          c.lock_deadline = now_ + kLockTimeout;
+          if (tracing()) trace(c, "business write waits for tx" + std::to_string(blocker));
+        }
+        if (now_ < c.lock_deadline) {
+          c.blocked_by = blocker;
+          c.ready_at = c.lock_deadline;
+          return;
+        }
+        pg_->rollback(c.tx);  // lock_timeout: the statement fails, the transaction is aborted
+        wake_waiters(c.tx);
+      }
+      c.blocked_by = 0;
+      if (written == SimPostgres::BusinessWrite::kDuplicate) {
+        c.phase = Call::Phase::kPlan;
+        c.ready_at = now_ + latency();
+        if (tracing()) trace(c, "RunHandler: the business key exists (unique violation)");
+        c.plan->business_duplicate();
+        return;
+      }
+    } else {
+      pg_->write_effect(c.tx, std::move(effect));
     }
-    return;
+    if (!pg_->is_open(c.tx)) {
+      failure = std::make_exception_ptr(
+          PostgresError("idem: postgres: canceling statement due to lock timeout", true, "55P03"));
+    } else {
+      if (c.holds) c.returned_at = now_;
+      c.phase = Call::Phase::kPlan;
+      c.ready_at = now_ + latency();
+      if (tracing()) trace(c, "RunHandler returns " + c.response);
+      c.plan->handler_result(c.response);
+      if (options_.bug == Bug::kAckBeforeCommit) {
+        ack(messages_[c.message], c);  // planted: the consumer acks before the commit
+        c.acked_early = true;
+      }
+      return;
+    }
   } else {
     failure = std::make_exception_ptr(
         PostgresError("idem: postgres: server closed the connection", true, "08006"));
@@ -1362,16 +1432,19 @@ RunResult run(const RunOptions& options) { return Simulation(options).run(); }
 Reproduction minimize(std::uint64_t seed, Bug bug) {
   RunOptions options{.seed = seed, .bug = bug};
   RunResult failing = run(options);
-  // Take faults out one at a time, keeping each removal after which the run still fails. A
-  // removal changes the run, so the faults are those of the last failing run, until a pass
-  // removes nothing (bounded: every kept removal shrinks the set).
-  int budget = 2000;  // runs
-  for (bool shrunk = true; shrunk && failing.violation && budget > 0;) {
-    shrunk = false;
-    for (const int number : std::vector<int>(failing.injected)) {
-      if (--budget < 0) break;
+  // Take faults out while the run still fails, as delta debugging does: chunks of the injected
+  // faults first (half of them, then quarters, ...), single ones last. A removal changes the
+  // run, so the faults are always those of the last failing run; bounded by `budget` runs.
+  int budget = 2000;
+  for (std::size_t chunk = std::max<std::size_t>(failing.injected.size() / 2, 1);
+       failing.violation && budget > 0;) {
+    bool shrunk = false;
+    const std::vector<int> faults = failing.injected;
+    for (std::size_t from = 0; from < faults.size() && budget > 0; from += chunk, --budget) {
       RunOptions fewer = options;
-      fewer.suppressed.insert(number);
+      for (std::size_t i = from; i < std::min(faults.size(), from + chunk); ++i) {
+        fewer.suppressed.insert(faults[i]);
+      }
       RunResult attempt = run(fewer);
       if (attempt.violation) {
         options = std::move(fewer);
@@ -1379,6 +1452,13 @@ Reproduction minimize(std::uint64_t seed, Bug bug) {
         shrunk = true;
         break;
       }
+    }
+    if (shrunk) {
+      chunk = std::min(chunk, std::max<std::size_t>(failing.injected.size() / 2, 1));
+    } else if (chunk > 1) {
+      chunk /= 2;
+    } else {
+      break;  // no single fault can go
     }
   }
   options.trace = true;
@@ -1397,9 +1477,12 @@ Reproduction minimize(std::uint64_t seed, Bug bug) {
   text += "faults kept " + std::to_string(r.injected.size()) + " of " +
           std::to_string(r.injected.size() + repro.suppressed.size()) + "; the steps of " +
           (v.logical >= 0 ? "logical request " + std::to_string(v.logical) : "every request") +
-          " and every fault:\n";
+          ", and the world's faults and events from its first step on:\n";
+  bool started = v.logical < 0;
   for (const TraceLine& line : r.trace) {
-    if (v.logical >= 0 && line.logical != v.logical && line.logical != -1 && !line.fault) continue;
+    started = started || line.logical == v.logical;
+    const bool world = line.logical == -1;
+    if (v.logical >= 0 && line.logical != v.logical && !(world && started)) continue;
     text += "  " + std::to_string(line.at) + " ms  " + line.text + "\n";
   }
   return repro;
