@@ -65,6 +65,12 @@ class IDEM_EXPORT Guard {
                      std::chrono::milliseconds lease) = 0;
   /// The lease a fresh claim gets, in ms.
   [[nodiscard]] virtual std::chrono::milliseconds lease() const noexcept = 0;
+  /// How long a COMPLETED record is kept when complete() is given 0, in ms; 0 when unknown
+  /// (the default, for guards written before it). The facade's local cache never answers a key
+  /// longer than this when no sink keeps the record longer.
+  [[nodiscard]] virtual std::chrono::milliseconds retention() const noexcept {
+    return std::chrono::milliseconds(0);
+  }
 };
 
 }  // namespace idem

@@ -52,6 +52,7 @@ class IDEM_EXPORT InMemoryGuard final : public Guard {
   bool renew(std::string_view key, std::string_view owner_token,
              std::chrono::milliseconds lease) override;
   [[nodiscard]] std::chrono::milliseconds lease() const noexcept override { return lease_; }
+  [[nodiscard]] std::chrono::milliseconds retention() const noexcept override;
 
   /// Records held now, expired ones not yet dropped included.
   [[nodiscard]] std::size_t size() const;

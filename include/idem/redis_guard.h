@@ -222,6 +222,8 @@ class IDEM_EXPORT RedisGuard final : public Guard {
 
   /// RedisGuardOptions::lease.
   [[nodiscard]] std::chrono::milliseconds lease() const noexcept override;
+  /// RedisGuardOptions::retention.
+  [[nodiscard]] std::chrono::milliseconds retention() const noexcept override;
 
  private:
   struct Impl;

@@ -431,6 +431,8 @@ struct Deduplicator::Impl {
           "idem: TransactionalClaim::kBusinessKey needs a PgSink whose business_constraints "
           "name the UNIQUE constraint that is the claim");
     }
+    // Gauges of the backends (breaker state, pool use) for the metrics that read them.
+    if (o.metrics) o.metrics->watch_backends(o.guard, o.sink);
     if (o.local_cache_capacity > 0) {
       LocalCacheOptions cache;
       cache.max_entries = o.local_cache_capacity;

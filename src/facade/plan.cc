@@ -76,7 +76,10 @@ PlanRules::PlanRules(const DeduplicatorOptions& options) : options_(options) {
   }
   redis_failure_ = o.on_redis_failure.value_or(o.sink ? RedisFailurePolicy::kFailOpen
                                                       : RedisFailurePolicy::kFailClosed);
-  if (o.guard) guard_lease_ = o.guard->lease();
+  if (o.guard) {
+    guard_lease_ = o.guard->lease();
+    guard_retention_ = o.guard->retention();
+  }
   transactional_records_ = o.transactional_claim == TransactionalClaim::kRecord;
 }
 
@@ -182,10 +185,7 @@ Step CallPlan::next(PlanTime now) {
     case State::kLocalPut:
       step.kind = StepKind::kLocalPut;
       step.value = local_entry_;
-      // Never longer than the record itself is kept: a fallback key's is short.
-      step.ttl = std::min(rules_.options_.local_cache_ttl, is_fallback_key()
-                                                               ? rules_.options_.fallback_retention
-                                                               : rules_.options_.local_cache_ttl);
+      step.ttl = local_ttl();
       break;
     case State::kGuardComplete:
       step.kind = StepKind::kGuardComplete;
@@ -809,6 +809,17 @@ bool CallPlan::lease_lost(PlanTime now) const noexcept {
 }
 
 // ---- helpers ----------------------------------------------------------------------------------
+
+std::chrono::milliseconds CallPlan::local_ttl() const noexcept {
+  // Never longer than the record itself is kept: a fallback key's only fallback_retention; with
+  // the guard alone, the guard's retention (a sink keeps its rows far longer).
+  const DeduplicatorOptions& o = rules_.options_;
+  if (is_fallback_key()) return std::min(o.local_cache_ttl, o.fallback_retention);
+  if (!o.sink && rules_.guard_retention_.count() > 0) {
+    return std::min(o.local_cache_ttl, rules_.guard_retention_);
+  }
+  return o.local_cache_ttl;
+}
 
 bool CallPlan::is_fallback_key() const noexcept {
   return request_.biz_key.empty() && request_.request_id.empty();

@@ -43,6 +43,7 @@ class PlanRules {
   RedisFailurePolicy redis_failure_ = RedisFailurePolicy::kFailClosed;
   bool transactional_records_ = true;  // run_transactional() keeps idem's record in the sink
   std::chrono::milliseconds guard_lease_{0};
+  std::chrono::milliseconds guard_retention_{0};  // 0: unknown
 };
 
 /// How the handler of a call runs.
@@ -221,6 +222,7 @@ class CallPlan {
   [[nodiscard]] static Outcome unavailable_outcome(Layer layer, const BackendError& error);
   [[nodiscard]] std::chrono::milliseconds record_retention() const noexcept;
   [[nodiscard]] bool is_fallback_key() const noexcept;
+  [[nodiscard]] std::chrono::milliseconds local_ttl() const noexcept;
   [[nodiscard]] bool stop_requested() const noexcept;
   [[nodiscard]] bool transactional() const noexcept { return mode_ == CallMode::kTransactional; }
   // Whether this call claims and completes a record in the sink.

@@ -124,6 +124,10 @@ bool InMemoryGuard::renew(std::string_view key, std::string_view owner_token,
   return true;
 }
 
+std::chrono::milliseconds InMemoryGuard::retention() const noexcept {
+  return state_->options.retention;
+}
+
 std::size_t InMemoryGuard::size() const {
   std::lock_guard lock(state_->mutex);
   return state_->records.size();

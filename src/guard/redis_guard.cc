@@ -614,6 +614,10 @@ const RedisGuardOptions& RedisGuard::options() const noexcept { return impl_->op
 
 std::chrono::milliseconds RedisGuard::lease() const noexcept { return impl_->options.lease; }
 
+std::chrono::milliseconds RedisGuard::retention() const noexcept {
+  return impl_->options.retention;
+}
+
 void RedisGuard::ping() {
   impl_->with_connection(impl_->key_prefix, [](Connection& connection) {
     const ReplyPtr reply =

@@ -100,8 +100,8 @@ class ScriptedDriver {
   std::multimap<StepKind, std::exception_ptr> faults;
   // What the handler does (it may advance `now`), and what happened.
   std::function<std::string()> handler = [] { return std::string("ok"); };
-  bool business_duplicate = false;            // transactional: a business constraint fires
-  std::function<void(StepKind)> before_step;  // called before each step is performed
+  bool business_duplicate = false;               // transactional: a business constraint fires
+  std::function<void(const Step&)> before_step;  // called before each step is performed
   int handler_runs = 0;
   PlanTime now{std::chrono::hours(1)};
   std::vector<StepKind> trace;
@@ -128,7 +128,7 @@ class ScriptedDriver {
       const Step step = plan.next(now);
       trace.push_back(step.kind);
       if (step.with_next) with_next.push_back(step.kind);
-      if (before_step) before_step(step.kind);
+      if (before_step) before_step(step);
       if (step.kind == K::kReturn) return plan.outcome();
       if (step.kind == K::kThrow) std::rethrow_exception(plan.error());
       if (const auto fault = faults.find(step.kind); fault != faults.end()) {
@@ -377,7 +377,8 @@ TEST(CallPlan, WaitForResultPollsUntilTheFirstCompletesThenReplays) {
   d.options.local_cache_capacity = 0;
   const ClaimResult first = d.guard->claim("u1:refund:b1", "r0", "");
   int waits = 0;
-  d.before_step = [&](StepKind kind) {
+  d.before_step = [&](const Step& step) {
+    const StepKind kind = step.kind;
     // The first execution completes during the second wait.
     if (kind == K::kWait && ++waits == 2) {
       ASSERT_TRUE(d.guard->complete("u1:refund:b1", first.owner_token, "first's", milliseconds(0)));
@@ -524,7 +525,8 @@ TEST(CallPlan, AStopRequestedAfterTheClaimReleasesItUnrun) {
   std::stop_source stop;
   Request r = request("r1");
   r.stop = stop.get_token();
-  d.before_step = [&](StepKind kind) {
+  d.before_step = [&](const Step& step) {
+    const StepKind kind = step.kind;
     if (kind == K::kGuardClaim) stop.request_stop();  // while the claim is under way
   };
   EXPECT_THROW((void)d.call(r), Cancelled);
@@ -802,6 +804,29 @@ TEST(CallPlan, ARenewalThatFindsTheClaimGoneStopsRenewing) {
     return std::string("ok");
   };
   EXPECT_TRUE(d.call(request("r1")).lease_lost);
+}
+
+// Regression: the local cache kept a completed key for its own TTL even when the record's
+// retention was shorter (a fallback key's fallback_retention, a guard-only set-up's retention).
+TEST(CallPlan, TheLocalCacheNeverOutlivesTheRecord) {
+  std::vector<milliseconds> ttls;
+  const auto record_ttls = [&](ScriptedDriver& d) {
+    d.before_step = [&](const Step& step) {
+      if (step.kind == K::kLocalPut) ttls.push_back(step.ttl);
+    };
+  };
+  ScriptedDriver d;  // guard retention 60 s, local cache 30 s, fallback retention 30 s
+  d.options.fallback_retention = milliseconds(2000);
+  d.guard = std::make_shared<InMemoryGuard>(InMemoryGuardOptions{.retention = milliseconds(5000)});
+  d.options.guard = d.guard;
+  record_ttls(d);
+  (void)d.call(request("r1"));                  // business key, guard only: the guard's 5 s
+  (void)d.call(request("", "", R"({"n":1})"));  // fallback key: 2 s
+  d.use_sink();
+  d.changed();
+  (void)d.call(request("r2", "b2"));  // a sink keeps the row far longer: the cache's own 30 s
+  EXPECT_EQ(ttls, (std::vector<milliseconds>{milliseconds(5000), milliseconds(2000),
+                                             milliseconds(30000)}));
 }
 
 // ---- metrics and events ------------------------------------------------------------------------
