@@ -14,7 +14,10 @@
 #include "idem/errors.h"
 
 // Live heap bytes of this process (allocator chunks, header included), so the memory-per-entry
-// test measures what the cache really costs, rounding included.
+// test measures what the cache really costs, rounding included. Every form that a library of this
+// binary may pair with the replaced operator delete is replaced too: simdjson allocates with the
+// nothrow form, and a nothrow new from the sanitizer's allocator freed here was an ASan
+// alloc-dealloc mismatch (and a live-byte count that went below zero).
 namespace {
 std::atomic<long long> g_live_bytes{0};
 std::size_t chunk_size(void* p) { return malloc_usable_size(p) + sizeof(std::size_t); }
@@ -32,6 +35,14 @@ void operator delete(void* p) noexcept {
   std::free(p);
 }
 void operator delete(void* p, std::size_t) noexcept { operator delete(p); }
+void* operator new(std::size_t size, const std::nothrow_t&) noexcept {
+  try {
+    return operator new(size);
+  } catch (const std::bad_alloc&) {
+    return nullptr;
+  }
+}
+void operator delete(void* p, const std::nothrow_t&) noexcept { operator delete(p); }
 
 namespace idem {
 namespace {
