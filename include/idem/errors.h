@@ -87,6 +87,15 @@ class IDEM_EXPORT Cancelled : public Error {
   using Error::Error;
 };
 
+/// A call of an AsyncDeduplicator whose deadline (AsyncDeduplicatorOptions::deadline) passed
+/// while its handler ran: the handler was cancelled, and the claim is kept until its lease ends,
+/// as for any cancellation.
+class IDEM_EXPORT DeadlineExceeded : public Cancelled {
+ public:
+  /// `what` says which deadline passed.
+  explicit DeadlineExceeded(const std::string& what) : Cancelled(what) {}
+};
+
 /// A backend (Redis or PostgreSQL) failed.
 class IDEM_EXPORT BackendError : public Error {
  public:

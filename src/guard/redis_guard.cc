@@ -1,17 +1,14 @@
 #include "idem/redis_guard.h"
 
-#include <openssl/evp.h>
-
 #include <array>
 #include <limits>
 #include <map>
 #include <utility>
 
 #include "guard/record.h"
+#include "guard/redis_protocol.h"
 #include "idem/errors.h"
-#include "idem/fingerprint.h"
 #include "idem/key.h"
-#include "idem/lua_scripts.h"
 #include "redis/breaker.h"
 #include "redis/cluster.h"
 #include "redis/errors.h"
@@ -26,44 +23,15 @@ namespace {
 using detail::Connection;
 using detail::ReplyPtr;
 
-// A Lua script and its SHA-1 (the name EVALSHA runs it by).
-struct Script {
-  explicit Script(std::string_view body_text) : body(body_text) {
-    std::array<unsigned char, EVP_MAX_MD_SIZE> digest{};
-    unsigned int size = 0;
-    if (EVP_Digest(body.data(), body.size(), digest.data(), &size, EVP_sha1(), nullptr) != 1) {
-      throw Error("idem: SHA-1 of a Lua script failed");
-    }
-    static constexpr char kHex[] = "0123456789abcdef";
-    for (unsigned int i = 0; i < size; ++i) {
-      sha.push_back(kHex[digest[i] >> 4]);
-      sha.push_back(kHex[digest[i] & 0x0F]);
-    }
-  }
-  std::string_view body;
-  std::string sha;
-};
+using detail::checked;
+using detail::GuardScript;
+using detail::integer_flag;
+using detail::require_guard_option;
 
-std::string milliseconds_text(std::chrono::milliseconds duration) {
-  return std::to_string(duration.count());
-}
-
-void require(bool condition, const char* what) {
-  if (!condition) throw ConfigError(std::string("idem: RedisGuardOptions: ") + what);
-}
-
-std::string escaped_option(const std::string& value, const char* what) {
-  try {
-    return escape_key_component(value, what);
-  } catch (const InvalidKey& error) {
-    throw ConfigError(error.what());
-  }
-}
-
-// hiredis takes socket timeouts as an int of milliseconds; Redis' PX takes at most this many
-// (now + PX must stay a 64-bit count of ms: 100 years is far inside).
+// hiredis takes socket timeouts as an int of milliseconds.
 constexpr std::chrono::milliseconds kMaxSocketTimeout{std::numeric_limits<int>::max()};
-constexpr std::chrono::milliseconds kMaxTtl{std::chrono::hours(24) * 365 * 100};
+
+void require(bool condition, const char* what) { require_guard_option(condition, what); }
 
 detail::PoolSettings pool_settings(const RedisOptions& redis) {
   require(redis.pool_size >= 1, "redis.pool_size must be >= 1");
@@ -85,73 +53,11 @@ detail::PoolSettings pool_settings(const RedisOptions& redis) {
                               .reconnect_backoff_max = redis.reconnect_backoff_max};
 }
 
-const RedisGuardOptions& validated(const RedisGuardOptions& options) {
-  require(options.lease.count() > 0 && options.lease <= kMaxTtl, "lease must be > 0, <= 100 years");
-  require(options.retention.count() > 0 && options.retention <= kMaxTtl,
-          "retention must be > 0, <= 100 years");
-  require(options.breaker.failure_threshold == 0 || options.breaker.open_for.count() > 0,
-          "breaker.open_for must be > 0");
-  return options;
-}
-
-// Throws on an error reply (detail::RedirectError for MOVED/ASK); returns the reply otherwise.
-ReplyPtr checked(ReplyPtr reply, std::string_view during) {
-  if (reply->type != REDIS_REPLY_ERROR) return reply;
-  if (auto redirect = detail::parse_redirect(*reply)) {
-    throw detail::RedirectError(detail::reply_error(*reply, during).what(), std::move(*redirect));
-  }
-  if (detail::reply_error_is(*reply, "WRONGTYPE")) {
-    throw ForeignRecord("idem: redis " + std::string(during) +
-                        ": the key holds a value of another type, not an idem record");
-  }
-  throw detail::reply_error(*reply, during);
-}
-
-// 1 = true, 0 = false; -1 = the scripts' answer for a value that is not a well-formed record.
-bool integer_flag(const redisReply& reply, std::string_view during) {
-  if (reply.type != REDIS_REPLY_INTEGER) throw detail::unexpected_reply(reply, during);
-  if (reply.integer == -1) {
-    throw ForeignRecord("idem: redis " + std::string(during) +
-                        ": the value under the key is not a well-formed idem record");
-  }
-  return reply.integer == 1;
-}
-
-// The answer to a claim whose reply is `reply`: nil = first, a string = the existing record.
-ClaimResult claim_result(const redisReply& reply, std::string owner_token,
-                         std::string_view request_id, std::string_view fingerprint) {
-  ClaimResult result;
-  if (reply.type == REDIS_REPLY_NIL) {
-    result.owner_token = std::move(owner_token);
-    return result;
-  }
-  if (reply.type != REDIS_REPLY_STRING) throw detail::unexpected_reply(reply, "claim");
-  detail::StoredRecord record = detail::decode_record(std::string_view(reply.str, reply.len));
-  if (record.owner_token == owner_token) {
-    // Our own record: an earlier send of this same attempt was executed before its connection
-    // failed, and this is the retry.
-    result.owner_token = std::move(owner_token);
-    return result;
-  }
-  result.status = !request_id.empty() && record.request_id == request_id
-                      ? ClaimStatus::kRepeatSame
-                      : ClaimStatus::kRepeatOther;
-  result.state = record.state;
-  result.fingerprint_matches = fingerprints_match(record.fingerprint, fingerprint);
-  result.response = std::move(record.response);
-  result.response_sha256 = std::move(record.response_sha256);
-  return result;
-}
-
 }  // namespace
 
 struct RedisGuard::Impl {
   explicit Impl(RedisGuardOptions guard_options)
-      : options(std::move(guard_options)),
-        key_prefix(escaped_option(validated(options).prefix, "prefix") + ':' +
-                   escaped_option(options.ns, "ns") + ':'),
-        lease_ms(milliseconds_text(options.lease)),
-        retention_ms(milliseconds_text(options.retention)) {
+      : options(std::move(guard_options)), protocol(options) {
     detail::PoolSettings settings = pool_settings(options.redis);
     const detail::RedisEndpoint& endpoint = settings.connection.endpoint;
     // rediss://: TLS by detail::TlsTransport; a TLS file that cannot be loaded fails here.
@@ -327,7 +233,7 @@ struct RedisGuard::Impl {
   }
 
   // Loads `script` on `connection` (SCRIPT LOAD) and checks the server's SHA-1.
-  static void load(Connection& connection, const Script& script) {
+  static void load(Connection& connection, const GuardScript& script) {
     const ReplyPtr reply =
         checked(connection.command(std::array<std::string_view, 3>{"SCRIPT", "LOAD", script.body}),
                 "SCRIPT LOAD");
@@ -339,7 +245,7 @@ struct RedisGuard::Impl {
 
   // EVALSHA of `script` with one key; on NOSCRIPT, loads it and retries exactly once.
   template <std::size_t N>
-  static ReplyPtr eval(Connection& connection, const Script& script,
+  static ReplyPtr eval(Connection& connection, const GuardScript& script,
                        const std::array<std::string_view, N>& key_and_args) {
     std::array<std::string_view, N + 3> args{"EVALSHA", script.sha, "1"};
     std::copy(key_and_args.begin(), key_and_args.end(), args.begin() + 3);
@@ -352,7 +258,7 @@ struct RedisGuard::Impl {
   }
 
   template <std::size_t N>
-  bool eval_flag(const Script& script, const std::array<std::string_view, N>& key_and_args) {
+  bool eval_flag(const GuardScript& script, const std::array<std::string_view, N>& key_and_args) {
     return reporting([&] {
       return with_connection(key_and_args[0], [&](Connection& connection) {
         return integer_flag(*eval(connection, script, key_and_args), "EVALSHA");
@@ -374,11 +280,10 @@ struct RedisGuard::Impl {
   // Appends the claim of `key` with `record` (EVALSHA or SET NX GET) to the pipeline.
   void append_claim(Connection& connection, std::string_view key, std::string_view record) const {
     if (options.claim_method == ClaimMethod::kSetNxGet) {
-      connection.append(
-          std::array<std::string_view, 7>{"SET", key, record, "NX", "PX", lease_ms, "GET"});
+      connection.append(protocol.set_nx_get(key, record));
     } else {
-      connection.append(
-          std::array<std::string_view, 6>{"EVALSHA", claim_script.sha, "1", key, record, lease_ms});
+      connection.append(std::array<std::string_view, 6>{"EVALSHA", scripts.claim.sha, "1", key,
+                                                        record, protocol.lease_ms()});
     }
   }
 
@@ -386,12 +291,11 @@ struct RedisGuard::Impl {
   ReplyPtr claim_one(std::string_view key, std::string_view record) {
     return with_connection(key, [&](Connection& connection) {
       if (options.claim_method == ClaimMethod::kLuaScript) {
-        return eval(connection, claim_script,
-                    std::array<std::string_view, 3>{key, record, lease_ms});
+        return eval(connection, scripts.claim,
+                    std::array<std::string_view, 3>{key, record, protocol.lease_ms()});
       }
-      ReplyPtr reply = connection.command(
-          std::array<std::string_view, 7>{"SET", key, record, "NX", "PX", lease_ms, "GET"});
-      require_set_nx_get_support(*reply);
+      ReplyPtr reply = connection.command(protocol.set_nx_get(key, record));
+      protocol.require_set_nx_get_support(*reply);
       return checked(std::move(reply), "SET NX GET");
     });
   }
@@ -423,28 +327,21 @@ struct RedisGuard::Impl {
         noscript.push_back(j);
     }
     if (!noscript.empty()) {
-      load(connection, claim_script);
+      load(connection, scripts.claim);
       for (const std::size_t j : noscript)
         append_claim(connection, keys[indices[j]], records[indices[j]]);
       for (const std::size_t j : noscript) out[j] = connection.read_reply();
     }
-    for (const ReplyPtr& reply : out) require_set_nx_get_support(*reply);
+    for (const ReplyPtr& reply : out) protocol.require_set_nx_get_support(*reply);
     return out;
   }
 
   RedisGuardOptions options;
-  std::string key_prefix;  // "{prefix}:{ns}:", escaped
-  std::string lease_ms;
-  std::string retention_ms;
+  detail::GuardProtocol protocol;  // keys, command arguments, replies (shared with the async guard)
   std::unique_ptr<detail::Node> node;          // a standalone server
   std::unique_ptr<detail::Sentinel> sentinel;  // a redis-sentinel:// URL
   std::unique_ptr<detail::Cluster> cluster;    // RedisOptions::cluster
-  Script claim_script{detail::kClaimScript};
-  Script complete_script{detail::kCompleteScript};
-  Script release_script{detail::kReleaseScript};
-  Script renew_script{detail::kRenewScript};
-  Script inspect_script{detail::kInspectScript};
-  Script evict_script{detail::kEvictScript};
+  const detail::GuardScripts& scripts = detail::GuardScripts::get();
 };
 
 RedisGuard::RedisGuard(RedisGuardOptions options)
@@ -453,8 +350,7 @@ RedisGuard::RedisGuard(RedisGuardOptions options)
 RedisGuard::~RedisGuard() = default;
 
 std::string RedisGuard::redis_key(std::string_view key) const {
-  validate_key_text(key);  // no hash tag, control byte or forged separator reaches Redis
-  return impl_->key_prefix + std::string(key);
+  return impl_->protocol.redis_key(key);
 }
 
 ClaimResult RedisGuard::claim(std::string_view key, std::string_view request_id,
@@ -463,8 +359,8 @@ ClaimResult RedisGuard::claim(std::string_view key, std::string_view request_id,
   std::string owner_token = detail::new_owner_token();
   const std::string record = detail::encode_claim(owner_token, request_id, fingerprint);
   return impl_->reporting([&] {
-    const ReplyPtr reply = impl_->claim_one(redis_key_text, record);
-    return claim_result(*reply, std::move(owner_token), request_id, fingerprint);
+    return impl_->protocol.claim_answer(impl_->claim_one(redis_key_text, record),
+                                        std::move(owner_token), request_id, fingerprint);
   });
 }
 
@@ -505,11 +401,10 @@ std::vector<ClaimResult> RedisGuard::claim_batch(const std::vector<ClaimRequest>
   results.reserve(count);
   try {
     for (std::size_t i = 0; i < count; ++i) {
-      const ReplyPtr reply = detail::parse_redirect(*replies[i])
-                                 ? impl_->claim_one(keys[i], records[i])
-                                 : checked(std::move(replies[i]), "claim");
-      results.push_back(
-          claim_result(*reply, owners[i], requests[i].request_id, requests[i].fingerprint));
+      ReplyPtr reply = detail::parse_redirect(*replies[i]) ? impl_->claim_one(keys[i], records[i])
+                                                           : std::move(replies[i]);
+      results.push_back(impl_->protocol.claim_answer(
+          std::move(reply), owners[i], requests[i].request_id, requests[i].fingerprint));
     }
   } catch (const RedisError& error) {
     for (std::size_t i = 0; i < count; ++i) {
@@ -530,14 +425,11 @@ std::vector<ClaimResult> RedisGuard::claim_batch(const std::vector<ClaimRequest>
 
 bool RedisGuard::complete(std::string_view key, std::string_view owner_token,
                           std::string_view response, std::chrono::milliseconds retention) {
-  if (retention.count() < 0) throw ConfigError("idem: complete: retention must be >= 0");
+  const std::string retention_text = impl_->protocol.retention_text(retention);
   const std::string redis_key_text = redis_key(key);
-  const std::string response_field =
-      detail::encode_response(response, impl_->options.max_response_bytes);
-  const std::string retention_text =
-      retention.count() == 0 ? impl_->retention_ms : milliseconds_text(retention);
+  const std::string response_field = impl_->protocol.response_field(response);
   return impl_->eval_flag(
-      impl_->complete_script,
+      impl_->scripts.complete,
       std::array<std::string_view, 4>{redis_key_text, owner_token, response_field, retention_text});
 }
 
@@ -548,7 +440,7 @@ bool RedisGuard::complete(std::string_view key, std::string_view owner_token,
 
 bool RedisGuard::release(std::string_view key, std::string_view owner_token) {
   const std::string redis_key_text = redis_key(key);
-  return impl_->eval_flag(impl_->release_script,
+  return impl_->eval_flag(impl_->scripts.release,
                           std::array<std::string_view, 2>{redis_key_text, owner_token});
 }
 
@@ -556,8 +448,8 @@ bool RedisGuard::renew(std::string_view key, std::string_view owner_token,
                        std::chrono::milliseconds lease) {
   if (lease.count() <= 0) throw ConfigError("idem: renew: lease must be > 0");
   const std::string redis_key_text = redis_key(key);
-  const std::string lease_text = milliseconds_text(lease);
-  return impl_->eval_flag(impl_->renew_script,
+  const std::string lease_text = detail::milliseconds_text(lease);
+  return impl_->eval_flag(impl_->scripts.renew,
                           std::array<std::string_view, 3>{redis_key_text, owner_token, lease_text});
 }
 
@@ -569,7 +461,7 @@ std::optional<RecordInfo> RedisGuard::inspect(std::string_view key) {
   const std::string redis_key_text = redis_key(key);
   return impl_->reporting([&]() -> std::optional<RecordInfo> {
     const ReplyPtr reply = impl_->with_connection(redis_key_text, [&](Connection& connection) {
-      return Impl::eval(connection, impl_->inspect_script,
+      return Impl::eval(connection, impl_->scripts.inspect,
                         std::array<std::string_view, 1>{redis_key_text});
     });
     if (reply->type == REDIS_REPLY_NIL) return std::nullopt;
@@ -598,7 +490,7 @@ ForceReleaseStatus RedisGuard::force_release(std::string_view key, ForceReleaseS
   const std::string redis_key_text = redis_key(key);
   const std::string_view any_state = scope == ForceReleaseScope::kAnyState ? "1" : "0";
   const ReplyPtr reply = impl_->with_connection(redis_key_text, [&](Connection& connection) {
-    return Impl::eval(connection, impl_->evict_script,
+    return Impl::eval(connection, impl_->scripts.evict,
                       std::array<std::string_view, 2>{redis_key_text, any_state});
   });
   if (reply->type == REDIS_REPLY_INTEGER && reply->integer >= 0 && reply->integer <= 2) {
@@ -619,7 +511,7 @@ std::chrono::milliseconds RedisGuard::retention() const noexcept {
 }
 
 void RedisGuard::ping() {
-  impl_->with_connection(impl_->key_prefix, [](Connection& connection) {
+  impl_->with_connection(impl_->protocol.key_prefix(), [](Connection& connection) {
     const ReplyPtr reply =
         checked(connection.command(std::array<std::string_view, 1>{"PING"}), "PING");
     if (reply->type != REDIS_REPLY_STATUS || std::string_view(reply->str, reply->len) != "PONG") {

@@ -109,6 +109,14 @@ void PgAsyncConnection::poll_connect() {
       connect_timer_.cancel();
       if (PQenterPipelineMode(conn_) != 1)
         return fail(lost("cannot enter pipeline mode: " + trimmed(PQerrorMessage(conn_))));
+      for (auto it = settings_.setup.rbegin(); it != settings_.setup.rend(); ++it) {
+        Pending& entry = pending_.emplace_front();  // no op: the result is dropped
+        entry.owner = this;
+        entry.sql = *it;
+        entry.timeout = settings_.connect_timeout;
+        entry.deadline = Clock::now() + entry.timeout;
+        arm_deadline(entry.deadline);
+      }
       return send_unsent();
     default:
       return fail(lost("connect: " + trimmed(PQerrorMessage(conn_))));
@@ -217,9 +225,10 @@ void PgAsyncConnection::finish_front(PgResultPtr result) {
 }
 
 void PgAsyncConnection::cancel(Pending* entry) {
-  if (!pending_.empty() && &pending_.front() == entry && entry->sent && conn_ != nullptr) {
-    // Running now: cancel it on the server; it ends with 57014, reported as idem::Cancelled.
-    if (entry->cancel_requested) return;
+  if (!pending_.empty() && &pending_.front() == entry && entry->sent && conn_ != nullptr &&
+      !entry->cancel_requested) {
+    // Running now: cancel it on the server too (it ends with 57014; its result is dropped), so
+    // what is queued behind it on the connection need not wait for it.
     entry->cancel_requested = true;
     if (PGcancel* handle = PQgetCancel(conn_)) {
       std::thread([handle] {
@@ -228,9 +237,9 @@ void PgAsyncConnection::cancel(Pending* entry) {
         PQfreeCancel(handle);
       }).detach();
     }
-    return;
   }
-  // Queued behind others (or not yet sent): complete now; the result will be dropped.
+  // Complete now, whether it runs, waits behind others or was not sent: its result will be
+  // dropped. A stopped server never holds a cancelled call.
   std::unique_ptr<Op> op = std::move(entry->op);
   if (op == nullptr) return;
   op->entry = nullptr;

@@ -9,11 +9,12 @@
 // 08006, "connection lost"): a stalled server never holds the loop, and a late result is never
 // delivered to a later statement. A COMMIT that fails that way has an unknown outcome.
 //
-// Cancellation: when a statement's cancellation slot is emitted, the running statement is
-// cancelled on the server (PQcancel, on a helper thread since libpq 15's cancel blocks); the
-// statement then ends with SQLSTATE 57014, reported as idem::Cancelled, not as a business
-// failure. A cancelled statement still waiting behind others completes at once with
-// idem::Cancelled (it may still run; its result is dropped).
+// Cancellation: when a statement's cancellation slot is emitted, it completes at once with
+// idem::Cancelled (not a business failure), and when it is the one running, it is cancelled on
+// the server too (PQcancel, on a helper thread since libpq 15's cancel blocks; it ends with
+// SQLSTATE 57014, its result dropped), so the statements behind it go on. A cancelled statement
+// still waiting behind others may still run; its result is dropped. A stopped server never
+// holds a cancelled call.
 //
 // Thread safety: not thread-safe; use it from its executor's thread. Completion handlers are
 // dispatched to their associated executor.
@@ -55,6 +56,9 @@ struct PgAsyncSettings {
   std::chrono::milliseconds connect_timeout{5000};
   /// Default bound on one statement from the call to its result, in ms (> 0).
   std::chrono::milliseconds statement_timeout{5000};
+  /// Statements sent ahead of everything else on every new connection (session settings such
+  /// as `SET lock_timeout = 1000`), bounded by connect_timeout; their results are dropped.
+  std::vector<std::string> setup{};
 };
 
 /// Parameters of a statement: text format, nullopt is SQL NULL.

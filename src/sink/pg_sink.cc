@@ -19,6 +19,7 @@
 #include "sink/batched_transaction.h"
 #include "sink/pg_call.h"
 #include "sink/sql.h"
+#include "sink/statements.h"
 
 namespace idem {
 namespace {
@@ -49,7 +50,9 @@ constexpr std::array<const char*, kCount> kStatementNames{
 
 double to_ms(std::chrono::milliseconds duration) { return static_cast<double>(duration.count()); }
 
-void validate(const PgSinkOptions& options) {
+}  // namespace
+
+void detail::validate_sink_options(const PgSinkOptions& options) {
   if (options.conninfo.empty()) throw ConfigError("idem: PgSinkOptions::conninfo is empty");
   if (options.ns.empty()) throw ConfigError("idem: PgSinkOptions::ns is empty");
   if (options.pool_size == 0) throw ConfigError("idem: PgSinkOptions::pool_size must be >= 1");
@@ -78,6 +81,8 @@ void validate(const PgSinkOptions& options) {
   (void)detail::quote_identifier(options.schema);  // throws ConfigError
   (void)detail::quote_identifier(options.table);
 }
+
+namespace {
 
 // `conninfo` bounding the connect by `response_timeout` too, unless it sets connect_timeout
 // itself: libpq's connect_timeout, in whole seconds, at least 2 (libpq's minimum).
@@ -148,7 +153,7 @@ std::array<std::string, kCount> statements(const std::string& table) {
 
 struct PgSink::Impl {
   explicit Impl(PgSinkOptions opts)
-      : options((validate(opts), std::move(opts))),
+      : options((detail::validate_sink_options(opts), std::move(opts))),
         names(detail::SchemaNames::for_table(options.schema, options.table)),
         sql(statements(detail::quote_identifier(options.schema) + "." +
                        detail::quote_identifier(options.table))),
@@ -313,16 +318,14 @@ struct PgSink::Impl {
 
   static SinkClaim existing(const pqxx::row& row, std::string_view request_id,
                             std::string_view fingerprint) {
-    SinkClaim answer;
-    answer.status = SinkStatus::kDuplicate;
-    answer.state = row[0].as<std::string>() == "completed" ? RecordState::kCompleted
-                                                           : RecordState::kInProgress;
+    const auto state = row[0].as<std::string>();
     const auto stored_fingerprint = row[1].as<std::string>();
-    answer.fingerprint_matches = fingerprints_match(stored_fingerprint, fingerprint);
-    answer.same_request = row[2].as<std::string>() == request_id;
-    if (!row[3].is_null()) answer.response = pqxx::binarystring(row[3]).str();
-    if (!row[4].is_null()) answer.response_sha256 = row[4].as<std::string>();
-    return answer;
+    const auto stored_request_id = row[2].as<std::string>();
+    detail::StoredRow stored{state, stored_fingerprint, stored_request_id, std::nullopt,
+                             std::nullopt};
+    if (!row[3].is_null()) stored.response = pqxx::binarystring(row[3]).str();
+    if (!row[4].is_null()) stored.response_sha256 = row[4].as<std::string>();
+    return detail::existing_claim(std::move(stored), request_id, fingerprint);
   }
 
   // `retention`, or the configured one when it is 0.
@@ -631,6 +634,26 @@ bool PgCall::business_write(const PgSink& sink, const std::function<void()>& han
     }
     return true;
   });
+}
+
+// ---- what the async sink shares (src/sink/statements.h) ----------------------------------------
+
+SinkStatements sink_statements(const PgSinkOptions& options) {
+  std::array<std::string, kCount> sql =
+      statements(quote_identifier(options.schema) + "." + quote_identifier(options.table));
+  return SinkStatements{std::move(sql[kClaim]), std::move(sql[kLookup]), std::move(sql[kTakeOver]),
+                        std::move(sql[kComplete]), std::move(sql[kRelease])};
+}
+
+SinkClaim existing_claim(StoredRow row, std::string_view request_id, std::string_view fingerprint) {
+  SinkClaim answer;
+  answer.status = SinkStatus::kDuplicate;
+  answer.state = row.state == "completed" ? RecordState::kCompleted : RecordState::kInProgress;
+  answer.fingerprint_matches = fingerprints_match(row.fingerprint, fingerprint);
+  answer.same_request = row.request_id == request_id;
+  answer.response = std::move(row.response);
+  if (row.response_sha256) answer.response_sha256 = std::move(*row.response_sha256);
+  return answer;
 }
 
 }  // namespace detail

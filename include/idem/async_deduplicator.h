@@ -1,0 +1,236 @@
+// The asynchronous front: the same call plan as idem::Deduplicator (one set of rules), driven on
+// an Asio executor, so the guarded work never holds a thread. Standalone Asio 1.22 (Debian's
+// libasio-dev; docs/async.md says why not Boost.Asio 1.74); its types appear here because the
+// API is Asio's: completion tokens (asio::use_awaitable, a callback, asio::use_future) and
+// cancellation slots.
+//
+//   idem::AsyncDeduplicator dedup(io.get_executor(), options);
+//   idem::Outcome outcome = co_await dedup.run(
+//       request, [&](idem::AsyncContext& context) -> asio::awaitable<std::string> {
+//         co_return co_await call_the_llm(context.key());
+//       },
+//       asio::use_awaitable);
+//
+// Redis and PostgreSQL are reached through the async clients of idem (hiredis' protocol over
+// Asio sockets, libpq's non-blocking API in pipeline mode); no call blocks the loop.
+#pragma once
+
+#include <asio/any_io_executor.hpp>
+#include <asio/associated_cancellation_slot.hpp>
+#include <asio/associated_executor.hpp>
+#include <asio/async_result.hpp>
+#include <asio/awaitable.hpp>
+#include <asio/cancellation_signal.hpp>
+#include <asio/dispatch.hpp>
+#include <asio/executor_work_guard.hpp>
+#include <chrono>
+#include <cstddef>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "idem/deduplicator.h"
+#include "idem/export.h"
+#include "idem/outcome.h"
+#include "idem/pg_sink.h"
+#include "idem/redis_guard.h"
+
+namespace idem {
+
+/// Options of an AsyncDeduplicator: the layers and policies of a Deduplicator, with the networked
+/// backends reached on the loop. Validated by the constructor (idem::ConfigError).
+struct AsyncDeduplicatorOptions {
+  /// Every policy and the in-process layers, as for Deduplicator (local cache, fingerprint,
+  /// failure policies, reentrant intents, auto_renew_interval, metrics, on_decision, ...).
+  /// `base.guard` and `base.sink` may name in-memory backends (InMemoryGuard, InMemorySink, or
+  /// another that never waits on I/O: it is called on the loop); a RedisGuard or PgSink there
+  /// is an idem::ConfigError, since each of their calls blocks its thread: set `redis` and
+  /// `postgres` instead. Automatic renewal (`base.auto_renew_interval`) runs from a timer on
+  /// the loop, not from a thread.
+  DeduplicatorOptions base{};
+  /// Layer 2 on the loop, with the same keys, records and Lua scripts as RedisGuard (the two
+  /// interoperate on one Redis): one pipelined connection per node (RedisOptions::pool_size,
+  /// borrow_timeout, keepalive and the reconnect backoff do not apply), Redis Cluster through
+  /// MOVED/ASK, `rediss://`; `redis-sentinel://` is an idem::ConfigError. Replaces `base.guard`.
+  std::optional<RedisGuardOptions> redis{};
+  /// Layer 4 on the loop, with the same table, rows and statements as PgSink (the two
+  /// interoperate on one table): `pool_size` connections in libpq's pipeline mode (run()'s
+  /// statements share them; a run_transactional() call holds one for its transaction),
+  /// `response_timeout` bounds each statement from the call to its result (0: 30 s).
+  /// PgPooling::kTransaction is not supported (idem::ConfigError). Replaces `base.sink`.
+  std::optional<PgSinkOptions> postgres{};
+  /// Each call's deadline, in ms from its start; 0 means none. Until the handler returns, a
+  /// call past its deadline stops: a backend step under way fails with a retryable
+  /// BackendError (so the call answers kUnavailable, or fails open to the sink, as the
+  /// policies say), and a running handler is cancelled as by an Asio cancellation (the call
+  /// throws idem::DeadlineExceeded; its claim is kept until its lease ends). What follows a
+  /// returned handler (completing the records, COMMIT) is never cut short by it.
+  std::chrono::milliseconds deadline{std::chrono::seconds(30)};
+};
+
+namespace detail {
+class AsyncCall;
+}
+
+/// What a running asynchronous handler may know and do. Valid only while the handler runs; use
+/// it on the deduplicator's executor.
+class IDEM_EXPORT AsyncContext {
+ public:
+  /// Made by the driver for each call; handlers only receive it.
+  explicit AsyncContext(detail::AsyncCall& call) noexcept : call_(&call) {}
+
+  /// The request ID (empty when the request had none).
+  [[nodiscard]] std::string_view request_id() const noexcept;
+  /// The idempotency key text.
+  [[nodiscard]] std::string_view key() const noexcept;
+  /// The payload fingerprint (hex), empty when none was computed.
+  [[nodiscard]] std::string_view fingerprint() const noexcept;
+  /// Request::attempt.
+  [[nodiscard]] int attempt() const noexcept;
+  /// Time left on this call's Redis lease as last extended, by the local monotonic clock, in ms
+  /// (informational: Redis' own TTL decides). Zero when the call holds no Redis claim.
+  [[nodiscard]] std::chrono::milliseconds remaining_lease() const noexcept;
+  /// True once a renewal found the claim lost or failed, or the lease ran out by the local
+  /// monotonic clock (see Context::lease_lost()).
+  [[nodiscard]] bool lease_lost() const noexcept;
+  /// Extends this call's Redis lease by the guard's lease, on the loop. Completes with false
+  /// when the claim was lost (the handler should stop), true when the call holds no Redis
+  /// claim; throws idem::RedisError when Redis fails.
+  [[nodiscard]] asio::awaitable<bool> renew();
+  /// True once the call was cancelled (an Asio cancellation, its deadline, shutdown()).
+  [[nodiscard]] bool stop_requested() const noexcept;
+  /// When the call's deadline passes (time_point::max() without one).
+  [[nodiscard]] std::chrono::steady_clock::time_point deadline() const noexcept;
+
+ private:
+  detail::AsyncCall* call_;
+};
+
+namespace detail {
+
+/// The completion of one call, its handler's type erased (for the non-template driver).
+class AsyncCompletion {
+ public:
+  virtual ~AsyncCompletion() = default;
+  /// Completes exactly once, dispatched to the handler's associated executor.
+  virtual void complete(std::exception_ptr error, Outcome outcome) = 0;
+};
+
+template <typename Handler>
+class AsyncCompletionOf final : public AsyncCompletion {
+ public:
+  AsyncCompletionOf(Handler handler, const asio::any_io_executor& fallback)
+      : handler_(std::move(handler)),
+        work_(asio::make_work_guard(asio::get_associated_executor(handler_, fallback))) {}
+  void complete(std::exception_ptr error, Outcome outcome) override {
+    auto work = std::move(work_);
+    asio::dispatch(work.get_executor(),
+                   [h = std::move(handler_), error, o = std::move(outcome)]() mutable {
+                     std::move(h)(error, std::move(o));
+                   });
+  }
+
+ private:
+  Handler handler_;
+  asio::executor_work_guard<asio::associated_executor_t<Handler, asio::any_io_executor>> work_;
+};
+
+class AsyncTransaction;
+
+/// A handler, its type erased: run() passes no transaction.
+using AsyncHandler =
+    std::function<asio::awaitable<std::string>(AsyncTransaction* tx, AsyncContext& context)>;
+
+}  // namespace detail
+
+/// The asynchronous idempotency facade: run() drives the call plan of Deduplicator (the outcome
+/// table of docs/semantics.md, every policy of DeduplicatorOptions) on `executor`, each step an
+/// operation on the loop. Completion signature `void(std::exception_ptr, Outcome)`: with
+/// asio::use_awaitable, `co_await` gives the Outcome or throws what Deduplicator::run() would
+/// throw; a callback gets both; asio::use_future a std::future<Outcome>.
+///
+/// Cancellation (docs/async.md, "The async driver"): an Asio cancellation of the call (its
+/// completion handler's cancellation slot, a parent coroutine cancelled, an `||` that lost),
+/// its deadline and shutdown() stop it. Before the claim nothing is claimed; between the claim
+/// and the handler the claim is released; once the handler runs, the handler is cancelled (its
+/// awaited operations, its SQL through AsyncTransaction) and the claim is kept until its lease
+/// ends; the call throws idem::Cancelled (idem::DeadlineExceeded for the deadline). Only an
+/// explicit failure of the handler (an exception other than a cancellation, under no stop)
+/// releases the claim, as the failure policy says. When the io_context stops, calls simply stop
+/// where they are: their claims stay until their leases end.
+///
+/// Thread safety: use an AsyncDeduplicator on its executor (a single-threaded io_context, or
+/// a strand): run() from the executor's thread, cancellation slots emitted there.
+/// shutdown() may be called from any thread. Destroy it after its calls completed (or after
+/// the io_context stopped running them).
+class IDEM_EXPORT AsyncDeduplicator {
+ public:
+  using executor_type = asio::any_io_executor;  ///< Where every call runs.
+
+  /// Throws idem::ConfigError on inconsistent options. Connects on first use.
+  AsyncDeduplicator(executor_type executor, AsyncDeduplicatorOptions options);
+  ~AsyncDeduplicator();
+  AsyncDeduplicator(const AsyncDeduplicator&) = delete;
+  AsyncDeduplicator& operator=(const AsyncDeduplicator&) = delete;
+
+  /// The executor given to the constructor.
+  [[nodiscard]] executor_type get_executor() const noexcept;
+
+  /// Runs `handler` at most once per idempotency key: `asio::awaitable<std::string>(
+  /// AsyncContext&)` or `asio::awaitable<std::string>()`, returning the response to store. With
+  /// a sink, the claim row is committed before the handler and completed after it. The handler
+  /// object is kept until the call completes. Completes with `void(std::exception_ptr,
+  /// Outcome)`.
+  template <typename Handler, typename Token>
+  auto run(Request request, Handler handler, Token&& token) {
+    auto shared = std::make_shared<Handler>(std::move(handler));
+    detail::AsyncHandler erased = [shared](detail::AsyncTransaction*,
+                                           AsyncContext& context) -> asio::awaitable<std::string> {
+      if constexpr (std::is_invocable_v<Handler&, AsyncContext&>) {
+        return (*shared)(context);
+      } else {
+        return (*shared)();
+      }
+    };
+    return initiate(std::move(request), std::move(erased), false, std::forward<Token>(token));
+  }
+
+  /// Requests stop on every running call (as an Asio cancellation does) and makes later calls
+  /// throw idem::Cancelled. Thread-safe (posted to the executor).
+  void shutdown();
+
+  /// Closes the Redis and PostgreSQL connections; calls still pending on them fail. Idle
+  /// connections keep io_context::run() going until this (or the destructor). Use it on the
+  /// executor; later calls reconnect.
+  void close();
+
+ private:
+  template <typename Token>
+  auto initiate(Request request, detail::AsyncHandler handler, bool transactional, Token&& token) {
+    return asio::async_initiate<Token, void(std::exception_ptr, Outcome)>(
+        [this](auto completion, Request r, detail::AsyncHandler h, bool tx) {
+          asio::cancellation_slot slot = asio::get_associated_cancellation_slot(completion);
+          using Completion = detail::AsyncCompletionOf<decltype(completion)>;
+          start(std::move(r), std::move(h), tx,
+                std::make_unique<Completion>(std::move(completion), get_executor()), slot);
+        },
+        token, std::move(request), std::move(handler), transactional);
+  }
+
+  void start(Request request, detail::AsyncHandler handler, bool transactional,
+             std::unique_ptr<detail::AsyncCompletion> completion, asio::cancellation_slot slot);
+
+ public:
+  struct Impl;  ///< The driver's state (src/facade/async_deduplicator.cc).
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace idem

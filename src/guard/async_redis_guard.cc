@@ -1,0 +1,154 @@
+#include "guard/async_redis_guard.h"
+
+#include <array>
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/cancellation_signal.hpp>
+#include <asio/use_awaitable.hpp>
+#include <limits>
+#include <utility>
+
+#include "guard/record.h"
+#include "idem/errors.h"
+#include "redis/url.h"
+
+namespace idem::detail {
+namespace {
+
+AsyncClientSettings client_settings(const RedisOptions& redis) {
+  constexpr std::chrono::milliseconds kMaxTimeout{std::numeric_limits<int>::max()};
+  require_guard_option(redis.connect_timeout.count() > 0 && redis.connect_timeout <= kMaxTimeout,
+                       "redis.connect_timeout must be in 1..2147483647 ms");
+  require_guard_option(redis.command_timeout.count() > 0 && redis.command_timeout <= kMaxTimeout,
+                       "redis.command_timeout must be in 1..2147483647 ms");
+  RedisEndpoint endpoint = parse_redis_url(redis.url);
+  require_guard_option(endpoint.sentinels.empty(),
+                       "redis-sentinel:// is not supported by the async driver (use the master's "
+                       "redis:// URL, or a cluster)");
+  if (redis.cluster) {
+    require_guard_option(endpoint.socket_path.empty() && endpoint.db == 0,
+                         "a Redis Cluster URL must be redis://host:port with database 0");
+  }
+  return AsyncClientSettings{.connection = {.endpoint = std::move(endpoint),
+                                            .connect_timeout = redis.connect_timeout,
+                                            .command_timeout = redis.command_timeout},
+                             .cluster = redis.cluster};
+}
+
+// A completion token whose operation no cancellation reaches (what follows a handler).
+auto shielded() {
+  return asio::bind_cancellation_slot(asio::cancellation_slot(), asio::use_awaitable);
+}
+
+}  // namespace
+
+AsyncRedisGuard::AsyncRedisGuard(const asio::any_io_executor& executor,
+                                 const RedisGuardOptions& options)
+    : options_(options),
+      protocol_(options_),
+      client_(AsyncClient::create(executor, client_settings(options_.redis))),
+      breaker_(options_.breaker) {}
+
+AsyncRedisGuard::~AsyncRedisGuard() { client_->close(); }
+
+void AsyncRedisGuard::close() { client_->close(); }
+
+template <typename Send>
+asio::awaitable<ReplyPtr> AsyncRedisGuard::guarded(Send send) {
+  if (!breaker_.allow(CircuitBreaker::Clock::now())) {
+    throw RedisError("idem: redis guard: circuit breaker open, Redis not tried", true);
+  }
+  ReplyPtr reply;
+  try {
+    reply = co_await send();
+  } catch (const Cancelled&) {
+    // Nothing is known of Redis; a cancelled half-open probe must not leave the breaker waiting.
+    if (breaker_.state(CircuitBreaker::Clock::now()) == BreakerState::kHalfOpen) {
+      breaker_.on_failure(CircuitBreaker::Clock::now());
+    }
+    throw;
+  } catch (const RedisError& error) {
+    if (error.retryable()) {
+      breaker_.on_failure(CircuitBreaker::Clock::now());
+    } else {
+      breaker_.on_success();
+    }
+    throw;
+  }
+  breaker_.on_success();
+  co_return reply;
+}
+
+asio::awaitable<ReplyPtr> AsyncRedisGuard::eval(const GuardScript& script, std::string_view key,
+                                                std::span<const std::string_view> args,
+                                                bool cancellable) {
+  const LuaScript lua{script.body, script.sha};
+  const std::array<std::string_view, 1> keys{key};
+  ReplyPtr reply = co_await guarded([&]() -> asio::awaitable<ReplyPtr> {
+    if (cancellable) co_return co_await client_->evalsha(lua, keys, args, asio::use_awaitable);
+    co_return co_await client_->evalsha(lua, keys, args, shielded());
+  });
+  co_return checked(std::move(reply), "EVALSHA");
+}
+
+asio::awaitable<bool> AsyncRedisGuard::eval_flag(const GuardScript& script, std::string_view key,
+                                                 std::span<const std::string_view> args) {
+  try {
+    const ReplyPtr reply = co_await eval(script, key, args, false);
+    co_return integer_flag(*reply, "EVALSHA");
+  } catch (const ForeignRecord&) {
+    if (options_.metrics) options_.metrics->record_foreign_record(Layer::kRedisGuard);
+    throw;
+  }
+}
+
+asio::awaitable<ClaimResult> AsyncRedisGuard::claim(std::string_view key,
+                                                    std::string_view request_id,
+                                                    std::string_view fingerprint) {
+  const std::string redis_key = protocol_.redis_key(key);
+  std::string owner_token = new_owner_token();
+  const std::string record = encode_claim(owner_token, request_id, fingerprint);
+  try {
+    ReplyPtr reply;
+    if (protocol_.claim_method() == ClaimMethod::kSetNxGet) {
+      const auto args = protocol_.set_nx_get(redis_key, record);
+      reply = co_await guarded([&]() -> asio::awaitable<ReplyPtr> {
+        co_return co_await client_->exec(redis_key, args, asio::use_awaitable);
+      });
+    } else {
+      const std::array<std::string_view, 2> args{record, protocol_.lease_ms()};
+      reply = co_await eval(scripts_.claim, redis_key, args, true);
+    }
+    co_return protocol_.claim_answer(std::move(reply), std::move(owner_token), request_id,
+                                     fingerprint);
+  } catch (const ForeignRecord&) {
+    if (options_.metrics) options_.metrics->record_foreign_record(Layer::kRedisGuard);
+    throw;
+  }
+}
+
+asio::awaitable<bool> AsyncRedisGuard::complete(std::string_view key, std::string_view owner_token,
+                                                std::string_view response,
+                                                std::chrono::milliseconds retention) {
+  const std::string retention_text = protocol_.retention_text(retention);
+  const std::string redis_key = protocol_.redis_key(key);
+  const std::string response_field = protocol_.response_field(response);
+  const std::array<std::string_view, 3> args{owner_token, response_field, retention_text};
+  co_return co_await eval_flag(scripts_.complete, redis_key, args);
+}
+
+asio::awaitable<bool> AsyncRedisGuard::release(std::string_view key, std::string_view owner_token) {
+  const std::string redis_key = protocol_.redis_key(key);
+  const std::array<std::string_view, 1> args{owner_token};
+  co_return co_await eval_flag(scripts_.release, redis_key, args);
+}
+
+asio::awaitable<bool> AsyncRedisGuard::renew(std::string_view key, std::string_view owner_token,
+                                             std::chrono::milliseconds lease) {
+  if (lease.count() <= 0) throw ConfigError("idem: renew: lease must be > 0");
+  const std::string redis_key = protocol_.redis_key(key);
+  const std::string lease_text = milliseconds_text(lease);
+  const std::array<std::string_view, 2> args{owner_token, lease_text};
+  co_return co_await eval_flag(scripts_.renew, redis_key, args);
+}
+
+}  // namespace idem::detail

@@ -1,0 +1,80 @@
+// Layer 2 on an event loop: the Redis guard of the async driver, over the pipelined AsyncClient
+// (src/redis/async_client.h). The same keys, records and Lua scripts as the blocking RedisGuard
+// (src/guard/redis_protocol.h says them once for both), the same circuit breaker; one
+// connection per node, shared by every call (automatic pipelining), Redis Cluster through
+// MOVED/ASK. Redis Sentinel is not supported here (idem::ConfigError).
+//
+// Cancellation: claim() honours the awaiting coroutine's cancellation (the command completes at
+// once with idem::Cancelled; it may still run on the server, so a claim may be made and kept
+// until its lease ends). complete(), release() and renew() ignore it: what follows a handler
+// always runs to its end, bounded by the command timeout.
+//
+// Thread safety: not thread-safe; use it from its executor's thread. The string views given to
+// a call must stay valid until it completes.
+#pragma once
+
+#include <asio/any_io_executor.hpp>
+#include <asio/awaitable.hpp>
+#include <chrono>
+#include <memory>
+#include <string_view>
+
+#include "guard/redis_protocol.h"
+#include "idem/guard.h"
+#include "idem/redis_guard.h"
+#include "redis/async_client.h"
+#include "redis/breaker.h"
+
+namespace idem::detail {
+
+class AsyncRedisGuard {
+ public:
+  /// Throws idem::ConfigError on invalid options (as RedisGuard does), for a Sentinel URL, and
+  /// when the TLS files of a `rediss://` URL cannot be loaded. Connects on first use.
+  AsyncRedisGuard(const asio::any_io_executor& executor, const RedisGuardOptions& options);
+  AsyncRedisGuard(const AsyncRedisGuard&) = delete;
+  AsyncRedisGuard& operator=(const AsyncRedisGuard&) = delete;
+  ~AsyncRedisGuard();
+
+  /// As RedisGuard::claim(), on the loop.
+  asio::awaitable<ClaimResult> claim(std::string_view key, std::string_view request_id,
+                                     std::string_view fingerprint);
+  /// As RedisGuard::complete(); `retention` 0 is the configured one.
+  asio::awaitable<bool> complete(std::string_view key, std::string_view owner_token,
+                                 std::string_view response, std::chrono::milliseconds retention);
+  /// As RedisGuard::release().
+  asio::awaitable<bool> release(std::string_view key, std::string_view owner_token);
+  /// As RedisGuard::renew().
+  asio::awaitable<bool> renew(std::string_view key, std::string_view owner_token,
+                              std::chrono::milliseconds lease);
+
+  [[nodiscard]] std::chrono::milliseconds lease() const noexcept { return options_.lease; }
+  [[nodiscard]] std::chrono::milliseconds retention() const noexcept { return options_.retention; }
+  [[nodiscard]] const RedisGuardOptions& options() const noexcept { return options_; }
+  /// The client, for tests and the bench.
+  [[nodiscard]] AsyncClient& client() noexcept { return *client_; }
+
+  /// Closes the connections (pending commands fail); an open connection keeps io_context::run()
+  /// going until this.
+  void close();
+
+ private:
+  // EVALSHA `script` with `key` and `args` under the breaker; the reply checked. `cancellable`:
+  // whether the awaiting coroutine's cancellation reaches the command.
+  asio::awaitable<ReplyPtr> eval(const GuardScript& script, std::string_view key,
+                                 std::span<const std::string_view> args, bool cancellable);
+  // eval() of a script answering 1/0 (never cancelled), a foreign value counted.
+  asio::awaitable<bool> eval_flag(const GuardScript& script, std::string_view key,
+                                  std::span<const std::string_view> args);
+  // `reply` of a call through the breaker: a retryable failure counts against it.
+  template <typename Send>
+  asio::awaitable<ReplyPtr> guarded(Send send);
+
+  const RedisGuardOptions options_;
+  const GuardProtocol protocol_;
+  const GuardScripts& scripts_ = GuardScripts::get();
+  std::shared_ptr<AsyncClient> client_;
+  CircuitBreaker breaker_;
+};
+
+}  // namespace idem::detail

@@ -1,0 +1,152 @@
+#include "guard/redis_protocol.h"
+
+#include <openssl/evp.h>
+
+#include <utility>
+
+#include "guard/record.h"
+#include "idem/errors.h"
+#include "idem/fingerprint.h"
+#include "idem/key.h"
+#include "idem/lua_scripts.h"
+#include "redis/cluster.h"
+#include "redis/errors.h"
+
+namespace idem::detail {
+namespace {
+
+// Redis' PX takes at most this many ms here (now + PX must stay a 64-bit count of ms: 100 years
+// is far inside).
+constexpr std::chrono::milliseconds kMaxTtl{std::chrono::hours(24) * 365 * 100};
+
+std::string escaped_option(const std::string& value, const char* what) {
+  try {
+    return escape_key_component(value, what);
+  } catch (const InvalidKey& error) {
+    throw ConfigError(error.what());
+  }
+}
+
+const RedisGuardOptions& validated(const RedisGuardOptions& options) {
+  require_guard_option(options.lease.count() > 0 && options.lease <= kMaxTtl,
+                       "lease must be > 0, <= 100 years");
+  require_guard_option(options.retention.count() > 0 && options.retention <= kMaxTtl,
+                       "retention must be > 0, <= 100 years");
+  require_guard_option(
+      options.breaker.failure_threshold == 0 || options.breaker.open_for.count() > 0,
+      "breaker.open_for must be > 0");
+  return options;
+}
+
+}  // namespace
+
+GuardScript::GuardScript(std::string_view body_text) : body(body_text) {
+  std::array<unsigned char, EVP_MAX_MD_SIZE> digest{};
+  unsigned int size = 0;
+  if (EVP_Digest(body.data(), body.size(), digest.data(), &size, EVP_sha1(), nullptr) != 1) {
+    throw Error("idem: SHA-1 of a Lua script failed");
+  }
+  static constexpr char kHex[] = "0123456789abcdef";
+  for (unsigned int i = 0; i < size; ++i) {
+    sha.push_back(kHex[digest[i] >> 4]);
+    sha.push_back(kHex[digest[i] & 0x0F]);
+  }
+}
+
+const GuardScripts& GuardScripts::get() {
+  static const GuardScripts scripts{GuardScript(kClaimScript),   GuardScript(kCompleteScript),
+                                    GuardScript(kReleaseScript), GuardScript(kRenewScript),
+                                    GuardScript(kInspectScript), GuardScript(kEvictScript)};
+  return scripts;
+}
+
+void require_guard_option(bool condition, const char* what) {
+  if (!condition) throw ConfigError(std::string("idem: RedisGuardOptions: ") + what);
+}
+
+std::string milliseconds_text(std::chrono::milliseconds duration) {
+  return std::to_string(duration.count());
+}
+
+ReplyPtr checked(ReplyPtr reply, std::string_view during) {
+  if (reply->type != REDIS_REPLY_ERROR) return reply;
+  if (auto redirect = parse_redirect(*reply)) {
+    throw RedirectError(reply_error(*reply, during).what(), std::move(*redirect));
+  }
+  if (reply_error_is(*reply, "WRONGTYPE")) {
+    throw ForeignRecord("idem: redis " + std::string(during) +
+                        ": the key holds a value of another type, not an idem record");
+  }
+  throw reply_error(*reply, during);
+}
+
+bool integer_flag(const redisReply& reply, std::string_view during) {
+  if (reply.type != REDIS_REPLY_INTEGER) throw unexpected_reply(reply, during);
+  if (reply.integer == -1) {
+    throw ForeignRecord("idem: redis " + std::string(during) +
+                        ": the value under the key is not a well-formed idem record");
+  }
+  return reply.integer == 1;
+}
+
+GuardProtocol::GuardProtocol(const RedisGuardOptions& options)
+    : key_prefix_(escaped_option(validated(options).prefix, "prefix") + ':' +
+                  escaped_option(options.ns, "ns") + ':'),
+      lease_ms_(milliseconds_text(options.lease)),
+      retention_ms_(milliseconds_text(options.retention)),
+      max_response_bytes_(options.max_response_bytes),
+      claim_method_(options.claim_method) {}
+
+std::string GuardProtocol::redis_key(std::string_view key) const {
+  validate_key_text(key);  // no hash tag, control byte or forged separator reaches Redis
+  return key_prefix_ + std::string(key);
+}
+
+std::string GuardProtocol::retention_text(std::chrono::milliseconds retention) const {
+  if (retention.count() < 0) throw ConfigError("idem: complete: retention must be >= 0");
+  return retention.count() == 0 ? retention_ms_ : milliseconds_text(retention);
+}
+
+std::string GuardProtocol::response_field(std::string_view response) const {
+  return encode_response(response, max_response_bytes_);
+}
+
+void GuardProtocol::require_set_nx_get_support(const redisReply& reply) const {
+  if (claim_method_ == ClaimMethod::kSetNxGet && reply.type == REDIS_REPLY_ERROR &&
+      std::string_view(reply.str, reply.len).starts_with("ERR syntax error")) {
+    throw RedisError(
+        "idem: redis rejected SET ... NX ... GET (needs Redis >= 7.0); use "
+        "ClaimMethod::kLuaScript",
+        false);
+  }
+}
+
+ClaimResult GuardProtocol::claim_answer(ReplyPtr reply, std::string owner_token,
+                                        std::string_view request_id,
+                                        std::string_view fingerprint) const {
+  require_set_nx_get_support(*reply);
+  reply = checked(std::move(reply), "claim");
+  ClaimResult result;
+  if (reply->type == REDIS_REPLY_NIL) {
+    result.owner_token = std::move(owner_token);
+    return result;
+  }
+  if (reply->type != REDIS_REPLY_STRING) throw unexpected_reply(*reply, "claim");
+  StoredRecord record = decode_record(std::string_view(reply->str, reply->len));
+  if (record.owner_token == owner_token) {
+    // Our own record: an earlier send of this same attempt was executed before its connection
+    // failed, and this is the retry.
+    result.owner_token = std::move(owner_token);
+    return result;
+  }
+  result.status = !request_id.empty() && record.request_id == request_id
+                      ? ClaimStatus::kRepeatSame
+                      : ClaimStatus::kRepeatOther;
+  result.state = record.state;
+  result.fingerprint_matches = fingerprints_match(record.fingerprint, fingerprint);
+  result.response = std::move(record.response);
+  result.response_sha256 = std::move(record.response_sha256);
+  return result;
+}
+
+}  // namespace idem::detail

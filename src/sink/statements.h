@@ -1,0 +1,43 @@
+// What the blocking PgSink and the async driver's sink (src/sink/async_pg_sink.h) share: the
+// options' validation, the SQL of the statements both run on the records table, and the answer
+// an existing row gives. One table and one set of statements, two transports (libpqxx on the
+// caller's thread, libpq's pipeline mode on a loop). Defined in pg_sink.cc.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "idem/pg_sink.h"
+#include "idem/sink.h"
+
+namespace idem::detail {
+
+/// Throws idem::ConfigError when `options` cannot work (PgSink's constructor runs it too).
+void validate_sink_options(const PgSinkOptions& options);
+
+/// The text of PgSink's statements for the records table of `options` (parameters as PgSink
+/// binds them: $1 ns, $2 key, ...).
+struct SinkStatements {
+  std::string claim;      ///< $3 request_id, $4 fingerprint, $5 expiry in ms: RETURNING 1 or none.
+  std::string lookup;     ///< state, fingerprint, request_id, response, response_sha256, expired.
+  std::string take_over;  ///< Deletes the key's row when it expired.
+  std::string complete;   ///< $3 response, $4 response_sha256, $5 retention ms, $6 owner or NULL.
+  std::string release;    ///< $3 request_id: deletes its IN_PROGRESS row.
+};
+[[nodiscard]] SinkStatements sink_statements(const PgSinkOptions& options);
+
+/// The columns of a lookup row, as text (the response decoded from bytea).
+struct StoredRow {
+  std::string_view state;
+  std::string_view fingerprint;
+  std::string_view request_id;
+  std::optional<std::string> response;
+  std::optional<std::string> response_sha256;
+};
+
+/// The answer to a claim of `request_id` with `fingerprint` that met the committed `row`.
+[[nodiscard]] SinkClaim existing_claim(StoredRow row, std::string_view request_id,
+                                       std::string_view fingerprint);
+
+}  // namespace idem::detail

@@ -1,0 +1,465 @@
+// The asynchronous driver (include/idem/async_deduplicator.h) against real servers: the outcome
+// table through the async Redis guard and PostgreSQL sink, records shared with the blocking
+// backends, many calls in flight on one thread, completion tokens, cancellation (the claim is
+// kept; only a handler failure releases it), the deadline, lease renewal by a timer, the
+// io_context stopping, and a loop that never blocks while Redis or PostgreSQL is SIGSTOPped.
+#include "idem/async_deduplicator.h"
+
+#include <gtest/gtest.h>
+
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/cancellation_signal.hpp>
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/io_context.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/use_awaitable.hpp>
+#include <asio/use_future.hpp>
+#include <chrono>
+#include <functional>
+#include <future>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "idem/errors.h"
+#include "loop_probe.h"
+#include "pg_server.h"
+#include "redis_server.h"
+#include "test_env.h"
+
+namespace idem {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+asio::awaitable<void> sleep_for(Clock::duration duration) {
+  asio::steady_timer timer(co_await asio::this_coro::executor, duration);
+  co_await timer.async_wait(asio::use_awaitable);
+}
+
+Request request_for(const std::string& id, const std::string& payload = R"({"amount":1})") {
+  Request request;
+  request.request_id = id;
+  request.user = "u1";
+  request.intent = "refund";
+  request.payload = payload;
+  return request;
+}
+
+class AsyncDeduplicatorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    redis_url_ = test::service_setting("IDEM_TEST_REDIS_URL");
+    pg_url_ = test::service_setting("IDEM_TEST_PG_URL");
+    if (redis_url_.empty() || pg_url_.empty()) {
+      if (std::getenv("CI") != nullptr) FAIL() << "IDEM_TEST_REDIS_URL / IDEM_TEST_PG_URL unset";
+      GTEST_SKIP() << "run `scripts/dev services start`";
+    }
+    prefix_ = test::unique_name("async");
+    schema_ = std::make_unique<test::ScratchSchema>(pg_url_, "async");
+    PgSink(pg_options(pg_url_)).migrate();
+  }
+
+  [[nodiscard]] RedisGuardOptions redis_options(const std::string& url) const {
+    RedisGuardOptions options;
+    options.redis.url = url;
+    options.prefix = prefix_;
+    return options;
+  }
+  [[nodiscard]] PgSinkOptions pg_options(const std::string& url) const {
+    PgSinkOptions options;
+    options.conninfo = url;
+    options.schema = schema_->name();
+    options.pool_size = 2;
+    return options;
+  }
+  [[nodiscard]] AsyncDeduplicatorOptions options(bool guard = true, bool sink = true) const {
+    AsyncDeduplicatorOptions o;
+    o.base.local_cache_capacity = 0;  // every repeat reaches the backends
+    if (guard) o.redis = redis_options(redis_url_);
+    if (sink) o.postgres = pg_options(pg_url_);
+    return o;
+  }
+  // The row count of the sink's table for `state`.
+  [[nodiscard]] std::int64_t rows(const std::string& state) const {
+    return schema_->count("SELECT count(*) FROM " + schema_->name() +
+                          ".idem_records WHERE state = '" + state + "'");
+  }
+
+  std::string redis_url_;
+  std::string pg_url_;
+  std::string prefix_;
+  std::unique_ptr<test::ScratchSchema> schema_;
+};
+
+TEST_F(AsyncDeduplicatorTest, FirstExecutionThenDuplicateReplayedSharedWithTheBlockingBackends) {
+  asio::io_context io;
+  int executed = 0;
+  std::string key;
+  {
+    AsyncDeduplicator dedup(io.get_executor(), options());
+    asio::co_spawn(
+        io,
+        [&]() -> asio::awaitable<void> {
+          const auto handler = [&](AsyncContext& context) -> asio::awaitable<std::string> {
+            ++executed;
+            key = std::string(context.key());
+            EXPECT_GT(context.remaining_lease(), 0ms);
+            co_await sleep_for(5ms);
+            co_return "refunded";
+          };
+          const Outcome first =
+              co_await dedup.run(request_for("r-1"), handler, asio::use_awaitable);
+          EXPECT_EQ(first.kind, Outcome::Kind::kExecuted);
+          EXPECT_EQ(first.response, "refunded");
+          EXPECT_FALSE(first.lease_lost);
+          const Outcome again =
+              co_await dedup.run(request_for("r-1"), handler, asio::use_awaitable);
+          EXPECT_EQ(again.kind, Outcome::Kind::kDuplicate);
+          EXPECT_EQ(again.layer, Layer::kRedisGuard);
+          EXPECT_EQ(again.response, "refunded");
+          const Outcome other = co_await dedup.run(request_for("r-1", R"({"amount":2})"), handler,
+                                                   asio::use_awaitable);
+          EXPECT_EQ(other.kind, Outcome::Kind::kMismatch);
+          dedup.close();
+        },
+        asio::detached);
+    io.run();
+  }
+  EXPECT_EQ(executed, 1);
+  EXPECT_EQ(rows("completed"), 1);
+  // The blocking backends read what the async ones wrote: one contract of keys and records.
+  RedisGuard blocking(redis_options(redis_url_));
+  const ClaimResult claim = blocking.claim(key, "r-1", "");
+  EXPECT_EQ(claim.status, ClaimStatus::kRepeatSame);
+  EXPECT_EQ(claim.state, RecordState::kCompleted);
+  EXPECT_EQ(claim.response, "refunded");
+  PgSink sink(pg_options(pg_url_));
+  const SinkClaim row = sink.claim(key, "r-2", "");
+  EXPECT_EQ(row.status, SinkStatus::kDuplicate);
+  EXPECT_EQ(row.response, "refunded");
+}
+
+TEST_F(AsyncDeduplicatorTest, ManyCallsInFlightOnOneThreadRunEachKeyOnce) {
+  asio::io_context io;
+  AsyncDeduplicator dedup(io.get_executor(), options());
+  constexpr int kKeys = 300;
+  constexpr int kCopies = 3;  // each key delivered three times at once
+  std::map<std::string, int> executed;
+  std::map<Outcome::Kind, int> kinds;
+  int in_flight = 0;
+  int most_in_flight = 0;
+  int done = 0;
+  for (int copy = 0; copy < kCopies; ++copy) {
+    for (int k = 0; k < kKeys; ++k) {
+      const std::string id = "m-" + std::to_string(k);
+      dedup.run(
+          request_for(id),
+          [&, id]() -> asio::awaitable<std::string> {
+            ++executed[id];
+            most_in_flight = std::max(most_in_flight, ++in_flight);
+            co_await sleep_for(30ms);
+            --in_flight;
+            co_return "ok-" + id;
+          },
+          [&](std::exception_ptr error, Outcome outcome) {
+            EXPECT_FALSE(error);
+            ++kinds[outcome.kind];
+            if (++done == kKeys * kCopies) dedup.close();
+          });
+    }
+  }
+  io.run();
+  EXPECT_EQ(done, kKeys * kCopies);
+  EXPECT_EQ(static_cast<int>(executed.size()), kKeys);
+  for (const auto& [id, count] : executed) EXPECT_EQ(count, 1) << id;
+  EXPECT_EQ(kinds[Outcome::Kind::kExecuted], kKeys);
+  EXPECT_EQ(kinds[Outcome::Kind::kInProgress], kKeys * (kCopies - 1));
+  EXPECT_GT(most_in_flight, kKeys / 2) << "handlers must overlap on the one thread";
+  EXPECT_EQ(rows("completed"), kKeys);
+}
+
+TEST_F(AsyncDeduplicatorTest, UseFutureFromAnotherThread) {
+  asio::io_context io;
+  AsyncDeduplicator dedup(io.get_executor(), options(true, false));
+  auto work = asio::make_work_guard(io);
+  std::thread loop([&] { io.run(); });
+  std::promise<std::future<Outcome>> started;
+  asio::post(io, [&] {
+    started.set_value(dedup.run(
+        request_for("f-1"), []() -> asio::awaitable<std::string> { co_return "future"; },
+        asio::use_future));
+  });
+  std::future<Outcome> outcome = started.get_future().get();
+  EXPECT_EQ(outcome.get().response, "future");
+  asio::post(io, [&] { dedup.close(); });
+  work.reset();
+  loop.join();
+}
+
+TEST_F(AsyncDeduplicatorTest, HandlerFailureReleasesTheClaimCancellationKeepsIt) {
+  asio::io_context io;
+  AsyncDeduplicator dedup(io.get_executor(), options());
+  asio::cancellation_signal cancel;
+  std::exception_ptr failed;
+  std::exception_ptr cancelled;
+  int runs = 0;
+  asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<void> {
+        try {
+          (void)co_await dedup.run(
+              request_for("x-fail"),
+              [&]() -> asio::awaitable<std::string> {
+                ++runs;
+                co_await sleep_for(1ms);
+                throw std::runtime_error("business failure");
+              },
+              asio::use_awaitable);
+        } catch (...) {
+          failed = std::current_exception();
+        }
+        // Released: the retry runs.
+        const Outcome retry = co_await dedup.run(
+            request_for("x-fail"),
+            [&]() -> asio::awaitable<std::string> {
+              ++runs;
+              co_return "second";
+            },
+            asio::use_awaitable);
+        EXPECT_EQ(retry.kind, Outcome::Kind::kExecuted);
+      },
+      asio::detached);
+  // A handler cancelled from outside (its call's cancellation slot) keeps the claim.
+  dedup.run(
+      request_for("x-cancel"),
+      [&]() -> asio::awaitable<std::string> {
+        co_await sleep_for(10s);
+        co_return "never";
+      },
+      asio::bind_cancellation_slot(cancel.slot(),
+                                   [&](std::exception_ptr error, Outcome) { cancelled = error; }));
+  asio::steady_timer later(io, 100ms);
+  later.async_wait([&](std::error_code) { cancel.emit(asio::cancellation_type::terminal); });
+  std::optional<Outcome> repeat;
+  asio::steady_timer after(io, 300ms);
+  after.async_wait([&](std::error_code) {
+    dedup.run(
+        request_for("x-cancel"), []() -> asio::awaitable<std::string> { co_return "again"; },
+        [&](std::exception_ptr error, Outcome outcome) {
+          EXPECT_FALSE(error);
+          repeat = std::move(outcome);
+          dedup.close();
+        });
+  });
+  io.run();
+  ASSERT_TRUE(failed);
+  EXPECT_THROW(std::rethrow_exception(failed), std::runtime_error);
+  EXPECT_EQ(runs, 2);
+  ASSERT_TRUE(cancelled);
+  EXPECT_THROW(std::rethrow_exception(cancelled), Cancelled);
+  ASSERT_TRUE(repeat);
+  EXPECT_EQ(repeat->kind, Outcome::Kind::kInProgress) << "the cancelled call's claim is kept";
+  EXPECT_EQ(rows("in_progress"), 1);  // the cancelled call's row, kept for its lease
+}
+
+TEST_F(AsyncDeduplicatorTest, DeadlineCancelsTheHandlerAndKeepsTheClaim) {
+  asio::io_context io;
+  AsyncDeduplicatorOptions o = options();
+  o.deadline = 150ms;
+  AsyncDeduplicator dedup(io.get_executor(), o);
+  std::exception_ptr error;
+  Clock::duration took{};
+  const auto start = Clock::now();
+  dedup.run(
+      request_for("d-1"),
+      [&](AsyncContext& context) -> asio::awaitable<std::string> {
+        EXPECT_LE(context.deadline(), start + 200ms);
+        co_await sleep_for(10s);
+        co_return "never";
+      },
+      [&](std::exception_ptr e, Outcome) {
+        error = e;
+        took = Clock::now() - start;
+        dedup.close();
+      });
+  io.run();
+  ASSERT_TRUE(error);
+  EXPECT_THROW(std::rethrow_exception(error), DeadlineExceeded);
+  EXPECT_GE(took, 150ms);
+  EXPECT_LT(took, 1s);
+  EXPECT_EQ(rows("in_progress"), 1);  // kept for its lease
+}
+
+TEST_F(AsyncDeduplicatorTest, LeaseRenewedByATimerOnTheLoop) {
+  asio::io_context io;
+  AsyncDeduplicatorOptions o = options(true, false);
+  o.redis->lease = 200ms;
+  o.base.auto_renew_interval = 50ms;
+  AsyncDeduplicator dedup(io.get_executor(), o);
+  std::optional<Outcome> outcome;
+  bool lost_inside = true;
+  dedup.run(
+      request_for("renew-1"),
+      [&](AsyncContext& context) -> asio::awaitable<std::string> {
+        co_await sleep_for(700ms);  // 3.5 leases
+        lost_inside = context.lease_lost();
+        co_return "long";
+      },
+      [&](std::exception_ptr error, Outcome result) {
+        EXPECT_FALSE(error);
+        outcome = std::move(result);
+        dedup.close();
+      });
+  io.run();
+  ASSERT_TRUE(outcome);
+  EXPECT_EQ(outcome->kind, Outcome::Kind::kExecuted);
+  EXPECT_FALSE(outcome->lease_lost);
+  EXPECT_FALSE(lost_inside);
+}
+
+// When the io_context stops (a service shutting down hard), calls simply stop: the claim of a
+// running handler stays until its lease ends, and nothing completes the call.
+TEST_F(AsyncDeduplicatorTest, StoppedIoContextKeepsTheClaim) {
+  std::string key;
+  {
+    asio::io_context io;
+    AsyncDeduplicator dedup(io.get_executor(), options());
+    bool completed = false;
+    dedup.run(
+        request_for("stop-1"),
+        [&](AsyncContext& context) -> asio::awaitable<std::string> {
+          key = std::string(context.key());
+          co_await sleep_for(10s);
+          co_return "never";
+        },
+        [&](std::exception_ptr, Outcome) { completed = true; });
+    asio::steady_timer stop(io, 100ms);
+    stop.async_wait([&](std::error_code) { io.stop(); });
+    io.run();
+    EXPECT_FALSE(completed);
+  }
+  ASSERT_FALSE(key.empty());
+  RedisGuard blocking(redis_options(redis_url_));
+  const ClaimResult claim = blocking.claim(key, "someone-else", "");
+  EXPECT_EQ(claim.status, ClaimStatus::kRepeatOther);
+  EXPECT_EQ(claim.state, RecordState::kInProgress);
+}
+
+// The loop never blocks: a 1 ms timer keeps firing within 10 ms while 1 000 calls wait on a
+// stopped server (`pause`), the calls end at their deadline (300 ms) with Unavailable from
+// `layer`, nothing runs, and once the server is back (`resume`) each key runs at most once.
+void expect_loop_never_blocks(AsyncDeduplicatorOptions o, const std::function<void()>& pause,
+                              const std::function<void()>& resume, Layer layer) {
+  asio::io_context io;
+  o.deadline = 300ms;
+  AsyncDeduplicator dedup(io.get_executor(), o);
+  bool warmed = false;
+  dedup.run(
+      request_for("warm"), []() -> asio::awaitable<std::string> { co_return "w"; },
+      [&](std::exception_ptr error, Outcome) {
+        EXPECT_FALSE(error);
+        warmed = true;
+      });
+  while (!warmed) io.run_one();
+  pause();
+  std::map<int, int> executed;  // by key
+  int unavailable = 0;
+  int completed = 0;
+  Clock::duration last_end{};
+  const auto start = Clock::now();
+  const auto call = [&](int i, bool stopped) {
+    dedup.run(
+        request_for("s-" + std::to_string(i)),
+        [&, i]() -> asio::awaitable<std::string> {
+          ++executed[i];
+          co_return "x";
+        },
+        [&, stopped](std::exception_ptr error, Outcome outcome) {
+          EXPECT_FALSE(error);
+          if (stopped) {
+            if (outcome.kind == Outcome::Kind::kUnavailable && outcome.layer == layer) {
+              ++unavailable;
+            }
+            last_end = Clock::now() - start;
+          } else {
+            EXPECT_NE(outcome.kind, Outcome::Kind::kUnavailable);
+            if (++completed == 1000) dedup.close();
+          }
+        });
+  };
+  for (int i = 0; i < 1000; ++i) call(i, true);
+  // The calls start (their first steps issued), then wait: the probe runs from here.
+  io.poll();
+  test::LoopProbe probe(io, 600ms);
+  io.run_for(700ms);
+  resume();
+  EXPECT_EQ(unavailable, 1000);
+  EXPECT_TRUE(executed.empty());
+  EXPECT_GE(last_end, 300ms);
+  EXPECT_LT(last_end, 600ms);
+  EXPECT_LT(probe.worst_gap(), test::kMaxLoopGap) << "the loop stalled";
+  // Back: a claim sent while the server was stopped may have been made (that key is in
+  // progress until its lease ends); no key runs twice.
+  for (int i = 0; i < 1000; ++i) call(i, false);
+  io.restart();
+  io.run_for(20s);
+  EXPECT_EQ(completed, 1000);
+  for (const auto& [key, runs] : executed) EXPECT_EQ(runs, 1) << key;
+}
+
+TEST_F(AsyncDeduplicatorTest, LoopNeverBlocksOnAStoppedRedis) {
+  test::RedisServer server;
+  AsyncDeduplicatorOptions o = options(false, false);  // no sink: the guard fails closed
+  o.redis = redis_options(server.url());
+  o.redis->redis.command_timeout = 5s;  // the call's deadline ends them first
+  expect_loop_never_blocks(
+      o, [&] { server.pause(); }, [&] { server.resume(); }, Layer::kRedisGuard);
+}
+
+// With a SIGSTOPped PostgreSQL behind the sink the claims in Redis go through, the sink's
+// claims wait, and at the deadline each call answers Unavailable (pg_sink) and releases its
+// Redis claim.
+TEST_F(AsyncDeduplicatorTest, LoopNeverBlocksOnAStoppedPostgres) {
+  test::PgServer server;
+  PgSinkOptions pg = pg_options(server.url());
+  pg.schema = "public";
+  PgSink(pg).migrate();
+  AsyncDeduplicatorOptions o = options(true, false);
+  o.postgres = pg;
+  o.postgres->response_timeout = 10s;  // the call's deadline ends them first
+  expect_loop_never_blocks(
+      o, [&] { server.pause(); }, [&] { server.resume(); }, Layer::kPgSink);
+}
+
+// In-memory backends (they never wait on I/O) run on the loop too; a blocking RedisGuard in
+// their place is refused.
+TEST(AsyncDeduplicatorMemory, InMemoryBackendsAndBlockingOnesRefused) {
+  asio::io_context io;
+  AsyncDeduplicatorOptions o;
+  o.base.guard = std::make_shared<InMemoryGuard>();
+  o.base.sink = std::make_shared<InMemorySink>();
+  AsyncDeduplicator dedup(io.get_executor(), o);
+  std::vector<Outcome> outcomes;
+  for (int i = 0; i < 2; ++i) {
+    dedup.run(
+        request_for("mem-1"), []() -> asio::awaitable<std::string> { co_return "m"; },
+        [&](std::exception_ptr error, Outcome outcome) {
+          EXPECT_FALSE(error);
+          outcomes.push_back(std::move(outcome));
+        });
+  }
+  io.run();
+  ASSERT_EQ(outcomes.size(), 2u);
+  EXPECT_EQ(outcomes[0].kind, Outcome::Kind::kExecuted);
+  EXPECT_NE(outcomes[1].kind, Outcome::Kind::kExecuted);
+  AsyncDeduplicatorOptions blocking;
+  blocking.base.guard = std::make_shared<RedisGuard>(RedisGuardOptions{});
+  EXPECT_THROW(AsyncDeduplicator(io.get_executor(), blocking), ConfigError);
+}
+
+}  // namespace
+}  // namespace idem
