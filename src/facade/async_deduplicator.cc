@@ -40,11 +40,12 @@ Error not_on_the_loop() {
   return Error("idem: internal: a blocking call of a backend the async driver reaches on the loop");
 }
 
-// What the plan knows of the guard the driver reaches on the loop: its lease. Its blocking
-// calls are never made.
+// What the plan knows of the guard the driver reaches on the loop: its lease and retention. Its
+// blocking calls are never made.
 class LoopGuardShape final : public Guard {
  public:
-  explicit LoopGuardShape(std::chrono::milliseconds lease) : lease_(lease) {}
+  LoopGuardShape(std::chrono::milliseconds lease, std::chrono::milliseconds retention)
+      : lease_(lease), retention_(retention) {}
   ClaimResult claim(std::string_view, std::string_view, std::string_view) override {
     throw not_on_the_loop();
   }
@@ -57,9 +58,11 @@ class LoopGuardShape final : public Guard {
     throw not_on_the_loop();
   }
   [[nodiscard]] std::chrono::milliseconds lease() const noexcept override { return lease_; }
+  [[nodiscard]] std::chrono::milliseconds retention() const noexcept override { return retention_; }
 
  private:
   std::chrono::milliseconds lease_;
+  std::chrono::milliseconds retention_;
 };
 
 // What the plan knows of the sink the driver reaches on the loop: that there is one.
@@ -173,7 +176,8 @@ struct AsyncDeduplicator::Impl {
     }
     if (options.redis) {
       backends.redis = std::make_unique<detail::AsyncRedisGuard>(executor, *options.redis);
-      base.guard = std::make_shared<detail::LoopGuardShape>(backends.redis->lease());
+      base.guard = std::make_shared<detail::LoopGuardShape>(backends.redis->lease(),
+                                                            backends.redis->retention());
     } else {
       backends.guard = base.guard;
     }
