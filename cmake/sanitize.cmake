@@ -5,6 +5,12 @@ if(IDEM_SANITIZE)
   add_compile_options(-fsanitize=${IDEM_SANITIZE} -fno-omit-frame-pointer
                       -fno-sanitize-recover=all)
   add_link_options(-fsanitize=${IDEM_SANITIZE})
+  # Optimisation and debug info of sanitized builds, after the build type's (the last -O and -g
+  # win): -O1 with line tables only compiles in half the time of RelWithDebInfo's -O2 -g (ASan +
+  # UBSan, measured on the facade's plan test: 24 s against 13 s), and reports still name file
+  # and line. Empty keeps the build type's flags.
+  set(IDEM_SANITIZE_FLAGS "-O1;-g1" CACHE STRING "Extra compile options of sanitized builds")
+  add_compile_options(${IDEM_SANITIZE_FLAGS})
   # Instrumented code makes GCC's -Wmaybe-uninitialized report false positives (e.g. inside
   # libstdc++'s <regex>), which -Werror would turn into a failed build.
   if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")

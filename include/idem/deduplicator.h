@@ -105,7 +105,7 @@ enum class TransactionalClaim {
 };
 
 namespace detail {
-struct CallState;
+class CallState;
 }
 
 /// What a running handler may know and do. Passed by reference to handlers that take it;

@@ -93,6 +93,8 @@ TEST(RedisClusterFailover, AKilledMasterFailsOverToItsReplicaAndOnlyItsBreakerOp
   }
   std::cerr << "[cluster failover] slot " << slot << " unavailable " << unavailable.count()
             << " ms after SIGKILL (cluster-node-timeout 3000 ms)\n";
+  // Every node's view, not only the guard's, has the replica as the slot's master.
+  ASSERT_TRUE(cluster.wait_for_new_owner(slot, victim, milliseconds(5000)));
   test::RedisServer* promoted = cluster.owner_of(slot);
   ASSERT_NE(promoted, nullptr);
   EXPECT_NE(promoted, victim);
@@ -103,7 +105,6 @@ TEST(RedisClusterFailover, AKilledMasterFailsOverToItsReplicaAndOnlyItsBreakerOp
   for (const std::string& key : completed) {
     EXPECT_EQ(guard.claim(key, "req-other", "").status, ClaimStatus::kRepeatOther) << key;
   }
-  EXPECT_TRUE(cluster.wait_for_new_owner(slot, victim, milliseconds(5000)));
   EXPECT_EQ(guard.breaker_state(), BreakerState::kClosed);  // the dead node left the map
 }
 
