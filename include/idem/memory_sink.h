@@ -47,13 +47,16 @@ class IDEM_EXPORT InMemorySink final : public Sink {
   InMemorySink& operator=(const InMemorySink&) = delete;
 
   [[nodiscard]] SinkClaim claim(std::string_view key, std::string_view request_id,
-                                std::string_view fingerprint) override;
-  bool complete(std::string_view key, std::string_view request_id, std::string_view response,
+                                std::string_view fingerprint,
+                                std::string_view owner_token = {}) override;
+  bool complete(std::string_view key, std::string_view owner, std::string_view response,
                 std::chrono::milliseconds retention) override;
-  bool release(std::string_view key, std::string_view request_id) override;
+  bool release(std::string_view key, std::string_view owner) override;
+  bool renew(std::string_view key, std::string_view owner,
+             std::chrono::milliseconds lease) override;
 
-  /// The live row of `key` (expired rows are not returned), for tests and tools; owner_token is
-  /// empty (the row's owner is its request_id), ttl is by this sink's clock.
+  /// The live row of `key` (expired rows are not returned), for tests and tools: owner_token is
+  /// the row's owner (its token, or its request ID), ttl is by this sink's clock.
   [[nodiscard]] std::optional<RecordInfo> inspect(std::string_view key) const;
 
   /// Rows held now, expired ones not yet dropped included.

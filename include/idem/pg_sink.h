@@ -176,21 +176,29 @@ class IDEM_EXPORT PgSink final : public Sink {
                                         const std::function<void(pqxx::transaction_base&)>& write);
 
   /// Non-transactional mode, for callers without their own database writes: claims `key` in its
-  /// own short transaction. A fresh row is committed IN_PROGRESS for `lease`; finish it with
-  /// complete(key, request_id, response) or release(key, request_id).
+  /// own short transaction (see Sink::claim()). A fresh row is committed IN_PROGRESS for
+  /// `lease`, owned by `owner_token` (or `request_id` when empty); finish it with
+  /// complete(key, owner, response) or release(key, owner).
   [[nodiscard]] SinkClaim claim(std::string_view key, std::string_view request_id,
-                                std::string_view fingerprint) override;
+                                std::string_view fingerprint,
+                                std::string_view owner_token = {}) override;
 
-  /// Non-transactional mode: marks the IN_PROGRESS row of `key` owned by `request_id` COMPLETED
-  /// with `response` (size-capped), kept for `retention` in ms (0: PgSinkOptions::retention).
-  /// Returns false when there is no such row (its lease ended and another request took it over).
-  bool complete(std::string_view key, std::string_view request_id, std::string_view response,
+  /// Non-transactional mode: marks the IN_PROGRESS row of `key` owned by `owner` (its owner
+  /// token, or its request ID) COMPLETED with `response` (size-capped), kept for `retention` in
+  /// ms (0: PgSinkOptions::retention). Returns false when there is no such row (its lease ended
+  /// and another attempt took it over).
+  bool complete(std::string_view key, std::string_view owner, std::string_view response,
                 std::chrono::milliseconds retention = std::chrono::milliseconds(0)) override;
 
-  /// Non-transactional mode: deletes the IN_PROGRESS row of `key` owned by `request_id`, so the
-  /// operation may be retried. Never deletes another request's or a completed row. Returns
+  /// Non-transactional mode: deletes the IN_PROGRESS row of `key` owned by `owner`, so the
+  /// operation may be retried. Never deletes another owner's or a completed row. Returns
   /// whether a row was deleted.
-  bool release(std::string_view key, std::string_view request_id) override;
+  bool release(std::string_view key, std::string_view owner) override;
+
+  /// Non-transactional mode: extends the IN_PROGRESS row of `key` owned by `owner` to at least
+  /// `lease` from now (0: PgSinkOptions::lease), by the server's clock. See Sink::renew().
+  bool renew(std::string_view key, std::string_view owner,
+             std::chrono::milliseconds lease = std::chrono::milliseconds(0)) override;
 
   /// Reads the committed row of `key` (an encoded key text) in this namespace without claiming
   /// or changing it; nullopt when there is none. A claim still uncommitted in another

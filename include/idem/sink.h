@@ -58,18 +58,35 @@ class IDEM_EXPORT Sink {
   /// `request_id` (at most 64 bytes, else idem::InvalidRequestId): a fresh row is committed
   /// IN_PROGRESS for the sink's lease, and answers kClaimed; a row past its expiry is taken
   /// over. An existing row answers kDuplicate with its state, fingerprint match and response.
-  /// `fingerprint` may be empty (no verdict).
+  /// `fingerprint` may be empty (no verdict). The row is owned by `owner_token` (at most 64
+  /// bytes; the facade gives each attempt its own, a fencing token), or by `request_id` when
+  /// it is empty: complete(), release() and renew() act only for that owner, so an earlier
+  /// attempt of the same request never completes or releases a later attempt's takeover.
   [[nodiscard]] virtual SinkClaim claim(std::string_view key, std::string_view request_id,
-                                        std::string_view fingerprint) = 0;
-  /// Marks the IN_PROGRESS row of `key` owned by `request_id` COMPLETED with `response`
-  /// (size-capped: above the cap only its SHA-256 is kept), kept for `retention` in ms (0: the
-  /// sink's configured retention; < 0: idem::ConfigError). Returns false, changing nothing,
-  /// when there is no such row (its lease ended and another request took the key over).
-  virtual bool complete(std::string_view key, std::string_view request_id,
-                        std::string_view response, std::chrono::milliseconds retention) = 0;
-  /// Deletes the IN_PROGRESS row of `key` owned by `request_id`, so the operation may be
-  /// retried. Never deletes another request's or a completed row. Returns whether it deleted.
-  virtual bool release(std::string_view key, std::string_view request_id) = 0;
+                                        std::string_view fingerprint,
+                                        std::string_view owner_token = {}) = 0;
+  /// Marks the IN_PROGRESS row of `key` owned by `owner` (the claim's owner token, or its
+  /// request ID when it had none) COMPLETED with `response` (size-capped: above the cap only its
+  /// SHA-256 is kept), kept for `retention` in ms (0: the sink's configured retention; < 0:
+  /// idem::ConfigError). Returns false, changing nothing, when there is no such row (its lease
+  /// ended and another attempt took the key over, or it is completed already).
+  virtual bool complete(std::string_view key, std::string_view owner, std::string_view response,
+                        std::chrono::milliseconds retention) = 0;
+  /// Deletes the IN_PROGRESS row of `key` owned by `owner`, so the operation may be retried.
+  /// Never deletes another owner's or a completed row. Returns whether it deleted.
+  virtual bool release(std::string_view key, std::string_view owner) = 0;
+  /// Extends the IN_PROGRESS row of `key` owned by `owner` to at least `lease` (ms; 0: the
+  /// sink's configured lease; < 0: idem::ConfigError) from now. Returns false when the row is
+  /// no longer `owner`'s (its lease ended and it was taken over) or is completed. The facade
+  /// renews the row with the Redis lease while a run() handler works. Default: nothing to renew
+  /// (true), for sinks written before it.
+  virtual bool renew(std::string_view key, std::string_view owner,
+                     std::chrono::milliseconds lease) {
+    (void)key;
+    (void)owner;
+    (void)lease;
+    return true;
+  }
 };
 
 }  // namespace idem

@@ -68,7 +68,7 @@ class LoopGuardShape final : public Guard {
 // What the plan knows of the sink the driver reaches on the loop: that there is one.
 class LoopSinkShape final : public Sink {
  public:
-  SinkClaim claim(std::string_view, std::string_view, std::string_view) override {
+  SinkClaim claim(std::string_view, std::string_view, std::string_view, std::string_view) override {
     throw not_on_the_loop();
   }
   bool complete(std::string_view, std::string_view, std::string_view,
@@ -76,6 +76,9 @@ class LoopSinkShape final : public Sink {
     throw not_on_the_loop();
   }
   bool release(std::string_view, std::string_view) override { throw not_on_the_loop(); }
+  bool renew(std::string_view, std::string_view, std::chrono::milliseconds) override {
+    throw not_on_the_loop();
+  }
 };
 
 // The error a backend step gets when the call's deadline passed before or during it: retryable,
@@ -129,16 +132,20 @@ struct LoopBackends {
     co_return guard->renew(key, token, lease);
   }
   asio::awaitable<SinkClaim> sink_claim(const Step& s) {
-    if (pg) co_return co_await pg->claim(s.key, s.request_id, s.fingerprint);
-    co_return sink->claim(s.key, s.request_id, s.fingerprint);
+    if (pg) co_return co_await pg->claim(s.key, s.request_id, s.fingerprint, s.owner_token);
+    co_return sink->claim(s.key, s.request_id, s.fingerprint, s.owner_token);
   }
   asio::awaitable<bool> sink_complete(const Step& s) {
-    if (pg) co_return co_await pg->complete(s.key, s.request_id, s.value, s.ttl);
-    co_return sink->complete(s.key, s.request_id, s.value, s.ttl);
+    if (pg) co_return co_await pg->complete(s.key, s.owner_token, s.value, s.ttl);
+    co_return sink->complete(s.key, s.owner_token, s.value, s.ttl);
   }
   asio::awaitable<bool> sink_release(const Step& s) {
-    if (pg) co_return co_await pg->release(s.key, s.request_id);
-    co_return sink->release(s.key, s.request_id);
+    if (pg) co_return co_await pg->release(s.key, s.owner_token);
+    co_return sink->release(s.key, s.owner_token);
+  }
+  asio::awaitable<bool> sink_renew(std::string_view key, std::string_view owner) {
+    if (pg) co_return co_await pg->renew(key, owner, std::chrono::milliseconds(0));
+    co_return sink->renew(key, owner, std::chrono::milliseconds(0));
   }
   void close() {
     if (redis) redis->close();
@@ -264,7 +271,8 @@ AsyncCall::AsyncCall(std::shared_ptr<AsyncDeduplicator::Impl> dedup, Request req
     : dedup_(std::move(dedup)),
       request_(std::move(request)),
       plan_(dedup_->rules, request_, mode, SteadyClock::now(), std::chrono::system_clock::now(),
-            request_.request_id.empty() ? dedup_->owner_ids.next() : std::string(),
+            CallPlan::needs_attempt_id(dedup_->rules, request_, mode) ? dedup_->owner_ids.next()
+                                                                      : std::string(),
             stop_.get_token()),
       handler_(std::move(handler)),
       completion_(std::move(completion)),
@@ -515,15 +523,17 @@ asio::awaitable<void> AsyncCall::renew_in_background(std::shared_ptr<AsyncCall> 
 }
 
 asio::awaitable<bool> AsyncCall::renew() {
-  if (!plan_.holds_claim()) co_return true;
+  if (!plan_.holds_claim() && !plan_.holds_sink_row()) co_return true;
   const RenewalStep step = plan_.renewal();
   // Copies: the plan's views end with the claim, which may end while this is under way.
   const std::string key(step.key);
   const std::string token(step.owner_token);
+  const std::string sink_owner(step.sink_owner);
   const PlanTime sent = SteadyClock::now();
-  bool owned = false;
+  bool owned = true;
   try {
-    owned = co_await dedup_->backends.renew(key, token, step.lease);
+    if (!token.empty()) owned = co_await dedup_->backends.renew(key, token, step.lease);
+    if (!sink_owner.empty()) owned = co_await dedup_->backends.sink_renew(key, sink_owner) && owned;
   } catch (...) {
     if (handler_running_) plan_.renewal_failed(sent);
     throw;

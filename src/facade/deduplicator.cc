@@ -117,13 +117,19 @@ class BlockingCall final : public detail::CallState {
     detail::RenewalStep step;
     {
       std::lock_guard lock(mutex_);
-      if (!plan_.holds_claim()) return true;
+      if (!plan_.holds_claim() && !plan_.holds_sink_row()) return true;
       step = plan_.renewal();
     }
     const auto sent = SteadyClock::now();
-    bool owned = false;
+    bool owned = true;
     try {
-      owned = options_.guard->renew(step.key, step.owner_token, step.lease);
+      if (!step.owner_token.empty()) {
+        owned = options_.guard->renew(step.key, step.owner_token, step.lease);
+      }
+      if (!step.sink_owner.empty()) {
+        owned =
+            options_.sink->renew(step.key, step.sink_owner, std::chrono::milliseconds(0)) && owned;
+      }
     } catch (...) {
       std::lock_guard lock(mutex_);
       plan_.renewal_failed(sent);
@@ -280,16 +286,20 @@ void BlockingCall::perform(const detail::Step& step, const Handler& handler) {
               [&](bool) { plan_.done(); });
       return;
     case StepKind::kSinkClaim:
-      perform([&] { return options_.sink->claim(step.key, step.request_id, step.fingerprint); },
-              [&](SinkClaim claim) { plan_.sink_claim_result(std::move(claim)); });
+      perform(
+          [&] {
+            return options_.sink->claim(step.key, step.request_id, step.fingerprint,
+                                        step.owner_token);
+          },
+          [&](SinkClaim claim) { plan_.sink_claim_result(std::move(claim)); });
       return;
     case StepKind::kSinkComplete:
       perform(
-          [&] { return options_.sink->complete(step.key, step.request_id, step.value, step.ttl); },
+          [&] { return options_.sink->complete(step.key, step.owner_token, step.value, step.ttl); },
           [&](bool) { plan_.done(); });
       return;
     case StepKind::kSinkRelease:
-      perform([&] { return options_.sink->release(step.key, step.request_id); },
+      perform([&] { return options_.sink->release(step.key, step.owner_token); },
               [&](bool) { plan_.done(); });
       return;
     case StepKind::kRunHandler:
@@ -465,9 +475,12 @@ Outcome Deduplicator::run_handler(const Request& request, bool transactional,
         "idem: run_transactional needs a PgSink (its handler writes in the PostgreSQL "
         "transaction); use run() with another sink");
   }
-  BlockingCall call(impl_->rules, request,
-                    transactional ? detail::CallMode::kTransactional : detail::CallMode::kRun,
-                    request.request_id.empty() ? impl_->owner_ids.next() : std::string(),
+  const detail::CallMode mode =
+      transactional ? detail::CallMode::kTransactional : detail::CallMode::kRun;
+  BlockingCall call(impl_->rules, request, mode,
+                    detail::CallPlan::needs_attempt_id(impl_->rules, request, mode)
+                        ? impl_->owner_ids.next()
+                        : std::string(),
                     impl_->shutdown.get_token(),
                     impl_->local_cache ? &*impl_->local_cache : nullptr, impl_->pg, impl_->renewer);
   return call.drive(handler);

@@ -93,7 +93,13 @@ CallPlan::CallPlan(const PlanRules& rules, const Request& request, CallMode mode
       wall_start_(wall_now),
       shutdown_(std::move(shutdown)),
       now_(now),
-      sink_owner_(request.request_id.empty() ? std::move(attempt_id) : request.request_id) {}
+      sink_owner_(request.request_id.empty() ? attempt_id : request.request_id),
+      attempt_id_(std::move(attempt_id)) {}
+
+bool CallPlan::needs_attempt_id(const PlanRules& rules, const Request& request,
+                                CallMode mode) noexcept {
+  return request.request_id.empty() || (mode == CallMode::kRun && rules.options().sink != nullptr);
+}
 
 // ---- steps -----------------------------------------------------------------------------------
 
@@ -104,7 +110,7 @@ Step CallPlan::next(PlanTime now) {
     // The handler starts now: its lease is renewed from here on.
     handler_clock_started_ = true;
     const auto interval = rules_.options_.auto_renew_interval;
-    renewing_ = interval.count() > 0 && holds_claim();
+    renewing_ = interval.count() > 0 && (holds_claim() || holds_sink_row_);
     next_renewal_ = now + interval;
   }
   if (state_ == State::kEmit) {
@@ -155,6 +161,7 @@ Step CallPlan::next(PlanTime now) {
     case State::kStoreClaim:
       step.kind = StepKind::kSinkClaim;
       step.request_id = sink_owner_;
+      step.owner_token = sink_token();  // kRun: the row's fencing token
       step.fingerprint = record_fingerprint_;
       step.ttl = record_retention();
       break;
@@ -165,6 +172,7 @@ Step CallPlan::next(PlanTime now) {
     case State::kStoreComplete:
       step.kind = StepKind::kSinkComplete;
       step.request_id = sink_owner_;
+      step.owner_token = sink_token();
       step.fingerprint = record_fingerprint_;  // transactional: the whole record is written now
       step.value = response_;
       step.ttl = record_retention();
@@ -181,6 +189,7 @@ Step CallPlan::next(PlanTime now) {
     case State::kFailureSinkRelease:
       step.kind = StepKind::kSinkRelease;
       step.request_id = sink_owner_;
+      step.owner_token = sink_token();
       break;
     case State::kLocalPut:
       step.kind = StepKind::kLocalPut;
@@ -394,6 +403,7 @@ void CallPlan::sink_claim_result(SinkClaim claim) {
   }
   std::optional<Outcome> stopped = decide_on_sink(std::move(claim));
   if (!stopped) {
+    holds_sink_row_ = !transactional();
     enter_handler();
   } else if (transactional()) {
     outcome_ = *std::move(stopped);
@@ -440,6 +450,7 @@ void CallPlan::done() {
       }
       return;
     case State::kSinkComplete:
+      holds_sink_row_ = false;
       if (transactional()) {
         go(State::kCommit);
       } else {
@@ -458,6 +469,7 @@ void CallPlan::done() {
       }
       return;
     case State::kFailureSinkRelease:
+      holds_sink_row_ = false;
       emit_or_end();
       return;
     case State::kStoreBegin:
@@ -558,6 +570,7 @@ void CallPlan::fail(std::exception_ptr error) {
     case State::kSinkComplete:
       if (!transactional()) {
         record_backend_error(Layer::kPgSink);  // the row's lease ends it; the effect happened
+        holds_sink_row_ = false;
         finish_executed();
         return;
       }
@@ -773,12 +786,14 @@ void CallPlan::emit_or_end() {
 // ---- the lease ------------------------------------------------------------------------------
 
 std::optional<PlanTime> CallPlan::renewal_due() const noexcept {
-  if (!renewing_ || !holds_claim()) return std::nullopt;
+  if (!renewing_ || (!holds_claim() && !holds_sink_row_)) return std::nullopt;
   return next_renewal_;
 }
 
 RenewalStep CallPlan::renewal() const noexcept {
-  return RenewalStep{key_, owner_token_, rules_.guard_lease_};
+  // The sink's row of a run() call is renewed with the Redis lease (the sink's own lease).
+  const std::string_view sink_owner = holds_sink_row_ ? sink_token() : std::string_view();
+  return RenewalStep{key_, owner_token_, rules_.guard_lease_, sink_owner};
 }
 
 void CallPlan::renewed(PlanTime now, bool owned) noexcept {

@@ -102,6 +102,9 @@ struct RenewalStep {
   std::string_view key{};              ///< The claimed key.
   std::string_view owner_token{};      ///< The claim's owner token.
   std::chrono::milliseconds lease{0};  ///< Guard::renew(key, owner_token, lease).
+  /// The owner of the sink's row of a run() call, renewed with it: Sink::renew(key, sink_owner,
+  /// 0). Empty when the call holds no sink row.
+  std::string_view sink_owner{};
 };
 
 /// One call. Built by the driver when the call starts; lives until it returns or throws.
@@ -111,6 +114,11 @@ class CallPlan {
   /// wall clock at the start (time buckets of fallback keys), `attempt_id` a fresh unique ID of
   /// this call (the sink's owner when the request has no request ID). `shutdown` is the
   /// deduplicator's stop token.
+  /// Whether a call of `request` in `mode` needs an `attempt_id` from its driver: when the
+  /// request has no request ID, and for run() with a sink (its row's fencing token). Otherwise
+  /// the plan ignores it, and a driver may pass an empty one.
+  [[nodiscard]] static bool needs_attempt_id(const PlanRules& rules, const Request& request,
+                                             CallMode mode) noexcept;
   CallPlan(const PlanRules& rules, const Request& request, CallMode mode, PlanTime now,
            std::chrono::system_clock::time_point wall_now, std::string attempt_id,
            std::stop_token shutdown);
@@ -155,6 +163,8 @@ class CallPlan {
   void renewal_failed(PlanTime now) noexcept;
   /// Whether this call holds a Redis claim now.
   [[nodiscard]] bool holds_claim() const noexcept { return !owner_token_.empty(); }
+  /// Whether this call holds an IN_PROGRESS sink row of its own now (run() with a sink).
+  [[nodiscard]] bool holds_sink_row() const noexcept { return holds_sink_row_; }
   /// Time left on the claim's lease at `now` (by the driver's clock: Redis' own TTL decides);
   /// zero without a claim.
   [[nodiscard]] std::chrono::milliseconds remaining_lease(PlanTime now) const noexcept;
@@ -225,6 +235,10 @@ class CallPlan {
   [[nodiscard]] std::chrono::milliseconds local_ttl() const noexcept;
   [[nodiscard]] bool stop_requested() const noexcept;
   [[nodiscard]] bool transactional() const noexcept { return mode_ == CallMode::kTransactional; }
+  // The owner token of this call's sink row: its attempt ID, or its request ID without one.
+  [[nodiscard]] const std::string& sink_token() const noexcept {
+    return attempt_id_.empty() ? sink_owner_ : attempt_id_;
+  }
   // Whether this call claims and completes a record in the sink.
   [[nodiscard]] bool sink_records() const noexcept {
     return rules_.options_.sink && claim_rows_ &&
@@ -239,6 +253,7 @@ class CallPlan {
   const std::stop_token shutdown_;
   PlanTime now_;            // as the driver last said
   std::string sink_owner_;  // request ID, or the attempt ID when the request has none
+  std::string attempt_id_;  // this attempt's own ID: the fencing token of its run() sink row
   State state_ = State::kStart;
 
   std::string key_;
@@ -261,7 +276,8 @@ class CallPlan {
   // The lease while the handler runs.
   PlanTime lease_deadline_{};
   bool lease_lost_ = false;
-  bool renewing_ = false;  // automatic renewal is on for this call
+  bool renewing_ = false;        // automatic renewal is on for this call
+  bool holds_sink_row_ = false;  // run(): the sink's row claimed by this attempt, not finished
   PlanTime next_renewal_{};
 
   // The end.

@@ -138,17 +138,24 @@ asio::awaitable<PgResultPtr> AsyncPgSink::exec(const std::string& sql, PgParams 
 }
 
 asio::awaitable<SinkClaim> AsyncPgSink::claim(std::string_view key, std::string_view request_id,
-                                              std::string_view fingerprint) {
+                                              std::string_view fingerprint,
+                                              std::string_view owner_token) {
   validate_key_text(key);
   if (request_id.size() > kMaxRequestIdBytes) {
     throw InvalidRequestId("idem: request ID longer than 64 bytes");
   }
+  validate_sink_owner(owner_token);
   const std::string k(key);
+  const std::string owner(owner_token.empty() ? request_id : owner_token);
   for (int attempt = 0; attempt < kClaimAttempts; ++attempt) {
     PgResultPtr inserted;
     try {
-      PgParams insert{options_.ns, k, std::string(request_id), std::string(fingerprint),
-                      ms_text(options_.lease)};
+      PgParams insert{options_.ns,
+                      k,
+                      std::string(request_id),
+                      std::string(fingerprint),
+                      ms_text(options_.lease),
+                      owner};
       inserted = co_await exec(sql_.claim, std::move(insert), true);
     } catch (const PostgresError& error) {
       if (error.sqlstate() != kLockNotAvailable) throw;
@@ -176,7 +183,7 @@ asio::awaitable<SinkClaim> AsyncPgSink::claim(std::string_view key, std::string_
   throw PostgresError("idem: postgres: the row of the key kept changing during claim", true);
 }
 
-asio::awaitable<bool> AsyncPgSink::complete(std::string_view key, std::string_view request_id,
+asio::awaitable<bool> AsyncPgSink::complete(std::string_view key, std::string_view owner,
                                             std::string_view response,
                                             std::chrono::milliseconds retention) {
   if (retention.count() < 0) throw ConfigError("idem: a sink retention must not be negative");
@@ -190,15 +197,23 @@ asio::awaitable<bool> AsyncPgSink::complete(std::string_view key, std::string_vi
                   capped ? std::nullopt : std::optional<std::string>(bytea_literal(response)),
                   capped ? std::optional<std::string>(sha256_hex(response)) : std::nullopt,
                   ms_text(keep),
-                  std::string(request_id)};
+                  std::string(owner)};
   const PgResultPtr updated = co_await exec(sql_.complete, std::move(params), false);
   co_return std::string_view(PQcmdTuples(updated.get())) == "1";
 }
 
-asio::awaitable<bool> AsyncPgSink::release(std::string_view key, std::string_view request_id) {
-  PgParams params{options_.ns, std::string(key), std::string(request_id)};
+asio::awaitable<bool> AsyncPgSink::release(std::string_view key, std::string_view owner) {
+  PgParams params{options_.ns, std::string(key), std::string(owner)};
   const PgResultPtr deleted = co_await exec(sql_.release, std::move(params), false);
   co_return std::string_view(PQcmdTuples(deleted.get())) == "1";
+}
+
+asio::awaitable<bool> AsyncPgSink::renew(std::string_view key, std::string_view owner,
+                                         std::chrono::milliseconds lease) {
+  PgParams params{options_.ns, std::string(key), std::string(owner),
+                  ms_text(sink_lease(options_, lease))};
+  const PgResultPtr updated = co_await exec(sql_.renew, std::move(params), false);
+  co_return std::string_view(PQcmdTuples(updated.get())) == "1";
 }
 
 }  // namespace idem::detail

@@ -46,14 +46,18 @@ class AsyncPgSink {
   AsyncPgSink& operator=(const AsyncPgSink&) = delete;
   ~AsyncPgSink();
 
-  /// As PgSink::claim(key, request_id, fingerprint): committed on its own for the lease.
+  /// As PgSink::claim(key, request_id, fingerprint, owner_token): committed on its own for the
+  /// lease, owned by `owner_token` (by `request_id` when empty).
   asio::awaitable<SinkClaim> claim(std::string_view key, std::string_view request_id,
-                                   std::string_view fingerprint);
-  /// As PgSink::complete(key, request_id, response, retention).
-  asio::awaitable<bool> complete(std::string_view key, std::string_view request_id,
+                                   std::string_view fingerprint, std::string_view owner_token);
+  /// As PgSink::complete(key, owner, response, retention).
+  asio::awaitable<bool> complete(std::string_view key, std::string_view owner,
                                  std::string_view response, std::chrono::milliseconds retention);
-  /// As PgSink::release(key, request_id).
-  asio::awaitable<bool> release(std::string_view key, std::string_view request_id);
+  /// As PgSink::release(key, owner).
+  asio::awaitable<bool> release(std::string_view key, std::string_view owner);
+  /// As PgSink::renew(key, owner, lease); `lease` 0 is the configured one.
+  asio::awaitable<bool> renew(std::string_view key, std::string_view owner,
+                              std::chrono::milliseconds lease);
 
   [[nodiscard]] const PgSinkOptions& options() const noexcept { return options_; }
   /// The connections, for tests.

@@ -1,5 +1,6 @@
 #include "idem/memory_sink.h"
 
+#include <algorithm>
 #include <mutex>
 #include <utility>
 
@@ -16,6 +17,7 @@ constexpr std::size_t kMaxRequestIdBytes = 64;  // as PgSink's request_id varcha
 
 struct Row {
   std::string request_id;
+  std::string owner;  // the claim's owner token, or its request ID
   std::string fingerprint;
   RecordState state = RecordState::kInProgress;
   std::optional<std::string> response{};
@@ -30,9 +32,9 @@ struct InMemorySink::State {
       : options(std::move(opts)), rows(options.max_records, "InMemorySink") {}
 
   // The live IN_PROGRESS row of `key` owned by `request_id`. Caller holds `mutex`.
-  Row* owned(std::string_view key, std::string_view request_id, std::int64_t now) {
+  Row* owned(std::string_view key, std::string_view owner, std::int64_t now) {
     Row* row = rows.live(key, now);
-    return row != nullptr && row->state == RecordState::kInProgress && row->request_id == request_id
+    return row != nullptr && row->state == RecordState::kInProgress && row->owner == owner
                ? row
                : nullptr;
   }
@@ -53,7 +55,7 @@ InMemorySink::InMemorySink(InMemorySinkOptions options) {
 InMemorySink::~InMemorySink() = default;
 
 SinkClaim InMemorySink::claim(std::string_view key, std::string_view request_id,
-                              std::string_view fingerprint) {
+                              std::string_view fingerprint, std::string_view owner_token) {
   validate_key_text(key);
   if (request_id.size() > kMaxRequestIdBytes) {
     throw InvalidRequestId("idem: request ID longer than 64 bytes");
@@ -72,6 +74,7 @@ SinkClaim InMemorySink::claim(std::string_view key, std::string_view request_id,
   }
   state_->rows.put(key,
                    Row{.request_id = std::string(request_id),
+                       .owner = std::string(owner_token.empty() ? request_id : owner_token),
                        .fingerprint = std::string(fingerprint),
                        .state = RecordState::kInProgress,
                        .response = std::nullopt,
@@ -81,15 +84,15 @@ SinkClaim InMemorySink::claim(std::string_view key, std::string_view request_id,
   return answer;
 }
 
-bool InMemorySink::complete(std::string_view key, std::string_view request_id,
-                            std::string_view response, std::chrono::milliseconds retention) {
+bool InMemorySink::complete(std::string_view key, std::string_view owner, std::string_view response,
+                            std::chrono::milliseconds retention) {
   if (retention.count() < 0) throw ConfigError("idem: a sink retention must not be negative");
   if (retention.count() == 0) retention = state_->options.retention;
   const bool capped = response.size() > state_->options.max_response_bytes;
   std::string sha = capped ? detail::sha256_hex(response) : std::string();
   const std::int64_t now = state_->options.clock->now_ms();
   std::lock_guard lock(state_->mutex);
-  Row* row = state_->owned(key, request_id, now);
+  Row* row = state_->owned(key, owner, now);
   if (row == nullptr) return false;
   row->state = RecordState::kCompleted;
   if (capped) {
@@ -102,11 +105,23 @@ bool InMemorySink::complete(std::string_view key, std::string_view request_id,
   return true;
 }
 
-bool InMemorySink::release(std::string_view key, std::string_view request_id) {
+bool InMemorySink::release(std::string_view key, std::string_view owner) {
   const std::int64_t now = state_->options.clock->now_ms();
   std::lock_guard lock(state_->mutex);
-  if (state_->owned(key, request_id, now) == nullptr) return false;
+  if (state_->owned(key, owner, now) == nullptr) return false;
   state_->rows.erase(key);
+  return true;
+}
+
+bool InMemorySink::renew(std::string_view key, std::string_view owner,
+                         std::chrono::milliseconds lease) {
+  if (lease.count() < 0) throw ConfigError("idem: a sink lease must not be negative");
+  if (lease.count() == 0) lease = state_->options.lease;
+  const std::int64_t now = state_->options.clock->now_ms();
+  std::lock_guard lock(state_->mutex);
+  Row* row = state_->owned(key, owner, now);
+  if (row == nullptr) return false;
+  row->expires_ms = std::max(row->expires_ms, now + lease.count());
   return true;
 }
 
@@ -118,6 +133,7 @@ std::optional<RecordInfo> InMemorySink::inspect(std::string_view key) const {
   RecordInfo info;
   info.state = row->state;
   info.request_id = row->request_id;
+  info.owner_token = row->owner;
   info.fingerprint = row->fingerprint;
   info.ttl = std::chrono::milliseconds(row->expires_ms - now);
   if (row->response) info.response_bytes = row->response->size();

@@ -27,6 +27,7 @@ namespace {
 constexpr std::size_t kMaxRequestIdBytes = 64;  // request_id varchar(64)
 constexpr int kClaimAttempts = 3;  // an expired or vanished row is retried, not looped on
 constexpr const char* kLockNotAvailable = "55P03";
+constexpr std::size_t kMaxOwnerTokenBytes = 64;
 
 // The sink's prepared statements, by index into PgSink::Impl::sql.
 enum Statement : std::size_t {
@@ -37,6 +38,7 @@ enum Statement : std::size_t {
   kRecord,
   kComplete,
   kRelease,
+  kRenew,
   kPurge,
   kInspect,
   kLockRow,
@@ -44,9 +46,9 @@ enum Statement : std::size_t {
   kCount
 };
 constexpr std::array<const char*, kCount> kStatementNames{
-    "idem_claim",   "idem_lock_key", "idem_lookup",  "idem_take_over",
-    "idem_record",  "idem_complete", "idem_release", "idem_purge",
-    "idem_inspect", "idem_lock_row", "idem_evict"};
+    "idem_claim",  "idem_lock_key", "idem_lookup",   "idem_take_over",
+    "idem_record", "idem_complete", "idem_release",  "idem_renew",
+    "idem_purge",  "idem_inspect",  "idem_lock_row", "idem_evict"};
 
 double to_ms(std::chrono::milliseconds duration) { return static_cast<double>(duration.count()); }
 
@@ -113,8 +115,8 @@ std::array<std::string, kCount> statements(const std::string& table) {
   // volatile CTE is evaluated once, never inlined); ON CONFLICT sees committed rows whatever
   // the statement's snapshot.
   sql[kClaim] = "WITH key_lock AS (SELECT " + key_lock + ") INSERT INTO " + table +
-                " (ns, key, request_id, fingerprint, expires_at)"
-                " SELECT $1, $2, $3, $4, now() + $5::float8 * interval '1 ms' FROM key_lock"
+                " (ns, key, request_id, fingerprint, expires_at, owner_token)"
+                " SELECT $1, $2, $3, $4, now() + $5::float8 * interval '1 ms', $6 FROM key_lock"
                 " ON CONFLICT (ns, key) DO NOTHING RETURNING 1";
   sql[kLockKey] = "SELECT " + key_lock;
   sql[kLookup] =
@@ -128,14 +130,18 @@ std::array<std::string, kCount> statements(const std::string& table) {
                  " (ns, key, request_id, fingerprint, state, response, response_sha256, expires_at)"
                  " VALUES ($1, $2, $3, $4, 'completed', $5, $6, now() + $7::float8 * interval "
                  "'1 ms')";
-  // $6: the owner's request ID in non-transactional mode; NULL inside the claiming transaction.
+  // $6: the claim's owner token in non-transactional mode (fencing: an earlier attempt of the
+  // same request never completes a later one's takeover); NULL inside the claiming transaction.
   sql[kComplete] = "UPDATE " + table +
                    " SET state = 'completed', response = $3, response_sha256 = $4,"
                    " expires_at = now() + $5::float8 * interval '1 ms'"
                    " WHERE ns = $1 AND key = $2 AND state = 'in_progress'"
-                   " AND request_id = coalesce($6, request_id)";
+                   " AND owner_token = coalesce($6, owner_token)";
   sql[kRelease] = "DELETE FROM " + table +
-                  " WHERE ns = $1 AND key = $2 AND request_id = $3 AND state = 'in_progress'";
+                  " WHERE ns = $1 AND key = $2 AND owner_token = $3 AND state = 'in_progress'";
+  sql[kRenew] = "UPDATE " + table +
+                " SET expires_at = greatest(expires_at, now() + $4::float8 * interval '1 ms')"
+                " WHERE ns = $1 AND key = $2 AND owner_token = $3 AND state = 'in_progress'";
   sql[kPurge] = "DELETE FROM " + table + " WHERE ctid = ANY (ARRAY(SELECT ctid FROM " + table +
                 " WHERE expires_at <= now() ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED))";
   // Times in whole ms: the TTL by the server's clock, and the expiry since the Unix epoch.
@@ -273,16 +279,21 @@ struct PgSink::Impl {
     }
   }
 
+  // `owner` is the claim's owner token (complete/release/renew check it); `request_id` when
+  // empty.
   SinkClaim claim(pqxx::transaction_base& tx, std::string_view key, std::string_view request_id,
-                  std::string_view fingerprint, std::chrono::milliseconds expiry) const {
+                  std::string_view fingerprint, std::chrono::milliseconds expiry,
+                  std::string_view owner = {}) const {
     validate_claim(key, request_id);
+    detail::validate_sink_owner(owner);
     const std::string k(key);
     const std::string rid(request_id);
     const std::string fp(fingerprint);
+    const std::string own(owner.empty() ? request_id : owner);
     return detail::translating([&] {
       try {
         for (int attempt = 0; attempt < kClaimAttempts; ++attempt) {
-          if (!exec(tx, kClaim, options.ns, k, rid, fp, to_ms(expiry)).empty()) {
+          if (!exec(tx, kClaim, options.ns, k, rid, fp, to_ms(expiry), own).empty()) {
             return SinkClaim{};
           }
           const pqxx::result found = exec(tx, kLookup, options.ns, k);
@@ -454,31 +465,43 @@ bool PgSink::run_business_write(pqxx::transaction_base& tx,
 }
 
 SinkClaim PgSink::claim(std::string_view key, std::string_view request_id,
-                        std::string_view fingerprint) {
+                        std::string_view fingerprint, std::string_view owner_token) {
   return impl_->with_connection([&](pqxx::connection& conn) {
     return impl_->autocommit(
         conn,
         [&](pqxx::transaction_base& tx) {
-          return impl_->claim(tx, key, request_id, fingerprint, impl_->options.lease);
+          return impl_->claim(tx, key, request_id, fingerprint, impl_->options.lease, owner_token);
         },
         // A lock timeout (kInProgress) aborted the transaction: nothing to commit.
         [](const SinkClaim& claim) { return claim.status != SinkStatus::kInProgress; });
   });
 }
 
-bool PgSink::complete(std::string_view key, std::string_view request_id, std::string_view response,
+bool PgSink::complete(std::string_view key, std::string_view owner, std::string_view response,
                       std::chrono::milliseconds retention) {
   return impl_->with_connection([&](pqxx::connection& conn) {
     return impl_->autocommit(conn, [&](pqxx::transaction_base& tx) {
-      return impl_->complete(tx, key, response, std::string(request_id), retention);
+      return impl_->complete(tx, key, response, std::string(owner), retention);
     });
   });
 }
 
-bool PgSink::release(std::string_view key, std::string_view request_id) {
+bool PgSink::release(std::string_view key, std::string_view owner) {
   return impl_->with_connection([&](pqxx::connection& conn) {
     return impl_->autocommit(conn, [&](pqxx::transaction_base& tx) {
-      return impl_->exec(tx, kRelease, impl_->options.ns, std::string(key), std::string(request_id))
+      return impl_->exec(tx, kRelease, impl_->options.ns, std::string(key), std::string(owner))
+                 .affected_rows() == 1;
+    });
+  });
+}
+
+bool PgSink::renew(std::string_view key, std::string_view owner, std::chrono::milliseconds lease) {
+  const std::chrono::milliseconds extend = detail::sink_lease(impl_->options, lease);
+  return impl_->with_connection([&](pqxx::connection& conn) {
+    return impl_->autocommit(conn, [&](pqxx::transaction_base& tx) {
+      return impl_
+                 ->exec(tx, kRenew, impl_->options.ns, std::string(key), std::string(owner),
+                        to_ms(extend))
                  .affected_rows() == 1;
     });
   });
@@ -638,11 +661,25 @@ bool PgCall::business_write(const PgSink& sink, const std::function<void()>& han
 
 // ---- what the async sink shares (src/sink/statements.h) ----------------------------------------
 
+void validate_sink_owner(std::string_view owner_token) {
+  if (owner_token.size() > kMaxOwnerTokenBytes) {
+    throw InvalidKey("idem: a sink owner token is at most 64 bytes");
+  }
+}
+
+std::chrono::milliseconds sink_lease(const PgSinkOptions& options,
+                                     std::chrono::milliseconds lease) {
+  if (lease.count() < 0) throw ConfigError("idem: a sink lease must not be negative");
+  return lease.count() > 0 ? lease
+                           : std::chrono::duration_cast<std::chrono::milliseconds>(options.lease);
+}
+
 SinkStatements sink_statements(const PgSinkOptions& options) {
   std::array<std::string, kCount> sql =
       statements(quote_identifier(options.schema) + "." + quote_identifier(options.table));
-  return SinkStatements{std::move(sql[kClaim]), std::move(sql[kLookup]), std::move(sql[kTakeOver]),
-                        std::move(sql[kComplete]), std::move(sql[kRelease])};
+  return SinkStatements{std::move(sql[kClaim]),    std::move(sql[kLookup]),
+                        std::move(sql[kTakeOver]), std::move(sql[kComplete]),
+                        std::move(sql[kRelease]),  std::move(sql[kRenew])};
 }
 
 SinkClaim existing_claim(StoredRow row, std::string_view request_id, std::string_view fingerprint) {

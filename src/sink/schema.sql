@@ -36,3 +36,13 @@ CREATE TABLE IF NOT EXISTS :"schema".:"table" (
 );
 CREATE INDEX IF NOT EXISTS :"expires_index" ON :"schema".:"table" (expires_at);
 INSERT INTO :"schema".:"versions" (version) VALUES (1) ON CONFLICT DO NOTHING;
+
+-- idem:migration 2
+-- Fencing per attempt: the owner token of the attempt that claimed the row (the request ID for
+-- rows claimed before, and by callers that give no token; '' for a transaction's completed
+-- record). complete, release and renew of a non-transactional claim check it, so an earlier
+-- attempt of the same request never completes or releases a later attempt's takeover.
+ALTER TABLE :"schema".:"table" ADD COLUMN IF NOT EXISTS owner_token text NOT NULL DEFAULT '';
+UPDATE :"schema".:"table" SET owner_token = request_id
+  WHERE owner_token = '' AND state = 'in_progress';
+INSERT INTO :"schema".:"versions" (version) VALUES (2) ON CONFLICT DO NOTHING;

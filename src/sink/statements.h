@@ -4,6 +4,7 @@
 // caller's thread, libpq's pipeline mode on a loop). Defined in pg_sink.cc.
 #pragma once
 
+#include <chrono>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -16,14 +17,23 @@ namespace idem::detail {
 /// Throws idem::ConfigError when `options` cannot work (PgSink's constructor runs it too).
 void validate_sink_options(const PgSinkOptions& options);
 
+/// Throws idem::InvalidKey when a sink owner token is longer than 64 bytes (its column's size).
+void validate_sink_owner(std::string_view owner_token);
+/// The lease a renewal extends a row to: `lease`, or the configured one when 0 (< 0:
+/// idem::ConfigError).
+[[nodiscard]] std::chrono::milliseconds sink_lease(const PgSinkOptions& options,
+                                                   std::chrono::milliseconds lease);
+
 /// The text of PgSink's statements for the records table of `options` (parameters as PgSink
 /// binds them: $1 ns, $2 key, ...).
 struct SinkStatements {
-  std::string claim;      ///< $3 request_id, $4 fingerprint, $5 expiry in ms: RETURNING 1 or none.
+  std::string claim;      ///< $3 request_id, $4 fingerprint, $5 expiry in ms, $6 owner token:
+                          ///< RETURNING 1 or none.
   std::string lookup;     ///< state, fingerprint, request_id, response, response_sha256, expired.
   std::string take_over;  ///< Deletes the key's row when it expired.
   std::string complete;   ///< $3 response, $4 response_sha256, $5 retention ms, $6 owner or NULL.
-  std::string release;    ///< $3 request_id: deletes its IN_PROGRESS row.
+  std::string release;    ///< $3 owner token: deletes its IN_PROGRESS row.
+  std::string renew;      ///< $3 owner token, $4 lease ms: extends its IN_PROGRESS row.
 };
 [[nodiscard]] SinkStatements sink_statements(const PgSinkOptions& options);
 

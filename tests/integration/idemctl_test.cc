@@ -208,12 +208,12 @@ class IdemctlTest : public ::testing::Test {
 TEST_F(IdemctlTest, MigrateTwiceIsIdempotentAndPrintsTheSchemaVersion) {
   const CtlRun first = idemctl(pg_only({"migrate"}));
   ASSERT_EQ(first.code, kOk) << first.describe();
-  EXPECT_TRUE(contains(first.out, "schema version 1 (was 0)")) << first.out;
+  EXPECT_TRUE(contains(first.out, "schema version 2 (was 0)")) << first.out;
   EXPECT_EQ(rows(), 0);  // the table exists now
   const CtlRun second = idemctl(pg_only({"migrate", "--json"}));
   ASSERT_EQ(second.code, kOk) << second.describe();
-  EXPECT_EQ(second.json()["schema_version"], 1);
-  EXPECT_EQ(second.json()["previous_version"], 1);
+  EXPECT_EQ(second.json()["schema_version"], 2);
+  EXPECT_EQ(second.json()["previous_version"], 2);
 }
 
 TEST_F(IdemctlTest, InspectShowsAClaimInBothBackendsThenItsCompletion) {

@@ -229,6 +229,42 @@ TEST_F(PgSinkTest, AnExpiredRowIsTakenOverAndPurgedInBatches) {
   EXPECT_THROW((void)sink_->purge_expired(0), ConfigError);
 }
 
+// Fencing per attempt: rows were owned by their request ID, so an earlier attempt of a request
+// could complete or release a later attempt's takeover of the same key.
+TEST_F(PgSinkTest, AnOwnerTokenFencesAnEarlierAttemptOfTheSameRequest) {
+  ASSERT_EQ(sink_->claim("f1", "req-a", "", "attempt-1").status, SinkStatus::kClaimed);
+  EXPECT_TRUE(sink_->renew("f1", "attempt-1"));
+  EXPECT_FALSE(sink_->renew("f1", "req-a"));
+  schema_->exec("UPDATE " + schema_->name() +
+                ".idem_records SET expires_at = now() - interval '1 second' WHERE key = 'f1'");
+  ASSERT_EQ(sink_->claim("f1", "req-a", "", "attempt-2").status, SinkStatus::kClaimed);
+  EXPECT_FALSE(sink_->complete("f1", "attempt-1", "late"));
+  EXPECT_FALSE(sink_->release("f1", "attempt-1"));
+  EXPECT_FALSE(sink_->renew("f1", "attempt-1"));
+  EXPECT_TRUE(sink_->complete("f1", "attempt-2", "done"));
+  EXPECT_EQ(sink_->claim("f1", "req-z", "").response, std::optional<std::string>("done"));
+}
+
+// Migration 2 adds the owner token: a row claimed under migration 1 stays owned by its request ID.
+TEST_F(PgSinkTest, ARowClaimedBeforeTheOwnerTokenStaysOwnedByItsRequestId) {
+  schema_->exec("DROP TABLE " + schema_->name() + ".idem_records");
+  schema_->exec("DELETE FROM " + schema_->name() + ".idem_records_versions WHERE version > 0");
+  const std::string v1 =
+      "CREATE TABLE " + schema_->name() +
+      ".idem_records (ns text NOT NULL, key text NOT NULL, request_id varchar(64) NOT NULL,"
+      " fingerprint text NOT NULL, state text NOT NULL DEFAULT 'in_progress',"
+      " response bytea, response_sha256 text, created_at timestamptz NOT NULL DEFAULT now(),"
+      " expires_at timestamptz NOT NULL, PRIMARY KEY (ns, key))";
+  schema_->exec(v1);
+  schema_->exec("INSERT INTO " + schema_->name() + ".idem_records_versions (version) VALUES (1)");
+  schema_->exec("INSERT INTO " + schema_->name() +
+                ".idem_records (ns, key, request_id, fingerprint, expires_at)"
+                " VALUES ('orders', 'old', 'req-old', '', now() + interval '1 hour')");
+  sink_->migrate();
+  EXPECT_EQ(sink_->schema_version(), 2);
+  EXPECT_TRUE(sink_->complete("old", "req-old", "done"));
+}
+
 TEST_F(PgSinkTest, ResponsesOverTheCapKeepOnlyTheirSha256) {
   PgSinkOptions opts = options();
   opts.max_response_bytes = 3;
@@ -264,7 +300,8 @@ TEST_F(PgSinkTest, MigrateIsIdempotentAndSafeConcurrently) {
   for (auto& thread : threads) thread.join();
   EXPECT_EQ(failures.load(), 0);
   make_sink(opts)->migrate();
-  EXPECT_EQ(schema_->count("SELECT count(*) FROM " + opts.schema + ".idem_records_versions"), 1);
+  // Each migration (1: the table, 2: the owner token) recorded once.
+  EXPECT_EQ(schema_->count("SELECT count(*) FROM " + opts.schema + ".idem_records_versions"), 2);
   EXPECT_EQ(schema_->count("SELECT count(*) FROM pg_indexes WHERE schemaname = '" + opts.schema +
                            "' AND indexname = 'idem_records_expires_at_idx'"),
             1);

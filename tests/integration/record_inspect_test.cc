@@ -103,12 +103,12 @@ class PgSinkInspectTest : public ::testing::Test {
   std::unique_ptr<PgSink> sink_;
 };
 
-TEST_F(PgSinkInspectTest, SchemaVersionIsZeroBeforeMigrateAndOneAfter) {
+TEST_F(PgSinkInspectTest, SchemaVersionIsZeroBeforeMigrateAndTheLatestAfter) {
   EXPECT_EQ(sink_->schema_version(), 0);
   sink_->migrate();
-  EXPECT_EQ(sink_->schema_version(), 1);
+  EXPECT_EQ(sink_->schema_version(), 2);  // 2: the owner token (fencing per attempt)
   sink_->migrate();
-  EXPECT_EQ(sink_->schema_version(), 1);
+  EXPECT_EQ(sink_->schema_version(), 2);
 }
 
 TEST_F(PgSinkInspectTest, ShowsARowThenItsCompletionAndExpiry) {

@@ -171,24 +171,25 @@ SinkClaim SimPostgres::duplicate(const Row& row, std::string_view request_id,
 }
 
 SinkClaim SimPostgres::claim(std::string_view key, std::string_view request_id,
-                             std::string_view fingerprint) {
+                             std::string_view fingerprint, std::string_view owner_token) {
   if (const Row* row = live(key)) return duplicate(*row, request_id, fingerprint);
   if (locks_.contains(key)) {
     SinkClaim busy;
     busy.status = SinkStatus::kInProgress;  // the lock_timeout ran out at once
     return busy;
   }
-  rows_.insert_or_assign(std::string(key),
-                         Row{std::string(request_id), std::string(fingerprint),
-                             RecordState::kInProgress, std::nullopt, now_ + lease_.count()});
+  rows_.insert_or_assign(
+      std::string(key),
+      Row{std::string(request_id), std::string(owner_token.empty() ? request_id : owner_token),
+          std::string(fingerprint), RecordState::kInProgress, std::nullopt, now_ + lease_.count()});
   return SinkClaim{};
 }
 
-bool SimPostgres::complete(std::string_view key, std::string_view request_id,
-                           std::string_view response, std::chrono::milliseconds retention) {
+bool SimPostgres::complete(std::string_view key, std::string_view owner, std::string_view response,
+                           std::chrono::milliseconds retention) {
   const auto found = rows_.find(key);
   if (found == rows_.end() || found->second.expires <= now_ ||
-      found->second.state != RecordState::kInProgress || found->second.request_id != request_id) {
+      found->second.state != RecordState::kInProgress || found->second.owner != owner) {
     return false;
   }
   found->second.state = RecordState::kCompleted;
@@ -197,10 +198,10 @@ bool SimPostgres::complete(std::string_view key, std::string_view request_id,
   return true;
 }
 
-bool SimPostgres::release(std::string_view key, std::string_view request_id) {
+bool SimPostgres::release(std::string_view key, std::string_view owner) {
   const auto found = rows_.find(key);
   if (found == rows_.end() || found->second.expires <= now_ ||
-      found->second.state != RecordState::kInProgress || found->second.request_id != request_id) {
+      found->second.state != RecordState::kInProgress || found->second.owner != owner) {
     return false;
   }
   rows_.erase(found);
@@ -224,9 +225,10 @@ std::optional<SinkClaim> SimPostgres::claim(TxId tx, std::string_view key,
   }
   if (const Row* row = live(key)) return duplicate(*row, request_id, fingerprint);
   (void)ttl;  // the row's retention is set by complete(); an unfinished claim holds the lease
-  staged.rows.insert_or_assign(std::string(key),
-                               Row{std::string(request_id), std::string(fingerprint),
-                                   RecordState::kInProgress, std::nullopt, now_ + lease_.count()});
+  staged.rows.insert_or_assign(
+      std::string(key),
+      Row{std::string(request_id), std::string(request_id), std::string(fingerprint),
+          RecordState::kInProgress, std::nullopt, now_ + lease_.count()});
   locks_.insert_or_assign(std::string(key), tx);
   return SinkClaim{};
 }

@@ -124,10 +124,11 @@ class SimPostgres final : public Sink {
 
   // ---- idem::Sink: each call commits on its own (run()) -------------------------------------
   [[nodiscard]] SinkClaim claim(std::string_view key, std::string_view request_id,
-                                std::string_view fingerprint) override;
-  bool complete(std::string_view key, std::string_view request_id, std::string_view response,
+                                std::string_view fingerprint,
+                                std::string_view owner_token) override;
+  bool complete(std::string_view key, std::string_view owner, std::string_view response,
                 std::chrono::milliseconds retention) override;
-  bool release(std::string_view key, std::string_view request_id) override;
+  bool release(std::string_view key, std::string_view owner) override;
 
   // ---- transactions (run_transactional) -------------------------------------------------------
   [[nodiscard]] TxId begin();
@@ -169,6 +170,7 @@ class SimPostgres final : public Sink {
  private:
   struct Row {
     std::string request_id;
+    std::string owner;  // the claim's owner token (its request ID without one)
     std::string fingerprint;
     RecordState state = RecordState::kInProgress;
     std::optional<std::string> response;

@@ -1026,7 +1026,7 @@ void Simulation::sink_step(Call& c, const Step& step) {
       return;
     case StepKind::kSinkRelease:
       // run() only: the simulation drives run_transactional().
-      (void)pg_->release(step.key, step.request_id);
+      (void)pg_->release(step.key, step.owner_token);
       c.plan->done();
       return;
     default:

@@ -1,6 +1,7 @@
 // The facade with the in-memory guard only: its rules without any server.
 #include <gtest/gtest.h>
 
+#include <future>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -429,6 +430,63 @@ TEST(InMemoryFacadeFingerprint, RecordsMadeUnderOtherFingerprintOptionsAreNoMism
   EXPECT_EQ(
       new_service.run(request("r4", "o-2", R"({"amount":2})"), [] { return std::string(); }).kind,
       Outcome::Kind::kMismatch);
+}
+
+// Fencing per attempt: a sink row was owned by its request ID, so an earlier attempt of a
+// request could complete the row of a later attempt (a redelivery) that had taken the key over
+// after the first's lease ran out.
+TEST(InMemorySinkFencing, AnEarlierAttemptCannotCompleteALaterAttemptsTakeover) {
+  const auto clock = std::make_shared<ManualClock>(1'000'000);
+  auto sink = std::make_shared<InMemorySink>(
+      InMemorySinkOptions{.lease = std::chrono::milliseconds(1000), .clock = clock});
+  DeduplicatorOptions o;
+  o.guard = std::make_shared<InMemoryGuard>(
+      InMemoryGuardOptions{.lease = std::chrono::milliseconds(1000), .clock = clock});
+  o.sink = sink;
+  o.local_cache_capacity = 0;
+  Deduplicator dedup(o);
+  std::promise<void> second_running;
+  std::promise<void> first_done;
+  Outcome second;
+  std::thread redelivery;
+  const Outcome first = dedup.run(request("r1", "b20"), [&] {
+    clock->advance_ms(1500);  // both leases ran out: the redelivery takes the key over
+    redelivery = std::thread([&] {
+      second = dedup.run(request("r1", "b20"), [&] {
+        second_running.set_value();
+        first_done.get_future().wait();
+        return std::string("second");
+      });
+    });
+    second_running.get_future().wait();
+    return std::string("first");
+  });
+  // The first attempt's completion found neither claim its own: the row is still the second's.
+  EXPECT_TRUE(first.lease_lost);
+  EXPECT_EQ(sink->inspect("u1:notify:b20")->state, RecordState::kInProgress);
+  first_done.set_value();
+  redelivery.join();
+  EXPECT_EQ(second.kind, Outcome::Kind::kExecuted);
+  EXPECT_EQ(sink->claim("u1:notify:b20", "r9", "").response, "second");
+}
+
+TEST(InMemorySinkFencing, RenewalKeepsTheSinkRowOfALongRunHandler) {
+  auto sink =
+      std::make_shared<InMemorySink>(InMemorySinkOptions{.lease = std::chrono::milliseconds(100)});
+  DeduplicatorOptions o;
+  o.guard = std::make_shared<InMemoryGuard>(
+      InMemoryGuardOptions{.lease = std::chrono::milliseconds(100)});
+  o.sink = sink;
+  o.auto_renew_interval = std::chrono::milliseconds(20);
+  Deduplicator dedup(o);
+  const Outcome outcome = dedup.run(request("r1", "b21"), [&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    // Without renewal the sink row's 100 ms lease would have run out: another claim took it.
+    EXPECT_EQ(sink->claim("u1:notify:b21", "r2", "").status, SinkStatus::kDuplicate);
+    return std::string("done");
+  });
+  EXPECT_FALSE(outcome.lease_lost);
+  EXPECT_EQ(sink->inspect("u1:notify:b21")->state, RecordState::kCompleted);
 }
 
 }  // namespace

@@ -186,7 +186,8 @@ class ScriptedDriver {
       case K::kSinkClaim:
         claimed_fingerprints.emplace_back(step.fingerprint);
         if (plan.mode() == CallMode::kRun) {
-          plan.sink_claim_result(sink->claim(step.key, step.request_id, step.fingerprint));
+          plan.sink_claim_result(
+              sink->claim(step.key, step.request_id, step.fingerprint, step.owner_token));
         } else {
           plan.sink_claim_result(tx_claim(step));
         }
@@ -206,7 +207,7 @@ class ScriptedDriver {
         return;
       case K::kSinkComplete:
         if (plan.mode() == CallMode::kRun) {
-          (void)sink->complete(step.key, step.request_id, step.value, step.ttl);
+          (void)sink->complete(step.key, step.owner_token, step.value, step.ttl);
         } else {
           completed_fingerprints.emplace_back(step.fingerprint);
           staged_[std::string(step.key)].state = RecordState::kCompleted;
@@ -224,7 +225,7 @@ class ScriptedDriver {
         plan.done();
         return;
       case K::kSinkRelease:
-        (void)sink->release(step.key, step.request_id);
+        (void)sink->release(step.key, step.owner_token);
         plan.done();
         return;
       case K::kWait:

@@ -11,6 +11,8 @@
 namespace idem {
 namespace {
 
+using std::chrono::milliseconds;
+
 class InMemorySinkTest : public ::testing::Test {
  protected:
   std::shared_ptr<ManualClock> clock_ = std::make_shared<ManualClock>(1'000'000);
@@ -79,6 +81,19 @@ TEST_F(InMemorySinkTest, BadInputIsTypedAndAFullSinkIsRetryable) {
   } catch (const BackendError& error) {
     EXPECT_TRUE(error.retryable());
   }
+}
+
+TEST_F(InMemorySinkTest, AnOwnerTokenFencesCompleteReleaseAndRenewPerAttempt) {
+  ASSERT_EQ(sink_.claim("k", "r1", "", "attempt-1").status, SinkStatus::kClaimed);
+  EXPECT_TRUE(sink_.renew("k", "attempt-1", milliseconds(0)));
+  EXPECT_FALSE(sink_.renew("k", "r1", milliseconds(0)));  // the request ID owns nothing now
+  clock_->advance_ms(1000);
+  ASSERT_EQ(sink_.claim("k", "r1", "", "attempt-2").status, SinkStatus::kClaimed);  // takeover
+  EXPECT_FALSE(sink_.complete("k", "attempt-1", "late", milliseconds(0)));
+  EXPECT_FALSE(sink_.release("k", "attempt-1"));
+  EXPECT_FALSE(sink_.renew("k", "attempt-1", milliseconds(0)));
+  EXPECT_TRUE(sink_.complete("k", "attempt-2", "ok", milliseconds(0)));
+  EXPECT_FALSE(sink_.renew("k", "attempt-2", milliseconds(0)));  // completed rows are not leases
 }
 
 }  // namespace
