@@ -284,6 +284,8 @@ namespace {
 
 // Forwards a cancellation of the caller's completion handler to the call.
 struct ForwardCancellation {
+  // A constructor, not aggregate initialization from parentheses, which Clang 14 lacks.
+  explicit ForwardCancellation(const std::shared_ptr<AsyncCall>& target) : call(target) {}
   std::weak_ptr<AsyncCall> call;
   void operator()(asio::cancellation_type type) const {
     if (type == asio::cancellation_type::none) return;
