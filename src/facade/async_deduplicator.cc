@@ -40,21 +40,27 @@ Error not_on_the_loop() {
   return Error("idem: internal: a blocking call of a backend the async driver reaches on the loop");
 }
 
-// What the plan knows of the guard the driver reaches on the loop: its lease and retention. Its
-// blocking calls are never made.
-class LoopGuardShape final : public Guard {
+// A backend's stand-in for the plan, whose blocking calls (complete, release and renew have the
+// same shape on Guard and Sink) are never made: the driver reaches the real backend on the loop.
+template <class Backend>
+class LoopShape : public Backend {
  public:
-  LoopGuardShape(std::chrono::milliseconds lease, std::chrono::milliseconds retention)
-      : lease_(lease), retention_(retention) {}
-  ClaimResult claim(std::string_view, std::string_view, std::string_view) override {
-    throw not_on_the_loop();
-  }
   bool complete(std::string_view, std::string_view, std::string_view,
                 std::chrono::milliseconds) override {
     throw not_on_the_loop();
   }
   bool release(std::string_view, std::string_view) override { throw not_on_the_loop(); }
   bool renew(std::string_view, std::string_view, std::chrono::milliseconds) override {
+    throw not_on_the_loop();
+  }
+};
+
+// What the plan knows of the guard the driver reaches on the loop: its lease and retention.
+class LoopGuardShape final : public LoopShape<Guard> {
+ public:
+  LoopGuardShape(std::chrono::milliseconds lease, std::chrono::milliseconds retention)
+      : lease_(lease), retention_(retention) {}
+  ClaimResult claim(std::string_view, std::string_view, std::string_view) override {
     throw not_on_the_loop();
   }
   [[nodiscard]] std::chrono::milliseconds lease() const noexcept override { return lease_; }
@@ -66,17 +72,9 @@ class LoopGuardShape final : public Guard {
 };
 
 // What the plan knows of the sink the driver reaches on the loop: that there is one.
-class LoopSinkShape final : public Sink {
+class LoopSinkShape final : public LoopShape<Sink> {
  public:
   SinkClaim claim(std::string_view, std::string_view, std::string_view, std::string_view) override {
-    throw not_on_the_loop();
-  }
-  bool complete(std::string_view, std::string_view, std::string_view,
-                std::chrono::milliseconds) override {
-    throw not_on_the_loop();
-  }
-  bool release(std::string_view, std::string_view) override { throw not_on_the_loop(); }
-  bool renew(std::string_view, std::string_view, std::chrono::milliseconds) override {
     throw not_on_the_loop();
   }
 };
