@@ -11,11 +11,11 @@
 #include "common/sha256.h"
 #include "idem/errors.h"
 #include "idem/key.h"
+#include "sink/claim_check.h"
 
 namespace idem::detail {
 namespace {
 
-constexpr std::size_t kMaxRequestIdBytes = 64;  // request_id varchar(64)
 constexpr int kClaimAttempts = 3;  // an expired or vanished row is retried, not looped on
 constexpr std::string_view kLockNotAvailable = "55P03";
 
@@ -140,11 +140,7 @@ asio::awaitable<PgResultPtr> AsyncPgSink::exec(const std::string& sql, PgParams 
 asio::awaitable<SinkClaim> AsyncPgSink::claim(std::string_view key, std::string_view request_id,
                                               std::string_view fingerprint,
                                               std::string_view owner_token) {
-  validate_key_text(key);
-  if (request_id.size() > kMaxRequestIdBytes) {
-    throw InvalidRequestId("idem: request ID longer than 64 bytes");
-  }
-  validate_sink_owner(owner_token);
+  validate_sink_claim(key, request_id, owner_token);
   const std::string k(key);
   const std::string owner(owner_token.empty() ? request_id : owner_token);
   for (int attempt = 0; attempt < kClaimAttempts; ++attempt) {

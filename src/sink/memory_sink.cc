@@ -9,11 +9,10 @@
 #include "idem/errors.h"
 #include "idem/fingerprint.h"
 #include "idem/key.h"
+#include "sink/claim_check.h"
 
 namespace idem {
 namespace {
-
-constexpr std::size_t kMaxRequestIdBytes = 64;  // as PgSink's request_id varchar(64)
 
 struct Row {
   std::string request_id;
@@ -56,10 +55,7 @@ InMemorySink::~InMemorySink() = default;
 
 SinkClaim InMemorySink::claim(std::string_view key, std::string_view request_id,
                               std::string_view fingerprint, std::string_view owner_token) {
-  validate_key_text(key);
-  if (request_id.size() > kMaxRequestIdBytes) {
-    throw InvalidRequestId("idem: request ID longer than 64 bytes");
-  }
+  detail::validate_sink_claim(key, request_id, owner_token);
   const std::int64_t now = state_->options.clock->now_ms();
   std::lock_guard lock(state_->mutex);
   SinkClaim answer;

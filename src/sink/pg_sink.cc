@@ -17,6 +17,7 @@
 #include "pg/pool.h"
 #include "pg/watchdog.h"
 #include "sink/batched_transaction.h"
+#include "sink/claim_check.h"
 #include "sink/pg_call.h"
 #include "sink/sql.h"
 #include "sink/statements.h"
@@ -24,10 +25,8 @@
 namespace idem {
 namespace {
 
-constexpr std::size_t kMaxRequestIdBytes = 64;  // request_id varchar(64)
 constexpr int kClaimAttempts = 3;  // an expired or vanished row is retried, not looped on
 constexpr const char* kLockNotAvailable = "55P03";
-constexpr std::size_t kMaxOwnerTokenBytes = 64;
 
 // The sink's prepared statements, by index into PgSink::Impl::sql.
 enum Statement : std::size_t {
@@ -284,8 +283,7 @@ struct PgSink::Impl {
   SinkClaim claim(pqxx::transaction_base& tx, std::string_view key, std::string_view request_id,
                   std::string_view fingerprint, std::chrono::milliseconds expiry,
                   std::string_view owner = {}) const {
-    validate_claim(key, request_id);
-    detail::validate_sink_owner(owner);
+    detail::validate_sink_claim(key, request_id, owner);
     const std::string k(key);
     const std::string rid(request_id);
     const std::string fp(fingerprint);
@@ -318,13 +316,6 @@ struct PgSink::Impl {
     open.status = SinkStatus::kInProgress;
     open.same_request = false;
     return open;
-  }
-
-  static void validate_claim(std::string_view key, std::string_view request_id) {
-    validate_key_text(key);
-    if (request_id.size() > kMaxRequestIdBytes) {
-      throw InvalidRequestId("idem: request ID longer than 64 bytes");
-    }
   }
 
   static SinkClaim existing(const pqxx::row& row, std::string_view request_id,
@@ -581,7 +572,7 @@ bool PgCall::transact(PgSink& sink, const std::function<bool(pqxx::transaction_b
 SinkClaim PgCall::claim(PgSink& sink, pqxx::transaction_base& tx, std::string_view key,
                         std::string_view request_id, std::string_view fingerprint) {
   const PgSink::Impl& impl = *sink.impl_;
-  PgSink::Impl::validate_claim(key, request_id);
+  validate_sink_claim(key, request_id);
   const std::string& ns = impl.options.ns;
   const std::string k(key);
   return translating([&] {
@@ -619,7 +610,7 @@ void PgCall::record(PgSink& sink, pqxx::transaction_base& tx, std::string_view k
                     std::string_view request_id, std::string_view fingerprint,
                     std::string_view response, std::chrono::milliseconds retention) {
   const PgSink::Impl& impl = *sink.impl_;
-  PgSink::Impl::validate_claim(key, request_id);
+  validate_sink_claim(key, request_id);
   const std::string& ns = impl.options.ns;
   const std::string k(key);
   const std::string rid(request_id);
@@ -660,12 +651,6 @@ bool PgCall::business_write(const PgSink& sink, const std::function<void()>& han
 }
 
 // ---- what the async sink shares (src/sink/statements.h) ----------------------------------------
-
-void validate_sink_owner(std::string_view owner_token) {
-  if (owner_token.size() > kMaxOwnerTokenBytes) {
-    throw InvalidKey("idem: a sink owner token is at most 64 bytes");
-  }
-}
 
 std::chrono::milliseconds sink_lease(const PgSinkOptions& options,
                                      std::chrono::milliseconds lease) {

@@ -17,8 +17,6 @@ namespace idem::detail {
 /// Throws idem::ConfigError when `options` cannot work (PgSink's constructor runs it too).
 void validate_sink_options(const PgSinkOptions& options);
 
-/// Throws idem::InvalidKey when a sink owner token is longer than 64 bytes (its column's size).
-void validate_sink_owner(std::string_view owner_token);
 /// The lease a renewal extends a row to: `lease`, or the configured one when 0 (< 0:
 /// idem::ConfigError).
 [[nodiscard]] std::chrono::milliseconds sink_lease(const PgSinkOptions& options,

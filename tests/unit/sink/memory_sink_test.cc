@@ -69,6 +69,13 @@ TEST_F(InMemorySinkTest, AResponseOverTheCapKeepsOnlyItsSha256) {
             "84d89877f0d4041efb6bf91a16f0248f2fd573e6af05c19f96bedb9f882f7882");
 }
 
+// InMemorySink stored owner tokens of any length, which PgSink's column refuses: a test against the
+// in-memory sink passed where production would throw.
+TEST_F(InMemorySinkTest, AnOwnerTokenOver64BytesIsRefusedAsPgSinkRefusesIt) {
+  EXPECT_THROW((void)sink_.claim("k", "r", "", std::string(65, 'o')), InvalidKey);
+  EXPECT_EQ(sink_.claim("k", "r", "", std::string(64, 'o')).status, SinkStatus::kClaimed);
+}
+
 TEST_F(InMemorySinkTest, BadInputIsTypedAndAFullSinkIsRetryable) {
   EXPECT_THROW((void)sink_.claim("k", std::string(65, 'r'), ""), InvalidRequestId);
   EXPECT_THROW((void)sink_.complete("k", "r", "", std::chrono::milliseconds(-1)), ConfigError);
