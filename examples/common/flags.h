@@ -45,6 +45,16 @@ inline void add_service_flags(CLI::App& app, ServiceFlags& flags) {
   app.add_option("--ns", flags.ns, "idem namespace of the keys and records")->capture_default_str();
 }
 
+/// Adds --port to `app`: 0..65535, 0 picks a free port (the server prints it).
+inline CLI::Option* add_port_option(CLI::App& app, int& port) {
+  return app
+      .add_option("--port", port,
+                  "Port to listen on; 0 picks a free port (the server prints `listening on "
+                  "http://HOST:PORT`)")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
+}
+
 /// Accepts a whole number from 1 to 2^64 - 1 (counts, durations). Unlike CLI::PositiveNumber it
 /// rejects 1.5 and out-of-range numbers, and its message shows the value (CLI11 2.1 prints
 /// PositiveNumber's bound, DBL_MAX, in full).

@@ -1,24 +1,15 @@
-// Where the HTTP examples listen (CLI11 + cpp-httplib): a --port flag and a bind that owns its
-// port. Header-only; each HTTP example includes it from its main.cc.
+// Where the cpp-httplib examples listen: a bind that owns its port (--port is in flags.h).
+// Header-only; each of them includes it from its main.cc.
 #pragma once
 
 #include <httplib.h>
 #include <sys/socket.h>
 
-#include <CLI/CLI.hpp>
 #include <string>
 
-namespace examples {
+#include "common/flags.h"
 
-/// Adds --port to `app`: 0..65535, 0 picks a free port (the server prints it).
-inline CLI::Option* add_port_option(CLI::App& app, int& port) {
-  return app
-      .add_option("--port", port,
-                  "Port to listen on; 0 picks a free port (the server prints `listening on "
-                  "http://HOST:PORT`)")
-      ->check(CLI::Range(0, 65535))
-      ->capture_default_str();
-}
+namespace examples {
 
 /// Binds `server` to `host`:`port` (0: a free port); returns the port, or -1 when it cannot.
 /// Without httplib's default SO_REUSEPORT: a port another process listens on is an error, not

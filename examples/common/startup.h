@@ -1,12 +1,40 @@
-// Start-up check of an example service's Redis guard. Header-only.
+// The idem layers of an example service, and the start-up check of its Redis guard.
+// Header-only.
 #pragma once
 
+#include <chrono>
 #include <ostream>
 
+#include "common/flags.h"
 #include "idem/errors.h"
+#include "idem/pg_sink.h"
 #include "idem/redis_guard.h"
 
 namespace examples {
+
+/// idem's Redis layer on the service's Redis and namespace: claims leased for `lease`, records
+/// kept for `retention`.
+inline idem::RedisGuardOptions guard_options(const ServiceFlags& service,
+                                             std::chrono::milliseconds lease,
+                                             std::chrono::seconds retention) {
+  idem::RedisGuardOptions guard;
+  guard.redis.url = service.redis_url;
+  guard.ns = service.ns;
+  guard.lease = lease;
+  guard.retention = retention;
+  return guard;
+}
+
+/// idem's PostgreSQL layer in the service's schema and namespace, records kept for `retention`.
+inline idem::PgSinkOptions sink_options(const ServiceFlags& service,
+                                        std::chrono::seconds retention) {
+  idem::PgSinkOptions sink;
+  sink.conninfo = service.pg_url;
+  sink.schema = service.schema;
+  sink.ns = service.ns;
+  sink.retention = retention;
+  return sink;
+}
 
 /// Pings Redis once at start-up (RedisGuard::ping()). A configuration error (a wrong password,
 /// NOAUTH, a bad database) throws idem::RedisError: with a Postgres sink the facade fails open on

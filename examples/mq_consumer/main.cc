@@ -40,28 +40,15 @@
 #include "common/flags.h"
 #include "idem/deduplicator.h"
 #include "idem/errors.h"
+#include "mq_consumer/stream.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using std::chrono::milliseconds;
-
-struct Settings {
-  std::string mode;  // produce or consume
-  examples::ServiceFlags service{.schema = "idem_mq", .ns = "mq"};
-  std::string stream = "idem-demo-payments";
-  std::string group = "ledger";
-  std::string consumer = "c1";
-  long long batch = 64;
-  milliseconds block{500};
-  milliseconds claim_idle{5000};
-  milliseconds lease{30000};
-  milliseconds exit_when_idle{0};
-  std::chrono::seconds max_run{0};
-  long long count = 1000;
-  double duplicates = 0.2;
-  unsigned long long seed = 1;
-};
+using mq::Entry;
+using mq::Reply;
+using mq::Settings;
+using mq::text;
 
 Settings parse_settings(int argc, char** argv) {
   Settings s;
@@ -123,39 +110,18 @@ Settings parse_settings(int argc, char** argv) {
 
 // ---- A minimal hiredis client: RAII handles, argv commands, errors as exceptions. ----
 
-struct ReplyDeleter {
-  void operator()(redisReply* r) const noexcept { freeReplyObject(r); }
-};
-using Reply = std::unique_ptr<redisReply, ReplyDeleter>;
-
 class Redis {
  public:
   // `url`: redis://[:password@]host[:port][/db].
   explicit Redis(const std::string& url) {
-    if (url.rfind("redis://", 0) != 0) throw std::invalid_argument("not a redis:// URL: " + url);
-    std::string rest = url.substr(8);
-    std::string password;
-    if (const auto at = rest.rfind('@'); at != std::string::npos) {
-      const std::string userinfo = rest.substr(0, at);  // [user]:password
-      password =
-          userinfo.substr(userinfo.find(':') == std::string::npos ? 0 : userinfo.find(':') + 1);
-      rest.erase(0, at + 1);
-    }
-    std::string db = "0";
-    if (const auto slash = rest.find('/'); slash != std::string::npos) {
-      db = rest.substr(slash + 1);
-      rest.erase(slash);
-    }
-    const auto colon = rest.rfind(':');
-    const std::string host = rest.substr(0, colon);
-    const int port = colon == std::string::npos ? 6379 : std::stoi(rest.substr(colon + 1));
+    const mq::RedisAddress a = mq::parse_redis_url(url);
     const timeval timeout{2, 0};
-    ctx_.reset(redisConnectWithTimeout(host.c_str(), port, timeout));
+    ctx_.reset(redisConnectWithTimeout(a.host.c_str(), a.port, timeout));
     if (!ctx_ || ctx_->err)
-      throw std::runtime_error("cannot connect to " + host + ":" + std::to_string(port));
+      throw std::runtime_error("cannot connect to " + a.host + ":" + std::to_string(a.port));
     redisSetTimeout(ctx_.get(), timeval{10, 0});  // longer than any BLOCK below
-    if (!password.empty()) command({"AUTH", password});
-    if (!db.empty() && db != "0") command({"SELECT", db});
+    if (!a.password.empty()) command({"AUTH", a.password});
+    if (!a.db.empty() && a.db != "0") command({"SELECT", a.db});
   }
 
   // Runs one command; throws std::runtime_error on a connection or an error reply.
@@ -193,10 +159,6 @@ class Redis {
   std::unique_ptr<redisContext, ContextDeleter> ctx_;
 };
 
-std::string text(const redisReply* r) {
-  return r != nullptr && r->str != nullptr ? std::string(r->str, r->len) : "";
-}
-
 // ---- The producer: logical payment events, some sent twice (a producer's retry). ----
 
 int produce(const Settings& s) {
@@ -232,45 +194,13 @@ int produce(const Settings& s) {
 
 std::atomic<bool> stop_requested{false};
 
-struct Entry {
-  std::string id;
-  std::map<std::string, std::string> fields;
-};
-
-// Entries of an XREADGROUP / XAUTOCLAIM entry list; entries deleted from the stream (nil) skipped.
-std::vector<Entry> parse_entries(const redisReply* list) {
-  std::vector<Entry> out;
-  if (list == nullptr || list->type != REDIS_REPLY_ARRAY) return out;
-  for (std::size_t i = 0; i < list->elements; ++i) {
-    const redisReply* e = list->element[i];
-    if (e->type != REDIS_REPLY_ARRAY || e->elements < 2 || e->element[1]->type != REDIS_REPLY_ARRAY)
-      continue;
-    Entry entry{text(e->element[0]), {}};
-    for (std::size_t f = 0; f + 1 < e->element[1]->elements; f += 2) {
-      entry.fields[text(e->element[1]->element[f])] = text(e->element[1]->element[f + 1]);
-    }
-    out.push_back(std::move(entry));
-  }
-  return out;
-}
-
 class Consumer {
  public:
   explicit Consumer(Settings s) : s_(std::move(s)), redis_(s_.service.redis_url) {
-    create_tables();
-    idem::RedisGuardOptions guard;
-    guard.redis.url = s_.service.redis_url;
-    guard.ns = s_.service.ns;
-    guard.lease = s_.lease;
-    guard.retention = std::chrono::hours(1);  // longer than any redelivery of the stream
-    idem::PgSinkOptions sink;
-    sink.conninfo = s_.service.pg_url;
-    sink.schema = s_.service.schema;
-    sink.ns = s_.service.ns;
-    sink.retention = std::chrono::hours(24 * 7);  // longer than the stream keeps entries
+    schema_ = mq::create_tables(s_);
     idem::DeduplicatorOptions options;
-    options.guard = std::make_shared<idem::RedisGuard>(guard);
-    options.sink = std::make_shared<idem::PgSink>(sink);
+    options.guard = std::make_shared<idem::RedisGuard>(mq::guard_options(s_));
+    options.sink = std::make_shared<idem::PgSink>(mq::sink_options(s_));
     options.sink->migrate();
     dedup_ = std::make_unique<idem::Deduplicator>(std::move(options));
     try {
@@ -307,36 +237,16 @@ class Consumer {
   }
 
  private:
-  void create_tables() {
-    pqxx::connection conn(s_.service.pg_url);
-    pqxx::work tx(conn);
-    const std::string schema = tx.quote_name(s_.service.schema);
-    tx.exec_params("SELECT pg_advisory_xact_lock(hashtext($1))",
-                   s_.service.schema);  // consumers start together
-    tx.exec0("CREATE SCHEMA IF NOT EXISTS " + schema);
-    tx.exec0("CREATE TABLE IF NOT EXISTS " + schema +
-             ".ledger (id bigserial PRIMARY KEY, request_id text NOT NULL, entry_id text NOT NULL,"
-             " user_id text NOT NULL, order_id text NOT NULL, amount_cents bigint NOT NULL)");
-    tx.exec0("CREATE TABLE IF NOT EXISTS " + schema +
-             ".totals (user_id text PRIMARY KEY, amount_cents bigint NOT NULL)");
-    tx.commit();
-  }
-
   std::vector<Entry> read_new() {
-    const Reply r = redis_.command({"XREADGROUP", "GROUP", s_.group, s_.consumer, "COUNT",
-                                    std::to_string(s_.batch), "BLOCK",
-                                    std::to_string(s_.block.count()), "STREAMS", s_.stream, ">"});
-    if (r->type != REDIS_REPLY_ARRAY || r->elements == 0) return {};
-    return parse_entries(r->element[0]->element[1]);  // [[stream, entries]]
+    return mq::read_group_entries(
+        redis_.command(mq::read_group_command(s_, s_.batch, s_.block)).get());
   }
 
   // Takes over entries pending longer than claim_idle (one page of the PEL per call).
   std::vector<Entry> autoclaim() {
-    const Reply r = redis_.command({"XAUTOCLAIM", s_.stream, s_.group, s_.consumer,
-                                    std::to_string(s_.claim_idle.count()), autoclaim_cursor_,
-                                    "COUNT", std::to_string(s_.batch)});
+    const Reply r = redis_.command(mq::autoclaim_command(s_, autoclaim_cursor_, s_.batch));
     autoclaim_cursor_ = text(r->element[0]);  // "0-0" once the whole PEL was scanned
-    std::vector<Entry> entries = parse_entries(r->element[1]);
+    std::vector<Entry> entries = mq::parse_entries(r->element[1]);
     counts_["reclaimed"] += static_cast<long long>(entries.size());
     return entries;
   }
@@ -348,12 +258,7 @@ class Consumer {
 
   void handle(const Entry& e, bool reclaimed) {
     ++counts_["delivered"];
-    idem::Request request;
-    request.request_id = e.fields.count("request_id") ? e.fields.at("request_id") : "";
-    request.user = e.fields.count("user") ? e.fields.at("user") : "";
-    request.intent = "ledger";
-    request.payload = e.fields.count("payload") ? e.fields.at("payload") : "";
-    request.attempt = reclaimed ? 2 : 1;  // a redelivery (the exact count is in XPENDING)
+    const idem::Request request = mq::to_request(e, reclaimed);
     idem::Outcome outcome;
     try {
       outcome = dedup_->run_transactional(
@@ -365,48 +270,29 @@ class Consumer {
       return;
     }
     ++counts_[std::string(to_string(outcome.kind))];
-    switch (outcome.kind) {
-      case idem::Outcome::Kind::kMismatch:
-        std::cout << "dead-letter entry=" << e.id << " request_id=" << request.request_id
-                  << ": request ID reused with another payload" << std::endl;
-        [[fallthrough]];
-      case idem::Outcome::Kind::kExecuted:
-      case idem::Outcome::Kind::kDuplicate:
-        redis_.command({"XACK", s_.stream, s_.group, e.id});  // only after the commit
-        ++counts_["acked"];
-        return;
-      case idem::Outcome::Kind::kInProgress:
-      case idem::Outcome::Kind::kUnavailable:
-        return;  // nack with delay: XAUTOCLAIM redelivers it after claim_idle
-    }
+    const mq::Settle what = mq::settle(outcome.kind);
+    if (what == mq::Settle::kRedeliver) return;
+    if (what == mq::Settle::kDeadLetter) mq::print_dead_letter(e, request);
+    redis_.command({"XACK", s_.stream, s_.group, e.id});  // only after the commit
+    ++counts_["acked"];
   }
 
   // The business effect, in idem's transaction.
   std::string book(pqxx::transaction_base& tx, const Entry& e, const idem::Request& request) {
-    const std::string schema = tx.quote_name(s_.service.schema);
-    const pqxx::row r =
-        tx.exec_params1("INSERT INTO " + schema +
-                            ".ledger (request_id, entry_id, user_id, order_id, amount_cents)"
-                            " SELECT $1, $2, $3, p->>'order_id', (p->>'amount_cents')::bigint FROM "
-                            "(SELECT $4::jsonb AS p) x"
-                            " RETURNING id, amount_cents",
-                        request.request_id, e.id, request.user, request.payload);
-    tx.exec_params0("INSERT INTO " + schema +
-                        ".totals VALUES ($1, $2) ON CONFLICT (user_id)"
-                        " DO UPDATE SET amount_cents = totals.amount_cents + excluded.amount_cents",
-                    request.user, r[1].as<long long>());
+    const pqxx::row r = tx.exec_params1(mq::ledger_insert_sql(schema_), request.request_id, e.id,
+                                        request.user, request.payload);
+    tx.exec_params0(mq::totals_upsert_sql(schema_), request.user, r[1].as<long long>());
     return "ledger entry " + r[0].as<std::string>();
   }
 
   void report(const char* what) {
-    std::cout << what << " consumer=" << s_.consumer;
-    for (const auto& [name, n] : counts_) std::cout << " " << name << "=" << n;
-    std::cout << std::endl;
+    mq::report(what, s_, counts_);
     next_report_ = Clock::now() + std::chrono::seconds(2);
   }
 
   Settings s_;
   Redis redis_;
+  std::string schema_;  // quoted
   std::unique_ptr<idem::Deduplicator> dedup_;
   std::string autoclaim_cursor_ = "0-0";
   std::map<std::string, long long> counts_;

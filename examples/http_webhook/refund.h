@@ -1,0 +1,226 @@
+// The refund endpoint's rules, apart from the HTTP server (main.cc, cpp-httplib): the flags, the
+// tables, the body, the request idem sees, the statements of the effect, and the HTTP answer to
+// each outcome or failure. Header-only.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <iostream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <pqxx/pqxx>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/flags.h"
+#include "common/startup.h"
+#include "common/tables.h"
+#include "idem/deduplicator.h"
+#include "idem/errors.h"
+#include "idem/outcome.h"
+#include "idem/pg_sink.h"
+#include "idem/redis_guard.h"
+#include "idem/request_id.h"
+
+namespace webhook {
+
+struct Settings {
+  std::string host = "127.0.0.1";
+  int port = 8080;
+  examples::ServiceFlags service{.schema = "idem_webhook", .ns = "webhook"};
+  std::chrono::milliseconds handler_delay{0};  // simulates a slow payment gateway
+};
+
+/// The flags of a webhook server; exits on --help or a usage error (examples::parse_or_exit).
+inline Settings parse_settings(int argc, char** argv, const std::string& program,
+                               const std::string& description) {
+  Settings s;
+  CLI::App app{program + ": " + description, program};
+  examples::add_port_option(app, s.port);
+  app.add_option("--host", s.host, "Address to listen on")->capture_default_str();
+  examples::add_service_flags(app, s.service);
+  app.add_option("--handler-delay-ms", s.handler_delay,
+                 "Milliseconds each refund waits in its transaction (a slow payment gateway)")
+      ->capture_default_str();
+  examples::parse_or_exit(app, argc, argv);
+  return s;
+}
+
+/// idem's Redis layer for the endpoint.
+inline idem::RedisGuardOptions guard_options(const Settings& s) {
+  return examples::guard_options(s.service,
+                                 std::chrono::seconds(10) + s.handler_delay,  // > any refund
+                                 std::chrono::hours(24));  // covers payment reconciliation
+}
+
+/// idem's PostgreSQL layer for the endpoint.
+inline idem::PgSinkOptions sink_options(const Settings& s) {
+  return examples::sink_options(s.service, std::chrono::hours(24));
+}
+
+/// DeduplicatorOptions::on_decision: one `decision ...` line per call. Thread-safe.
+inline void print_decision(const idem::DecisionEvent& e) {
+  static std::mutex out;
+  const std::lock_guard lock(out);
+  std::cout << "decision request_id=" << e.request_id
+            << " outcome=" << (e.handler_failed ? "handler_failed" : to_string(e.outcome))
+            << " layer=" << to_string(e.layer) << " latency_us=" << e.latency.count() << std::endl;
+}
+
+// The business tables. The refund ledger has no unique constraint of its own: idem's claim row,
+// in the same transaction, is what keeps a refund from being booked twice. Returns the schema
+// name quoted for SQL.
+inline std::string create_tables(const examples::ServiceFlags& service) {
+  return examples::create_tables(
+      service.pg_url, service.schema,
+      {"accounts (id bigint PRIMARY KEY, balance_cents bigint NOT NULL)",
+       "refund_records (id bigserial PRIMARY KEY, idempotency_key text NOT NULL,"
+       " order_id text NOT NULL, account bigint NOT NULL, amount_cents bigint NOT NULL,"
+       " created_at timestamptz NOT NULL DEFAULT now())"},
+      [](pqxx::work& tx, const std::string& schema) {
+        tx.exec0("INSERT INTO " + schema +
+                 ".accounts SELECT g, 0 FROM generate_series(1, 100) g ON CONFLICT DO NOTHING");
+      });
+}
+
+/// The effect's first statement: account $2's balance grows by $1 cents; returns the balance
+/// (no row: no such account).
+inline std::string balance_update_sql(const std::string& schema) {
+  return "UPDATE " + schema +
+         ".accounts SET balance_cents = balance_cents + $1 WHERE id = $2 RETURNING balance_cents";
+}
+
+/// The effect's second statement: the refund row ($1 key, $2 order, $3 account, $4 cents);
+/// returns its id.
+inline std::string refund_insert_sql(const std::string& schema) {
+  return "INSERT INTO " + schema +
+         ".refund_records (idempotency_key, order_id, account, amount_cents)"
+         " VALUES ($1, $2, $3, $4) RETURNING id";
+}
+
+struct UnknownAccount : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// A request answered 400 before idem sees it.
+struct BadRequest : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct Refund {
+  std::string order_id;
+  std::int64_t account = 0;
+  std::int64_t amount_cents = 0;
+};
+
+/// The stored response of a booked refund.
+inline std::string refund_response(std::int64_t refund_id, const Refund& r,
+                                   std::int64_t balance_cents) {
+  return nlohmann::json{{"refund_id", refund_id},
+                        {"order_id", r.order_id},
+                        {"amount_cents", r.amount_cents},
+                        {"balance_cents", balance_cents}}
+      .dump();
+}
+
+/// The idem request of POST /refunds from its headers, X-Client-Id and body; the refund into
+/// `refund`. Throws BadRequest (no or an invalid Idempotency-Key / X-Idempotency-Key, a
+/// malformed body); a tracing header (X-Request-ID) is not a key.
+inline idem::Request refund_request(const idem::Headers& headers, const std::string& client,
+                                    const std::string& body, Refund& refund) {
+  std::optional<idem::InboundRequestId> id;
+  try {
+    id = idem::extract_request_id(headers);
+  } catch (const idem::InvalidRequestId& e) {
+    throw BadRequest(e.what());
+  }
+  if (!id || (id->source != idem::RequestIdHeader::kIdempotencyKey &&
+              id->source != idem::RequestIdHeader::kXIdempotencyKey)) {
+    throw BadRequest("Idempotency-Key header required");
+  }
+  try {
+    const nlohmann::json json = nlohmann::json::parse(body);
+    refund = Refund{json.at("order_id").get<std::string>(), json.at("account").get<std::int64_t>(),
+                    json.at("amount_cents").get<std::int64_t>()};
+  } catch (const std::exception& e) {
+    throw BadRequest(std::string("malformed refund: ") + e.what());
+  }
+  constexpr std::int64_t kMaxRefundCents = 1'000'000'000'000;  // keeps balances far from overflow
+  if (refund.order_id.empty() || refund.amount_cents <= 0 ||
+      refund.amount_cents > kMaxRefundCents) {
+    throw BadRequest(
+        "malformed refund: order_id must be non-empty and amount_cents in 1..1000000000000");
+  }
+  idem::Request request;
+  request.request_id = id->id;
+  // Keys are scoped per client (the draft: a key is unique per client). In a real service this
+  // is the authenticated caller; here an X-Client-Id header.
+  request.user = client.empty() ? "anonymous" : client;
+  request.intent = "refund";
+  request.biz_key = refund.order_id;  // one refund per order, whichever key the client sent
+  request.payload = body;             // the same order with another body is a Mismatch (422)
+  return request;
+}
+
+/// An HTTP answer: status, JSON body, extra headers.
+struct Answer {
+  int status = 200;
+  std::string body;
+  std::vector<std::pair<std::string, std::string>> headers;
+};
+
+inline Answer error_answer(int status, const std::string& message) {
+  Answer a{status, nlohmann::json{{"error", message}}.dump(), {}};
+  if (status == 409 || status == 503) a.headers.emplace_back("Retry-After", "1");
+  return a;
+}
+
+/// The answer to an outcome (draft-ietf-httpapi-idempotency-key-header).
+inline Answer outcome_answer(const idem::Outcome& outcome) {
+  switch (outcome.kind) {
+    case idem::Outcome::Kind::kExecuted:
+      return {200, outcome.response.value_or(""), {}};
+    case idem::Outcome::Kind::kDuplicate:
+      // Without a body when the first response was over the stored-size cap.
+      return {200,
+              outcome.response.value_or(R"({"status":"duplicate"})"),
+              {{"Idempotent-Replayed", "true"}}};
+    case idem::Outcome::Kind::kInProgress:
+      return error_answer(409, "a request with this Idempotency-Key is being processed");
+    case idem::Outcome::Kind::kMismatch:
+      return error_answer(422,
+                          "this Idempotency-Key or order was already used with another payload");
+    case idem::Outcome::Kind::kUnavailable:
+      break;
+  }
+  return error_answer(503, "storage unavailable; nothing was executed");
+}
+
+/// The answer to a call that threw `error`; rethrows what is not an answer's business.
+inline Answer failure_answer(const std::exception_ptr& error, const std::string& request_id,
+                             const char* program) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const UnknownAccount& e) {
+    return error_answer(404, e.what());
+  } catch (const idem::PayloadError& e) {
+    return error_answer(400, e.what());
+  } catch (const idem::InvalidKey& e) {  // e.g. an X-Client-Id or order_id over the size limit
+    return error_answer(400, e.what());
+  } catch (const idem::BackendError& e) {
+    // The details go to the log, not to the client (they may quote SQL or the server).
+    std::cerr << program << ": refund " << request_id << " failed: " << e.what() << "\n";
+    if (e.retryable()) {
+      // E.g. the commit's connection was lost: the outcome is unknown and the claim is kept
+      // until its lease ends; a retry then gets 409 or, once decided, the stored answer.
+      return error_answer(503, "storage failed; retry later");
+    }
+    return error_answer(500, "the refund failed; it was not booked");
+  }
+}
+
+}  // namespace webhook

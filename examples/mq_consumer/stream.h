@@ -1,0 +1,224 @@
+// What the consumer and the producer of idem-mq-consumer share: the settings, the
+// Redis URL, the stream entries as hiredis replies, the business tables and statements, how an
+// entry becomes an idem::Request and what each outcome does to the entry. Header-only; included
+// by main.cc.
+#pragma once
+
+#include <hiredis/hiredis.h>
+
+#include <chrono>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <pqxx/pqxx>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/flags.h"
+#include "common/startup.h"
+#include "common/tables.h"
+#include "idem/deduplicator.h"
+#include "idem/outcome.h"
+#include "idem/pg_sink.h"
+#include "idem/redis_guard.h"
+
+namespace mq {
+
+using std::chrono::milliseconds;
+
+struct Settings {
+  std::string mode;  // produce or consume
+  examples::ServiceFlags service{.schema = "idem_mq", .ns = "mq"};
+  std::string stream = "idem-demo-payments";
+  std::string group = "ledger";
+  std::string consumer = "c1";
+  long long batch = 64;
+  milliseconds block{500};
+  milliseconds claim_idle{5000};
+  milliseconds lease{30000};
+  milliseconds exit_when_idle{0};
+  std::chrono::seconds max_run{0};
+  long long count = 1000;
+  double duplicates = 0.2;
+  unsigned long long seed = 1;
+};
+
+/// Where a redis://[[user]:password@]host[:port][/db] URL points.
+struct RedisAddress {
+  std::string host;
+  int port = 6379;
+  std::string password;
+  std::string db = "0";
+};
+
+/// Throws std::invalid_argument for anything but a redis:// URL.
+inline RedisAddress parse_redis_url(const std::string& url) {
+  if (url.rfind("redis://", 0) != 0) throw std::invalid_argument("not a redis:// URL: " + url);
+  RedisAddress address;
+  std::string rest = url.substr(8);
+  if (const auto at = rest.rfind('@'); at != std::string::npos) {
+    const std::string userinfo = rest.substr(0, at);  // [user]:password
+    const auto colon = userinfo.find(':');
+    address.password = userinfo.substr(colon == std::string::npos ? 0 : colon + 1);
+    rest.erase(0, at + 1);
+  }
+  if (const auto slash = rest.find('/'); slash != std::string::npos) {
+    address.db = rest.substr(slash + 1);
+    rest.erase(slash);
+  }
+  const auto colon = rest.rfind(':');
+  address.host = rest.substr(0, colon);
+  if (colon != std::string::npos) address.port = std::stoi(rest.substr(colon + 1));
+  return address;
+}
+
+struct ReplyDeleter {
+  void operator()(redisReply* r) const noexcept { freeReplyObject(r); }
+};
+using Reply = std::unique_ptr<redisReply, ReplyDeleter>;
+
+inline std::string text(const redisReply* r) {
+  return r != nullptr && r->str != nullptr ? std::string(r->str, r->len) : "";
+}
+
+struct Entry {
+  std::string id;
+  std::map<std::string, std::string> fields;
+};
+
+/// Entries of an XREADGROUP / XAUTOCLAIM entry list; entries deleted from the stream (nil)
+/// skipped.
+inline std::vector<Entry> parse_entries(const redisReply* list) {
+  std::vector<Entry> out;
+  if (list == nullptr || list->type != REDIS_REPLY_ARRAY) return out;
+  for (std::size_t i = 0; i < list->elements; ++i) {
+    const redisReply* e = list->element[i];
+    if (e->type != REDIS_REPLY_ARRAY || e->elements < 2 || e->element[1]->type != REDIS_REPLY_ARRAY)
+      continue;
+    Entry entry{text(e->element[0]), {}};
+    for (std::size_t f = 0; f + 1 < e->element[1]->elements; f += 2) {
+      entry.fields[text(e->element[1]->element[f])] = text(e->element[1]->element[f + 1]);
+    }
+    out.push_back(std::move(entry));
+  }
+  return out;
+}
+
+/// The entries of an XREADGROUP reply ([[stream, entries]], or nil when nothing came).
+inline std::vector<Entry> read_group_entries(const redisReply* r) {
+  if (r == nullptr || r->type != REDIS_REPLY_ARRAY || r->elements == 0) return {};
+  return parse_entries(r->element[0]->element[1]);
+}
+
+/// XREADGROUP of up to `count` new entries; BLOCK `block` unless it is zero.
+inline std::vector<std::string> read_group_command(const Settings& s, long long count,
+                                                   milliseconds block) {
+  std::vector<std::string> args{"XREADGROUP", "GROUP", s.group,
+                                s.consumer,   "COUNT", std::to_string(count)};
+  if (block.count() > 0) args.insert(args.end(), {"BLOCK", std::to_string(block.count())});
+  args.insert(args.end(), {"STREAMS", s.stream, ">"});
+  return args;
+}
+
+/// XAUTOCLAIM of up to `count` entries pending longer than claim_idle, from `cursor`.
+inline std::vector<std::string> autoclaim_command(const Settings& s, const std::string& cursor,
+                                                  long long count) {
+  return {"XAUTOCLAIM",
+          s.stream,
+          s.group,
+          s.consumer,
+          std::to_string(s.claim_idle.count()),
+          cursor,
+          "COUNT",
+          std::to_string(count)};
+}
+
+/// Creates the business tables (a ledger and a total per user) if missing; returns the schema
+/// name quoted for SQL.
+inline std::string create_tables(const Settings& s) {
+  return examples::create_tables(
+      s.service.pg_url, s.service.schema,
+      {"ledger (id bigserial PRIMARY KEY, request_id text NOT NULL, entry_id text NOT NULL,"
+       " user_id text NOT NULL, order_id text NOT NULL, amount_cents bigint NOT NULL)",
+       "totals (user_id text PRIMARY KEY, amount_cents bigint NOT NULL)"});
+}
+
+/// The business effect, first statement: the ledger row, from $1 request ID, $2 entry ID,
+/// $3 user, $4 payload (JSON); returns (id, amount_cents).
+inline std::string ledger_insert_sql(const std::string& schema) {
+  return "INSERT INTO " + schema +
+         ".ledger (request_id, entry_id, user_id, order_id, amount_cents)"
+         " SELECT $1, $2, $3, p->>'order_id', (p->>'amount_cents')::bigint FROM "
+         "(SELECT $4::jsonb AS p) x"
+         " RETURNING id, amount_cents";
+}
+
+/// The business effect, second statement: $1 user's total grows by $2 cents.
+inline std::string totals_upsert_sql(const std::string& schema) {
+  return "INSERT INTO " + schema +
+         ".totals VALUES ($1, $2) ON CONFLICT (user_id)"
+         " DO UPDATE SET amount_cents = totals.amount_cents + excluded.amount_cents";
+}
+
+/// The idem request of a stream entry.
+inline idem::Request to_request(const Entry& e, bool reclaimed) {
+  const auto field = [&e](const char* name) {
+    const auto it = e.fields.find(name);
+    return it == e.fields.end() ? std::string() : it->second;
+  };
+  idem::Request request;
+  request.request_id = field("request_id");
+  request.user = field("user");
+  request.intent = "ledger";
+  request.payload = field("payload");
+  request.attempt = reclaimed ? 2 : 1;  // a redelivery (the exact count is in XPENDING)
+  return request;
+}
+
+/// What an outcome does to its entry.
+enum class Settle {
+  kAck,         ///< executed, or a duplicate (a producer's retry or a redelivery)
+  kDeadLetter,  ///< mismatch (same request ID, another payload): XACK and report
+  kRedeliver,   ///< in progress or unavailable: no XACK, XAUTOCLAIM redelivers it
+};
+
+inline Settle settle(idem::Outcome::Kind kind) {
+  switch (kind) {
+    case idem::Outcome::Kind::kMismatch:
+      return Settle::kDeadLetter;
+    case idem::Outcome::Kind::kExecuted:
+    case idem::Outcome::Kind::kDuplicate:
+      return Settle::kAck;
+    case idem::Outcome::Kind::kInProgress:
+    case idem::Outcome::Kind::kUnavailable:
+      break;
+  }
+  return Settle::kRedeliver;  // nack with delay: XAUTOCLAIM redelivers it after claim_idle
+}
+
+inline void print_dead_letter(const Entry& e, const idem::Request& request) {
+  std::cout << "dead-letter entry=" << e.id << " request_id=" << request.request_id
+            << ": request ID reused with another payload" << std::endl;
+}
+
+/// idem's Redis layer for the consumer: records kept longer than any redelivery of the stream.
+inline idem::RedisGuardOptions guard_options(const Settings& s) {
+  return examples::guard_options(s.service, s.lease, std::chrono::hours(1));
+}
+
+/// idem's PostgreSQL layer for the consumer: records kept longer than the stream keeps entries.
+inline idem::PgSinkOptions sink_options(const Settings& s) {
+  return examples::sink_options(s.service, std::chrono::hours(24 * 7));
+}
+
+/// Prints `<what> consumer=NAME name=count...`, the line the end-to-end test reads.
+inline void report(const char* what, const Settings& s,
+                   const std::map<std::string, long long>& counts) {
+  std::cout << what << " consumer=" << s.consumer;
+  for (const auto& [name, n] : counts) std::cout << " " << name << "=" << n;
+  std::cout << std::endl;
+}
+
+}  // namespace mq
