@@ -57,7 +57,14 @@ struct AsyncDeduplicatorOptions {
   /// Layer 2 on the loop, with the same keys, records and Lua scripts as RedisGuard (the two
   /// interoperate on one Redis): one pipelined connection per node (RedisOptions::pool_size,
   /// borrow_timeout, keepalive and the reconnect backoff do not apply), Redis Cluster through
-  /// MOVED/ASK, `rediss://`; `redis-sentinel://` is an idem::ConfigError. Replaces `base.guard`.
+  /// MOVED/ASK, `rediss://`, and Redis Sentinel (`redis-sentinel://`, as RedisOptions::url
+  /// says): the master is asked of the Sentinels in turn and checked with ROLE on the loop,
+  /// without blocking it; after a failure a failover explains (connection lost, a timeout,
+  /// READONLY, a replica's ROLE) or a `+switch-master` message (one subscription per
+  /// deduplicator) the calls then pending fail retryable (so the Redis failure policy decides:
+  /// Unavailable or fail open), are never sent again, and later calls go to the new master.
+  /// The circuit breaker closes when the master changes (RedisGuard has one per master).
+  /// Replaces `base.guard`.
   std::optional<RedisGuardOptions> redis{};
   /// Layer 4 on the loop, with the same table, rows and statements as PgSink (the two
   /// interoperate on one table): `pool_size` connections in libpq's pipeline mode (run()'s

@@ -21,12 +21,10 @@ AsyncClientSettings client_settings(const RedisOptions& redis) {
   require_guard_option(redis.command_timeout.count() > 0 && redis.command_timeout <= kMaxTimeout,
                        "redis.command_timeout must be in 1..2147483647 ms");
   RedisEndpoint endpoint = parse_redis_url(redis.url);
-  require_guard_option(endpoint.sentinels.empty(),
-                       "redis-sentinel:// is not supported by the async driver (use the master's "
-                       "redis:// URL, or a cluster)");
   if (redis.cluster) {
-    require_guard_option(endpoint.socket_path.empty() && endpoint.db == 0,
-                         "a Redis Cluster URL must be redis://host:port with database 0");
+    require_guard_option(
+        endpoint.socket_path.empty() && endpoint.db == 0 && endpoint.sentinels.empty(),
+        "a Redis Cluster URL must be redis://host:port with database 0");
   }
   return AsyncClientSettings{.connection = {.endpoint = std::move(endpoint),
                                             .connect_timeout = redis.connect_timeout,
@@ -54,6 +52,11 @@ void AsyncRedisGuard::close() { client_->close(); }
 
 template <typename Send>
 asio::awaitable<ReplyPtr> AsyncRedisGuard::guarded(Send send) {
+  if (const auto& sentinel = client_->sentinel();
+      sentinel != nullptr && sentinel->moves() != master_moves_) {
+    master_moves_ = sentinel->moves();
+    breaker_.on_success();  // a new master starts with a closed breaker, as in RedisGuard
+  }
   if (!breaker_.allow(CircuitBreaker::Clock::now())) {
     throw RedisError("idem: redis guard: circuit breaker open, Redis not tried", true);
   }

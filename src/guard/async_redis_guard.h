@@ -2,7 +2,7 @@
 // (src/redis/async_client.h). The same keys, records and Lua scripts as the blocking RedisGuard
 // (src/guard/redis_protocol.h says them once for both), the same circuit breaker; one
 // connection per node, shared by every call (automatic pipelining), Redis Cluster through
-// MOVED/ASK. Redis Sentinel is not supported here (idem::ConfigError).
+// MOVED/ASK, Redis Sentinel (the master found and followed on the loop: AsyncSentinel).
 //
 // Cancellation: claim() honours the awaiting coroutine's cancellation (the command completes at
 // once with idem::Cancelled; it may still run on the server, so a claim may be made and kept
@@ -16,6 +16,7 @@
 #include <asio/any_io_executor.hpp>
 #include <asio/awaitable.hpp>
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <string_view>
 
@@ -29,8 +30,8 @@ namespace idem::detail {
 
 class AsyncRedisGuard {
  public:
-  /// Throws idem::ConfigError on invalid options (as RedisGuard does), for a Sentinel URL, and
-  /// when the TLS files of a `rediss://` URL cannot be loaded. Connects on first use.
+  /// Throws idem::ConfigError on invalid options (as RedisGuard does), and when the TLS files of a
+  /// `rediss://` URL cannot be loaded. Connects on first use.
   AsyncRedisGuard(const asio::any_io_executor& executor, const RedisGuardOptions& options);
   AsyncRedisGuard(const AsyncRedisGuard&) = delete;
   AsyncRedisGuard& operator=(const AsyncRedisGuard&) = delete;
@@ -75,6 +76,7 @@ class AsyncRedisGuard {
   const GuardScripts& scripts_ = GuardScripts::get();
   std::shared_ptr<AsyncClient> client_;
   CircuitBreaker breaker_;
+  std::uint64_t master_moves_ = 0;  // Sentinel: AsyncSentinel::moves() when last seen
 };
 
 }  // namespace idem::detail

@@ -50,7 +50,11 @@ AsyncClient::AsyncClient(asio::any_io_executor executor, AsyncClientSettings set
     : executor_(std::move(executor)), settings_(std::move(settings)) {
   if (settings_.cluster && !settings_.connection.endpoint.socket_path.empty())
     throw ConfigError("idem: redis cluster needs a TCP seed node, not a unix socket");
+  if (settings_.cluster && !settings_.connection.endpoint.sentinels.empty())
+    throw ConfigError("idem: redis cluster and Sentinel do not go together");
   if (settings_.cluster) slots_.resize(kClusterSlots);
+  if (!settings_.connection.endpoint.sentinels.empty())
+    sentinel_ = AsyncSentinel::create(executor_, settings_.connection);
   // The seed's connection now, so that a bad TLS file is a ConfigError here, not in a call.
   (void)connection_for(settings_.connection.endpoint.host, settings_.connection.endpoint.port);
 }
@@ -62,7 +66,12 @@ std::shared_ptr<AsyncConnection> AsyncClient::connection_for(const std::string& 
     settings.endpoint.host = host;
     settings.endpoint.port = port;
     if (settings_.cluster) settings.endpoint.db = 0;
+    if (sentinel_ != nullptr) {
+      settings.locator = sentinel_;  // the master, wherever the Sentinels say, checked by ROLE
+      settings.require_master = true;
+    }
     node = AsyncConnection::create(executor_, std::move(settings));
+    if (sentinel_ != nullptr) sentinel_->follow(node);
   }
   return node;
 }
@@ -101,6 +110,7 @@ void AsyncClient::load_slot_map() {
 }
 
 void AsyncClient::close() {
+  if (sentinel_ != nullptr) sentinel_->close();
   for (auto& [address, node] : nodes_) node->close();
 }
 

@@ -1,7 +1,7 @@
 // The asynchronous Redis client the async driver calls: one pipelined AsyncConnection per node
-// (a single node, or each master of a Redis Cluster), EVALSHA with NOSCRIPT reload, and cluster
-// routing with MOVED/ASK. Completion tokens: `co_await client->exec(args, asio::use_awaitable)`,
-// a callback, or asio::use_future.
+// (a single node, the current master of a Sentinel-monitored set, or each master of a Redis
+// Cluster), EVALSHA with NOSCRIPT reload, and cluster routing with MOVED/ASK. Completion tokens:
+// `co_await client->exec(args, asio::use_awaitable)`, a callback, or asio::use_future.
 //
 // Thread safety: like AsyncConnection, not thread-safe: use it from its executor's thread.
 #pragma once
@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "redis/async_connection.h"
+#include "redis/async_sentinel.h"
 #include "redis/cluster.h"
 
 namespace idem::detail {
@@ -28,7 +29,8 @@ struct LuaScript {
 };
 
 struct AsyncClientSettings {
-  /// Endpoint (the node, or any node of the cluster) and timeouts of every connection.
+  /// Endpoint (the node, any node of the cluster, or the Sentinels and the master's name of a
+  /// `redis-sentinel://` URL) and timeouts of every connection.
   AsyncConnectionSettings connection;
   /// Route keys to the master of their slot (slot map from CLUSTER SLOTS, then MOVED/ASK).
   bool cluster = false;
@@ -78,6 +80,11 @@ class AsyncClient : public std::enable_shared_from_this<AsyncClient> {
 
   /// The connection serving `slot` (-1: the seed node); for tests and the bench.
   [[nodiscard]] std::shared_ptr<AsyncConnection> connection_for_slot(int slot);
+
+  /// With Sentinel: who finds the master (its connection is the seed node's); else null.
+  [[nodiscard]] const std::shared_ptr<AsyncSentinel>& sentinel() const noexcept {
+    return sentinel_;
+  }
 
  private:
   // One call: route, send, follow MOVED/ASK, reload on NOSCRIPT.
@@ -143,6 +150,7 @@ class AsyncClient : public std::enable_shared_from_this<AsyncClient> {
 
   asio::any_io_executor executor_;
   const AsyncClientSettings settings_;
+  std::shared_ptr<AsyncSentinel> sentinel_;  // redis-sentinel:// only
   std::map<std::pair<std::string, int>, std::shared_ptr<AsyncConnection>> nodes_;
   std::vector<std::shared_ptr<AsyncConnection>> slots_;  // cluster: kClusterSlots entries
   bool slot_map_loading_ = false;

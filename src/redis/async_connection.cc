@@ -14,6 +14,7 @@
 
 #include "idem/errors.h"
 #include "redis/errors.h"
+#include "redis/sentinel_rules.h"
 #include "redis/tls.h"
 
 namespace idem::detail {
@@ -92,6 +93,7 @@ struct AsyncConnection::Link {
   asio::ip::tcp::resolver resolver;
   asio::steady_timer connect_timer;
   redisReader* reader;
+  HostPort peer;        // where it connects; empty host while the locator is asked
   std::string writing;  // the bytes of the write in flight
   bool write_active = false;
   std::array<char, 16 * 1024> input{};
@@ -203,12 +205,22 @@ void AsyncConnection::on_data(const std::shared_ptr<Link>& link, std::size_t siz
 }
 
 void AsyncConnection::on_reply(ReplyPtr reply) {
+  if (pending_.empty() && settings_.on_push) {
+    settings_.on_push(std::move(reply));
+    return;
+  }
   if (pending_.empty()) {
     fail(std::make_exception_ptr(
         RedisError("idem: redis: a reply came with no command waiting for it", false)));
     return;
   }
   Pending& entry = pending_.front();
+  if (entry.role_check) {
+    if (std::optional<RedisError> refused = not_master(*reply, link_->peer)) {
+      fail(std::make_exception_ptr(*refused));
+      return;
+    }
+  }
   if (reply->type == REDIS_REPLY_ERROR) {
     if (entry.handshake) {
       fail(std::make_exception_ptr(reply_error(*reply, "connect")));
@@ -221,6 +233,14 @@ void AsyncConnection::on_reply(ReplyPtr reply) {
   std::unique_ptr<Op> op = std::move(entry.op);
   pending_.pop_front();
   if (pending_.empty()) deadline_.disarm();  // an idle connection holds no timer (nor run())
+  if (settings_.locator != nullptr && failover_reply(*result)) {
+    // No longer the master: the commands behind this one go nowhere else (they fail), and the
+    // next command asks the locator again.
+    fail(std::make_exception_ptr(
+        RedisError("idem: redis " + link_->peer.host + ":" + std::to_string(link_->peer.port) +
+                       " is no longer the master: " + std::string(result->str, result->len),
+                   true)));
+  }
   if (op != nullptr) {
     op->entry = nullptr;
     finish(std::move(op), nullptr, std::move(result));
@@ -228,10 +248,31 @@ void AsyncConnection::on_reply(ReplyPtr reply) {
 }
 
 void AsyncConnection::connect() {
-  const RedisEndpoint& endpoint = settings_.endpoint;
-  auto link = std::make_shared<Link>(executor_, tls_.get(), endpoint);
+  auto link = std::make_shared<Link>(executor_, tls_.get(), settings_.endpoint);
   link_ = link;
   ready_ = false;
+  if (settings_.locator == nullptr) {
+    link->peer = HostPort{settings_.endpoint.host, settings_.endpoint.port};
+    open(link);
+    return;
+  }
+  // The commands queued meanwhile wait within their own deadlines.
+  settings_.locator->locate(
+      [self = shared_from_this(), link](std::exception_ptr error, HostPort address) {
+        if (link != self->link_) return;  // closed or timed out meanwhile
+        if (error != nullptr) {
+          self->fail(error);
+          return;
+        }
+        link->peer = std::move(address);
+        self->open(link);
+      });
+}
+
+HostPort AsyncConnection::peer() const { return link_ != nullptr ? link_->peer : HostPort{}; }
+
+void AsyncConnection::open(const std::shared_ptr<Link>& link) {
+  const RedisEndpoint& endpoint = settings_.endpoint;
   link->connect_timer.expires_after(settings_.connect_timeout);
   link->connect_timer.async_wait([self = shared_from_this(), link](std::error_code error) {
     if (error || link != self->link_ || self->ready_) return;
@@ -264,7 +305,7 @@ void AsyncConnection::connect() {
     return;
   }
   link->resolver.async_resolve(
-      endpoint.host, std::to_string(endpoint.port),
+      link->peer.host, std::to_string(link->peer.port),
       [self = shared_from_this(), link, connected](
           std::error_code error, const asio::ip::tcp::resolver::results_type& results) {
         if (link != self->link_) return;
@@ -297,11 +338,13 @@ void AsyncConnection::on_connected(const std::shared_ptr<Link>& link) {
   }
   if (endpoint.db != 0)
     steps.push_back(format_command(std::array<std::string_view, 2>{"SELECT", db}));
+  if (settings_.require_master) steps.push_back(format_command(kRoleCommand));
   std::string handshake;
   for (const std::string& command : steps) handshake += command;
   for (std::size_t i = 0; i < steps.size(); ++i) {
     Pending& entry = pending_.emplace_front();
     entry.handshake = true;
+    entry.role_check = settings_.require_master && i == 0;  // emplaced first: ROLE, the last
     entry.timeout = settings_.connect_timeout;
     entry.deadline = Clock::now() + settings_.connect_timeout;
   }
@@ -329,6 +372,14 @@ void AsyncConnection::close() {
 }
 
 void AsyncConnection::fail(const std::exception_ptr& error) {
+  if (settings_.locator != nullptr && link_ != nullptr && !link_->peer.host.empty()) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const RedisError& redis_error) {
+      if (failover_suspected(redis_error)) settings_.locator->failed(link_->peer);
+    } catch (...) {
+    }
+  }
   if (link_ != nullptr) link_->shut();
   link_.reset();
   ready_ = false;

@@ -14,6 +14,12 @@
 // completes at once with idem::Cancelled; the command itself may still run on the server (it may
 // already be sent), and its reply, when it comes, is read and dropped.
 //
+// Redis Sentinel: with a locator (AsyncSentinel) the address is asked of it before each connect,
+// ROLE is checked after AUTH and SELECT, and a failure a failover explains (connection lost or
+// refused, a timeout, a ROLE not master, a READONLY or MASTERDOWN reply) closes the connection
+// and is reported to the locator; the commands pending on it fail (retryable) and are never sent
+// again, so nothing runs twice; the next command connects to wherever the locator says.
+//
 // Lifetime: a connected connection keeps one read outstanding (so it notices at once when the
 // server closes an idle connection; the next command reconnects), so io_context::run() returns
 // only after close(). Pending operations keep the connection alive.
@@ -30,6 +36,7 @@
 #include <cstdint>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -50,14 +57,37 @@ namespace idem::detail {
 /// `args` as one RESP command (redisFormatCommandArgv). Binary-safe.
 [[nodiscard]] std::string format_command(std::span<const std::string_view> args);
 
+/// Where an AsyncConnection connects when the address is found at run time (Redis Sentinel).
+/// Used on the connection's executor only.
+class AsyncLocator {
+ public:
+  /// Called once with the address to connect to, or with an idem::RedisError.
+  using Found = std::function<void(std::exception_ptr, HostPort)>;
+  virtual ~AsyncLocator() = default;
+  /// Asked before each connect; calls `found` later (posted to the executor, never inline).
+  virtual void locate(Found found) = 0;
+  /// A connection to `address` failed in a way a failover explains (failover_suspected, or a
+  /// failover_reply), or found it not the master.
+  virtual void failed(const HostPort& address) = 0;
+};
+
 /// What an AsyncConnection needs.
 struct AsyncConnectionSettings {
+  /// Where to connect and how (AUTH, SELECT, TLS); with `locator`, host and port are its.
   RedisEndpoint endpoint;
   /// Bound on resolve + TCP connect + TLS handshake, in ms (> 0).
   std::chrono::milliseconds connect_timeout{500};
   /// Default timeout of one command, in ms, from the call until its reply (> 0): it includes
   /// the time spent queued, connecting, and waiting behind earlier pipelined commands.
   std::chrono::milliseconds command_timeout{500};
+  /// After AUTH and SELECT, send ROLE and fail the connection (retryable idem::RedisError) when
+  /// the server is not a master.
+  bool require_master = false;
+  /// Asked for the address before each connect (see AsyncLocator); null: `endpoint`'s.
+  std::shared_ptr<AsyncLocator> locator{};
+  /// Replies that come with no command waiting for them (a subscription's messages) go here;
+  /// null: such a reply is a protocol error that fails the connection.
+  std::function<void(ReplyPtr)> on_push{};
 };
 
 /// The completion signature of every command: the reply (error replies are replies, not
@@ -106,6 +136,10 @@ class AsyncConnection : public std::enable_shared_from_this<AsyncConnection> {
   /// command reconnects. Idempotent.
   void close();
 
+  /// The address connected to or being connected to; empty host while disconnected or while
+  /// the locator is asked (and for a unix socket).
+  [[nodiscard]] HostPort peer() const;
+
   /// Commands sent or queued whose reply has not come yet (including cancelled ones).
   [[nodiscard]] std::size_t in_flight() const noexcept { return pending_.size(); }
   /// Times the connection was (re)established, for tests and metrics.
@@ -119,7 +153,8 @@ class AsyncConnection : public std::enable_shared_from_this<AsyncConnection> {
   struct Pending {
     std::unique_ptr<Op> op;  // null: the reply is dropped (cancelled, or a handshake step)
     int replies_left = 1;
-    bool handshake = false;  // an error reply fails the connection (AUTH, SELECT)
+    bool handshake = false;   // an error reply fails the connection (AUTH, SELECT, ROLE)
+    bool role_check = false;  // handshake: ROLE, which must say master
     ReplyPtr first_error;
     std::chrono::milliseconds timeout{0};
     Clock::time_point deadline;
@@ -139,6 +174,8 @@ class AsyncConnection : public std::enable_shared_from_this<AsyncConnection> {
   void on_data(const std::shared_ptr<Link>& link, std::size_t size);
   void on_reply(ReplyPtr reply);
   void connect();
+  // Resolves and connects `link` to link->peer.
+  void open(const std::shared_ptr<Link>& link);
   void on_connected(const std::shared_ptr<Link>& link);
   void arm_deadline(Clock::time_point deadline);
   friend class QueueDeadline;  // calls on_deadline()

@@ -4,10 +4,12 @@
 
 #include <array>
 #include <cerrno>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "redis/errors.h"
+#include "redis/sentinel_rules.h"
 #include "redis/tls_transport.h"
 
 namespace idem::detail {
@@ -84,15 +86,10 @@ Connection::Connection(const ConnectionSettings& settings) {
     expect_ok(command(Args2{"SELECT", db}), "SELECT");
   }
   if (settings.require_master) {
-    const ReplyPtr role = command(std::array<std::string_view, 1>{"ROLE"});
-    if (role->type == REDIS_REPLY_ERROR) throw reply_error(*role, "ROLE");
-    const bool master = role->type == REDIS_REPLY_ARRAY && role->elements > 0 &&
-                        role->element[0]->type == REDIS_REPLY_STRING &&
-                        std::string_view(role->element[0]->str, role->element[0]->len) == "master";
-    if (!master) {
-      throw RedisError("idem: redis ROLE: " + endpoint.host + ":" + std::to_string(endpoint.port) +
-                           " is not a master (a failover is under way or the Sentinel is stale)",
-                       true);
+    const ReplyPtr role = command(kRoleCommand);
+    if (std::optional<RedisError> refused =
+            not_master(*role, HostPort{endpoint.host, endpoint.port})) {
+      throw *refused;
     }
   }
 }

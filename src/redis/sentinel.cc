@@ -4,57 +4,25 @@
 
 #include <algorithm>
 #include <array>
-#include <charconv>
+#include <asio/co_spawn.hpp>
+#include <asio/io_context.hpp>
+#include <asio/use_future.hpp>
+#include <future>
 #include <optional>
 #include <string>
 #include <utility>
 
 #include "idem/errors.h"
+#include "redis/async_sentinel.h"
 #include "redis/connection.h"
 #include "redis/errors.h"
 
 namespace idem::detail {
-namespace {
-
-std::string text(const HostPort& address) {
-  return address.host + ":" + std::to_string(address.port);
-}
-
-// The answer of one Sentinel to SENTINEL get-master-addr-by-name: the address, or nullopt when
-// it does not know the name. Throws idem::RedisError when it fails.
-std::optional<HostPort> ask(const ConnectionSettings& master, const HostPort& sentinel) {
-  ConnectionSettings settings;
-  settings.endpoint.host = sentinel.host;
-  settings.endpoint.port = sentinel.port;
-  settings.connect_timeout = master.connect_timeout;
-  settings.command_timeout = master.command_timeout;
-  settings.keepalive = false;
-  Connection connection(settings);
-  const ReplyPtr reply = connection.command(std::array<std::string_view, 3>{
-      "SENTINEL", "get-master-addr-by-name", master.endpoint.sentinel_master});
-  if (reply->type == REDIS_REPLY_NIL) return std::nullopt;
-  if (reply->type == REDIS_REPLY_ERROR)
-    throw reply_error(*reply, "SENTINEL get-master-addr-by-name");
-  if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 2 ||
-      reply->element[0]->type != REDIS_REPLY_STRING ||
-      reply->element[1]->type != REDIS_REPLY_STRING) {
-    throw unexpected_reply(*reply, "SENTINEL get-master-addr-by-name");
-  }
-  HostPort address{std::string(reply->element[0]->str, reply->element[0]->len), 0};
-  const std::string_view port(reply->element[1]->str, reply->element[1]->len);
-  if (std::from_chars(port.data(), port.data() + port.size(), address.port).ec != std::errc() ||
-      address.port <= 0 || address.port > 65535 || address.host.empty()) {
-    throw RedisError("idem: redis sentinel " + text(sentinel) + " named a malformed address", true);
-  }
-  return address;
-}
-
-}  // namespace
 
 Sentinel::Sentinel(PoolSettings master, CircuitBreakerOptions breaker)
     : settings_(std::move(master)),
       breaker_(breaker),
-      sentinels_(settings_.connection.endpoint.sentinels) {}
+      order_(settings_.connection.endpoint.sentinels) {}
 
 Sentinel::~Sentinel() {
   {
@@ -128,7 +96,7 @@ void Sentinel::watch() {
     HostPort sentinel;
     {
       std::lock_guard lock(mutex_);
-      sentinel = sentinels_[next++ % sentinels_.size()];
+      sentinel = order_.cycle(next++);
     }
     try {
       ConnectionSettings settings;
@@ -149,13 +117,7 @@ void Sentinel::watch() {
         next = 0;  // a working Sentinel: start from the first again after it fails
         while (!stopping_) {
           const ReplyPtr message = connection.read_reply();
-          // ["message", "+switch-master", "<name> <old ip> <old port> <new ip> <new port>"]
-          if (message->type != REDIS_REPLY_ARRAY || message->elements != 3 ||
-              message->element[2]->type != REDIS_REPLY_STRING) {
-            continue;
-          }
-          const std::string_view text(message->element[2]->str, message->element[2]->len);
-          if (!text.starts_with(name + " ")) continue;
+          if (!switched_master(*message, name)) continue;
           std::lock_guard discovery(discovery_mutex_);
           try {
             (void)rediscover_locked();
@@ -190,45 +152,20 @@ HostPort Sentinel::discover() {
   std::vector<HostPort> order;
   {
     std::lock_guard lock(mutex_);
-    order = sentinels_;
+    order = order_.sentinels();
   }
-  const std::string& name = settings_.connection.endpoint.sentinel_master;
-  std::string last_error;
-  bool only_unknown = true;  // every Sentinel answered, and none knows `name`
-  for (const HostPort& sentinel : order) {
-    std::optional<HostPort> address;
-    try {
-      address = ask(settings_.connection, sentinel);
-    } catch (const RedisError& error) {
-      last_error = error.what();
-      only_unknown = false;
-      continue;
-    }
-    if (!address) {
-      last_error = "sentinel " + text(sentinel) + " does not monitor a master named '" + name + "'";
-      continue;
-    }
-    only_unknown = false;
-    // ROLE on the named server: a Sentinel cut off from the others may name an old master.
-    ConnectionSettings check = settings_.connection;
-    check.endpoint.host = address->host;
-    check.endpoint.port = address->port;
-    check.require_master = true;
-    try {
-      (void)Connection(check);
-    } catch (const RedisError& error) {
-      if (!error.retryable()) throw;  // WRONGPASS, NOAUTH: the master's settings are wrong
-      last_error = error.what();
-      continue;
-    }
-    std::lock_guard lock(mutex_);
-    const auto it = std::find(sentinels_.begin(), sentinels_.end(), sentinel);
-    if (it != sentinels_.end()) std::rotate(sentinels_.begin(), it, it + 1);
-    return *address;
-  }
-  throw RedisError(
-      "idem: redis sentinel: no master named '" + name + "' found (last: " + last_error + ")",
-      !only_unknown);
+  AsyncConnectionSettings master;
+  master.endpoint = settings_.connection.endpoint;
+  master.connect_timeout = settings_.connection.connect_timeout;
+  master.command_timeout = settings_.connection.command_timeout;
+  asio::io_context io;
+  std::future<DiscoveredMaster> round =
+      asio::co_spawn(io, discover_master(std::move(order), std::move(master)), asio::use_future);
+  io.run();
+  const DiscoveredMaster found = round.get();  // throws the round's idem::RedisError
+  std::lock_guard lock(mutex_);
+  order_.answered(found.sentinel);
+  return found.master;
 }
 
 }  // namespace idem::detail

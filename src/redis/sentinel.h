@@ -1,7 +1,9 @@
 // Redis Sentinel: which server is the master of a monitored set, asked of the Sentinels in
 // turn (Redis' "Sentinel clients guidelines": ask each Sentinel in order, move the one that
 // answered to the front, check ROLE on the named server, ask again after a failure), and told
-// by them when it changes (a subscription to +switch-master on one Sentinel).
+// by them when it changes (a subscription to +switch-master on one Sentinel). A round of
+// questions is the async front's discover_master() (async_sentinel.h), run on a private
+// io_context; the rules are sentinel_rules.h's.
 #pragma once
 
 #include <atomic>
@@ -15,6 +17,7 @@
 #include "idem/redis_guard.h"
 #include "redis/node.h"
 #include "redis/pool.h"
+#include "redis/sentinel_rules.h"
 #include "redis/url.h"
 
 namespace idem::detail {
@@ -32,7 +35,7 @@ class Sentinel {
 
   /// Least time between two discoveries while a master is known: failures of many calls within
   /// it cost one round of questions to the Sentinels.
-  static constexpr std::chrono::milliseconds kRediscoverInterval{100};
+  static constexpr std::chrono::milliseconds kRediscoverInterval = kSentinelRediscoverInterval;
 
   /// `master` holds the settings of every master connection (credentials, database, timeouts)
   /// and, in its endpoint, the Sentinels and the master's name. Does not connect until first
@@ -75,7 +78,7 @@ class Sentinel {
   const CircuitBreakerOptions breaker_;
   std::mutex discovery_mutex_;  // one discovery at a time; taken before mutex_
   std::mutex mutex_;            // guards the members below
-  std::vector<HostPort> sentinels_;
+  SentinelOrder order_;
   std::shared_ptr<Node> master_;
   bool stale_ = false;
   Clock::time_point next_discovery_{};

@@ -1,0 +1,101 @@
+// What the blocking Sentinel (sentinel.h) and the loop's AsyncSentinel (async_sentinel.h) share
+// of Redis' "Sentinel clients guidelines": the order the Sentinels are asked in, how their
+// answers and a server's ROLE read, which failures of the master call for asking again, and
+// the error of a round of questions that found no master. Pure: no I/O, no locks.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "idem/errors.h"
+#include "redis/url.h"
+
+struct redisReply;
+
+namespace idem::detail {
+
+/// Least time between two rounds of questions while a master is known: failures of many calls
+/// within it cost one round (a `+switch-master` message starts one at once).
+inline constexpr std::chrono::milliseconds kSentinelRediscoverInterval{100};
+
+/// The Sentinels of one monitored set, in the order to ask them: the URL's, then the one that
+/// last named a confirmed master moves to the front. Not thread-safe (the owner locks).
+class SentinelOrder {
+ public:
+  /// `sentinels` must not be empty (parse_redis_url gives at least one).
+  explicit SentinelOrder(std::vector<HostPort> sentinels) : sentinels_(std::move(sentinels)) {}
+
+  /// In the order to ask them now.
+  [[nodiscard]] const std::vector<HostPort>& sentinels() const noexcept { return sentinels_; }
+  /// The `n`-th to try when cycling through them (n = 0, 1, ... wraps around).
+  [[nodiscard]] const HostPort& cycle(std::size_t n) const {
+    return sentinels_[n % sentinels_.size()];
+  }
+  /// `sentinel` named a master that answered ROLE as one: it is asked first from now on.
+  void answered(const HostPort& sentinel);
+
+ private:
+  std::vector<HostPort> sentinels_;
+};
+
+/// `SENTINEL get-master-addr-by-name name` (views into `name`).
+[[nodiscard]] std::array<std::string_view, 3> master_query(const std::string& name);
+
+/// The answer of `sentinel` to master_query(): the master's address, or nullopt when it does not
+/// monitor the name. Throws idem::RedisError for an error reply (retryable as reply_error says)
+/// and for a malformed answer (retryable: another Sentinel may answer well).
+[[nodiscard]] std::optional<HostPort> master_address(const redisReply& reply,
+                                                     const HostPort& sentinel);
+
+/// `ROLE`.
+inline constexpr std::array<std::string_view, 1> kRoleCommand{"ROLE"};
+
+/// What a ROLE reply of `server` says against it being the master: nullopt when it is the
+/// master; an idem::RedisError otherwise (retryable: "not a master", as during a failover or
+/// from a stale Sentinel; reply_error's for an error reply, e.g. NOAUTH).
+[[nodiscard]] std::optional<RedisError> not_master(const redisReply& reply, const HostPort& server);
+
+/// The new master a `+switch-master` message of a subscription names for the set `name`
+/// (`["message", "+switch-master", "<name> <old ip> <old port> <new ip> <new port>"]`); nullopt
+/// for another set and for anything else.
+[[nodiscard]] std::optional<HostPort> switched_master(const redisReply& message,
+                                                      std::string_view name);
+
+/// Whether a failed call on the master calls for asking the Sentinels again: a retryable
+/// idem::RedisError (connection lost or refused, a timeout, READONLY, a ROLE not master, the
+/// breaker open). A non-retryable one (WRONGPASS, a script error) says nothing of a failover.
+[[nodiscard]] inline bool failover_suspected(const RedisError& error) noexcept {
+  return error.retryable();
+}
+
+/// Whether an error reply of the master says it is no longer the master: READONLY (a demoted
+/// master, now a replica) or MASTERDOWN (a replica cut off from its master).
+[[nodiscard]] bool failover_reply(const redisReply& reply);
+
+/// Why one round of questions to the Sentinels found no master, and its error.
+class DiscoveryFailure {
+ public:
+  explicit DiscoveryFailure(std::string name) : name_(std::move(name)) {}
+
+  /// A Sentinel that did not answer (connection refused, timeout, an error reply).
+  void no_answer(const RedisError& error);
+  /// `sentinel` does not monitor a master of this name.
+  void unknown(const HostPort& sentinel);
+  /// The server a Sentinel named is not the master (or cannot be reached). Rethrows `error`
+  /// when not retryable (WRONGPASS, NOAUTH: the master's settings are wrong, not the moment).
+  void not_confirmed(const RedisError& error);
+  /// The round's error: retryable, except when every Sentinel answered and none knows the name.
+  [[nodiscard]] RedisError error() const;
+
+ private:
+  std::string name_;
+  std::string last_;
+  bool only_unknown_ = true;
+};
+
+}  // namespace idem::detail
