@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/dev bench async [--report-json PATH] [--runs N] [--redis-url redis://host:port]
+# scripts/dev bench async [--report-json PATH] [--runs N] [--seconds S] [--redis-url redis://host:port]
 #
 # Claims through the async Redis client (src/redis/async_client.h) from ONE loop thread with
 # 1 000 calls in flight, against redis-benchmark -c 50 -P 16 (800 in flight) on the same server
@@ -7,18 +7,48 @@
 #   idem SET NX GET  (`SET key record NX PX 30000 GET`)  vs  redis-benchmark SET NX
 #   idem EVALSHA     (lua/claim.lua)                      vs  redis-benchmark EVALSHA claim.lua
 # and the heap bytes per in-flight call (glibc mallinfo2 with all 1 000 in flight, minus before).
-# By default a private redis-server is started on a free port (and stopped).
-# Prints a table; --report-json writes
+# Then run() with guard and sink (bench/async_run_bench.cc), first executions, --seconds slices
+# (default 5) in the same runs, the records table emptied before each:
+#   async      AsyncDeduplicator::run() on ONE loop thread, 1 000 calls in flight, 8 PostgreSQL
+#              connections in pipeline mode, one Redis connection
+#   blocking   Deduplicator::run() with the same options on 50 threads
+#   pg_floor   pgbench -c 50 -M prepared running the sink's two statements of a call (the claim
+#              row's INSERT, the completion's UPDATE) alone: PostgreSQL's own rate for them
+#   pg_floor_pool  the same at -c 8, the async front's PostgreSQL connections
+# with the heap bytes of a full run() in flight (its handler waiting, claims held), the loop
+# thread's CPU per call, the share of the time it ran and the share it waited, runnable, for a
+# core (on shared cores one thread gets about cores / load average of one; the rate on a core
+# of its own is 10^6 / CPU µs per call).
+# By default a private redis-server is started on a free port (and stopped); PostgreSQL is the
+# one of scripts/dev's services (IDEM_TEST_PG_URL), in a schema of its own (dropped).
+# Prints tables; --report-json writes
 #   {"claims": {"in_flight", "idem_async_per_s", "redis_benchmark_p16_per_s", "ratio",
 #               "idem_async_p99_us", "redis_benchmark_p99_us", "idem_async_lua_per_s",
 #               "redis_benchmark_p16_evalsha_per_s", "lua_ratio", "idem_async_lua_p99_us",
 #               "redis_benchmark_evalsha_p99_us"},
+#    "run_with_sink": {"in_flight", "async_per_s", "blocking_per_s", "blocking_threads", "ratio",
+#                      "pg_connections", "floors": {"pgbench_sink_statements_per_s",
+#                      "pgbench_clients", "async_of_floor",
+#                      "pgbench_sink_statements_at_pg_connections_per_s", "async_of_pool_floor",
+#                      "async_loop_cpu_us_per_call", "async_loop_core_share",
+#                      "async_loop_runqueue_share",
+#                      "async_per_loop_core_s", "blocking_cpu_us_per_call"}, "bytes_per_in_flight_call",
+#                      "payload_bytes", "per_run": {…}},
 #    "bytes_per_in_flight_call": N, "bytes_per_in_flight_lua_call": N, "runs", "loadavg_1_5_15"}
-# (`run_with_sink` comes with the async driver.)
+# (calls per second; pgbench's rate is in calls, one call being its two statements).
 set -euo pipefail
 
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+seconds=5
 redis_bench_setup idem-bench-async "$@"
+pg_url="${IDEM_TEST_PG_URL:?run through scripts/dev bench async (or set IDEM_TEST_PG_URL)}"
+require_tools pgbench psql
+cmake --build "$build" --target idem-bench-async-run >/dev/null
+run_harness="$build/bench/idem-bench-async-run"
+schema="idem_bench_async_$$"
+at_exit 'psql -q "$pg_url" -c "DROP SCHEMA IF EXISTS \"$schema\" CASCADE" >/dev/null 2>&1'
+psql -q "$pg_url" -c "CREATE SCHEMA \"$schema\"" >/dev/null
+"$run_harness" --redis-url "$redis_url" --pg-url "$pg_url" --schema "$schema" --setup
 
 in_flight=1000
 requests=400000
@@ -27,12 +57,49 @@ run_async() {  # method → "<per s> <p99 µs> <bytes per call>"
   "$harness" --url "$redis_url" --method "$1" --in-flight "$in_flight" --requests "$requests"
 }
 
-set_runs=() lua_runs=() rb_set=() rb_eval=()
+# run_with_sink: the sink's two statements of a call, as src/sink/pg_sink.cc writes them (kClaim,
+# then kComplete with the claim's owner token), for pgbench. Keys are random 60-bit numbers.
+blocking_threads=50 pg_connections=8
+s="\"$schema\"" k="'u|refund|pgb-' || CAST(:client_id AS text) || '-' || CAST(:n AS text)"
+{
+  echo '\set n random(1, 1152921504606846976)'
+  echo "WITH key_lock AS (SELECT pg_advisory_xact_lock(hashtextextended($k, hashtext('bench')))) INSERT INTO $s.idem_records (ns, key, request_id, fingerprint, expires_at, owner_token) SELECT 'bench', $k, 'req-pgb-' || CAST(:n AS text), 'f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f00', now() + 30000::float8 * interval '1 ms', 'owner-' || CAST(:n AS text) FROM key_lock ON CONFLICT (ns, key) DO NOTHING RETURNING 1;"
+  echo "UPDATE $s.idem_records SET state = 'completed', response = '\\x7b22737461747573223a22726566756e646564222c22616d6f756e745f63656e7473223a3530307d'::bytea, response_sha256 = NULL, expires_at = now() + 86400000::float8 * interval '1 ms' WHERE ns = 'bench' AND key = $k AND state = 'in_progress' AND owner_token = coalesce('owner-' || CAST(:n AS text), owner_token);"
+} >"$work/sink.sql"
+# One slice of run_with_sink: prints "<calls per s>", async "<per s> <bytes> <payload bytes> <loop
+# CPU µs per call> <ran share> <waited share>", blocking "<per s> <CPU µs per call>".
+sink_slice() {
+  fresh
+  psql -q "$pg_url" -c "TRUNCATE $s.idem_records" >/dev/null
+  local common=(--redis-url "$redis_url" --pg-url "$pg_url" --schema "$schema" --seconds "$seconds")
+  case "$1" in
+    async) "$run_harness" "${common[@]}" --mode async --in-flight "$in_flight" --pool "$pg_connections" ;;
+    blocking) "$run_harness" "${common[@]}" --mode blocking --threads "$blocking_threads" ;;
+    pg_floor) sink_pgbench "$blocking_threads" ;;
+    pg_floor_pool) sink_pgbench "$pg_connections" ;;
+  esac
+}
+sink_pgbench() {  # clients → calls (two statements) per second
+  pgbench -n -c "$1" -j 2 -T "$seconds" -M prepared -f "$work/sink.sql" "$pg_url" 2>/dev/null |
+    sed -n 's/^tps = \([0-9.]*\) (without initial connection time)$/\1/p'
+}
+
+set_runs=() lua_runs=() rb_set=() rb_eval=() async_runs=() blocking_runs=() floor_runs=() pool_runs=()
 for ((r = 0; r < runs; r++)); do
   set_runs+=("$(run_async set)")
   rb_set+=("$(run_rb 50 "$requests" 16 SET key:__rand_int__ "$bench_record" NX PX 30000)")
   lua_runs+=("$(run_async lua)")
   rb_eval+=("$(run_rb 50 "$requests" 16 EVALSHA "$sha" 1 key:__rand_int__ "$bench_record" 30000)")
+  # The order rotates from run to run: all see the same load on a shared machine.
+  sink_scenarios=(async blocking pg_floor pg_floor_pool)
+  for ((k = 0; k < 4; k++)); do
+    case "${sink_scenarios[$(((k + r) % 4))]}" in
+      async) async_runs+=("$(sink_slice async)") ;;
+      blocking) blocking_runs+=("$(sink_slice blocking)") ;;
+      pg_floor) floor_runs+=("$(sink_slice pg_floor)") ;;
+      pg_floor_pool) pool_runs+=("$(sink_slice pg_floor_pool)") ;;
+    esac
+  done
 done
 # med ARRAY FIELD: the median of field FIELD (1-based) over the runs in ARRAY.
 med() {
@@ -46,6 +113,13 @@ lua_s="$(med lua_runs 1)" lua_p99="$(med lua_runs 2)" lua_bytes="$(med lua_runs 
 rb_set_s="$(med rb_set 1)" rb_set_p99="$(med rb_set 2)"
 rb_eval_s="$(med rb_eval 1)" rb_eval_p99="$(med rb_eval 2)"
 set_ratio="$(ratio "$set_s" "$rb_set_s")" lua_ratio="$(ratio "$lua_s" "$rb_eval_s")"
+async_s="$(med async_runs 1)" run_bytes="$(med async_runs 2)" payload_bytes="$(med async_runs 3)"
+loop_us="$(med async_runs 4)" loop_share="$(med async_runs 5)" loop_waited="$(med async_runs 6)"
+blocking_s="$(med blocking_runs 1)" blocking_us="$(med blocking_runs 2)"
+floor_s="$(med floor_runs 1)" pool_floor_s="$(med pool_runs 1)"
+sink_ratio="$(ratio "$async_s" "$blocking_s")" floor_ratio="$(ratio "$async_s" "$floor_s")"
+pool_floor_ratio="$(ratio "$async_s" "$pool_floor_s")"
+loop_core_s="$(awk -v us="$loop_us" 'BEGIN {printf "%.0f", 1e6 / us}')"
 
 printf '%-22s %12s %12s %8s %10s %10s %8s\n' claim idem_per_s rb_p16_per_s ratio p99_us rb_p99_us bytes
 printf '%-22s %12.0f %12.0f %8s %10.1f %10.1f %8.0f\n' "SET NX GET / SET NX" "$set_s" "$rb_set_s" \
@@ -53,12 +127,47 @@ printf '%-22s %12.0f %12.0f %8s %10.1f %10.1f %8.0f\n' "SET NX GET / SET NX" "$s
 printf '%-22s %12.0f %12.0f %8s %10.1f %10.1f %8.0f\n' "EVALSHA claim.lua" "$lua_s" "$rb_eval_s" \
   "$lua_ratio" "$lua_p99" "$rb_eval_p99" "$lua_bytes"
 
+printf '\n%-36s %12s %8s\n' "run() with guard and sink" calls_per_s ratio
+printf '%-36s %12.0f %8s\n' "async, 1 thread, $in_flight in flight" "$async_s" "$sink_ratio"
+printf '%-36s %12.0f %8s\n' "blocking, $blocking_threads threads" "$blocking_s" 1
+printf '%-36s %12.0f %8s\n' "pgbench -c $blocking_threads, sink statements" "$floor_s" \
+  "$(ratio "$floor_s" "$blocking_s")"
+printf '%-36s %12.0f %8s\n' "pgbench -c $pg_connections, sink statements" "$pool_floor_s" \
+  "$(ratio "$pool_floor_s" "$blocking_s")"
+printf '%-36s %12.0f %8s\n' "async loop on a core of its own" "$loop_core_s" \
+  "$(ratio "$loop_core_s" "$blocking_s")"
+percent() { awk -v s="$1" 'BEGIN {printf "%.0f", s * 100}'; }
+printf 'CPU µs per call: async loop %.1f (it ran %s %% of the time, waited for a core %s %%), blocking %.1f (all threads)\n' \
+  "$loop_us" "$(percent "$loop_share")" "$(percent "$loop_waited")" "$blocking_us"
+printf 'heap bytes per in-flight run() call: %.0f (payload %d)\n' "$run_bytes" "$payload_bytes"
+
+# per_run ARRAY: field 1 of each run in ARRAY as a JSON array.
+per_run() {
+  local -n values_ref=$1
+  local v out=()
+  for v in "${values_ref[@]}"; do out+=("${v%% *}"); done
+  json_list "${out[@]}"
+}
 json="{\"claims\": {\"in_flight\": $in_flight, \"idem_async_per_s\": $set_s,"
 json+=" \"redis_benchmark_p16_per_s\": $rb_set_s, \"ratio\": $set_ratio,"
 json+=" \"idem_async_p99_us\": $set_p99, \"redis_benchmark_p99_us\": $rb_set_p99,"
 json+=" \"idem_async_lua_per_s\": $lua_s, \"redis_benchmark_p16_evalsha_per_s\": $rb_eval_s,"
 json+=" \"lua_ratio\": $lua_ratio, \"idem_async_lua_p99_us\": $lua_p99,"
 json+=" \"redis_benchmark_evalsha_p99_us\": $rb_eval_p99, \"requests_per_run\": $requests},"
+json+=" \"run_with_sink\": {\"in_flight\": $in_flight, \"async_per_s\": $async_s,"
+json+=" \"blocking_per_s\": $blocking_s, \"blocking_threads\": $blocking_threads,"
+json+=" \"ratio\": $sink_ratio, \"pg_connections\": $pg_connections,"
+json+=" \"floors\": {\"pgbench_sink_statements_per_s\": $floor_s,"
+json+=" \"pgbench_clients\": $blocking_threads, \"async_of_floor\": $floor_ratio,"
+json+=" \"pgbench_sink_statements_at_pg_connections_per_s\": $pool_floor_s,"
+json+=" \"async_of_pool_floor\": $pool_floor_ratio, \"async_loop_cpu_us_per_call\": $loop_us,"
+json+=" \"async_loop_core_share\": $loop_share, \"async_loop_runqueue_share\": $loop_waited,"
+json+=" \"async_per_loop_core_s\": $loop_core_s,"
+json+=" \"blocking_cpu_us_per_call\": $blocking_us},"
+json+=" \"bytes_per_in_flight_call\": $run_bytes, \"payload_bytes\": $payload_bytes,"
+json+=" \"seconds_per_slice\": $seconds, \"per_run\": {\"async\": $(per_run async_runs),"
+json+=" \"blocking\": $(per_run blocking_runs), \"pg_floor\": $(per_run floor_runs),"
+json+=" \"pg_floor_pool\": $(per_run pool_runs)}},"
 json+=" \"bytes_per_in_flight_call\": $set_bytes, \"bytes_per_in_flight_lua_call\": $lua_bytes,"
 json+=" \"runs\": $runs, \"loadavg_1_5_15\": $(loadavg_json)}"
 write_report "$json"

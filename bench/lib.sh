@@ -46,14 +46,21 @@ write_report() {
   echo "report: $report" >&2
 }
 
+# at_exit COMMAND: evaluates COMMAND when the script exits, before those registered earlier.
+exit_commands=()
+at_exit() {
+  exit_commands=("$1" "${exit_commands[@]}")
+  trap 'for c in "${exit_commands[@]}"; do eval "$c" || true; done' EXIT
+}
+
 # start_bench_redis: unless --redis-url was given, starts a private redis-server on a free port
-# (stopped, with its directory $work, by the EXIT trap this sets). Then sets redis_url, host,
+# (stopped, with its directory $work, at exit). Then sets redis_url, host,
 # port, private (1 for the private server) and defines cli (redis-cli on it) and fresh (FLUSHALL
 # of the private server only).
 start_bench_redis() {
   work="$(mktemp -d)"
   server_pid=""
-  trap '[[ -n "$server_pid" ]] && kill "$server_pid" 2>/dev/null && wait "$server_pid" 2>/dev/null; rm -rf "$work"' EXIT
+  at_exit '[[ -n "$server_pid" ]] && kill "$server_pid" 2>/dev/null && wait "$server_pid" 2>/dev/null; rm -rf "$work"'
   private=0
   if [[ -z "$redis_url" ]]; then
     private=1
