@@ -83,7 +83,61 @@ struct AsyncDeduplicatorOptions {
 
 namespace detail {
 class AsyncCall;
-}
+class AsyncPgTransaction;
+}  // namespace detail
+
+/// One statement's result in PostgreSQL's text format (values as PostgreSQL prints them: a
+/// bytea as "\\x…" hex). Cheap to copy (shared, immutable); usable after the call ended.
+class IDEM_EXPORT AsyncResult {
+ public:
+  /// An empty result: no rows, no columns.
+  AsyncResult() = default;
+  /// Rows returned (0 for a command that returns none).
+  [[nodiscard]] std::size_t rows() const noexcept;
+  /// Columns of each row.
+  [[nodiscard]] std::size_t columns() const noexcept;
+  /// The value at (row, column) as text; std::nullopt for SQL NULL. Throws std::out_of_range
+  /// outside rows() x columns(). The view lives as long as a copy of this result.
+  [[nodiscard]] std::optional<std::string_view> get(std::size_t row, std::size_t column) const;
+  /// Rows an INSERT/UPDATE/DELETE/SELECT touched (libpq's PQcmdTuples), 0 when the command has
+  /// none.
+  [[nodiscard]] std::size_t affected_rows() const noexcept;
+
+  struct Data;  ///< The result (src/facade/async_deduplicator.cc).
+  /// Made by AsyncTransaction::exec().
+  explicit AsyncResult(std::shared_ptr<const Data> data) noexcept : data_(std::move(data)) {}
+
+ private:
+  std::shared_ptr<const Data> data_;
+};
+
+/// The call's own transaction on the loop, given to a run_transactional() handler: BEGIN was
+/// sent by the driver (with the claim's advisory lock and read, in one round trip), COMMIT
+/// follows the handler (with idem's record, in one round trip). Valid only while the handler
+/// runs, on the deduplicator's executor; one statement at a time (await each before the next).
+class IDEM_EXPORT AsyncTransaction {
+ public:
+  /// Made by the driver for each call; handlers only receive it.
+  explicit AsyncTransaction(detail::AsyncPgTransaction& tx) noexcept : tx_(&tx) {}
+
+  /// Runs one statement, parameters $1… as text (std::nullopt: NULL; unnamed, unprepared, libpq's
+  /// extended protocol: one statement per call). Throws idem::PostgresError (sqlstate()) on a
+  /// failed statement (the transaction is then aborted: let it propagate, or the COMMIT
+  /// fails); a unique violation of one of PgSinkOptions::business_constraints that the
+  /// handler lets propagate makes the call a kDuplicate (nothing of it commits). A statement
+  /// under way when the call is cancelled (an Asio cancellation, its deadline, shutdown()) is
+  /// cancelled on the server too (PQcancel, off the loop), and ends the call as a cancellation
+  /// (idem::Cancelled / DeadlineExceeded, the claim kept until its lease ends), never as a
+  /// business failure. Each statement is bounded by PgSinkOptions::response_timeout. With
+  /// GCC 12, pass `params` as a named vector, not a braced list in the `co_await` expression
+  /// (GCC 12 cannot keep an initializer list's array across a suspension: "array used as
+  /// initializer").
+  asio::awaitable<AsyncResult> exec(std::string sql,
+                                    std::vector<std::optional<std::string>> params = {});
+
+ private:
+  detail::AsyncPgTransaction* tx_;
+};
 
 /// What a running asynchronous handler may know and do. Valid only while the handler runs; use
 /// it on the deduplicator's executor.
@@ -148,8 +202,6 @@ class AsyncCompletionOf final : public AsyncCompletion {
   asio::executor_work_guard<asio::associated_executor_t<Handler, asio::any_io_executor>> work_;
 };
 
-class AsyncTransaction;
-
 /// A handler, its type erased: run() passes no transaction.
 using AsyncHandler =
     std::function<asio::awaitable<std::string>(AsyncTransaction* tx, AsyncContext& context)>;
@@ -197,7 +249,7 @@ class IDEM_EXPORT AsyncDeduplicator {
   template <typename Handler, typename Token>
   auto run(Request request, Handler handler, Token&& token) {
     auto shared = std::make_shared<Handler>(std::move(handler));
-    detail::AsyncHandler erased = [shared](detail::AsyncTransaction*,
+    detail::AsyncHandler erased = [shared](AsyncTransaction*,
                                            AsyncContext& context) -> asio::awaitable<std::string> {
       if constexpr (std::is_invocable_v<Handler&, AsyncContext&>) {
         return (*shared)(context);
@@ -206,6 +258,34 @@ class IDEM_EXPORT AsyncDeduplicator {
       }
     };
     return initiate(std::move(request), std::move(erased), false, std::forward<Token>(token));
+  }
+
+  /// Runs `handler` at most once per idempotency key inside the call's own PostgreSQL
+  /// transaction, as Deduplicator::run_transactional() does (docs/pg_sink.md, "What a call
+  /// costs"): the claim goes with BEGIN (the key's advisory lock and its record's read), the
+  /// handler's statements through `tx.exec()`, idem's record INSERT with COMMIT, so business rows
+  /// and record commit together or not at all. A unique violation of one of
+  /// PgSinkOptions::business_constraints is a kDuplicate; TransactionalClaim::kBusinessKey
+  /// writes no record of idem's. `handler`: `asio::awaitable<std::string>(AsyncTransaction&,
+  /// AsyncContext&)` or `asio::awaitable<std::string>(AsyncTransaction&)`, returning the
+  /// response to store. The call holds one of the sink's `pool_size` connections from the claim
+  /// to COMMIT/ROLLBACK; when every one is held, it waits on the loop (no thread; bounded by its
+  /// deadline and cancellable) and so do run()'s statements. A handler failure rolls back and
+  /// releases the claim (as the failure policy says); a cancellation rolls back and keeps it.
+  /// Needs AsyncDeduplicatorOptions::postgres (else the call fails with idem::ConfigError).
+  /// Completes with `void(std::exception_ptr, Outcome)`, as run().
+  template <typename Handler, typename Token>
+  auto run_transactional(Request request, Handler handler, Token&& token) {
+    auto shared = std::make_shared<Handler>(std::move(handler));
+    detail::AsyncHandler erased = [shared](AsyncTransaction* tx,
+                                           AsyncContext& context) -> asio::awaitable<std::string> {
+      if constexpr (std::is_invocable_v<Handler&, AsyncTransaction&, AsyncContext&>) {
+        return (*shared)(*tx, context);
+      } else {
+        return (*shared)(*tx);
+      }
+    };
+    return initiate(std::move(request), std::move(erased), true, std::forward<Token>(token));
   }
 
   /// Requests stop on every running call (as an Asio cancellation does) and makes later calls

@@ -251,7 +251,12 @@ class IDEM_EXPORT Deduplicator {
   /// `std::string(pqxx::transaction_base&, Context&)`) inside the sink's transaction, after the
   /// key is claimed there (DeduplicatorOptions::transactional_claim), so the claim and the
   /// handler's writes commit together or not at all. Requires a sink (idem::ConfigError
-  /// otherwise).
+  /// otherwise). When the call's stop is requested (Request::stop, shutdown()) while the
+  /// handler runs, the statement it runs then is cancelled on the server (PQcancel, from a
+  /// helper thread: the thread that requests the stop never waits for the server), and the
+  /// SQLSTATE 57014 that ends it makes the call throw idem::Cancelled (the transaction rolled
+  /// back, the claim kept until its lease ends), not idem::PostgresError. A statement the
+  /// handler starts after the stop is not cancelled: check Context::stop_token().
   template <class Handler>
   [[nodiscard]] Outcome run_transactional(const Request& request, Handler&& handler) {
     return run_handler(

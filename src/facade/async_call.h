@@ -58,6 +58,8 @@ class AsyncCall : public std::enable_shared_from_this<AsyncCall> {
   template <typename Io, typename Report>
   asio::awaitable<void> attempt(Layer layer, bool cancellable, Io io, Report report);
   asio::awaitable<void> run_handler(AsyncTransaction* tx);
+  // The transactional steps (kSinkBegin to kCommit/kRollback) on tx_.
+  asio::awaitable<void> perform_in_transaction(const Step& step);
   // Hands `event` to on_decision; what it throws is swallowed.
   void emit(const DecisionEvent& event) const noexcept;
   // Why a step of `layer` must not start now (the call was stopped), or null.
@@ -82,6 +84,7 @@ class AsyncCall : public std::enable_shared_from_this<AsyncCall> {
   std::optional<std::stop_callback<std::function<void()>>> on_request_stop_;
   std::chrono::steady_clock::time_point deadline_at_ = std::chrono::steady_clock::time_point::max();
   std::optional<asio::steady_timer> renew_timer_;
+  std::unique_ptr<AsyncPgTransaction> tx_;  // run_transactional(): from kSinkBegin to its end
   bool cancelled_ = false;
   bool deadline_passed_ = false;
   bool handler_running_ = false;

@@ -16,8 +16,11 @@
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
 #include <bit>
+#include <cstdlib>
 #include <set>
+#include <stdexcept>
 #include <stop_token>
+#include <string>
 #include <system_error>
 #include <utility>
 
@@ -178,6 +181,12 @@ struct AsyncDeduplicator::Impl {
       throw ConfigError(
           "idem: AsyncDeduplicatorOptions::base: a RedisGuard or PgSink blocks its thread on "
           "every call; set AsyncDeduplicatorOptions::redis / postgres instead");
+    }
+    if (base.transactional_claim == TransactionalClaim::kBusinessKey &&
+        (!options.postgres || options.postgres->business_constraints.empty())) {
+      throw ConfigError(
+          "idem: TransactionalClaim::kBusinessKey needs AsyncDeduplicatorOptions::postgres with "
+          "business_constraints naming the UNIQUE constraint that is the claim");
     }
     if (options.redis) {
       backends.redis = std::make_unique<detail::AsyncRedisGuard>(executor, *options.redis);
@@ -429,12 +438,25 @@ asio::awaitable<void> AsyncCall::perform(const Step& step) {
       co_await attempt(
           Layer::kRedisGuard, false, [&] { return b.release(step); }, [&](bool) { plan_.done(); });
       co_return;
+    case StepKind::kSinkBegin:
+    case StepKind::kCommit:
+    case StepKind::kRollback:
+      co_await perform_in_transaction(step);
+      co_return;
     case StepKind::kSinkClaim:
+      if (tx_) {
+        co_await perform_in_transaction(step);
+        co_return;
+      }
       co_await attempt(
           Layer::kPgSink, true, [&] { return b.sink_claim(step); },
           [&](SinkClaim claim) { plan_.sink_claim_result(std::move(claim)); });
       co_return;
     case StepKind::kSinkComplete:
+      if (tx_) {
+        co_await perform_in_transaction(step);
+        co_return;
+      }
       co_await attempt(
           Layer::kPgSink, false, [&] { return b.sink_complete(step); },
           [&](bool) { plan_.done(); });
@@ -444,6 +466,11 @@ asio::awaitable<void> AsyncCall::perform(const Step& step) {
           Layer::kPgSink, false, [&] { return b.sink_release(step); }, [&](bool) { plan_.done(); });
       co_return;
     case StepKind::kRunHandler:
+      if (tx_) {
+        AsyncTransaction handle(*tx_);
+        co_await run_handler(&handle);
+        co_return;
+      }
       co_await run_handler(nullptr);
       co_return;
     case StepKind::kWait:
@@ -462,6 +489,61 @@ asio::awaitable<void> AsyncCall::perform(const Step& step) {
       break;
   }
   plan_.fail(std::make_exception_ptr(Error("idem: internal: a step the async driver lacks")));
+}
+
+// kSinkBegin opens the call's transaction (BEGIN held back for the claim when one follows:
+// Step::with_next), the claim and the staged record go in it, COMMIT carries the record, and
+// either end gives the connection back. Before the handler the steps are cancellable.
+asio::awaitable<void> AsyncCall::perform_in_transaction(const Step& step) {
+  switch (step.kind) {
+    case StepKind::kSinkBegin: {
+      tx_ = std::make_unique<AsyncPgTransaction>(*dedup_->backends.pg);
+      co_await attempt(
+          Layer::kPgSink, true,
+          [&]() -> asio::awaitable<bool> {
+            co_await tx_->open(!step.with_next);
+            co_return true;
+          },
+          [&](bool) { plan_.done(); });
+      co_return;
+    }
+    case StepKind::kSinkClaim:
+      co_await attempt(
+          Layer::kPgSink, true,
+          [&] { return tx_->claim(step.key, step.request_id, step.fingerprint); },
+          [&](SinkClaim claim) { plan_.sink_claim_result(std::move(claim)); });
+      co_return;
+    case StepKind::kSinkComplete:
+      // Staged: inserted with COMMIT; its failure is the commit's.
+      try {
+        tx_->record(step.key, step.request_id, step.fingerprint, step.value, step.ttl);
+      } catch (...) {
+        plan_.fail(std::current_exception());
+        co_return;
+      }
+      plan_.done();
+      co_return;
+    case StepKind::kCommit:
+    case StepKind::kRollback: {
+      const bool commit = step.kind == StepKind::kCommit;
+      co_await attempt(
+          Layer::kPgSink, false,
+          [&]() -> asio::awaitable<bool> {
+            if (commit) {
+              co_await tx_->commit();
+            } else {
+              co_await tx_->rollback();
+            }
+            co_return true;
+          },
+          [&](bool) { plan_.done(); });
+      tx_.reset();  // the connection is back in the pool
+      co_return;
+    }
+    default:
+      plan_.fail(std::make_exception_ptr(Error("idem: internal: a step out of its transaction")));
+      co_return;
+  }
 }
 
 void AsyncCall::emit(const DecisionEvent& event) const noexcept {
@@ -495,6 +577,8 @@ asio::awaitable<void> AsyncCall::run_handler(AsyncTransaction* tx) {
     // Whatever a stopped handler threw, it was stopped: a cancellation (no need to look).
     reported_cancellation_ = std::make_exception_ptr(Cancelled("idem: handler cancelled"));
     plan_.fail(reported_cancellation_);
+  } else if (failure && tx != nullptr && tx_->business_duplicate(failure)) {
+    plan_.business_duplicate();
   } else if (failure) {
     plan_.fail(as_cancellation(std::move(failure)));
   } else {
@@ -548,6 +632,43 @@ bool AsyncCall::stop_requested() const noexcept {
 
 }  // namespace detail
 
+// ---- AsyncResult, AsyncTransaction ----------------------------------------------------------
+
+struct AsyncResult::Data {
+  detail::PgResultPtr result;
+};
+
+std::size_t AsyncResult::rows() const noexcept {
+  return data_ ? static_cast<std::size_t>(PQntuples(data_->result.get())) : 0;
+}
+std::size_t AsyncResult::columns() const noexcept {
+  return data_ ? static_cast<std::size_t>(PQnfields(data_->result.get())) : 0;
+}
+std::optional<std::string_view> AsyncResult::get(std::size_t row, std::size_t column) const {
+  if (row >= rows() || column >= columns()) {
+    throw std::out_of_range("idem: AsyncResult::get(" + std::to_string(row) + ", " +
+                            std::to_string(column) + ") outside " + std::to_string(rows()) + "x" +
+                            std::to_string(columns()));
+  }
+  const PGresult* r = data_->result.get();
+  const int i = static_cast<int>(row);
+  const int j = static_cast<int>(column);
+  if (PQgetisnull(r, i, j) != 0) return std::nullopt;
+  return std::string_view(PQgetvalue(r, i, j), static_cast<std::size_t>(PQgetlength(r, i, j)));
+}
+std::size_t AsyncResult::affected_rows() const noexcept {
+  if (!data_) return 0;
+  const char* tuples = PQcmdTuples(data_->result.get());
+  return tuples == nullptr || *tuples == '\0' ? 0 : std::strtoull(tuples, nullptr, 10);
+}
+
+asio::awaitable<AsyncResult> AsyncTransaction::exec(
+    std::string sql, std::vector<std::optional<std::string>> params) {
+  detail::PgResultPtr result = co_await tx_->exec(std::move(sql), std::move(params));
+  co_return AsyncResult(
+      std::make_shared<const AsyncResult::Data>(AsyncResult::Data{std::move(result)}));
+}
+
 // ---- AsyncContext ---------------------------------------------------------------------------
 
 std::string_view AsyncContext::request_id() const noexcept {
@@ -595,6 +716,14 @@ void AsyncDeduplicator::close() { impl_->backends.close(); }
 void AsyncDeduplicator::start(Request request, detail::AsyncHandler handler, bool transactional,
                               std::unique_ptr<detail::AsyncCompletion> completion,
                               asio::cancellation_slot slot) {
+  if (transactional && impl_->backends.pg == nullptr) {
+    completion->complete(
+        std::make_exception_ptr(ConfigError(
+            "idem: run_transactional needs AsyncDeduplicatorOptions::postgres (its handler "
+            "writes in the PostgreSQL transaction); use run() with another sink")),
+        Outcome{});
+    return;
+  }
   auto call = std::make_shared<detail::AsyncCall>(
       impl_, std::move(request), std::move(handler),
       transactional ? detail::CallMode::kTransactional : detail::CallMode::kRun,

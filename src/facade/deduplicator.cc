@@ -21,6 +21,7 @@
 #include "idem/errors.h"
 #include "idem/local_cache.h"
 #include "idem/request_id.h"
+#include "pg/cancel.h"
 #include "pg/errors.h"
 #include "sink/pg_call.h"
 
@@ -189,6 +190,10 @@ class BlockingCall final : public detail::CallState {
     std::stop_source* target;
     void operator()() const noexcept { target->request_stop(); }
   };
+  struct CancelOnStop {
+    detail::PgStatementCancel* cancel;
+    void operator()() const noexcept { cancel->request(); }
+  };
 
   mutable std::mutex mutex_;  // the plan, while the handler runs (renewals, Context)
   detail::CallPlan plan_;
@@ -343,6 +348,17 @@ void BlockingCall::run_handler(pqxx::transaction_base* tx, const Handler& handle
     } renewal{plan_.renewal_due() ? &renewer_ : nullptr, this};
     if (renewal.renewer != nullptr) renewer_.add(*this);
     Context context(*this);
+    // A stop (Request::stop, shutdown()) while the handler runs cancels its running statement
+    // on the server; the plan counts the 57014 that ends it as a cancellation.
+    std::optional<detail::PgStatementCancel> cancel;
+    std::optional<std::stop_callback<CancelOnStop>> cancel_on_stop;
+    if (tx != nullptr) {
+      const auto* db = dynamic_cast<const pqxx::dbtransaction*>(tx);
+      const std::chrono::milliseconds bound = pg_->options().response_timeout;
+      cancel.emplace(db != nullptr ? detail::raw_connection(*db) : nullptr,
+                     bound.count() > 0 ? bound : std::chrono::milliseconds(30000));
+      cancel_on_stop.emplace(stop_token(), CancelOnStop{&*cancel});
+    }
     try {
       if (tx == nullptr) {
         response = handler(nullptr, context);

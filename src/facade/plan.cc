@@ -624,6 +624,18 @@ void CallPlan::sink_failed(std::exception_ptr error, bool backend) {
 void CallPlan::handler_failed(std::exception_ptr error) {
   renewing_ = false;
   cancelled_ = is_a(error, [](const std::exception& e) { return as<Cancelled>(e) != nullptr; });
+  // A statement of the handler's that ended with SQLSTATE 57014 (query_canceled) while the call
+  // was stopped was cancelled by the stop (the drivers cancel the running statement): the stop's
+  // doing, not a business failure. Every driver's handler failure comes through here.
+  if (!cancelled_ && stop_requested() && is_a(error, [](const std::exception& e) {
+        const auto* pg = as<PostgresError>(e);
+        return pg != nullptr && pg->sqlstate() == kQueryCanceledSqlstate;
+      })) {
+    error = std::make_exception_ptr(
+        Cancelled("idem: the handler's statement was cancelled (SQLSTATE 57014) because the "
+                  "call was stopped; its claim is kept until its lease ends"));
+    cancelled_ = true;
+  }
   error_ = std::move(error);
   if (transactional()) {
     go(State::kRollback);

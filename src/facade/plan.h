@@ -22,6 +22,10 @@
 
 namespace idem::detail {
 
+/// SQLSTATE query_canceled: a statement cancelled (PQcancel) or past statement_timeout. Under a
+/// stop of the call, a handler failure with it is a cancellation (CallPlan::fail()).
+inline constexpr const char* kQueryCanceledSqlstate = "57014";
+
 /// Time as the plan sees it: a driver passes the monotonic clock's reading in.
 using PlanTime = std::chrono::steady_clock::time_point;
 
@@ -142,6 +146,8 @@ class CallPlan {
   /// Every other step: it was done.
   void done();
   /// Any step: it threw `error` (a handler's exception, a backend's idem::BackendError, ...).
+  /// A handler's idem::PostgresError with kQueryCanceledSqlstate while the call's stop is
+  /// requested counts as idem::Cancelled (the claim is kept).
   void fail(std::exception_ptr error);
 
   // ---- the end -----------------------------------------------------------------------------

@@ -1,10 +1,9 @@
 #include "pg/async_connection.h"
 
 #include <algorithm>
-#include <array>
-#include <thread>
 
 #include "idem/errors.h"
+#include "pg/cancel.h"
 #include "pg/errors.h"
 
 namespace idem::detail {
@@ -230,13 +229,7 @@ void PgAsyncConnection::cancel(Pending* entry) {
     // Running now: cancel it on the server too (it ends with 57014; its result is dropped), so
     // what is queued behind it on the connection need not wait for it.
     entry->cancel_requested = true;
-    if (PGcancel* handle = PQgetCancel(conn_)) {
-      std::thread([handle] {
-        std::array<char, 256> message{};
-        (void)PQcancel(handle, message.data(), static_cast<int>(message.size()));
-        PQfreeCancel(handle);
-      }).detach();
-    }
+    cancel_off_thread(PQgetCancel(conn_));  // libpq 15's PQcancel blocks: never on the loop
   }
   // Complete now, whether it runs, waits behind others or was not sent: its result will be
   // dropped. A stopped server never holds a cancelled call.

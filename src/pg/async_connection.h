@@ -103,6 +103,9 @@ class PgAsyncConnection : public std::enable_shared_from_this<PgAsyncConnection>
   [[nodiscard]] std::size_t in_flight() const noexcept { return pending_.size(); }
   /// Times a connection was established.
   [[nodiscard]] std::uint64_t connects() const noexcept { return connects_; }
+  /// Bumped each time the connection is dropped (lost, timed out, closed): a session's statements
+  /// (an open transaction) are gone once it changed.
+  [[nodiscard]] std::uint64_t generation() const noexcept { return generation_; }
 
  private:
   using Op = PendingOp<PgResultPtr>;

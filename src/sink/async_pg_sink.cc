@@ -1,7 +1,9 @@
 #include "sink/async_pg_sink.h"
 
+#include <asio/associated_cancellation_slot.hpp>
 #include <asio/bind_cancellation_slot.hpp>
 #include <asio/cancellation_signal.hpp>
+#include <asio/dispatch.hpp>
 #include <asio/redirect_error.hpp>
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
@@ -11,7 +13,9 @@
 #include "common/sha256.h"
 #include "idem/errors.h"
 #include "idem/key.h"
+#include "pg/errors.h"
 #include "sink/claim_check.h"
+#include "sink/sql.h"
 
 namespace idem::detail {
 namespace {
@@ -20,6 +24,14 @@ constexpr int kClaimAttempts = 3;  // an expired or vanished row is retried, not
 constexpr std::string_view kLockNotAvailable = "55P03";
 
 std::string ms_text(std::chrono::milliseconds duration) { return std::to_string(duration.count()); }
+
+// Another transaction holds an uncommitted claim of the key past lock_timeout (55P03).
+SinkClaim held_elsewhere() {
+  SinkClaim open;
+  open.status = SinkStatus::kInProgress;
+  open.same_request = false;
+  return open;
+}
 
 PgAsyncSettings connection_settings(const PgSinkOptions& options) {
   using std::chrono::milliseconds;
@@ -33,6 +45,60 @@ PgAsyncSettings connection_settings(const PgSinkOptions& options) {
   settings.setup = {"SET statement_timeout = " + ms_text(options.statement_timeout),
                     "SET lock_timeout = " + ms_text(options.lock_timeout)};
   return settings;
+}
+
+// Statements sent together on one connection (pipelined: one round trip) and their ends, in
+// order: the error or the result of each.
+using Batch = std::vector<std::pair<std::string, PgParams>>;
+using BatchEnds = std::vector<std::pair<std::exception_ptr, PgResultPtr>>;
+
+// Runs `batch` on `connection` and completes with `void(BatchEnds)` once every statement ended.
+// A cancellation of the whole reaches each statement (a running one is cancelled on the server).
+template <typename Token>
+auto exec_batch(const std::shared_ptr<PgAsyncConnection>& connection, Batch batch, Token&& token) {
+  return asio::async_initiate<Token, void(BatchEnds)>(
+      [connection](auto handler, Batch statements) {
+        using Handler = decltype(handler);
+        struct State {
+          State(Handler h, std::size_t n)
+              : handler(std::move(h)),
+                ends(n),
+                signals(new asio::cancellation_signal[n]),
+                left(n) {}
+          Handler handler;
+          BatchEnds ends;
+          std::unique_ptr<asio::cancellation_signal[]> signals;
+          std::size_t left;
+        };
+        const std::size_t n = statements.size();
+        auto state = std::make_shared<State>(std::move(handler), n);
+        auto slot = asio::get_associated_cancellation_slot(state->handler);
+        if (slot.is_connected()) {
+          slot.assign([raw = state.get(), n](asio::cancellation_type type) {
+            for (std::size_t i = 0; i < n; ++i) raw->signals[i].emit(type);
+          });
+        }
+        for (std::size_t i = 0; i < n; ++i) {
+          connection->exec(
+              std::move(statements[i].first), std::move(statements[i].second),
+              asio::bind_cancellation_slot(
+                  state->signals[i].slot(), [state, i, executor = connection->get_executor()](
+                                                std::exception_ptr error, PgResultPtr result) {
+                    state->ends[i] = {error, std::move(result)};
+                    if (--state->left > 0) return;
+                    auto done = asio::get_associated_cancellation_slot(state->handler);
+                    if (done.is_connected()) done.clear();
+                    asio::dispatch(asio::get_associated_executor(state->handler, executor),
+                                   [state] { std::move(state->handler)(std::move(state->ends)); });
+                  }));
+        }
+      },
+      token, std::move(batch));
+}
+
+// `ends[i]`'s error, rethrown, if any.
+void rethrow_end(const BatchEnds& ends, std::size_t i) {
+  if (ends[i].first) std::rethrow_exception(ends[i].first);
 }
 
 }  // namespace
@@ -105,10 +171,12 @@ asio::awaitable<void> AsyncPgSink::wait_for_connection() {
 
 asio::awaitable<std::shared_ptr<PgAsyncConnection>> AsyncPgSink::hold() {
   for (;;) {
-    for (std::size_t i = 0; i < connections_.size(); ++i) {
-      if (held_[i]) continue;
-      held_[i] = true;
-      co_return connections_[i];
+    // The least busy: the transaction's statements queue behind run()'s already sent there.
+    if (std::shared_ptr<PgAsyncConnection> best = shared_connection()) {
+      for (std::size_t i = 0; i < connections_.size(); ++i) {
+        if (connections_[i] == best) held_[i] = true;
+      }
+      co_return best;
     }
     co_await wait_for_connection();
   }
@@ -155,11 +223,7 @@ asio::awaitable<SinkClaim> AsyncPgSink::claim(std::string_view key, std::string_
       inserted = co_await exec(sql_.claim, std::move(insert), true);
     } catch (const PostgresError& error) {
       if (error.sqlstate() != kLockNotAvailable) throw;
-      // Another transaction holds an uncommitted claim of the key past lock_timeout.
-      SinkClaim open;
-      open.status = SinkStatus::kInProgress;
-      open.same_request = false;
-      co_return open;
+      co_return held_elsewhere();
     }
     if (PQntuples(inserted.get()) > 0) co_return SinkClaim{};
     PgParams lookup{options_.ns, k};
@@ -210,6 +274,165 @@ asio::awaitable<bool> AsyncPgSink::renew(std::string_view key, std::string_view 
                   ms_text(sink_lease(options_, lease))};
   const PgResultPtr updated = co_await exec(sql_.renew, std::move(params), false);
   co_return std::string_view(PQcmdTuples(updated.get())) == "1";
+}
+
+}  // namespace idem::detail
+
+namespace idem::detail {
+
+// ---- AsyncPgTransaction ------------------------------------------------------------------------
+
+AsyncPgTransaction::~AsyncPgTransaction() {
+  if (connection_ == nullptr) return;
+  if (begun_ && connection_->generation() == generation_) {
+    // Left open (the call's coroutine was destroyed): the session must not keep it.
+    connection_->exec("ROLLBACK", {}, [](std::exception_ptr, PgResultPtr) {});
+  }
+  give_back();
+}
+
+void AsyncPgTransaction::give_back() noexcept {
+  if (connection_ == nullptr) return;
+  sink_.give_back(connection_);
+  connection_.reset();
+}
+
+void AsyncPgTransaction::check_session() const {
+  if (connection_ == nullptr) throw Error("idem: internal: a statement outside the transaction");
+  if (begun_ && connection_->generation() != generation_) {
+    throw connection_error("the connection of the transaction was lost (rolled back)");
+  }
+}
+
+asio::awaitable<void> AsyncPgTransaction::open(bool begin_now) {
+  connection_ = co_await sink_.hold();
+  generation_ = connection_->generation();
+  begun_ = true;
+  pending_begin_ = !begin_now;
+  if (begin_now) (void)co_await connection_->exec("BEGIN", {}, asio::use_awaitable);
+}
+
+asio::awaitable<SinkClaim> AsyncPgTransaction::claim(std::string_view key,
+                                                     std::string_view request_id,
+                                                     std::string_view fingerprint) {
+  validate_sink_claim(key, request_id);
+  check_session();
+  const PgSinkOptions& o = sink_.options_;
+  const std::string k(key);
+  Batch batch;
+  if (pending_begin_) batch.emplace_back(std::string("BEGIN"), PgParams{});
+  const std::size_t lock = batch.size();
+  batch.emplace_back(sink_.sql_.lock, PgParams{o.ns, k});
+  batch.emplace_back(sink_.sql_.lookup, PgParams{o.ns, k});
+  pending_begin_ = false;
+  BatchEnds ends = co_await exec_batch(connection_, std::move(batch), asio::use_awaitable);
+  if (lock > 0) rethrow_end(ends, 0);  // BEGIN
+  try {
+    rethrow_end(ends, lock);
+  } catch (const PostgresError& error) {
+    if (error.sqlstate() != kLockNotAvailable) throw;
+    co_return held_elsewhere();  // this transaction is aborted now: the plan rolls it back
+  }
+  rethrow_end(ends, lock + 1);
+  const PGresult* row = ends[lock + 1].second.get();
+  if (PQntuples(row) == 0) co_return SinkClaim{};
+  if (std::string_view(PQgetvalue(row, 0, 5)) == "t") {  // expired: ours (we hold its lock)
+    PgParams take_over{o.ns, k};  // named: GCC 12 cannot keep an initializer list across co_await
+    (void)co_await connection_->exec(sink_.sql_.take_over, std::move(take_over),
+                                     asio::use_awaitable);
+    co_return SinkClaim{};
+  }
+  StoredRow stored{PQgetvalue(row, 0, 0), PQgetvalue(row, 0, 1), PQgetvalue(row, 0, 2),
+                   bytea_value(row, 0, 3), std::nullopt};
+  if (PQgetisnull(row, 0, 4) == 0) stored.response_sha256 = PQgetvalue(row, 0, 4);
+  co_return existing_claim(std::move(stored), request_id, fingerprint);
+}
+
+asio::awaitable<PgResultPtr> AsyncPgTransaction::exec(std::string sql, PgParams params) {
+  check_session();
+  if (pending_begin_) {
+    pending_begin_ = false;
+    Batch batch;
+    batch.emplace_back(std::string("BEGIN"), PgParams{});
+    batch.emplace_back(std::move(sql), std::move(params));
+    BatchEnds ends = co_await exec_batch(connection_, std::move(batch), asio::use_awaitable);
+    rethrow_end(ends, 0);
+    rethrow_end(ends, 1);
+    co_return std::move(ends[1].second);
+  }
+  co_return co_await connection_->exec(std::move(sql), std::move(params), asio::use_awaitable);
+}
+
+void AsyncPgTransaction::record(std::string_view key, std::string_view request_id,
+                                std::string_view fingerprint, std::string_view response,
+                                std::chrono::milliseconds retention) {
+  validate_sink_claim(key, request_id);
+  if (retention.count() < 0) throw ConfigError("idem: a sink retention must not be negative");
+  const PgSinkOptions& o = sink_.options_;
+  const std::chrono::milliseconds keep =
+      retention.count() > 0 ? retention
+                            : std::chrono::duration_cast<std::chrono::milliseconds>(o.retention);
+  const bool capped = response.size() > o.max_response_bytes;
+  staged_.emplace_back(
+      sink_.sql_.record,
+      PgParams{o.ns, std::string(key), std::string(request_id), std::string(fingerprint),
+               capped ? std::nullopt : std::optional<std::string>(bytea_literal(response)),
+               capped ? std::optional<std::string>(sha256_hex(response)) : std::nullopt,
+               ms_text(keep)});
+}
+
+asio::awaitable<void> AsyncPgTransaction::commit() {
+  check_session();
+  Batch batch = std::move(staged_);
+  staged_.clear();
+  if (pending_begin_) batch.insert(batch.begin(), {std::string("BEGIN"), PgParams{}});
+  pending_begin_ = false;
+  batch.emplace_back(std::string("COMMIT"), PgParams{});
+  BatchEnds ends = co_await exec_batch(
+      connection_, std::move(batch),
+      asio::bind_cancellation_slot(asio::cancellation_slot(), asio::use_awaitable));
+  const bool lost = connection_->generation() != generation_;
+  begun_ = false;
+  give_back();
+  // A staged statement that failed: the server rolled back at COMMIT (its error is the one).
+  for (std::size_t i = 0; i + 1 < ends.size(); ++i) rethrow_end(ends, i);
+  if (ends.back().first && lost) {
+    throw CommitOutcomeUnknown(
+        "idem: postgres: the connection was lost during COMMIT (commit outcome unknown)");
+  }
+  rethrow_end(ends, ends.size() - 1);
+}
+
+asio::awaitable<void> AsyncPgTransaction::rollback() {
+  staged_.clear();
+  const bool open = begun_ && !pending_begin_ && connection_ != nullptr &&
+                    connection_->generation() == generation_;
+  begun_ = false;
+  if (open) {
+    std::exception_ptr failure;
+    try {
+      (void)co_await connection_->exec(
+          "ROLLBACK", {},
+          asio::bind_cancellation_slot(asio::cancellation_slot(), asio::use_awaitable));
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    give_back();
+    if (failure) std::rethrow_exception(failure);
+    co_return;
+  }
+  give_back();
+}
+
+bool AsyncPgTransaction::business_duplicate(const std::exception_ptr& error) const {
+  try {
+    std::rethrow_exception(error);
+  } catch (const PostgresError& e) {
+    return e.sqlstate() == "23505" &&
+           names_constraint(e.what(), sink_.options_.business_constraints);
+  } catch (...) {
+    return false;
+  }
 }
 
 }  // namespace idem::detail

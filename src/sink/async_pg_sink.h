@@ -24,6 +24,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "idem/pg_sink.h"
@@ -75,7 +76,8 @@ class AsyncPgSink {
   // Runs `sql` with `params` on a shared connection (waiting for one when all are held);
   // `cancellable`: whether the awaiting coroutine's cancellation reaches it.
   asio::awaitable<PgResultPtr> exec(const std::string& sql, PgParams params, bool cancellable);
-  // A connection of its own, waiting on the loop for one when all are held.
+  // A connection of its own (the least busy one not held), waiting on the loop for one when all
+  // are held.
   asio::awaitable<std::shared_ptr<PgAsyncConnection>> hold();
   // Gives back a connection hold() handed out.
   void give_back(const std::shared_ptr<PgAsyncConnection>& connection);
@@ -87,6 +89,56 @@ class AsyncPgSink {
   std::vector<std::shared_ptr<PgAsyncConnection>> connections_;
   std::vector<bool> held_;                                   // by index of connections_
   std::deque<std::shared_ptr<asio::steady_timer>> waiters_;  // woken when one is given back
+};
+
+/// One run_transactional() call's transaction on the async sink (docs/pg_sink.md, "What a call
+/// costs", the same statements as PgCall): BEGIN goes with the claim's advisory lock and read in
+/// one round trip (pipelined), the record INSERT with COMMIT. Holds one of the sink's
+/// connections from open() until commit(), rollback() or its destruction; a connection lost
+/// meanwhile fails every later statement (retryable, SQLSTATE 08006) instead of running it
+/// outside the transaction. Not thread-safe; on the sink's executor. The sink must outlive it.
+class AsyncPgTransaction {
+ public:
+  explicit AsyncPgTransaction(AsyncPgSink& sink) noexcept : sink_(sink) {}
+  ~AsyncPgTransaction();
+  AsyncPgTransaction(const AsyncPgTransaction&) = delete;
+  AsyncPgTransaction& operator=(const AsyncPgTransaction&) = delete;
+
+  /// Holds a connection of its own, waiting on the loop while every one is held (the awaiting
+  /// coroutine's cancellation ends the wait: idem::Cancelled). `begin_now`: sends BEGIN at once
+  /// (nothing is claimed in this transaction), else BEGIN goes with claim().
+  asio::awaitable<void> open(bool begin_now);
+  /// As PgCall::claim(): BEGIN, the key's advisory lock and its record's read, in one round
+  /// trip. An expired record is deleted (one more); 55P03 on the lock: kInProgress (the
+  /// transaction is aborted: roll it back). Cancellable.
+  asio::awaitable<SinkClaim> claim(std::string_view key, std::string_view request_id,
+                                   std::string_view fingerprint);
+  /// A statement of the handler's own, cancellable (a running one is cancelled on the server).
+  asio::awaitable<PgResultPtr> exec(std::string sql, PgParams params);
+  /// As PgCall::record(): stages the completed record, inserted with COMMIT.
+  void record(std::string_view key, std::string_view request_id, std::string_view fingerprint,
+              std::string_view response, std::chrono::milliseconds retention);
+  /// The staged record and COMMIT in one round trip, not cancellable. A staged INSERT that
+  /// fails rolls everything back (its error is thrown); a connection lost during COMMIT is an
+  /// idem::CommitOutcomeUnknown. Gives the connection back.
+  asio::awaitable<void> commit();
+  /// ROLLBACK (not cancellable; nothing when the session is gone); gives the connection back.
+  asio::awaitable<void> rollback();
+  /// Whether `error`, thrown out of the handler, is a unique violation of one of
+  /// PgSinkOptions::business_constraints (the effect exists already).
+  [[nodiscard]] bool business_duplicate(const std::exception_ptr& error) const;
+
+ private:
+  // Fails (08006) when the session that ran BEGIN is gone.
+  void check_session() const;
+  void give_back() noexcept;
+
+  AsyncPgSink& sink_;
+  std::shared_ptr<PgAsyncConnection> connection_;
+  std::uint64_t generation_ = 0;  // the connection's, when BEGIN was sent
+  bool begun_ = false;
+  bool pending_begin_ = false;                            // BEGIN goes with the claim
+  std::vector<std::pair<std::string, PgParams>> staged_;  // sent with COMMIT
 };
 
 }  // namespace idem::detail

@@ -664,7 +664,8 @@ SinkStatements sink_statements(const PgSinkOptions& options) {
       statements(quote_identifier(options.schema) + "." + quote_identifier(options.table));
   return SinkStatements{std::move(sql[kClaim]),    std::move(sql[kLookup]),
                         std::move(sql[kTakeOver]), std::move(sql[kComplete]),
-                        std::move(sql[kRelease]),  std::move(sql[kRenew])};
+                        std::move(sql[kRelease]),  std::move(sql[kRenew]),
+                        std::move(sql[kLockKey]),  std::move(sql[kRecord])};
 }
 
 SinkClaim existing_claim(StoredRow row, std::string_view request_id, std::string_view fingerprint) {

@@ -32,6 +32,9 @@ struct SinkStatements {
   std::string complete;   ///< $3 response, $4 response_sha256, $5 retention ms, $6 owner or NULL.
   std::string release;    ///< $3 owner token: deletes its IN_PROGRESS row.
   std::string renew;      ///< $3 owner token, $4 lease ms: extends its IN_PROGRESS row.
+  std::string lock;       ///< Takes the key's transaction-scoped advisory lock (run_transactional).
+  std::string record;     ///< $3 request_id, $4 fingerprint, $5 response, $6 response_sha256,
+                          ///< $7 retention ms: the completed record, inserted with COMMIT.
 };
 [[nodiscard]] SinkStatements sink_statements(const PgSinkOptions& options);
 

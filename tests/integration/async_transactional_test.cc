@@ -1,0 +1,548 @@
+// run_transactional() on the loop (AsyncDeduplicator, AsyncTransaction) against real servers:
+// business rows and idem's record commit together, a duplicate replays, a handler failure rolls
+// back and releases, a business constraint is a duplicate, TransactionalClaim::kBusinessKey,
+// concurrent deliveries of one key on one loop run one handler, and a cancelled or
+// deadline-exceeded call whose handler waits in `SELECT pg_sleep(10)` ends at once with its
+// statement cancelled on the server and its claim kept. The blocking driver's counterpart: a
+// stop while its handler's statement runs cancels it, and the call throws idem::Cancelled.
+#include <gtest/gtest.h>
+
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/cancellation_signal.hpp>
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/io_context.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/use_awaitable.hpp>
+#include <chrono>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <pqxx/pqxx>
+#include <stdexcept>
+#include <stop_token>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "idem/async_deduplicator.h"
+#include "idem/errors.h"
+#include "pg_server.h"
+#include "test_env.h"
+
+namespace idem {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+asio::awaitable<void> sleep_for(Clock::duration duration) {
+  asio::steady_timer timer(co_await asio::this_coro::executor, duration);
+  co_await timer.async_wait(asio::use_awaitable);
+}
+
+Request request_for(const std::string& id, const std::string& order) {
+  Request r;
+  r.request_id = id;
+  r.user = "u1";
+  r.intent = "refund";
+  r.biz_key = order;
+  r.payload = R"({"order":")" + order + R"(","amount":5})";
+  return r;
+}
+
+// How a call ended: its outcome, or what it threw.
+struct Ending {
+  std::exception_ptr error;
+  Outcome outcome;
+  Clock::duration took{};
+};
+
+class AsyncTransactionalTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    IDEM_REQUIRE_SERVICE(pg_url, "IDEM_TEST_PG_URL");
+    IDEM_REQUIRE_SERVICE(redis_url, "IDEM_TEST_REDIS_URL");
+    pg_url_ = pg_url;
+    redis_url_ = redis_url;
+    prefix_ = test::unique_name("asynctx");
+    schema_ = std::make_unique<test::ScratchSchema>(pg_url_, "asynctx");
+    schema_->exec(
+        "CREATE TABLE " + table("ledger") +
+        " (idem_key text NOT NULL CONSTRAINT ledger_once UNIQUE, amount bigint NOT NULL)");
+    schema_->exec("CREATE TABLE " + table("accounts") +
+                  " (id int PRIMARY KEY, balance bigint NOT NULL)");
+    schema_->exec("INSERT INTO " + table("accounts") + " VALUES (1, 0)");
+    PgSink(pg_options()).migrate();
+  }
+
+  [[nodiscard]] std::string table(const std::string& name) const {
+    return schema_->name() + "." + name;
+  }
+  [[nodiscard]] PgSinkOptions pg_options() const {
+    PgSinkOptions options;
+    options.conninfo = pg_url_;
+    options.schema = schema_->name();
+    options.pool_size = 2;
+    options.business_constraints = {"ledger_once"};
+    return options;
+  }
+  [[nodiscard]] RedisGuardOptions redis_options() const {
+    RedisGuardOptions options;
+    options.redis.url = redis_url_;
+    options.prefix = prefix_;
+    return options;
+  }
+  [[nodiscard]] AsyncDeduplicatorOptions options(bool guard) const {
+    AsyncDeduplicatorOptions o;
+    o.base.local_cache_capacity = 0;  // every repeat reaches the backends
+    if (guard) o.redis = redis_options();
+    o.postgres = pg_options();
+    return o;
+  }
+  [[nodiscard]] std::int64_t count(const std::string& sql) const { return schema_->count(sql); }
+  [[nodiscard]] std::int64_t ledger_rows() const {
+    return count("SELECT count(*) FROM " + table("ledger"));
+  }
+  [[nodiscard]] std::int64_t records() const {
+    return count("SELECT count(*) FROM " + table("idem_records"));
+  }
+  [[nodiscard]] std::int64_t balance() const {
+    return count("SELECT balance FROM " + table("accounts") + " WHERE id = 1");
+  }
+  // Backends running a statement that contains `marker`, other than the one asking.
+  [[nodiscard]] std::int64_t running(const std::string& marker) const {
+    return count(
+        "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND pid <> "
+        "pg_backend_pid() AND strpos(query, '" +
+        marker + "') > 0");
+  }
+
+  // The refund of `order`: a ledger row and the balance, in the call's transaction.
+  auto refund(const std::string& order, int* runs) {
+    return [this, order, runs](AsyncTransaction& tx) -> asio::awaitable<std::string> {
+      ++*runs;
+      std::vector<std::optional<std::string>> params{order};  // named: see AsyncTransaction
+      const AsyncResult inserted =
+          co_await tx.exec("INSERT INTO " + table("ledger") + " VALUES ($1, 5)", std::move(params));
+      EXPECT_EQ(inserted.affected_rows(), 1U);
+      (void)co_await tx.exec("UPDATE " + table("accounts") +
+                             " SET balance = balance + 5 WHERE id = 1");
+      co_return "refunded " + order;
+    };
+  }
+
+  // Runs `call` (a coroutine returning an Outcome) on `io` to its end (idle connections keep
+  // io.run() going: the loop runs until the call completed).
+  template <typename Call>
+  static Ending run_to_end(asio::io_context& io, Call call) {
+    Ending ending;
+    bool done = false;
+    const auto started = Clock::now();
+    asio::co_spawn(io, std::move(call), [&](std::exception_ptr error, Outcome outcome) {
+      ending.error = error;
+      ending.outcome = std::move(outcome);
+      ending.took = Clock::now() - started;
+      done = true;
+    });
+    while (!done && io.run_one() > 0) {
+    }
+    return ending;
+  }
+
+  // Runs `copies` deliveries of `order` (request IDs r0, r1, ...) at once on one loop, each with
+  // `handler`, to their ends.
+  template <typename Handler>
+  static std::vector<Ending> deliver_all(AsyncDeduplicator& dedup, asio::io_context& io,
+                                         const std::string& order, int copies, Handler handler) {
+    std::vector<Ending> endings(static_cast<std::size_t>(copies));
+    int left = copies;
+    for (int i = 0; i < copies; ++i) {
+      asio::co_spawn(
+          io,
+          [&, i]() -> asio::awaitable<Outcome> {
+            co_return co_await dedup.run_transactional(request_for("r" + std::to_string(i), order),
+                                                       handler, asio::use_awaitable);
+          },
+          [&, i](std::exception_ptr error, Outcome outcome) {
+            endings[static_cast<std::size_t>(i)] = {error, std::move(outcome), {}};
+            if (--left == 0) dedup.close();
+          });
+    }
+    io.run();
+    return endings;
+  }
+
+  template <typename E>
+  static bool threw(const Ending& ending) {
+    if (!ending.error) return false;
+    try {
+      std::rethrow_exception(ending.error);
+    } catch (const E&) {
+      return true;
+    } catch (...) {
+      return false;
+    }
+  }
+
+  std::string pg_url_;
+  std::string redis_url_;
+  std::string prefix_;
+  std::unique_ptr<test::ScratchSchema> schema_;
+};
+
+TEST_F(AsyncTransactionalTest, FirstExecutionCommitsBusinessRowsWithTheRecordThenReplays) {
+  asio::io_context io;
+  int runs = 0;
+  {
+    AsyncDeduplicator dedup(io.get_executor(), options(true));
+    const Ending first = run_to_end(io, [&]() -> asio::awaitable<Outcome> {
+      co_return co_await dedup.run_transactional(request_for("r1", "o1"), refund("o1", &runs),
+                                                 asio::use_awaitable);
+    });
+    ASSERT_FALSE(first.error);
+    EXPECT_EQ(first.outcome.kind, Outcome::Kind::kExecuted);
+    EXPECT_EQ(first.outcome.response, "refunded o1");
+    EXPECT_EQ(ledger_rows(), 1);
+    EXPECT_EQ(balance(), 5);
+    EXPECT_EQ(count("SELECT count(*) FROM " + table("idem_records") +
+                    " WHERE state = 'completed' AND response = 'refunded o1'::bytea"),
+              1);
+    // The guard remembers it.
+    const Ending again = run_to_end(io, [&]() -> asio::awaitable<Outcome> {
+      co_return co_await dedup.run_transactional(request_for("r1", "o1"), refund("o1", &runs),
+                                                 asio::use_awaitable);
+    });
+    ASSERT_FALSE(again.error);
+    EXPECT_EQ(again.outcome.kind, Outcome::Kind::kDuplicate);
+    EXPECT_EQ(again.outcome.response, "refunded o1");
+    dedup.close();
+  }
+  {
+    // Without the guard, the record read with BEGIN (under the key's lock) replays it.
+    AsyncDeduplicator sink_only(io.get_executor(), options(false));
+    const Ending replay = run_to_end(io, [&]() -> asio::awaitable<Outcome> {
+      co_return co_await sink_only.run_transactional(
+          request_for("r2", "o1"),
+          [&](AsyncTransaction& tx, AsyncContext& context) {
+            EXPECT_FALSE(context.key().empty());
+            return refund("o1", &runs)(tx);
+          },
+          asio::use_awaitable);
+    });
+    ASSERT_FALSE(replay.error);
+    EXPECT_EQ(replay.outcome.kind, Outcome::Kind::kDuplicate);
+    EXPECT_EQ(replay.outcome.layer, Layer::kPgSink);
+    EXPECT_EQ(replay.outcome.response, "refunded o1");
+    sink_only.close();
+    io.run();
+  }
+  EXPECT_EQ(runs, 1);
+  EXPECT_EQ(ledger_rows(), 1);
+  EXPECT_EQ(balance(), 5);
+  EXPECT_EQ(records(), 1);
+}
+
+TEST_F(AsyncTransactionalTest, AHandlerFailureRollsBackAndReleasesTheClaim) {
+  asio::io_context io;
+  AsyncDeduplicator dedup(io.get_executor(), options(true));
+  int runs = 0;
+  const Ending failed = run_to_end(io, [&]() -> asio::awaitable<Outcome> {
+    co_return co_await dedup.run_transactional(
+        request_for("r1", "o1"),
+        [&](AsyncTransaction& tx) -> asio::awaitable<std::string> {
+          ++runs;
+          (void)co_await tx.exec("INSERT INTO " + table("ledger") + " VALUES ('o1', 5)");
+          throw std::runtime_error("payment provider said no");
+        },
+        asio::use_awaitable);
+  });
+  EXPECT_TRUE(threw<std::runtime_error>(failed));
+  EXPECT_FALSE(threw<Error>(failed));
+  EXPECT_EQ(ledger_rows(), 0);
+  EXPECT_EQ(records(), 0);
+  // Released: the retry runs.
+  const Ending retry = run_to_end(io, [&]() -> asio::awaitable<Outcome> {
+    co_return co_await dedup.run_transactional(request_for("r1", "o1"), refund("o1", &runs),
+                                               asio::use_awaitable);
+  });
+  ASSERT_FALSE(retry.error);
+  EXPECT_EQ(retry.outcome.kind, Outcome::Kind::kExecuted);
+  EXPECT_EQ(runs, 2);
+  EXPECT_EQ(ledger_rows(), 1);
+  EXPECT_EQ(records(), 1);
+  // A failing statement of the handler's own is a PostgresError with its SQLSTATE, and rolls
+  // back what the handler did before it.
+  const Ending bad = run_to_end(io, [&]() -> asio::awaitable<Outcome> {
+    co_return co_await dedup.run_transactional(
+        request_for("r3", "o3"),
+        [&](AsyncTransaction& tx) -> asio::awaitable<std::string> {
+          (void)co_await tx.exec("UPDATE " + table("accounts") + " SET balance = 1000");
+          (void)co_await tx.exec("SELECT 1/0");
+          co_return "unreachable";
+        },
+        asio::use_awaitable);
+  });
+  ASSERT_TRUE(threw<PostgresError>(bad));
+  try {
+    std::rethrow_exception(bad.error);
+  } catch (const PostgresError& e) {
+    EXPECT_EQ(e.sqlstate(), "22012");
+  }
+  EXPECT_EQ(balance(), 5);
+  dedup.close();
+  io.run();
+}
+
+TEST_F(AsyncTransactionalTest, ABusinessConstraintIsADuplicateAndNothingCommits) {
+  schema_->exec("INSERT INTO " + table("ledger") + " VALUES ('o1', 5)");  // done before idem
+  asio::io_context io;
+  AsyncDeduplicator dedup(io.get_executor(), options(false));
+  int runs = 0;
+  const Ending ending = run_to_end(io, [&]() -> asio::awaitable<Outcome> {
+    co_return co_await dedup.run_transactional(request_for("r1", "o1"), refund("o1", &runs),
+                                               asio::use_awaitable);
+  });
+  ASSERT_FALSE(ending.error);
+  EXPECT_EQ(runs, 1);
+  EXPECT_EQ(ending.outcome.kind, Outcome::Kind::kDuplicate);
+  EXPECT_EQ(ending.outcome.layer, Layer::kPgSink);
+  EXPECT_FALSE(ending.outcome.response);
+  EXPECT_EQ(ledger_rows(), 1);
+  EXPECT_EQ(balance(), 0);
+  EXPECT_EQ(records(), 0);
+  dedup.close();
+  io.run();
+}
+
+TEST_F(AsyncTransactionalTest, TheBusinessKeyAsTheClaimKeepsOneEffectAndNoRecord) {
+  AsyncDeduplicatorOptions o = options(false);
+  o.base.transactional_claim = TransactionalClaim::kBusinessKey;
+  o.postgres->lock_timeout = 0ms;  // wait for the winner
+  o.postgres->response_timeout = 0ms;
+  asio::io_context io;
+  AsyncDeduplicator dedup(io.get_executor(), o);
+  int runs = 0;
+  int executed = 0;
+  int duplicates = 0;
+  for (const Ending& ending : deliver_all(dedup, io, "b1", 6, refund("b1", &runs))) {
+    EXPECT_FALSE(ending.error);
+    if (ending.outcome.kind == Outcome::Kind::kExecuted) ++executed;
+    if (ending.outcome.kind == Outcome::Kind::kDuplicate && !ending.outcome.response) ++duplicates;
+  }
+  EXPECT_EQ(executed, 1);
+  EXPECT_EQ(duplicates, 5);
+  EXPECT_EQ(ledger_rows(), 1);
+  EXPECT_EQ(balance(), 5);
+  EXPECT_EQ(records(), 0);
+  // Without a business constraint to decide, the mode is refused.
+  o.postgres->business_constraints.clear();
+  EXPECT_THROW(AsyncDeduplicator(io.get_executor(), o), ConfigError);
+}
+
+TEST_F(AsyncTransactionalTest, ConcurrentDeliveriesOfOneKeyOnOneLoopRunOneHandler) {
+  AsyncDeduplicatorOptions o = options(false);  // no guard: the key's lock decides
+  o.postgres->pool_size = 4;
+  o.postgres->lock_timeout = 0ms;
+  o.postgres->response_timeout = 0ms;
+  asio::io_context io;
+  AsyncDeduplicator dedup(io.get_executor(), o);
+  int runs = 0;
+  int replays = 0;
+  const auto slow_refund = [&](AsyncTransaction& tx) -> asio::awaitable<std::string> {
+    std::string response = co_await refund("same", &runs)(tx);
+    co_await sleep_for(50ms);  // the others arrive meanwhile, and wait for the lock
+    co_return response;
+  };
+  for (const Ending& ending : deliver_all(dedup, io, "same", 8, slow_refund)) {
+    EXPECT_FALSE(ending.error);
+    if (ending.outcome.kind == Outcome::Kind::kDuplicate &&
+        ending.outcome.response == "refunded same") {
+      ++replays;
+    }
+  }
+  EXPECT_EQ(runs, 1);
+  EXPECT_EQ(replays, 7);
+  EXPECT_EQ(ledger_rows(), 1);
+  EXPECT_EQ(balance(), 5);
+}
+
+// The handler of each stopped call: a ledger row, then a statement that would hold the
+// connection for 10 s, marked so pg_stat_activity finds it.
+auto sleeper(const std::string& ledger, const std::string& marker, bool* sleeping) {
+  return [ledger, marker, sleeping](AsyncTransaction& tx) -> asio::awaitable<std::string> {
+    (void)co_await tx.exec("INSERT INTO " + ledger + " VALUES ('o1', 5)");
+    *sleeping = true;
+    (void)co_await tx.exec("SELECT pg_sleep(10) /* " + marker + " */");
+    co_return "slept";
+  };
+}
+
+TEST_F(AsyncTransactionalTest, ACancelledCallCancelsItsStatementOnTheServerAndKeepsTheClaim) {
+  asio::io_context io;
+  AsyncDeduplicator dedup(io.get_executor(), options(true));
+  const std::string marker = prefix_ + "-cancel";
+  bool sleeping = false;
+  std::int64_t seen_running = -1;
+  asio::cancellation_signal cancel;
+  const Ending ending = run_to_end(io, [&]() -> asio::awaitable<Outcome> {
+    asio::co_spawn(
+        co_await asio::this_coro::executor,
+        [&]() -> asio::awaitable<void> {
+          co_await sleep_for(500ms);
+          seen_running = running(marker);  // the statement runs on the server now
+          cancel.emit(asio::cancellation_type::terminal);
+        },
+        asio::detached);
+    co_return co_await dedup.run_transactional(
+        request_for("r1", "o1"), sleeper(table("ledger"), marker, &sleeping),
+        asio::bind_cancellation_slot(cancel.slot(), asio::use_awaitable));
+  });
+  EXPECT_TRUE(sleeping);
+  EXPECT_EQ(seen_running, 1);
+  EXPECT_TRUE(threw<Cancelled>(ending));
+  EXPECT_FALSE(threw<DeadlineExceeded>(ending));
+  // It ended once ROLLBACK did, which waits for the statement: cancelled on the server.
+  EXPECT_LT(ending.took, 5s);
+  EXPECT_EQ(running(marker), 0);
+  EXPECT_EQ(ledger_rows(), 0);
+  EXPECT_EQ(records(), 0);
+  // The claim stays until its lease ends: a redelivery now is answered InProgress.
+  int runs = 0;
+  const Ending redelivery = run_to_end(io, [&]() -> asio::awaitable<Outcome> {
+    co_return co_await dedup.run_transactional(request_for("r2", "o1"), refund("o1", &runs),
+                                               asio::use_awaitable);
+  });
+  ASSERT_FALSE(redelivery.error);
+  EXPECT_EQ(redelivery.outcome.kind, Outcome::Kind::kInProgress);
+  EXPECT_EQ(runs, 0);
+  dedup.close();
+  io.run();
+}
+
+TEST_F(AsyncTransactionalTest, ACallPastItsDeadlineCancelsItsStatementOnTheServer) {
+  AsyncDeduplicatorOptions o = options(true);
+  o.deadline = 700ms;
+  asio::io_context io;
+  AsyncDeduplicator dedup(io.get_executor(), o);
+  const std::string marker = prefix_ + "-deadline";
+  bool sleeping = false;
+  const Ending ending = run_to_end(io, [&]() -> asio::awaitable<Outcome> {
+    co_return co_await dedup.run_transactional(
+        request_for("r1", "o1"), sleeper(table("ledger"), marker, &sleeping), asio::use_awaitable);
+  });
+  EXPECT_TRUE(sleeping);
+  EXPECT_TRUE(threw<DeadlineExceeded>(ending));
+  EXPECT_LT(ending.took, 5s);
+  EXPECT_EQ(running(marker), 0);
+  EXPECT_EQ(ledger_rows(), 0);
+  // The claim is kept.
+  int runs = 0;
+  const Ending redelivery = run_to_end(io, [&]() -> asio::awaitable<Outcome> {
+    co_return co_await dedup.run_transactional(request_for("r2", "o1"), refund("o1", &runs),
+                                               asio::use_awaitable);
+  });
+  ASSERT_FALSE(redelivery.error);
+  EXPECT_EQ(redelivery.outcome.kind, Outcome::Kind::kInProgress);
+  dedup.close();
+  io.run();
+}
+
+TEST_F(AsyncTransactionalTest, RunTransactionalWithoutPostgresIsAConfigError) {
+  asio::io_context io;
+  AsyncDeduplicatorOptions o = options(true);
+  o.postgres.reset();
+  AsyncDeduplicator dedup(io.get_executor(), o);
+  int runs = 0;
+  const Ending ending = run_to_end(io, [&]() -> asio::awaitable<Outcome> {
+    co_return co_await dedup.run_transactional(request_for("r1", "o1"), refund("o1", &runs),
+                                               asio::use_awaitable);
+  });
+  EXPECT_TRUE(threw<ConfigError>(ending));
+  EXPECT_EQ(runs, 0);
+  dedup.close();
+  io.run();
+}
+
+// ---- the blocking driver ------------------------------------------------------------------------
+
+class BlockingTransactionalStopTest : public AsyncTransactionalTest {
+ protected:
+  Deduplicator blocking() {
+    auto sink = std::make_shared<PgSink>(pg_options());
+    DeduplicatorOptions o;
+    o.guard = std::make_shared<RedisGuard>(redis_options());
+    o.sink = sink;
+    o.local_cache_capacity = 0;
+    return Deduplicator(o);
+  }
+  static std::string sleep_in(pqxx::transaction_base& tx, const std::string& ledger,
+                              const std::string& marker) {
+    tx.exec0("INSERT INTO " + ledger + " VALUES ('o1', 5)");
+    tx.exec0("SELECT pg_sleep(10) /* " + marker + " */");
+    return "slept";
+  }
+};
+
+TEST_F(BlockingTransactionalStopTest, AStopCancelsTheRunningStatementAndTheCallIsCancelled) {
+  Deduplicator dedup = blocking();
+  const std::string marker = prefix_ + "-blocking";
+  std::stop_source stop;
+  Request request = request_for("r1", "o1");
+  request.stop = stop.get_token();
+  std::int64_t seen_running = -1;
+  std::thread stopper([&] {
+    std::this_thread::sleep_for(500ms);
+    seen_running = running(marker);
+    stop.request_stop();
+  });
+  const auto started = Clock::now();
+  std::exception_ptr error;
+  try {
+    (void)dedup.run_transactional(
+        request, [&](pqxx::transaction_base& tx) { return sleep_in(tx, table("ledger"), marker); });
+  } catch (...) {
+    error = std::current_exception();
+  }
+  const auto took = Clock::now() - started;
+  stopper.join();
+  EXPECT_EQ(seen_running, 1);
+  Ending ending{error, {}, took};
+  EXPECT_TRUE(threw<Cancelled>(ending)) << "not a cancellation";
+  EXPECT_FALSE(threw<PostgresError>(ending));
+  EXPECT_LT(took, 5s);
+  EXPECT_EQ(running(marker), 0);
+  EXPECT_EQ(ledger_rows(), 0);
+  // The claim is kept until its lease ends.
+  const Outcome redelivery = dedup.run_transactional(
+      request_for("r2", "o1"), [](pqxx::transaction_base&) { return std::string("ran"); });
+  EXPECT_EQ(redelivery.kind, Outcome::Kind::kInProgress);
+}
+
+TEST_F(BlockingTransactionalStopTest, A57014WithoutAStopIsTheHandlersFailureAndReleases) {
+  Deduplicator dedup = blocking();
+  std::exception_ptr error;
+  try {
+    (void)dedup.run_transactional(request_for("r1", "o1"), [&](pqxx::transaction_base& tx) {
+      tx.exec0("SET LOCAL statement_timeout = 100");
+      return sleep_in(tx, table("ledger"), prefix_ + "-timeout");
+    });
+  } catch (...) {
+    error = std::current_exception();
+  }
+  const Ending ending{error, {}, {}};
+  ASSERT_TRUE(threw<PostgresError>(ending));
+  EXPECT_FALSE(threw<Cancelled>(ending));
+  try {
+    std::rethrow_exception(error);
+  } catch (const PostgresError& e) {
+    EXPECT_EQ(e.sqlstate(), "57014");
+  }
+  // Released: the retry runs.
+  const Outcome retry = dedup.run_transactional(
+      request_for("r1", "o1"), [](pqxx::transaction_base&) { return std::string("ran"); });
+  EXPECT_EQ(retry.kind, Outcome::Kind::kExecuted);
+}
+
+}  // namespace
+}  // namespace idem
