@@ -4,10 +4,17 @@
 //
 //   idem-storm --redis-url redis://127.0.0.1:6379/0 --pg-url postgresql://... [options]
 //
-// Run it through `scripts/dev demo`, which starts throwaway servers and passes their URLs.
+// Run it through `scripts/dev demo`, which starts throwaway servers and passes their URLs. With
+// --async the deliveries go through idem::AsyncDeduplicator on one event-loop thread, many in
+// flight at once, instead of a Deduplicator per worker thread.
 #include <unistd.h>
 
 #include <algorithm>
+#include <asio/co_spawn.hpp>
+#include <asio/io_context.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/thread_pool.hpp>
+#include <asio/use_awaitable.hpp>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -25,6 +32,7 @@
 
 #include "chaos.h"
 #include "common/flags.h"
+#include "idem/async_deduplicator.h"
 #include "idem/deduplicator.h"
 #include "idem/errors.h"
 #include "report.h"
@@ -42,6 +50,8 @@ struct Settings {
   std::chrono::milliseconds retention{2000};
   std::chrono::milliseconds lease{3000};
   bool chaos = false;
+  bool async = false;
+  std::size_t in_flight = 256;
   std::string topology = "single";
   double duplicates = 0.117;
   std::string mix;
@@ -79,6 +89,13 @@ Settings parse_settings(int argc, char** argv) {
                "Once each in every configuration, fail Redis and PostgreSQL over (SIGKILL the "
                "Redis master, crash the primary and promote its standby) where the topology has "
                "a replica, else restart them");
+  app.add_flag("--async", s.async,
+               "Deliver through idem::AsyncDeduplicator (one service instance) on ONE event-loop "
+               "thread, --in-flight deliveries at once: `all` books its effects in the call's own "
+               "transaction on the loop (run_transactional), the configurations without a sink "
+               "in their own transactions on --workers threads");
+  examples::add_positive_option(app, "--in-flight", s.in_flight,
+                                "With --async: deliveries in flight on the loop thread");
   app.add_option("--topology", s.topology,
                  "What idem talks to (scripts/dev demo starts it): single, sentinel, cluster "
                  "(Redis), pg-replica, pg-replica-async (a PostgreSQL standby), pgbouncer "
@@ -143,26 +160,49 @@ void reset_business_tables(const Settings& s) {
   tx.commit();
 }
 
-// The business effect: one ledger row and one balance update, in the caller's transaction.
-std::string apply_refund(pqxx::transaction_base& tx, const storm::Delivery& d) {
-  tx.exec_params0(
-      std::string("INSERT INTO ") + kSchema +
-          ".refund_records (order_id, request_id, account, amount_cents) VALUES ($1, $2, $3, $4)",
-      d.order_id, d.request_id, d.account, d.amount_cents);
-  tx.exec_params0(std::string("UPDATE ") + kSchema +
-                      ".accounts SET balance_cents = balance_cents - $1 WHERE id = $2",
-                  d.amount_cents, d.account);
+// The business effect: one ledger row ($1 order, $2 request ID, $3 account, $4 amount) and one
+// balance update ($1 amount, $2 account), in the caller's transaction.
+const std::string kInsertRefund =
+    std::string("INSERT INTO ") + kSchema +
+    ".refund_records (order_id, request_id, account, amount_cents) VALUES ($1, $2, $3, $4)";
+const std::string kDebitAccount = std::string("UPDATE ") + kSchema +
+                                  ".accounts SET balance_cents = balance_cents - $1 WHERE id = $2";
+
+std::string refund_response(const storm::Delivery& d) {
   return R"({"status":"refunded","order_id":")" + d.order_id + R"(","amount_cents":)" +
          std::to_string(d.amount_cents) + "}";
 }
 
-// One Deduplicator per worker: each worker stands for one service instance, with its own
-// layer-1 cache, sharing Redis and PostgreSQL (and, here, their connection pools) with the others.
-std::vector<std::unique_ptr<idem::Deduplicator>> make_instances(
-    const Settings& s, const std::string& config, const std::shared_ptr<storm::FailureLog>& log) {
-  std::vector<std::unique_ptr<idem::Deduplicator>> instances(s.workers);
-  if (config == "none") return instances;
-  idem::DeduplicatorOptions options;
+std::string apply_refund(pqxx::transaction_base& tx, const storm::Delivery& d) {
+  tx.exec_params0(kInsertRefund, d.order_id, d.request_id, d.account, d.amount_cents);
+  tx.exec_params0(kDebitAccount, d.amount_cents, d.account);
+  return refund_response(d);
+}
+
+// The same effect through the async front's transaction, on the loop.
+asio::awaitable<std::string> apply_refund_async(idem::AsyncTransaction& tx,
+                                                const storm::Delivery& d) {
+  const std::string account = std::to_string(d.account);
+  const std::string amount = std::to_string(d.amount_cents);
+  std::vector<std::optional<std::string>> refund{d.order_id, d.request_id, account, amount};
+  co_await tx.exec(kInsertRefund, std::move(refund));
+  std::vector<std::optional<std::string>> debit{amount, account};
+  co_await tx.exec(kDebitAccount, std::move(debit));
+  co_return refund_response(d);
+}
+
+// The layers of a configuration other than "none", for either front: the in-process ones and
+// the policies in `base`, the guard's and the sink's options beside them.
+struct Layers {
+  idem::DeduplicatorOptions base;
+  std::optional<idem::RedisGuardOptions> guard;
+  std::optional<idem::PgSinkOptions> sink;
+};
+
+Layers layers_for(const Settings& s, const std::string& config,
+                  const std::shared_ptr<storm::FailureLog>& log) {
+  Layers layers;
+  idem::DeduplicatorOptions& options = layers.base;
   options.local_cache_capacity = 100000;
   options.local_cache_ttl = s.retention;
   if (config != "all") options.fingerprint.reset();
@@ -177,7 +217,7 @@ std::vector<std::unique_ptr<idem::Deduplicator>> make_instances(
                std::to_string(Clock::now().time_since_epoch().count());
     guard.retention = s.retention;
     guard.lease = s.lease;
-    options.guard = std::make_shared<idem::RedisGuard>(guard);
+    layers.guard = guard;
   }
   if (config == "all") {
     idem::PgSinkOptions sink;
@@ -186,9 +226,22 @@ std::vector<std::unique_ptr<idem::Deduplicator>> make_instances(
     sink.pool_size = s.workers;
     if (s.topology == "pgbouncer") sink.pooling = idem::PgPooling::kTransaction;
     sink.lease = s.lease;
-    options.sink = std::make_shared<idem::PgSink>(sink);
-    options.sink->migrate();
+    idem::PgSink(sink).migrate();
+    layers.sink = sink;
   }
+  return layers;
+}
+
+// One Deduplicator per worker: each worker stands for one service instance, with its own
+// layer-1 cache, sharing Redis and PostgreSQL (and, here, their connection pools) with the others.
+std::vector<std::unique_ptr<idem::Deduplicator>> make_instances(
+    const Settings& s, const std::string& config, const std::shared_ptr<storm::FailureLog>& log) {
+  std::vector<std::unique_ptr<idem::Deduplicator>> instances(s.workers);
+  if (config == "none") return instances;
+  Layers layers = layers_for(s, config, log);
+  idem::DeduplicatorOptions options = layers.base;
+  if (layers.guard) options.guard = std::make_shared<idem::RedisGuard>(*layers.guard);
+  if (layers.sink) options.sink = std::make_shared<idem::PgSink>(*layers.sink);
   for (auto& instance : instances) instance = std::make_unique<idem::Deduplicator>(options);
   return instances;
 }
@@ -235,15 +288,23 @@ class WorkerConnection {
   std::optional<pqxx::connection> conn_;
 };
 
-// Delivers `d` once. nullopt when the attempt failed and the message must be redelivered.
-std::optional<idem::Outcome> deliver_once(const std::string& config, idem::Deduplicator* dedup,
-                                          const storm::Delivery& d, WorkerConnection& conn) {
-  auto own_transaction = [&] {
+// The effect in a transaction of its own on `conn` (reopened on the next use when it failed).
+std::string own_transaction(WorkerConnection& conn, const storm::Delivery& d) {
+  try {
     pqxx::work tx(conn.get());
     std::string response = apply_refund(tx, d);
     tx.commit();
     return response;
-  };
+  } catch (const std::exception&) {
+    conn.reset();
+    throw;
+  }
+}
+
+// Delivers `d` once. nullopt when the attempt failed and the message must be redelivered.
+std::optional<idem::Outcome> deliver_once(const std::string& config, idem::Deduplicator* dedup,
+                                          const storm::Delivery& d, WorkerConnection& conn) {
+  auto own_transaction = [&] { return ::own_transaction(conn, d); };
   try {
     if (dedup == nullptr) {
       own_transaction();
@@ -255,10 +316,66 @@ std::optional<idem::Outcome> deliver_once(const std::string& config, idem::Dedup
     }
     return dedup->run(request_for(config, d), own_transaction);
   } catch (const std::exception&) {
-    conn.reset();  // a broken connection is reopened on the next attempt
     return std::nullopt;
   }
 }
+
+// What the attempts of a run's deliveries came to (one per worker thread, or one for the loop).
+struct Tally {
+  std::vector<double> latencies_us;  // per attempt
+  std::map<std::string, std::size_t> outcomes;
+  std::map<std::string, std::size_t> stopped_by_layer;
+  std::size_t redeliveries = 0;
+
+  void merge_into(std::vector<double>& latencies, ConfigResult& result) const {
+    latencies.insert(latencies.end(), latencies_us.begin(), latencies_us.end());
+    for (const auto& [k, v] : outcomes) result.outcomes[k] += v;
+    for (const auto& [k, v] : stopped_by_layer) result.stopped_by_layer[k] += v;
+    result.redeliveries += redeliveries;
+  }
+};
+
+// One delivery's attempts, as an at-least-once consumer makes them: an attempt that failed or
+// found the first execution still in progress is redelivered after a backoff (10 ms, doubling up
+// to 500 ms), until it is decided (executed, duplicate or mismatch) or the lease and a minute
+// have passed.
+class Attempts {
+ public:
+  Attempts(const Settings& s, Tally& tally, storm::FailureLog& log)
+      : give_up_(Clock::now() + s.lease + std::chrono::seconds(60)), tally_(tally), log_(log) {}
+
+  // Counts the attempt begun at `start` that gave `outcome`; true when the delivery is to be
+  // redelivered after backoff().
+  bool redeliver(const std::optional<idem::Outcome>& outcome, Clock::time_point start) {
+    tally_.latencies_us.push_back(
+        std::chrono::duration<double, std::micro>(Clock::now() - start).count());
+    const bool decided = outcome && outcome->kind != idem::Outcome::Kind::kInProgress &&
+                         outcome->kind != idem::Outcome::Kind::kUnavailable;
+    if (decided || Clock::now() > give_up_) return false;
+    if (!outcome || outcome->kind == idem::Outcome::Kind::kUnavailable) log_.attempt_failed();
+    ++tally_.redeliveries;
+    return true;
+  }
+  [[nodiscard]] std::chrono::milliseconds backoff() {
+    const auto wait = backoff_;
+    backoff_ = std::min(backoff_ * 2, std::chrono::milliseconds(500));
+    return wait;
+  }
+  // The delivery's last outcome (nullopt: it failed to the end).
+  void decided(const std::optional<idem::Outcome>& outcome, std::atomic<std::size_t>& delivered) {
+    ++delivered;
+    ++tally_.outcomes[outcome ? outcome_name(outcome->kind) : "failed"];
+    if (outcome && outcome->kind != idem::Outcome::Kind::kExecuted) {
+      ++tally_.stopped_by_layer[std::string(to_string(outcome->layer))];
+    }
+  }
+
+ private:
+  Clock::time_point give_up_;
+  std::chrono::milliseconds backoff_{10};
+  Tally& tally_;
+  storm::FailureLog& log_;
+};
 
 // Runs `deliveries` on `workers` threads, like an at-least-once consumer: an attempt that failed
 // or found the first execution still in progress is redelivered after a backoff, until it is
@@ -273,42 +390,122 @@ void deliver(const Settings& s, const std::string& config,
   for (std::size_t w = 0; w < s.workers; ++w) {
     threads.emplace_back([&, dedup = instances[w].get()] {
       WorkerConnection conn(s.pg_url);
-      std::vector<double> local_latencies;
-      std::map<std::string, std::size_t> local_outcomes, local_stopped;
-      std::size_t local_redeliveries = 0;
+      Tally tally;
       for (std::size_t i = next++; i < deliveries.size(); i = next++) {
-        const auto give_up = Clock::now() + s.lease + std::chrono::seconds(60);
-        auto backoff = std::chrono::milliseconds(10);
+        Attempts attempts(s, tally, log);
         std::optional<idem::Outcome> outcome;
-        while (true) {
-          const auto start = Clock::now();
-          outcome = deliver_once(config, dedup, deliveries[i], conn);
-          local_latencies.push_back(
-              std::chrono::duration<double, std::micro>(Clock::now() - start).count());
-          const bool decided = outcome && outcome->kind != idem::Outcome::Kind::kInProgress &&
-                               outcome->kind != idem::Outcome::Kind::kUnavailable;
-          if (decided || Clock::now() > give_up) break;
-          if (!outcome || outcome->kind == idem::Outcome::Kind::kUnavailable) log.attempt_failed();
-          ++local_redeliveries;
-          std::this_thread::sleep_for(backoff);
-          backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
+        for (auto start = Clock::now();
+             attempts.redeliver(outcome = deliver_once(config, dedup, deliveries[i], conn), start);
+             start = Clock::now()) {
+          std::this_thread::sleep_for(attempts.backoff());
         }
-        ++delivered;
-        const std::string kind = outcome ? outcome_name(outcome->kind) : "failed";
-        ++local_outcomes[kind];
-        if (outcome && outcome->kind != idem::Outcome::Kind::kExecuted) {
-          ++local_stopped[std::string(to_string(outcome->layer))];
-        }
+        attempts.decided(outcome, delivered);
       }
       std::lock_guard lock(merge_mutex);
-      latencies_us.insert(latencies_us.end(), local_latencies.begin(), local_latencies.end());
-      for (const auto& [k, v] : local_outcomes) result.outcomes[k] += v;
-      for (const auto& [k, v] : local_stopped) result.stopped_by_layer[k] += v;
-      result.redeliveries += local_redeliveries;
+      tally.merge_into(latencies_us, result);
     });
   }
   for (auto& t : threads) t.join();
 }
+
+// --async: the deliveries of a configuration on ONE event-loop thread, --in-flight consumers at
+// once, through one AsyncDeduplicator (one service instance, one layer-1 cache). `all` books
+// its effects in the call's transaction on the loop (run_transactional, AsyncTransaction); the
+// configurations without a sink have no transaction on the loop, so their handlers hand their
+// own blocking transaction to --workers threads, as a loop service does with a blocking
+// client, and the loop never waits on one.
+class AsyncStorm {
+ public:
+  AsyncStorm(const Settings& s, const std::string& config,
+             const std::shared_ptr<storm::FailureLog>& log)
+      : s_(s), config_(config), log_(*log), effects_(s.workers) {
+    if (config == "none") return;
+    Layers layers = layers_for(s, config, log);
+    idem::AsyncDeduplicatorOptions options;
+    options.base = std::move(layers.base);
+    options.redis = std::move(layers.guard);
+    options.postgres = std::move(layers.sink);
+    dedup_ = std::make_unique<idem::AsyncDeduplicator>(io_.get_executor(), std::move(options));
+  }
+
+  // Delivers every one of `deliveries` (redelivering as deliver() does) and returns when all are
+  // decided; counts as deliver() does.
+  void deliver(const std::vector<storm::Delivery>& deliveries, std::vector<double>& latencies_us,
+               ConfigResult& result, std::atomic<std::size_t>& delivered) {
+    Tally tally;
+    std::size_t next = 0;
+    std::size_t consumers = std::min(s_.in_flight, deliveries.size());
+    std::exception_ptr failed;
+    for (std::size_t c = 0, n = consumers; c < n; ++c) {
+      asio::co_spawn(io_, consume(deliveries, next, tally, delivered),
+                     [&](std::exception_ptr error) {
+                       if (error && !failed) failed = error;
+                       if (--consumers == 0 && dedup_) dedup_->close();  // io_.run() returns
+                     });
+    }
+    io_.restart();
+    io_.run();
+    if (failed) std::rethrow_exception(failed);
+    tally.merge_into(latencies_us, result);
+  }
+
+ private:
+  asio::awaitable<void> consume(const std::vector<storm::Delivery>& deliveries, std::size_t& next,
+                                Tally& tally, std::atomic<std::size_t>& delivered) {
+    asio::steady_timer pause(io_);
+    for (std::size_t i = next++; i < deliveries.size(); i = next++) {
+      Attempts attempts(s_, tally, log_);
+      std::optional<idem::Outcome> outcome;
+      for (auto start = Clock::now();
+           attempts.redeliver(outcome = co_await deliver_once(deliveries[i]), start);
+           start = Clock::now()) {
+        pause.expires_after(attempts.backoff());
+        co_await pause.async_wait(asio::use_awaitable);
+      }
+      attempts.decided(outcome, delivered);
+    }
+  }
+
+  // As the blocking deliver_once(): nullopt when the attempt failed.
+  asio::awaitable<std::optional<idem::Outcome>> deliver_once(const storm::Delivery& d) {
+    try {
+      if (!dedup_) {
+        co_await on_effects_thread(d);
+        co_return idem::Outcome{};
+      }
+      if (config_ == "all") {
+        co_return co_await dedup_->run_transactional(
+            request_for(config_, d),
+            [&d](idem::AsyncTransaction& tx) { return apply_refund_async(tx, d); },
+            asio::use_awaitable);
+      }
+      co_return co_await dedup_->run(
+          request_for(config_, d), [this, &d] { return on_effects_thread(d); },
+          asio::use_awaitable);
+    } catch (const std::exception&) {
+    }
+    co_return std::nullopt;
+  }
+
+  // The effect in its own transaction on one of the --workers threads (each with its own
+  // connection); the calling coroutine resumes on the loop.
+  asio::awaitable<std::string> on_effects_thread(const storm::Delivery& d) {
+    co_return co_await asio::co_spawn(
+        effects_,
+        [this, &d]() -> asio::awaitable<std::string> {
+          thread_local WorkerConnection conn(s_.pg_url);
+          co_return own_transaction(conn, d);
+        },
+        asio::use_awaitable);
+  }
+
+  const Settings& s_;
+  std::string config_;
+  storm::FailureLog& log_;
+  asio::io_context io_{1};
+  asio::thread_pool effects_;
+  std::unique_ptr<idem::AsyncDeduplicator> dedup_;
+};
 
 double percentile(std::vector<double>& values, double p) {
   if (values.empty()) return 0;
@@ -321,7 +518,13 @@ ConfigResult run_config(const Settings& s, const std::string& config,
                         const storm::Workload& workload) {
   reset_business_tables(s);
   const auto log = std::make_shared<storm::FailureLog>();
-  const auto instances = make_instances(s, config, log);
+  std::vector<std::unique_ptr<idem::Deduplicator>> instances;
+  std::unique_ptr<AsyncStorm> async;
+  if (s.async) {
+    async = std::make_unique<AsyncStorm>(s, config, log);
+  } else {
+    instances = make_instances(s, config, log);
+  }
   ConfigResult result;
   result.deliveries = workload.deliveries.size() + workload.late_deliveries.size();
   result.duplicates_injected = workload.duplicates;
@@ -329,6 +532,13 @@ ConfigResult run_config(const Settings& s, const std::string& config,
   std::vector<double> latencies_us;
   latencies_us.reserve(result.deliveries);
   std::atomic<std::size_t> delivered{0};
+  const auto deliver_all = [&](const std::vector<storm::Delivery>& deliveries) {
+    if (async) {
+      async->deliver(deliveries, latencies_us, result, delivered);
+    } else {
+      deliver(s, config, instances, deliveries, latencies_us, result, delivered, *log);
+    }
+  };
   std::atomic<bool> done{false};
   std::thread progress([&] {
     // On a terminal one line updates in place; in a log, a line every 5 s.
@@ -361,12 +571,12 @@ ConfigResult run_config(const Settings& s, const std::string& config,
     }
   });
   const auto start = Clock::now();
-  deliver(s, config, instances, workload.deliveries, latencies_us, result, delivered, *log);
+  deliver_all(workload.deliveries);
   const auto main_end = Clock::now();
   const double main_seconds = std::chrono::duration<double>(main_end - start).count();
   // Late redeliveries arrive after every record of the main phase has outlived its retention.
   std::this_thread::sleep_for(s.retention + std::chrono::milliseconds(500));
-  deliver(s, config, instances, workload.late_deliveries, latencies_us, result, delivered, *log);
+  deliver_all(workload.late_deliveries);
   done = true;
   progress.join();
   chaos.join();
@@ -415,10 +625,14 @@ int main(int argc, char** argv) {
     const storm::Workload workload =
         storm::make_workload(settings.seed, settings.requests, settings.accounts,
                              storm::parse_mix(settings.mix, settings.duplicates));
+    const std::string how = settings.async
+                                ? "one loop thread with " + std::to_string(settings.in_flight) +
+                                      " deliveries in flight (--async)"
+                                : std::to_string(settings.workers) + " workers";
     std::cerr << "idem-storm: " << workload.logical_requests << " logical requests, "
               << workload.deliveries.size() + workload.late_deliveries.size() << " deliveries ("
-              << workload.duplicates << " duplicates), " << settings.workers << " workers, seed "
-              << settings.seed << "\n";
+              << workload.duplicates << " duplicates), " << how << ", seed " << settings.seed
+              << "\n";
     storm::Results results;
     for (const auto& config : settings.configs)
       results.emplace_back(config, run_config(settings, config, workload));
@@ -435,9 +649,9 @@ int main(int argc, char** argv) {
           settings.report_html, results,
           std::to_string(workload.logical_requests) + " logical refund requests, " +
               std::to_string(workload.deliveries.size() + workload.late_deliveries.size()) +
-              " deliveries (" + std::to_string(workload.duplicates) + " duplicates), " +
-              std::to_string(settings.workers) + " workers, seed " + std::to_string(settings.seed) +
-              ", topology " + settings.topology + (settings.chaos ? ", with --chaos" : "") + ".");
+              " deliveries (" + std::to_string(workload.duplicates) + " duplicates), " + how +
+              ", seed " + std::to_string(settings.seed) + ", topology " + settings.topology +
+              (settings.chaos ? ", with --chaos" : "") + ".");
       std::cerr << "idem-storm: wrote " << settings.report_html << "\n";
     }
     const auto all = std::find_if(results.begin(), results.end(),

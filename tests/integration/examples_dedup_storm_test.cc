@@ -98,5 +98,28 @@ TEST(DedupStormTest, TableJsonAndHtmlReportTheDuplicateRateBesideTheSeedsFigures
   std::filesystem::remove_all(dir);
 }
 
+// --async: the same workload through one AsyncDeduplicator on one loop thread, many in flight;
+// `all` books its effects through run_transactional() on the loop and lets none through.
+TEST(DedupStormTest, AsyncDeliveriesOnOneLoopThreadLetNoDuplicateEffectThroughAll) {
+  IDEM_REQUIRE_SERVICE(redis_url, "IDEM_TEST_REDIS_URL");
+  IDEM_REQUIRE_SERVICE(pg_url, "IDEM_TEST_PG_URL");
+  ChildProcess storm({IDEM_STORM_BIN, "--redis-url", std::string(redis_url), "--pg-url",
+                      std::string(pg_url), "--async", "--in-flight", "64", "--configs",
+                      "none,redis,all", "--requests", "1500", "--retention-ms", "500", "--lease-ms",
+                      "2000"});
+  ASSERT_EQ(storm.wait_exit(std::chrono::minutes(3)), 0) << storm.tail(40);
+  const std::vector<std::string> lines = storm.lines();
+  const std::vector<std::string> all = fields(row_of(lines, "all"));
+  ASSERT_GE(all.size(), 7u) << storm.tail(10);
+  EXPECT_EQ(all[3], "0") << "duplicate effects";
+  EXPECT_EQ(all[6], "0") << "lost requests";
+  const std::vector<std::string> none = fields(row_of(lines, "none"));
+  const std::vector<std::string> redis = fields(row_of(lines, "redis"));
+  ASSERT_GE(none.size(), 7u);
+  ASSERT_GE(redis.size(), 7u);
+  EXPECT_EQ(none[3], none[2]) << "without idem every duplicate is booked";
+  EXPECT_LT(std::stoll(redis[3]), std::stoll(none[3]) / 2) << "the guard stops most";
+}
+
 }  // namespace
 }  // namespace idem::test
