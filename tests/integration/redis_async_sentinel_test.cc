@@ -13,6 +13,7 @@
 #include <asio/use_awaitable.hpp>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <iostream>
 #include <map>
@@ -399,6 +400,42 @@ TEST(RedisAsyncSentinelFailover, FollowsAManualFailover) {
     EXPECT_EQ(group.sentinels()[0]->cli({"SENTINEL", "FAILOVER", test::SentinelGroup::kMasterName}),
               "OK");
   });
+}
+
+// The +switch-master subscription: after SENTINEL FAILOVER the guard hears the switch, asks the
+// Sentinels again and closes its connection to the old master (alive and, until the Sentinels
+// demote it, writable), so the next claim lands on the new master.
+TEST(RedisAsyncSentinelFailover, TheSubscriptionHearsTheSwitch) {
+  test::SentinelGroup group(1000ms);
+  const RedisGuardOptions options = sentinel_options(group.url());
+  with_guard(options, [&](detail::AsyncRedisGuard& guard) -> asio::awaitable<void> {
+    EXPECT_EQ((co_await guard.claim("u:refund:before", "req-1", "")).status, ClaimStatus::kFirst);
+    const auto& sentinel = guard.client().sentinel();
+    const std::uint64_t rounds = sentinel->rounds();
+    co_await sleep_for(200ms);  // the subscription is set up after the first round
+    const std::string old_master = group.master_address();
+    EXPECT_EQ(group.sentinels()[0]->cli({"SENTINEL", "FAILOVER", test::SentinelGroup::kMasterName}),
+              "OK");
+    const auto limit = Clock::now() + 20s;
+    while (sentinel->switches_seen() == 0 && Clock::now() < limit) co_await sleep_for(10ms);
+    EXPECT_GE(sentinel->switches_seen(), 1U) << "no +switch-master heard";
+    while (sentinel->rounds() == rounds && Clock::now() < limit) co_await sleep_for(10ms);
+    while (sentinel->known_master()->host + ":" + std::to_string(sentinel->known_master()->port) ==
+               old_master &&
+           Clock::now() < limit) {
+      co_await sleep_for(10ms);
+    }
+    const std::string known =
+        sentinel->known_master()->host + ":" + std::to_string(sentinel->known_master()->port);
+    EXPECT_NE(known, old_master);
+    EXPECT_EQ(known, group.master_address());
+    EXPECT_EQ(guard.client().connection_for_slot(-1)->peer(), detail::HostPort{})
+        << "the connection to the old master was not closed";
+    const ClaimResult after = co_await guard.claim("u:refund:after", "req-2", "");
+    EXPECT_EQ(after.status, ClaimStatus::kFirst);
+  });
+  const RedisGuard blocking(options);  // for the key's name; connects on first use only
+  EXPECT_EQ(group.master().cli({"EXISTS", blocking.redis_key("u:refund:after")}), "1");
 }
 
 }  // namespace
