@@ -18,6 +18,8 @@
 // consume: --consumer NAME --batch 64 --block-ms 500 --claim-idle-ms 5000 --lease-ms 30000
 //   --exit-when-idle-ms 0 (0: run until SIGINT/SIGTERM; else exit once nothing was read for that
 //   long and the group has nothing pending) --max-seconds 0 (0: no limit).
+//   --async --in-flight 256: one thread, up to that many entries handled at once through
+//   idem::AsyncDeduplicator (async_consumer.cc), the same outcomes and XACK rule.
 // produce: --count N --duplicates FRACTION --seed N.
 #include <hiredis/hiredis.h>
 #include <signal.h>
@@ -100,6 +102,10 @@ Settings parse_settings(int argc, char** argv) {
       ->capture_default_str();
   consume->add_option("--max-seconds", s.max_run, "Stop after this long; 0: no limit")
       ->capture_default_str();
+  consume->add_flag("--async", s.async,
+                    "Handle entries concurrently on one thread (idem::AsyncDeduplicator)");
+  examples::add_positive_option(*consume, "--in-flight", s.in_flight,
+                                "--async: entries handled at once");
   consume->callback([&s] {
     if (s.service.pg_url.empty()) throw CLI::RequiredError("--pg-url");
   });
@@ -309,6 +315,7 @@ int main(int argc, char** argv) {
   sigaction(SIGTERM, &on_stop, nullptr);
   try {
     if (settings.mode == "produce") return produce(settings);
+    if (settings.async) return mq::consume_async(settings);
     return Consumer(settings).run();
   } catch (const std::exception& e) {
     std::cerr << "idem-mq-consumer: error: " << e.what() << "\n";

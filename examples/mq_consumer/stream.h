@@ -1,7 +1,7 @@
-// What the consumer and the producer of idem-mq-consumer share: the settings, the
-// Redis URL, the stream entries as hiredis replies, the business tables and statements, how an
+// What the consumers (blocking, async) and the producer of idem-mq-consumer share: the settings,
+// the Redis URL, the stream entries as hiredis replies, the business tables and statements, how an
 // entry becomes an idem::Request and what each outcome does to the entry. Header-only; included
-// by main.cc.
+// by main.cc and async_consumer.cc.
 #pragma once
 
 #include <hiredis/hiredis.h>
@@ -40,6 +40,8 @@ struct Settings {
   milliseconds lease{30000};
   milliseconds exit_when_idle{0};
   std::chrono::seconds max_run{0};
+  bool async = false;         // consume on one thread with idem::AsyncDeduplicator
+  long long in_flight = 256;  // --async: entries being handled at once
   long long count = 1000;
   double duplicates = 0.2;
   unsigned long long seed = 1;
@@ -220,5 +222,8 @@ inline void report(const char* what, const Settings& s,
   for (const auto& [name, n] : counts) std::cout << " " << name << "=" << n;
   std::cout << std::endl;
 }
+
+/// The consumer of `--async`: entries handled concurrently on one thread (async_consumer.cc).
+int consume_async(const Settings& s);
 
 }  // namespace mq

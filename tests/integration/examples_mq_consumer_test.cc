@@ -1,5 +1,6 @@
 // examples/mq_consumer end to end: three consumer processes share a Redis Streams consumer group,
-// one is SIGKILLed mid-run, and every payment still has exactly one ledger effect.
+// one is SIGKILLed mid-run, and every payment still has exactly one ledger effect; blocking
+// consumers, then async ones (`--async`, many entries in flight on one thread each).
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -71,11 +72,14 @@ class MqConsumerTest : public ::testing::Test {
             name_};
   }
 
-  std::unique_ptr<ChildProcess> consumer(const std::string& name) const {
+  // `extra`: more flags, e.g. --async.
+  std::unique_ptr<ChildProcess> consumer(const std::string& name,
+                                         const std::vector<std::string>& extra = {}) const {
     std::vector<std::string> argv = args("consume");
     argv.insert(argv.end(),
                 {"--consumer", name, "--claim-idle-ms", "1000", "--lease-ms", "2000", "--block-ms",
                  "200", "--exit-when-idle-ms", "2000", "--max-seconds", "50"});
+    argv.insert(argv.end(), extra.begin(), extra.end());
     return std::make_unique<ChildProcess>(argv);
   }
 
@@ -94,51 +98,74 @@ class MqConsumerTest : public ::testing::Test {
     }
   }
 
+  // Three consumers (flags `extra`) share the group; one is SIGKILLed once a quarter of the
+  // payments are booked. Then every payment has exactly one effect, none is lost, nothing is
+  // left pending, and the survivors took over the killed one's entries. Returns the seconds from
+  // the consumers' start to the last one's exit.
+  double run_three_consumers_one_killed(const std::vector<std::string>& extra) {
+    std::vector<std::string> produce = args("produce");
+    produce.insert(produce.end(), {"--count", std::to_string(kPayments), "--duplicates", "0.2"});
+    ChildProcess producer(produce);
+    EXPECT_EQ(producer.wait_exit(seconds(30)), 0) << producer.tail();
+    EXPECT_EQ(redis_cli(redis_url_, {"XLEN", name_}), std::to_string(kPayments * 12 / 10));
+
+    const auto start = std::chrono::steady_clock::now();
+    auto c1 = consumer("c1", extra);
+    auto c2 = consumer("c2", extra);
+    auto c3 = consumer("c3", extra);
+    // SIGKILL c2 once a quarter of the payments are booked: it dies holding delivered, unacked
+    // entries (and possibly claims and open transactions).
+    const auto deadline = start + seconds(40);
+    while (ledger_rows() < kPayments / 4) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        ADD_FAILURE() << "no progress\n" << c1->tail() << c2->tail();
+        return 0;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    c2->signal(SIGKILL);
+    EXPECT_EQ(c2->wait_exit(seconds(5)), 128 + SIGKILL);
+
+    EXPECT_EQ(c1->wait_exit(seconds(50)), 0) << c1->tail();
+    EXPECT_EQ(c3->wait_exit(seconds(50)), 0) << c3->tail();
+    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+
+    // Exactly one effect per payment, none lost, nothing left pending.
+    EXPECT_EQ(sql("SELECT count(*) FROM " + name_ + ".ledger"), kPayments);
+    EXPECT_EQ(sql("SELECT count(DISTINCT request_id) FROM " + name_ + ".ledger"), kPayments);
+    EXPECT_EQ(sql("SELECT sum(amount_cents) FROM " + name_ + ".totals"),
+              sql("SELECT sum(amount_cents) FROM " + name_ + ".ledger"));
+    const std::string pending = redis_cli(redis_url_, {"XPENDING", name_, "ledger"});
+    EXPECT_EQ(pending.substr(0, pending.find('\n')), "0") << pending;
+
+    // The survivors took over c2's entries with XAUTOCLAIM.
+    long long reclaimed = 0;
+    for (ChildProcess* c : {c1.get(), c3.get()}) {
+      const auto done = c->wait_for_line("done consumer=", seconds(1));
+      EXPECT_TRUE(done);
+      if (!done) continue;
+      reclaimed += summary_field(*done, "reclaimed");
+      std::cout << *done << "\n";
+    }
+    EXPECT_GT(reclaimed, 0);
+    return took.count();
+  }
+
   std::string redis_url_;
   std::string pg_url_;
   std::string name_;
 };
 
 TEST_F(MqConsumerTest, ThreeConsumersOneKilledEveryPaymentHasExactlyOneEffect) {
-  std::vector<std::string> produce = args("produce");
-  produce.insert(produce.end(), {"--count", std::to_string(kPayments), "--duplicates", "0.2"});
-  ChildProcess producer(produce);
-  ASSERT_EQ(producer.wait_exit(seconds(30)), 0) << producer.tail();
-  ASSERT_EQ(redis_cli(redis_url_, {"XLEN", name_}), std::to_string(kPayments * 12 / 10));
+  const double took = run_three_consumers_one_killed({});
+  std::cout << "blocking consumers: " << took << " s\n";
+}
 
-  auto c1 = consumer("c1");
-  auto c2 = consumer("c2");
-  auto c3 = consumer("c3");
-  // SIGKILL c2 once a quarter of the payments are booked: it dies holding delivered, unacked
-  // entries (and possibly claims and open transactions).
-  const auto deadline = std::chrono::steady_clock::now() + seconds(40);
-  while (ledger_rows() < kPayments / 4) {
-    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << c1->tail() << c2->tail();
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  c2->signal(SIGKILL);
-  ASSERT_EQ(c2->wait_exit(seconds(5)), 128 + SIGKILL);
-
-  ASSERT_EQ(c1->wait_exit(seconds(50)), 0) << c1->tail();
-  ASSERT_EQ(c3->wait_exit(seconds(50)), 0) << c3->tail();
-
-  // Exactly one effect per payment, none lost, nothing left pending.
-  EXPECT_EQ(sql("SELECT count(*) FROM " + name_ + ".ledger"), kPayments);
-  EXPECT_EQ(sql("SELECT count(DISTINCT request_id) FROM " + name_ + ".ledger"), kPayments);
-  EXPECT_EQ(sql("SELECT sum(amount_cents) FROM " + name_ + ".totals"),
-            sql("SELECT sum(amount_cents) FROM " + name_ + ".ledger"));
-  const std::string pending = redis_cli(redis_url_, {"XPENDING", name_, "ledger"});
-  EXPECT_EQ(pending.substr(0, pending.find('\n')), "0") << pending;
-
-  // The survivors took over c2's entries with XAUTOCLAIM.
-  long long reclaimed = 0;
-  for (ChildProcess* c : {c1.get(), c3.get()}) {
-    const auto done = c->wait_for_line("done consumer=", seconds(1));
-    ASSERT_TRUE(done);
-    reclaimed += summary_field(*done, "reclaimed");
-    std::cout << *done << "\n";
-  }
-  EXPECT_GT(reclaimed, 0);
+// The async consumer: up to 128 entries in flight on each consumer's one thread, so the killed
+// one dies mid-batch with many calls between their claim and their commit.
+TEST_F(MqConsumerTest, ThreeAsyncConsumersOneKilledMidBatchEveryPaymentHasExactlyOneEffect) {
+  const double took = run_three_consumers_one_killed({"--async", "--in-flight", "128"});
+  std::cout << "async consumers: " << took << " s\n";
 }
 
 }  // namespace
