@@ -186,10 +186,12 @@ void AsyncPgSink::give_back(const std::shared_ptr<PgAsyncConnection>& connection
   for (std::size_t i = 0; i < connections_.size(); ++i) {
     if (connections_[i] == connection) held_[i] = false;
   }
-  if (!waiters_.empty()) {
-    waiters_.front()->cancel();
-    waiters_.pop_front();
-  }
+  // Every waiter looks again: a statement of run() takes no connection for itself, so waking
+  // only the first could leave a transaction waiting beside a free connection until its
+  // deadline. Those that find none wait again.
+  std::deque<std::shared_ptr<asio::steady_timer>> woken = std::move(waiters_);
+  waiters_.clear();
+  for (const auto& waiter : woken) waiter->cancel();
 }
 
 asio::awaitable<PgResultPtr> AsyncPgSink::exec(const std::string& sql, PgParams params,

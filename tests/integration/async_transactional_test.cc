@@ -367,6 +367,67 @@ TEST_F(AsyncTransactionalTest, ConcurrentDeliveriesOfOneKeyOnOneLoopRunOneHandle
   EXPECT_EQ(balance(), 5);
 }
 
+// Regression: with every connection held, a waiting run() statement and a waiting transaction
+// were woken one at a time, so when a transaction gave its connection back only the run()
+// statement (which takes none for itself) woke, and the transaction behind it waited beside a
+// free connection until its deadline.
+TEST_F(AsyncTransactionalTest, CallsWaitingForAHeldConnectionAllGoOnWhenItIsGivenBack) {
+  AsyncDeduplicatorOptions o = options(false);
+  o.postgres->pool_size = 1;
+  o.deadline = 5s;
+  asio::io_context io;
+  AsyncDeduplicator dedup(io.get_executor(), o);
+  int runs = 0;
+  std::vector<Ending> endings(3);
+  int left = 3;
+  const auto started = Clock::now();
+  const auto ended = [&](std::size_t i) {
+    return [&, i](std::exception_ptr error, Outcome outcome) {
+      endings[i] = {error, std::move(outcome), Clock::now() - started};
+      if (--left == 0) dedup.close();
+    };
+  };
+  // The first holds the only connection for 300 ms; the other two arrive meanwhile and wait.
+  asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<Outcome> {
+        co_return co_await dedup.run_transactional(
+            request_for("r0", "o0"),
+            [&](AsyncTransaction& tx) -> asio::awaitable<std::string> {
+              std::string response = co_await refund("o0", &runs)(tx);
+              co_await sleep_for(300ms);
+              co_return response;
+            },
+            asio::use_awaitable);
+      },
+      ended(0));
+  asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<Outcome> {
+        co_await sleep_for(50ms);
+        co_return co_await dedup.run(
+            request_for("r1", "o1"), []() -> asio::awaitable<std::string> { co_return "ran"; },
+            asio::use_awaitable);
+      },
+      ended(1));
+  asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<Outcome> {
+        co_await sleep_for(100ms);
+        co_return co_await dedup.run_transactional(request_for("r2", "o2"), refund("o2", &runs),
+                                                   asio::use_awaitable);
+      },
+      ended(2));
+  io.run();
+  for (const Ending& ending : endings) {
+    EXPECT_FALSE(ending.error);
+    EXPECT_EQ(ending.outcome.kind, Outcome::Kind::kExecuted);
+    EXPECT_LT(ending.took, 3s);  // not at the 5 s deadline
+  }
+  EXPECT_EQ(runs, 2);
+  EXPECT_EQ(ledger_rows(), 2);
+}
+
 // The handler of each stopped call: a ledger row, then a statement that would hold the
 // connection for 10 s, marked so pg_stat_activity finds it.
 auto sleeper(const std::string& ledger, const std::string& marker, bool* sleeping) {
