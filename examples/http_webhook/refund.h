@@ -200,7 +200,7 @@ inline Answer outcome_answer(const idem::Outcome& outcome) {
   return error_answer(503, "storage unavailable; nothing was executed");
 }
 
-/// The answer to a call that threw `error`; rethrows what is not an answer's business.
+/// The answer to a call that threw `error`; what idem did not classify is a 500 (and logged).
 inline Answer failure_answer(const std::exception_ptr& error, const std::string& request_id,
                              const char* program) {
   try {
@@ -220,6 +220,14 @@ inline Answer failure_answer(const std::exception_ptr& error, const std::string&
       return error_answer(503, "storage failed; retry later");
     }
     return error_answer(500, "the refund failed; it was not booked");
+  } catch (const idem::Cancelled& e) {
+    // The async server's deadline (idem::DeadlineExceeded): the claim is kept until its lease
+    // ends, as after a lost commit.
+    std::cerr << program << ": refund " << request_id << " stopped: " << e.what() << "\n";
+    return error_answer(503, "the refund took too long; retry later");
+  } catch (const std::exception& e) {
+    std::cerr << program << ": refund " << request_id << " failed: " << e.what() << "\n";
+    return error_answer(500, "internal error");
   }
 }
 
