@@ -368,8 +368,10 @@ void AsyncConnection::on_deadline(Clock::time_point deadline) {
 }
 
 void AsyncConnection::close() {
-  fail(std::make_exception_ptr(RedisError("idem: redis connection closed by the client", true)));
+  close(std::make_exception_ptr(RedisError("idem: redis connection closed by the client", true)));
 }
+
+void AsyncConnection::close(const std::exception_ptr& error) { fail(error); }
 
 void AsyncConnection::fail(const std::exception_ptr& error) {
   if (settings_.locator != nullptr && link_ != nullptr && !link_->peer.host.empty()) {

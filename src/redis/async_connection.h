@@ -135,6 +135,8 @@ class AsyncConnection : public std::enable_shared_from_this<AsyncConnection> {
   /// Closes the connection; pending commands fail with a retryable idem::RedisError. A later
   /// command reconnects. Idempotent.
   void close();
+  /// As close(), the pending commands failing with `error` (an idem::RedisError that says why).
+  void close(const std::exception_ptr& error);
 
   /// The address connected to or being connected to; empty host while disconnected or while
   /// the locator is asked (and for a unix socket).

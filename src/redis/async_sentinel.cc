@@ -154,7 +154,13 @@ void AsyncSentinel::round_ended(const std::exception_ptr& error, const Discovere
         if (connection == nullptr) continue;
         const HostPort peer = connection->peer();
         // Commands pending there fail (retryable); the next one connects to the new master.
-        if (!peer.host.empty() && peer != *master_) connection->close();
+        if (!peer.host.empty() && peer != *master_) {
+          connection->close(std::make_exception_ptr(
+              RedisError("idem: redis sentinel: the Sentinels moved the master from " + peer.host +
+                             ":" + std::to_string(peer.port) + " to " + master_->host + ":" +
+                             std::to_string(master_->port) + " (the command was not sent again)",
+                         true)));
+        }
       }
     }
     if (!watching_ && !closed_) {

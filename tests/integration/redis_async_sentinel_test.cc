@@ -213,6 +213,7 @@ struct Traffic {
   std::map<std::string, Key> keys;
   int deliveries = 0;
   int unavailable = 0;
+  int moved = 0;  // of them, failed by the +switch-master that closed the old master's connection
   int other_errors = 0;
   std::optional<Clock::time_point> last_unavailable;
   std::vector<Clock::time_point> executed_times;
@@ -249,6 +250,9 @@ asio::awaitable<void> worker(AsyncDeduplicator& dedup, Traffic& traffic, int id)
       if (outcome.kind == Outcome::Kind::kUnavailable) {
         EXPECT_EQ(ran, 0) << key << ": Unavailable after the handler ran";
         ++traffic.unavailable;
+        if (outcome.error.find("the Sentinels moved the master") != std::string::npos) {
+          ++traffic.moved;
+        }
         traffic.last_unavailable = Clock::now();
         co_await sleep_for(20ms);
         continue;  // redelivered
@@ -381,7 +385,8 @@ void failover_under_load(test::SentinelGroup& group, const std::string& what,
             << " ms after it (the Sentinels named the new master after "
             << std::chrono::duration_cast<milliseconds>(promoted_at - failed_over_at).count()
             << " ms); " << kWorkers << " calls in flight, " << traffic.unavailable
-            << " Unavailable of " << traffic.deliveries << " deliveries; " << after
+            << " Unavailable (" << traffic.moved << " closed by +switch-master) of "
+            << traffic.deliveries << " deliveries; " << after
             << " keys executed on the new master; " << window_again << " of " << window_keys
             << " keys of the switch window executed again on redelivery; master " << old_master
             << " -> " << group.master_address() << "\n";
