@@ -141,6 +141,12 @@ class AsyncConsumer {
     options.postgres = sink_options(s_);
     options.postgres->pool_size = 16;  // open transactions; more calls wait on the loop for one
     options.deadline = s_.lease;       // an entry that takes longer is left for redelivery
+    // A repeat of an entry still in flight here (a producer's retry in the same batch) waits on
+    // the loop for the first one's result and is XACKed as a duplicate, instead of waiting
+    // --claim-idle-ms for XAUTOCLAIM. A repeat of a crashed consumer's entry still answers
+    // in progress after this wait, and is redelivered.
+    options.base.on_concurrent_duplicate = idem::ConcurrentDuplicatePolicy::kWaitForResult;
+    options.base.wait_for_result = s_.lease / 2;
     dedup_ = std::make_unique<idem::AsyncDeduplicator>(io.get_executor(), std::move(options));
   }
 
