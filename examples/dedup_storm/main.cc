@@ -32,6 +32,7 @@
 
 #include "chaos.h"
 #include "common/flags.h"
+#include "common/redis_client.h"
 #include "idem/async_deduplicator.h"
 #include "idem/deduplicator.h"
 #include "idem/errors.h"
@@ -41,6 +42,9 @@
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// The configuration that measures a floor, not idem (FloorGuard); run only when named.
+constexpr std::string_view kRedisFloor = "redis-floor";
 
 struct Settings {
   std::uint64_t seed = 42;
@@ -110,9 +114,13 @@ Settings parse_settings(int argc, char** argv) {
   app.add_option("--mix", s.mix,
                  "Where the duplicates come from, as weights: double-click=35,redelivery=30,"
                  "racing-retry=25,late=10 (unnamed sources keep these)");
-  app.add_option("--configs", s.configs, "Configurations to run, comma-separated")
+  app.add_option("--configs", s.configs,
+                 "Configurations to run, comma-separated; redis-floor (only when named) is not "
+                 "idem: the bare transaction between two raw Redis round trips, the least a "
+                 "Redis guard costs, beside which `all`'s deliveries/s can be read")
       ->delimiter(',')
-      ->check(CLI::IsMember({"none", "request-id", "redis", "all"}))
+      ->check(CLI::IsMember(
+          std::vector<std::string>{"none", "request-id", "redis", "all", std::string(kRedisFloor)}))
       ->capture_default_str();
   app.add_option("--report-json", s.report_json, "Also write the results as JSON to this file");
   app.add_option("--report-html", s.report_html,
@@ -123,6 +131,12 @@ Settings parse_settings(int argc, char** argv) {
       (void)storm::parse_mix(s.mix, s.duplicates);
     } catch (const std::invalid_argument& error) {
       throw CLI::ValidationError("--mix", error.what());
+    }
+    const bool floor =
+        std::find(s.configs.begin(), s.configs.end(), kRedisFloor) != s.configs.end();
+    if (floor && (s.async || s.topology != "single")) {
+      throw CLI::ValidationError(
+          "--configs", "redis-floor runs on the blocking front against a single Redis only");
     }
     if (s.chaos && (std::getenv("IDEM_CHAOS_RESTART_REDIS") == nullptr ||
                     std::getenv("IDEM_CHAOS_RESTART_PG") == nullptr)) {
@@ -237,7 +251,7 @@ Layers layers_for(const Settings& s, const std::string& config,
 std::vector<std::unique_ptr<idem::Deduplicator>> make_instances(
     const Settings& s, const std::string& config, const std::shared_ptr<storm::FailureLog>& log) {
   std::vector<std::unique_ptr<idem::Deduplicator>> instances(s.workers);
-  if (config == "none") return instances;
+  if (config == "none" || config == kRedisFloor) return instances;
   Layers layers = layers_for(s, config, log);
   idem::DeduplicatorOptions options = layers.base;
   if (layers.guard) options.guard = std::make_shared<idem::RedisGuard>(*layers.guard);
@@ -301,11 +315,50 @@ std::string own_transaction(WorkerConnection& conn, const storm::Delivery& d) {
   }
 }
 
+// --configs redis-floor: not idem, the least any Redis guard costs, for the ratio `all` is held
+// to (issue #17): the bare transaction between a claim (SET NX PX) and a completion (SET XX PX)
+// sent as raw commands on one connection per worker, no record, no Lua, no fingerprint, no sink.
+// A key already set answers kDuplicate; nothing else of idem's rules is kept, so its duplicate
+// effects are not a measure of anything.
+class FloorGuard {
+ public:
+  // `prefix`: this run's keys, the same for every worker.
+  FloorGuard(const Settings& s, std::string prefix) : s_(s), prefix_(std::move(prefix)) {}
+
+  template <typename Effect>
+  idem::Outcome deliver(const storm::Delivery& d, Effect&& effect) {
+    try {
+      if (!redis_) redis_.emplace(s_.redis_url, std::chrono::seconds(2));
+      const std::string key = prefix_ + d.order_id;
+      const std::string lease = std::to_string(s_.lease.count());
+      idem::Outcome outcome;
+      if (redis_->command({"SET", key, "claimed", "NX", "PX", lease})->type == REDIS_REPLY_NIL) {
+        outcome.kind = idem::Outcome::Kind::kDuplicate;
+        outcome.layer = idem::Layer::kRedisGuard;
+        return outcome;
+      }
+      effect();
+      (void)redis_->command({"SET", key, "done", "XX", "PX", std::to_string(s_.retention.count())});
+      return outcome;
+    } catch (const std::runtime_error&) {
+      redis_.reset();  // reconnect on the next attempt
+      throw;
+    }
+  }
+
+ private:
+  const Settings& s_;
+  std::string prefix_;
+  std::optional<examples::RedisClient> redis_;
+};
+
 // Delivers `d` once. nullopt when the attempt failed and the message must be redelivered.
 std::optional<idem::Outcome> deliver_once(const std::string& config, idem::Deduplicator* dedup,
-                                          const storm::Delivery& d, WorkerConnection& conn) {
+                                          const storm::Delivery& d, WorkerConnection& conn,
+                                          FloorGuard& floor) {
   auto own_transaction = [&] { return ::own_transaction(conn, d); };
   try {
+    if (config == kRedisFloor) return floor.deliver(d, own_transaction);
     if (dedup == nullptr) {
       own_transaction();
       return idem::Outcome{};
@@ -387,15 +440,18 @@ void deliver(const Settings& s, const std::string& config,
   std::atomic<std::size_t> next{0};
   std::mutex merge_mutex;
   std::vector<std::thread> threads;
+  const std::string floor_prefix = "idem-storm-floor:" + std::to_string(::getpid()) + "-" +
+                                   std::to_string(Clock::now().time_since_epoch().count()) + ":";
   for (std::size_t w = 0; w < s.workers; ++w) {
     threads.emplace_back([&, dedup = instances[w].get()] {
       WorkerConnection conn(s.pg_url);
+      FloorGuard floor(s, floor_prefix);
       Tally tally;
       for (std::size_t i = next++; i < deliveries.size(); i = next++) {
         Attempts attempts(s, tally, log);
         std::optional<idem::Outcome> outcome;
-        for (auto start = Clock::now();
-             attempts.redeliver(outcome = deliver_once(config, dedup, deliveries[i], conn), start);
+        for (auto start = Clock::now(); attempts.redeliver(
+                 outcome = deliver_once(config, dedup, deliveries[i], conn, floor), start);
              start = Clock::now()) {
           std::this_thread::sleep_for(attempts.backoff());
         }
@@ -599,6 +655,22 @@ ConfigResult run_config(const Settings& s, const std::string& config,
   return result;
 }
 
+// Each configuration's deliveries/s as a ratio of none's in this run (issue #17: `all` >= 0.6).
+void print_throughput_against_none(const storm::Results& results) {
+  const auto none = std::find_if(results.begin(), results.end(),
+                                 [](const auto& entry) { return entry.first == "none"; });
+  if (none == results.end() || none->second.deliveries_per_s <= 0) return;
+  std::string line;
+  for (const auto& [config, result] : results) {
+    if (config == "none") continue;
+    char ratio[32];
+    std::snprintf(ratio, sizeof ratio, "%.2f",
+                  result.deliveries_per_s / none->second.deliveries_per_s);
+    line += (line.empty() ? "" : ", ") + config + " " + ratio + "x";
+  }
+  if (!line.empty()) std::printf("deliveries/s against none: %s\n", line.c_str());
+}
+
 // --chaos: one line per failover or restart, with how long calls failed after it.
 void print_chaos(const Settings& s, const storm::Results& results) {
   for (const auto& [config, result] : results) {
@@ -640,6 +712,7 @@ int main(int argc, char** argv) {
     std::printf(
         "\ndup_rate_%%: duplicate effects / deliveries; seed_%%: the seed's production with the "
         "same layers\n");
+    print_throughput_against_none(results);
     print_chaos(settings, results);
     if (!settings.report_json.empty()) {
       storm::write_json_report(settings.report_json, results, settings.topology);

@@ -48,6 +48,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using mq::Entry;
+using Redis = examples::RedisClient;
 using mq::Reply;
 using mq::Settings;
 using mq::text;
@@ -113,57 +114,6 @@ Settings parse_settings(int argc, char** argv) {
   s.mode = produce->parsed() ? "produce" : "consume";
   return s;
 }
-
-// ---- A minimal hiredis client: RAII handles, argv commands, errors as exceptions. ----
-
-class Redis {
- public:
-  // `url`: redis://[:password@]host[:port][/db].
-  explicit Redis(const std::string& url) {
-    const mq::RedisAddress a = mq::parse_redis_url(url);
-    const timeval timeout{2, 0};
-    ctx_.reset(redisConnectWithTimeout(a.host.c_str(), a.port, timeout));
-    if (!ctx_ || ctx_->err)
-      throw std::runtime_error("cannot connect to " + a.host + ":" + std::to_string(a.port));
-    redisSetTimeout(ctx_.get(), timeval{10, 0});  // longer than any BLOCK below
-    if (!a.password.empty()) command({"AUTH", a.password});
-    if (!a.db.empty() && a.db != "0") command({"SELECT", a.db});
-  }
-
-  // Runs one command; throws std::runtime_error on a connection or an error reply.
-  Reply command(const std::vector<std::string>& args) {
-    append(args);
-    return read();
-  }
-  // Pipelining: append() several commands, then read() their replies in order.
-  void append(const std::vector<std::string>& args) {
-    std::vector<const char*> argv;
-    std::vector<size_t> lengths;
-    for (const auto& a : args) {
-      argv.push_back(a.data());
-      lengths.push_back(a.size());
-    }
-    if (redisAppendCommandArgv(ctx_.get(), static_cast<int>(args.size()), argv.data(),
-                               lengths.data()) != REDIS_OK) {
-      throw std::runtime_error("redis: out of memory");
-    }
-  }
-  Reply read() {
-    void* raw = nullptr;
-    if (redisGetReply(ctx_.get(), &raw) != REDIS_OK)
-      throw std::runtime_error(std::string("redis: ") + ctx_->errstr);
-    Reply reply(static_cast<redisReply*>(raw));
-    if (reply->type == REDIS_REPLY_ERROR)
-      throw std::runtime_error("redis: " + std::string(reply->str, reply->len));
-    return reply;
-  }
-
- private:
-  struct ContextDeleter {
-    void operator()(redisContext* c) const noexcept { redisFree(c); }
-  };
-  std::unique_ptr<redisContext, ContextDeleter> ctx_;
-};
 
 // ---- The producer: logical payment events, some sent twice (a producer's retry). ----
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/flags.h"
+#include "common/redis_client.h"
 #include "common/startup.h"
 #include "common/tables.h"
 #include "idem/deduplicator.h"
@@ -47,43 +48,10 @@ struct Settings {
   unsigned long long seed = 1;
 };
 
-/// Where a redis://[[user]:password@]host[:port][/db] URL points.
-struct RedisAddress {
-  std::string host;
-  int port = 6379;
-  std::string password;
-  std::string db = "0";
-};
-
-/// Throws std::invalid_argument for anything but a redis:// URL.
-inline RedisAddress parse_redis_url(const std::string& url) {
-  if (url.rfind("redis://", 0) != 0) throw std::invalid_argument("not a redis:// URL: " + url);
-  RedisAddress address;
-  std::string rest = url.substr(8);
-  if (const auto at = rest.rfind('@'); at != std::string::npos) {
-    const std::string userinfo = rest.substr(0, at);  // [user]:password
-    const auto colon = userinfo.find(':');
-    address.password = userinfo.substr(colon == std::string::npos ? 0 : colon + 1);
-    rest.erase(0, at + 1);
-  }
-  if (const auto slash = rest.find('/'); slash != std::string::npos) {
-    address.db = rest.substr(slash + 1);
-    rest.erase(slash);
-  }
-  const auto colon = rest.rfind(':');
-  address.host = rest.substr(0, colon);
-  if (colon != std::string::npos) address.port = std::stoi(rest.substr(colon + 1));
-  return address;
-}
-
-struct ReplyDeleter {
-  void operator()(redisReply* r) const noexcept { freeReplyObject(r); }
-};
-using Reply = std::unique_ptr<redisReply, ReplyDeleter>;
-
-inline std::string text(const redisReply* r) {
-  return r != nullptr && r->str != nullptr ? std::string(r->str, r->len) : "";
-}
+using examples::parse_redis_url;
+using examples::RedisAddress;
+using examples::Reply;
+using examples::text;
 
 struct Entry {
   std::string id;

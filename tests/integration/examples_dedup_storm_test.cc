@@ -121,5 +121,34 @@ TEST(DedupStormTest, AsyncDeliveriesOnOneLoopThreadLetNoDuplicateEffectThroughAl
   EXPECT_LT(std::stoll(redis[3]), std::stoll(none[3]) / 2) << "the guard stops most";
 }
 
+// --configs redis-floor: the bare transaction between two raw Redis round trips (no idem), run
+// only when named, reported beside none's throughput; a floor of the blocking front only.
+TEST(DedupStormTest, TheRedisFloorRunsWhenNamedAndIsReportedAgainstNone) {
+  IDEM_REQUIRE_SERVICE(redis_url, "IDEM_TEST_REDIS_URL");
+  IDEM_REQUIRE_SERVICE(pg_url, "IDEM_TEST_PG_URL");
+  ChildProcess storm({IDEM_STORM_BIN, "--redis-url", std::string(redis_url), "--pg-url",
+                      std::string(pg_url), "--configs", "none,redis-floor", "--requests", "800",
+                      "--workers", "4", "--retention-ms", "5000"});
+  ASSERT_EQ(storm.wait_exit(std::chrono::minutes(2)), 0) << storm.tail(40);
+  const std::vector<std::string> lines = storm.lines();
+  const std::vector<std::string> none = fields(row_of(lines, "none"));
+  const std::vector<std::string> floor = fields(row_of(lines, "redis-floor"));
+  ASSERT_GE(floor.size(), 7u) << storm.tail(10);
+  ASSERT_GE(none.size(), 7u);
+  // Its SET NX stops a repeat within the retention, so fewer effects than none books.
+  EXPECT_LT(std::stoll(floor[3]), std::stoll(none[3])) << storm.tail(10);
+  bool ratio_printed = false;
+  for (const std::string& line : lines) {
+    ratio_printed = ratio_printed || (line.starts_with("deliveries/s against none: ") &&
+                                      line.find("redis-floor ") != std::string::npos);
+  }
+  EXPECT_TRUE(ratio_printed) << storm.tail(10);
+
+  ChildProcess refused({IDEM_STORM_BIN, "--redis-url", std::string(redis_url), "--pg-url",
+                        std::string(pg_url), "--configs", "redis-floor", "--async"});
+  EXPECT_NE(refused.wait_exit(std::chrono::seconds(30)), 0);
+  EXPECT_NE(refused.tail(5).find("blocking front"), std::string::npos) << refused.tail(5);
+}
+
 }  // namespace
 }  // namespace idem::test
