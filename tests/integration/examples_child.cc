@@ -92,6 +92,11 @@ std::optional<int> ChildProcess::wait_exit(std::chrono::milliseconds timeout) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   }
+  // What the child wrote just before it exited may still be in the pipe: let the reader drain it
+  // (bounded: a grandchild could hold the pipe open), so lines() and tail() are complete.
+  std::unique_lock lock(mutex_);
+  changed_.wait_until(lock, std::chrono::steady_clock::now() + std::chrono::seconds(2),
+                      [this] { return output_closed_; });
   return exit_code_;
 }
 

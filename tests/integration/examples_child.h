@@ -33,7 +33,8 @@ class ChildProcess {
   /// Sends `signal` to the child (no-op once it was reaped).
   void signal(int signal);
   /// Waits up to `timeout` for the child to exit; its exit code (128 + signal when killed), or
-  /// nullopt when it still runs.
+  /// nullopt when it still runs. Once it exited, lines() holds everything it wrote (waiting up to
+  /// 2 s more for the pipe to drain).
   std::optional<int> wait_exit(std::chrono::milliseconds timeout);
   /// Every line printed so far.
   [[nodiscard]] std::vector<std::string> lines() const;

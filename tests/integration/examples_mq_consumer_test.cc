@@ -168,5 +168,17 @@ TEST_F(MqConsumerTest, ThreeAsyncConsumersOneKilledMidBatchEveryPaymentHasExactl
   std::cout << "async consumers: " << took << " s\n";
 }
 
+// Regression (the test support, examples_child.cc): wait_exit() returned once the child was
+// reaped, before the reader had drained the pipe, so a service's last line (AsyncHttpWebhookTest
+// saw its start-up error without the "AUTH" it checks for, under TSan) could be missing.
+TEST(ChildProcessTest, WaitExitReturnsAfterTheLastLinesWereRead) {
+  ChildProcess child(
+      {"/bin/sh", "-c", "head -c 60000 /dev/zero | tr '\\0' x; echo; echo last; exit 3"});
+  ASSERT_EQ(child.wait_exit(seconds(10)), 3);
+  const std::vector<std::string> lines = child.lines();
+  ASSERT_FALSE(lines.empty());
+  EXPECT_EQ(lines.back(), "last");
+}
+
 }  // namespace
 }  // namespace idem::test
