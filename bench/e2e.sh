@@ -14,9 +14,10 @@
 #   floor_bare_simple, floor_record_simple
 #               pgbench -M simple: the bare transaction, and the same with one INSERT of a
 #               record of idem's shape sent with COMMIT (the same round trips, one more row)
-#   client_bare, client_bare_guard
-#               the bare transaction through libpqxx (the client library's share), and with the
-#               guard's claim and complete around it without the facade (Redis' round trips)
+#   client_bare, client_bare_guard, client_bare_claim
+#               the bare transaction through libpqxx (the client library's share), with the
+#               guard's claim and complete around it without the facade (Redis' round trips),
+#               and with the claim only (what the completion after the commit costs)
 # A tps is the median over --runs runs (default 3) of the mean of a run's --seconds one-second
 # slices (default 5); a ratio is the median over every round of the ratio within the round
 # (client_bare_guard against client_bare, the floor_* against floor_bare_simple, the rest
@@ -71,18 +72,18 @@ slice() {  # scenario clients secs
     floor_bare_simple) "${pgb[@]}" -M simple -f "$work/bare.sql" "$url" 2>/dev/null | tps ;;
     floor_record_simple) "${pgb[@]}" -M simple -f "$work/record.sql" "$url" 2>/dev/null | tps ;;
     client_bare) "$harness" --pg-url "$url" --schema "$schema" --mode bare --clients "$2" --seconds "$3" ;;
-    client_bare_guard) "$harness" --pg-url "$url" --redis-url "$redis" --schema "$schema" --mode bare_guard --clients "$2" --seconds "$3" ;;
+    client_bare_guard | client_bare_claim) "$harness" --pg-url "$url" --redis-url "$redis" --schema "$schema" --mode "${1#client_}" --clients "$2" --seconds "$3" ;;
     *) "$harness" --pg-url "$url" --redis-url "$redis" --schema "$schema" --mode "$1" --clients "$2" --seconds "$3" ;;
   esac
 }
 tps() { sed -n 's/^tps = \([0-9.]*\) (without initial connection time)$/\1/p'; }
 
-scenarios=(bare sink guard_sink key_sink key_guard_sink floor_bare_simple floor_record_simple client_bare client_bare_guard)
+scenarios=(bare sink guard_sink key_sink key_guard_sink floor_bare_simple floor_record_simple client_bare client_bare_guard client_bare_claim)
 # What each scenario's ratio is taken against.
 base_of() {
   case "$1" in
     floor_*) echo floor_bare_simple ;;
-    client_bare_guard) echo client_bare ;;
+    client_bare_guard | client_bare_claim) echo client_bare ;;
     *) echo bare ;;
   esac
 }
@@ -138,7 +139,9 @@ for clients in 8 1; do
   json+=" \"record_ratio\": ${rat[floor_record_simple]},"
   json+=" \"client_bare_tps\": ${med[client_bare]}, \"client_bare_ratio\": ${rat[client_bare]},"
   json+=" \"client_bare_guard_tps\": ${med[client_bare_guard]},"
-  json+=" \"client_guard_ratio\": ${rat[client_bare_guard]}},"
+  json+=" \"client_guard_ratio\": ${rat[client_bare_guard]},"
+  json+=" \"client_bare_claim_tps\": ${med[client_bare_claim]},"
+  json+=" \"client_claim_only_ratio\": ${rat[client_bare_claim]}},"
   json+=" \"tps_per_run\": {$runs_json}}, "
   unset per_run ratios med rat
 done
