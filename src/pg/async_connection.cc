@@ -1,6 +1,7 @@
 #include "pg/async_connection.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "idem/errors.h"
 #include "pg/cancel.h"
@@ -34,8 +35,13 @@ std::shared_ptr<PgAsyncConnection> PgAsyncConnection::create(executor_type execu
 PgAsyncConnection::PgAsyncConnection(executor_type executor, PgAsyncSettings settings)
     : executor_(std::move(executor)),
       settings_(std::move(settings)),
+      prepared_(settings_.prepared.size(), false),
       deadline_(executor_),
-      connect_timer_(executor_) {}
+      connect_timer_(executor_) {
+  for (std::size_t i = 0; i < settings_.prepared.size(); ++i) {
+    prepared_index_.emplace(settings_.prepared[i], static_cast<int>(i));
+  }
+}
 
 PgAsyncConnection::~PgAsyncConnection() {
   drop_socket();
@@ -160,9 +166,7 @@ void PgAsyncConnection::send_unsent() {
     if (entry.sent) continue;
     values.clear();
     for (const auto& param : entry.params) values.push_back(param ? param->c_str() : nullptr);
-    if (PQsendQueryParams(conn_, entry.sql.c_str(), static_cast<int>(values.size()), nullptr,
-                          values.data(), nullptr, nullptr, 0) != 1 ||
-        PQpipelineSync(conn_) != 1) {
+    if (!send(entry, values) || PQpipelineSync(conn_) != 1) {
       return fail(lost("send: " + trimmed(PQerrorMessage(conn_))));
     }
     entry.sent = true;
@@ -174,6 +178,25 @@ void PgAsyncConnection::send_unsent() {
   flush_pending_ = flushed == 1;
   if (flush_pending_) wait(true);
   wait(false);
+}
+
+// Queues `entry` in the pipeline: by name when its text is one to prepare (with the Prepare
+// first, the first time on this connection), else unnamed.
+bool PgAsyncConnection::send(Pending& entry, const std::vector<const char*>& values) {
+  const int count = static_cast<int>(values.size());
+  const auto known = prepared_index_.find(entry.sql);
+  if (known == prepared_index_.end()) {
+    return PQsendQueryParams(conn_, entry.sql.c_str(), count, nullptr, values.data(), nullptr,
+                             nullptr, 0) == 1;
+  }
+  const int index = known->second;
+  const std::string name = "idem_async_" + std::to_string(index);
+  if (!prepared_[static_cast<std::size_t>(index)]) {
+    if (PQsendPrepare(conn_, name.c_str(), entry.sql.c_str(), count, nullptr) != 1) return false;
+    prepared_[static_cast<std::size_t>(index)] = true;
+    entry.preparing = index;
+  }
+  return PQsendQueryPrepared(conn_, name.c_str(), count, values.data(), nullptr, nullptr, 0) == 1;
 }
 
 bool PgAsyncConnection::read_results() {
@@ -189,6 +212,11 @@ bool PgAsyncConnection::read_results() {
     PgResultPtr result(raw);
     const ExecStatusType status = PQresultStatus(raw);
     Pending& front = pending_.front();
+    if (front.preparing >= 0) {  // the Prepare's own result comes before the statement's
+      const auto index = static_cast<std::size_t>(std::exchange(front.preparing, -1));
+      if (status == PGRES_COMMAND_OK) continue;
+      prepared_[index] = false;  // not prepared: the next use prepares it again
+    }
     if (status == PGRES_PIPELINE_SYNC) {
       finish_front(std::move(front.result));
     } else if (front.result == nullptr || PQresultStatus(front.result.get()) != PGRES_FATAL_ERROR) {
@@ -270,6 +298,7 @@ void PgAsyncConnection::fail(const std::exception_ptr& error) {
   conn_ = nullptr;
   state_ = State::kIdle;
   flush_pending_ = false;
+  prepared_.assign(prepared_.size(), false);  // a new session has none
   connect_timer_.cancel();
   deadline_.disarm();
   fail_all(pending_, error);

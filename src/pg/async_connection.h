@@ -32,6 +32,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "common/async_op.h"
@@ -59,6 +61,10 @@ struct PgAsyncSettings {
   /// Statements sent ahead of everything else on every new connection (session settings such
   /// as `SET lock_timeout = 1000`), bounded by connect_timeout; their results are dropped.
   std::vector<std::string> setup{};
+  /// Statement texts prepared on each connection at their first use (PQsendPrepare in the same
+  /// flight, then sent by name): the server parses and plans them once per connection instead
+  /// of once per call. Others (a handler's own SQL) are sent unnamed. The texts must differ.
+  std::vector<std::string> prepared{};
 };
 
 /// Parameters of a statement: text format, nullopt is SQL NULL.
@@ -77,7 +83,8 @@ class PgAsyncConnection : public std::enable_shared_from_this<PgAsyncConnection>
 
   [[nodiscard]] executor_type get_executor() const noexcept { return executor_; }
 
-  /// Runs `sql` with `params` ($1, $2, ...; unnamed, unprepared) and completes with PgSignature.
+  /// Runs `sql` with `params` ($1, $2, ...; prepared when it is one of the settings' `prepared`,
+  /// else unnamed) and completes with PgSignature.
   /// Connects first when needed. `sql` and `params` are moved into the operation.
   template <typename Token>
   auto exec(std::string sql, PgParams params, Token&& token) {
@@ -116,7 +123,8 @@ class PgAsyncConnection : public std::enable_shared_from_this<PgAsyncConnection>
     PgParams params;
     bool sent = false;
     bool cancel_requested = false;  // PQcancel sent for it: its 57014 is idem::Cancelled
-    PgResultPtr result;             // the statement's result, kept until its sync point
+    int preparing = -1;  // index into settings_.prepared whose Prepare result comes first
+    PgResultPtr result;  // the statement's result, kept until its sync point
     std::chrono::milliseconds timeout{0};
     Clock::time_point deadline;
   };
@@ -131,6 +139,7 @@ class PgAsyncConnection : public std::enable_shared_from_this<PgAsyncConnection>
   void wait(bool for_write);
   void on_ready();
   void send_unsent();
+  bool send(Pending& entry, const std::vector<const char*>& values);
   bool read_results();
   void finish_front(PgResultPtr result);
   void cancel(Pending* entry);
@@ -152,6 +161,8 @@ class PgAsyncConnection : public std::enable_shared_from_this<PgAsyncConnection>
   bool flush_pending_ = false;
   bool send_scheduled_ = false;
   std::deque<Pending> pending_;
+  std::unordered_map<std::string_view, int> prepared_index_;  // into settings_.prepared
+  std::vector<bool> prepared_;  // on this connection (reset when it is dropped)
   QueueDeadline deadline_;
   asio::steady_timer connect_timer_;
   std::uint64_t connects_ = 0;

@@ -33,7 +33,7 @@ SinkClaim held_elsewhere() {
   return open;
 }
 
-PgAsyncSettings connection_settings(const PgSinkOptions& options) {
+PgAsyncSettings connection_settings(const PgSinkOptions& options, const SinkStatements& sql) {
   using std::chrono::milliseconds;
   PgAsyncSettings settings;
   settings.conninfo = options.conninfo;
@@ -44,6 +44,9 @@ PgAsyncSettings connection_settings(const PgSinkOptions& options) {
   // The session settings PgSink gives its connections.
   settings.setup = {"SET statement_timeout = " + ms_text(options.statement_timeout),
                     "SET lock_timeout = " + ms_text(options.lock_timeout)};
+  // idem's own statements are parsed and planned once per connection, as PgSink prepares them.
+  settings.prepared = {sql.claim,   sql.lookup, sql.take_over, sql.complete,
+                       sql.release, sql.renew,  sql.lock,      sql.record};
   return settings;
 }
 
@@ -133,7 +136,7 @@ AsyncPgSink::AsyncPgSink(const asio::any_io_executor& executor, const PgSinkOpti
         "idem: the async driver's sink needs PgPooling::kSession (a session of its own per "
         "connection)");
   }
-  const PgAsyncSettings settings = connection_settings(options_);
+  const PgAsyncSettings settings = connection_settings(options_, sql_);
   for (std::size_t i = 0; i < options_.pool_size; ++i) {
     connections_.push_back(PgAsyncConnection::create(executor, settings));
   }

@@ -65,6 +65,40 @@ TEST(PgAsync, ParametersNullsAndErrorsWithTheirSqlstate) {
   });
 }
 
+// The settings' `prepared` texts are parsed and planned once per connection (sent by name after a
+// Prepare in the first flight); a Prepare that fails is sent again next time (it was marked
+// prepared, and the next use failed with 26000 "prepared statement does not exist" instead of
+// the statement's own error); other SQL stays unnamed.
+TEST(PgAsync, ThePreparedTextsArePreparedOncePerConnectionAndAFailedPrepareAgain) {
+  IDEM_REQUIRE_SERVICE(url, "IDEM_TEST_PG_URL");
+  run_coroutine([&](auto executor) -> asio::awaitable<void> {
+    PgAsyncSettings settings = settings_for(url);
+    const std::string sum = "SELECT $1::int + 1";
+    const std::string missing = "SELECT * FROM idem_no_such_table WHERE x = $1";
+    settings.prepared = {sum, missing};
+    auto connection = PgAsyncConnection::create(executor, settings);
+    for (int i = 0; i < 3; ++i) {
+      PgParams params{std::to_string(i)};
+      PgResultPtr result = co_await connection->exec(sum, std::move(params), asio::use_awaitable);
+      EXPECT_EQ(value(result), std::to_string(i + 1));
+    }
+    for (int i = 0; i < 2; ++i) {
+      try {
+        PgParams params{"1"};
+        (void)co_await connection->exec(missing, std::move(params), asio::use_awaitable);
+        ADD_FAILURE() << "a missing table must fail";
+      } catch (const PostgresError& error) {
+        EXPECT_EQ(error.sqlstate(), "42P01") << "attempt " << i << ": " << error.what();
+      }
+    }
+    PgResultPtr names = co_await connection->exec(
+        "SELECT string_agg(name, ',' ORDER BY name) FROM pg_prepared_statements", {},
+        asio::use_awaitable);
+    EXPECT_EQ(value(names), "idem_async_0");
+    EXPECT_EQ(connection->connects(), 1u);
+  });
+}
+
 TEST(PgAsync, ConcurrentStatementsArePipelinedAndAnsweredInOrder) {
   IDEM_REQUIRE_SERVICE(url, "IDEM_TEST_PG_URL");
   asio::io_context io;
