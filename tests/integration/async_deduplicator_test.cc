@@ -34,11 +34,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
-
-asio::awaitable<void> sleep_for(Clock::duration duration) {
-  asio::steady_timer timer(co_await asio::this_coro::executor, duration);
-  co_await timer.async_wait(asio::use_awaitable);
-}
+using test::sleep_for;
 
 Request request_for(const std::string& id, const std::string& payload = R"({"amount":1})") {
   Request request;

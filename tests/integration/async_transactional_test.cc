@@ -27,6 +27,7 @@
 
 #include "idem/async_deduplicator.h"
 #include "idem/errors.h"
+#include "loop_probe.h"
 #include "pg_server.h"
 #include "test_env.h"
 
@@ -35,11 +36,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
-
-asio::awaitable<void> sleep_for(Clock::duration duration) {
-  asio::steady_timer timer(co_await asio::this_coro::executor, duration);
-  co_await timer.async_wait(asio::use_awaitable);
-}
+using test::sleep_for;
 
 Request request_for(const std::string& id, const std::string& order) {
   Request r;
@@ -183,6 +180,19 @@ class AsyncTransactionalTest : public ::testing::Test {
     } catch (...) {
       return false;
     }
+  }
+
+  // A redelivery (another request ID) of `order`, whose cancelled first call keeps its claim: it is
+  // answered InProgress and runs nothing.
+  void expect_claim_kept(asio::io_context& io, AsyncDeduplicator& dedup, const std::string& order) {
+    int runs = 0;
+    const Ending redelivery = run_to_end(io, [&]() -> asio::awaitable<Outcome> {
+      co_return co_await dedup.run_transactional(request_for("r2", order), refund(order, &runs),
+                                                 asio::use_awaitable);
+    });
+    ASSERT_FALSE(redelivery.error);
+    EXPECT_EQ(redelivery.outcome.kind, Outcome::Kind::kInProgress);
+    EXPECT_EQ(runs, 0);
   }
 
   std::string pg_url_;
@@ -469,14 +479,7 @@ TEST_F(AsyncTransactionalTest, ACancelledCallCancelsItsStatementOnTheServerAndKe
   EXPECT_EQ(ledger_rows(), 0);
   EXPECT_EQ(records(), 0);
   // The claim stays until its lease ends: a redelivery now is answered InProgress.
-  int runs = 0;
-  const Ending redelivery = run_to_end(io, [&]() -> asio::awaitable<Outcome> {
-    co_return co_await dedup.run_transactional(request_for("r2", "o1"), refund("o1", &runs),
-                                               asio::use_awaitable);
-  });
-  ASSERT_FALSE(redelivery.error);
-  EXPECT_EQ(redelivery.outcome.kind, Outcome::Kind::kInProgress);
-  EXPECT_EQ(runs, 0);
+  expect_claim_kept(io, dedup, "o1");
   dedup.close();
   io.run();
 }
@@ -497,14 +500,7 @@ TEST_F(AsyncTransactionalTest, ACallPastItsDeadlineCancelsItsStatementOnTheServe
   EXPECT_LT(ending.took, 5s);
   EXPECT_EQ(running(marker), 0);
   EXPECT_EQ(ledger_rows(), 0);
-  // The claim is kept.
-  int runs = 0;
-  const Ending redelivery = run_to_end(io, [&]() -> asio::awaitable<Outcome> {
-    co_return co_await dedup.run_transactional(request_for("r2", "o1"), refund("o1", &runs),
-                                               asio::use_awaitable);
-  });
-  ASSERT_FALSE(redelivery.error);
-  EXPECT_EQ(redelivery.outcome.kind, Outcome::Kind::kInProgress);
+  expect_claim_kept(io, dedup, "o1");  // until its lease ends
   dedup.close();
   io.run();
 }

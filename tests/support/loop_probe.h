@@ -1,7 +1,7 @@
 // Helpers of the async tests: a probe that shows an event loop never blocks (a 1 ms timer on
 // the loop records the longest gap between its firings, less the time the loop's thread waited
-// for a core), a tally of calls that must fail, and a coroutine runner. Header-only (the async
-// tests link Asio; the support library does not).
+// for a core), a tally of calls that must fail, a coroutine runner and a coroutine sleep.
+// Header-only (the async tests link Asio; the support library does not).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -10,6 +10,8 @@
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
 #include <asio/steady_timer.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
 #include <chrono>
 #include <exception>
 #include <fstream>
@@ -32,6 +34,12 @@ inline constexpr std::chrono::milliseconds kMaxLoopGap{10};
 #else
 inline constexpr std::chrono::milliseconds kMaxLoopGap{10};
 #endif
+
+/// Waits `duration` on the calling coroutine's executor.
+inline asio::awaitable<void> sleep_for(std::chrono::steady_clock::duration duration) {
+  asio::steady_timer timer(co_await asio::this_coro::executor, duration);
+  co_await timer.async_wait(asio::use_awaitable);
+}
 
 /// Runs `body(executor)` (returning an asio::awaitable<void>) as a coroutine on a fresh
 /// io_context until the loop has nothing left to do; rethrows what the coroutine threw.
