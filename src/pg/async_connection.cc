@@ -1,5 +1,9 @@
 #include "pg/async_connection.h"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <utility>
 
@@ -160,7 +164,13 @@ void PgAsyncConnection::on_ready() {
 
 void PgAsyncConnection::send_unsent() {
   if (state_ != State::kReady) return;
-  bool sent_any = false;
+  const auto unsent = std::count_if(pending_.begin(), pending_.end(),
+                                    [](const Pending& entry) { return !entry.sent; });
+  if (unsent == 0) return;
+  // libpq 15's PQpipelineSync writes to the socket at once: one TCP segment, and one wake-up of
+  // the server, per statement. Corked, the statements of this turn leave together when the cork
+  // comes off below (TCP_CORK fails harmlessly on a Unix socket).
+  const bool corked = unsent > 1 && set_cork(true);
   std::vector<const char*> values;
   for (Pending& entry : pending_) {
     if (entry.sent) continue;
@@ -170,14 +180,18 @@ void PgAsyncConnection::send_unsent() {
       return fail(lost("send: " + trimmed(PQerrorMessage(conn_))));
     }
     entry.sent = true;
-    sent_any = true;
   }
-  if (!sent_any) return;
+  if (corked) set_cork(false);
   const int flushed = PQflush(conn_);
   if (flushed < 0) return fail(lost("send: " + trimmed(PQerrorMessage(conn_))));
   flush_pending_ = flushed == 1;
   if (flush_pending_) wait(true);
   wait(false);
+}
+
+bool PgAsyncConnection::set_cork(bool on) const noexcept {
+  const int value = on ? 1 : 0;
+  return ::setsockopt(PQsocket(conn_), IPPROTO_TCP, TCP_CORK, &value, sizeof value) == 0;
 }
 
 // Queues `entry` in the pipeline: by name when its text is one to prepare (with the Prepare

@@ -140,6 +140,8 @@ class PgAsyncConnection : public std::enable_shared_from_this<PgAsyncConnection>
   void on_ready();
   void send_unsent();
   bool send(Pending& entry, const std::vector<const char*>& values);
+  // TCP_CORK on the socket (Linux): true when set.
+  bool set_cork(bool on) const noexcept;
   bool read_results();
   void finish_front(PgResultPtr result);
   void cancel(Pending* entry);
