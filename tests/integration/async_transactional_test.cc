@@ -29,6 +29,7 @@
 #include "idem/errors.h"
 #include "loop_probe.h"
 #include "pg_server.h"
+#include "refund_request.h"
 #include "test_env.h"
 
 namespace idem {
@@ -38,15 +39,7 @@ using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 using test::sleep_for;
 
-Request request_for(const std::string& id, const std::string& order) {
-  Request r;
-  r.request_id = id;
-  r.user = "u1";
-  r.intent = "refund";
-  r.biz_key = order;
-  r.payload = R"({"order":")" + order + R"(","amount":5})";
-  return r;
-}
+using test::refund_request;
 
 // How a call ended: its outcome, or what it threw.
 struct Ending {
@@ -158,8 +151,8 @@ class AsyncTransactionalTest : public ::testing::Test {
       asio::co_spawn(
           io,
           [&, i]() -> asio::awaitable<Outcome> {
-            co_return co_await dedup.run_transactional(request_for("r" + std::to_string(i), order),
-                                                       handler, asio::use_awaitable);
+            co_return co_await dedup.run_transactional(
+                refund_request("r" + std::to_string(i), order), handler, asio::use_awaitable);
           },
           [&, i](std::exception_ptr error, Outcome outcome) {
             endings[static_cast<std::size_t>(i)] = {error, std::move(outcome), {}};
@@ -187,7 +180,7 @@ class AsyncTransactionalTest : public ::testing::Test {
   void expect_claim_kept(asio::io_context& io, AsyncDeduplicator& dedup, const std::string& order) {
     int runs = 0;
     const Ending redelivery = run_to_end(io, [&]() -> asio::awaitable<Outcome> {
-      co_return co_await dedup.run_transactional(request_for("r2", order), refund(order, &runs),
+      co_return co_await dedup.run_transactional(refund_request("r2", order), refund(order, &runs),
                                                  asio::use_awaitable);
     });
     ASSERT_FALSE(redelivery.error);
@@ -207,7 +200,7 @@ TEST_F(AsyncTransactionalTest, FirstExecutionCommitsBusinessRowsWithTheRecordThe
   {
     AsyncDeduplicator dedup(io.get_executor(), options(true));
     const Ending first = run_to_end(io, [&]() -> asio::awaitable<Outcome> {
-      co_return co_await dedup.run_transactional(request_for("r1", "o1"), refund("o1", &runs),
+      co_return co_await dedup.run_transactional(refund_request("r1", "o1"), refund("o1", &runs),
                                                  asio::use_awaitable);
     });
     ASSERT_FALSE(first.error);
@@ -220,7 +213,7 @@ TEST_F(AsyncTransactionalTest, FirstExecutionCommitsBusinessRowsWithTheRecordThe
               1);
     // The guard remembers it.
     const Ending again = run_to_end(io, [&]() -> asio::awaitable<Outcome> {
-      co_return co_await dedup.run_transactional(request_for("r1", "o1"), refund("o1", &runs),
+      co_return co_await dedup.run_transactional(refund_request("r1", "o1"), refund("o1", &runs),
                                                  asio::use_awaitable);
     });
     ASSERT_FALSE(again.error);
@@ -233,7 +226,7 @@ TEST_F(AsyncTransactionalTest, FirstExecutionCommitsBusinessRowsWithTheRecordThe
     AsyncDeduplicator sink_only(io.get_executor(), options(false));
     const Ending replay = run_to_end(io, [&]() -> asio::awaitable<Outcome> {
       co_return co_await sink_only.run_transactional(
-          request_for("r2", "o1"),
+          refund_request("r2", "o1"),
           [&](AsyncTransaction& tx, AsyncContext& context) {
             EXPECT_FALSE(context.key().empty());
             return refund("o1", &runs)(tx);
@@ -259,7 +252,7 @@ TEST_F(AsyncTransactionalTest, AHandlerFailureRollsBackAndReleasesTheClaim) {
   int runs = 0;
   const Ending failed = run_to_end(io, [&]() -> asio::awaitable<Outcome> {
     co_return co_await dedup.run_transactional(
-        request_for("r1", "o1"),
+        refund_request("r1", "o1"),
         [&](AsyncTransaction& tx) -> asio::awaitable<std::string> {
           ++runs;
           (void)co_await tx.exec("INSERT INTO " + table("ledger") + " VALUES ('o1', 5)");
@@ -273,7 +266,7 @@ TEST_F(AsyncTransactionalTest, AHandlerFailureRollsBackAndReleasesTheClaim) {
   EXPECT_EQ(records(), 0);
   // Released: the retry runs.
   const Ending retry = run_to_end(io, [&]() -> asio::awaitable<Outcome> {
-    co_return co_await dedup.run_transactional(request_for("r1", "o1"), refund("o1", &runs),
+    co_return co_await dedup.run_transactional(refund_request("r1", "o1"), refund("o1", &runs),
                                                asio::use_awaitable);
   });
   ASSERT_FALSE(retry.error);
@@ -285,7 +278,7 @@ TEST_F(AsyncTransactionalTest, AHandlerFailureRollsBackAndReleasesTheClaim) {
   // back what the handler did before it.
   const Ending bad = run_to_end(io, [&]() -> asio::awaitable<Outcome> {
     co_return co_await dedup.run_transactional(
-        request_for("r3", "o3"),
+        refund_request("r3", "o3"),
         [&](AsyncTransaction& tx) -> asio::awaitable<std::string> {
           (void)co_await tx.exec("UPDATE " + table("accounts") + " SET balance = 1000");
           (void)co_await tx.exec("SELECT 1/0");
@@ -310,7 +303,7 @@ TEST_F(AsyncTransactionalTest, ABusinessConstraintIsADuplicateAndNothingCommits)
   AsyncDeduplicator dedup(io.get_executor(), options(false));
   int runs = 0;
   const Ending ending = run_to_end(io, [&]() -> asio::awaitable<Outcome> {
-    co_return co_await dedup.run_transactional(request_for("r1", "o1"), refund("o1", &runs),
+    co_return co_await dedup.run_transactional(refund_request("r1", "o1"), refund("o1", &runs),
                                                asio::use_awaitable);
   });
   ASSERT_FALSE(ending.error);
@@ -402,7 +395,7 @@ TEST_F(AsyncTransactionalTest, CallsWaitingForAHeldConnectionAllGoOnWhenItIsGive
       io,
       [&]() -> asio::awaitable<Outcome> {
         co_return co_await dedup.run_transactional(
-            request_for("r0", "o0"),
+            refund_request("r0", "o0"),
             [&](AsyncTransaction& tx) -> asio::awaitable<std::string> {
               std::string response = co_await refund("o0", &runs)(tx);
               co_await sleep_for(300ms);
@@ -416,7 +409,7 @@ TEST_F(AsyncTransactionalTest, CallsWaitingForAHeldConnectionAllGoOnWhenItIsGive
       [&]() -> asio::awaitable<Outcome> {
         co_await sleep_for(50ms);
         co_return co_await dedup.run(
-            request_for("r1", "o1"), []() -> asio::awaitable<std::string> { co_return "ran"; },
+            refund_request("r1", "o1"), []() -> asio::awaitable<std::string> { co_return "ran"; },
             asio::use_awaitable);
       },
       ended(1));
@@ -424,7 +417,7 @@ TEST_F(AsyncTransactionalTest, CallsWaitingForAHeldConnectionAllGoOnWhenItIsGive
       io,
       [&]() -> asio::awaitable<Outcome> {
         co_await sleep_for(100ms);
-        co_return co_await dedup.run_transactional(request_for("r2", "o2"), refund("o2", &runs),
+        co_return co_await dedup.run_transactional(refund_request("r2", "o2"), refund("o2", &runs),
                                                    asio::use_awaitable);
       },
       ended(2));
@@ -466,7 +459,7 @@ TEST_F(AsyncTransactionalTest, ACancelledCallCancelsItsStatementOnTheServerAndKe
         },
         asio::detached);
     co_return co_await dedup.run_transactional(
-        request_for("r1", "o1"), sleeper(table("ledger"), marker, &sleeping),
+        refund_request("r1", "o1"), sleeper(table("ledger"), marker, &sleeping),
         asio::bind_cancellation_slot(cancel.slot(), asio::use_awaitable));
   });
   EXPECT_TRUE(sleeping);
@@ -492,8 +485,9 @@ TEST_F(AsyncTransactionalTest, ACallPastItsDeadlineCancelsItsStatementOnTheServe
   const std::string marker = prefix_ + "-deadline";
   bool sleeping = false;
   const Ending ending = run_to_end(io, [&]() -> asio::awaitable<Outcome> {
-    co_return co_await dedup.run_transactional(
-        request_for("r1", "o1"), sleeper(table("ledger"), marker, &sleeping), asio::use_awaitable);
+    co_return co_await dedup.run_transactional(refund_request("r1", "o1"),
+                                               sleeper(table("ledger"), marker, &sleeping),
+                                               asio::use_awaitable);
   });
   EXPECT_TRUE(sleeping);
   EXPECT_TRUE(threw<DeadlineExceeded>(ending));
@@ -512,7 +506,7 @@ TEST_F(AsyncTransactionalTest, RunTransactionalWithoutPostgresIsAConfigError) {
   AsyncDeduplicator dedup(io.get_executor(), o);
   int runs = 0;
   const Ending ending = run_to_end(io, [&]() -> asio::awaitable<Outcome> {
-    co_return co_await dedup.run_transactional(request_for("r1", "o1"), refund("o1", &runs),
+    co_return co_await dedup.run_transactional(refund_request("r1", "o1"), refund("o1", &runs),
                                                asio::use_awaitable);
   });
   EXPECT_TRUE(threw<ConfigError>(ending));
@@ -545,7 +539,7 @@ TEST_F(BlockingTransactionalStopTest, AStopCancelsTheRunningStatementAndTheCallI
   Deduplicator dedup = blocking();
   const std::string marker = prefix_ + "-blocking";
   std::stop_source stop;
-  Request request = request_for("r1", "o1");
+  Request request = refund_request("r1", "o1");
   request.stop = stop.get_token();
   std::int64_t seen_running = -1;
   std::thread stopper([&] {
@@ -572,7 +566,7 @@ TEST_F(BlockingTransactionalStopTest, AStopCancelsTheRunningStatementAndTheCallI
   EXPECT_EQ(ledger_rows(), 0);
   // The claim is kept until its lease ends.
   const Outcome redelivery = dedup.run_transactional(
-      request_for("r2", "o1"), [](pqxx::transaction_base&) { return std::string("ran"); });
+      refund_request("r2", "o1"), [](pqxx::transaction_base&) { return std::string("ran"); });
   EXPECT_EQ(redelivery.kind, Outcome::Kind::kInProgress);
 }
 
@@ -580,7 +574,7 @@ TEST_F(BlockingTransactionalStopTest, A57014WithoutAStopIsTheHandlersFailureAndR
   Deduplicator dedup = blocking();
   std::exception_ptr error;
   try {
-    (void)dedup.run_transactional(request_for("r1", "o1"), [&](pqxx::transaction_base& tx) {
+    (void)dedup.run_transactional(refund_request("r1", "o1"), [&](pqxx::transaction_base& tx) {
       tx.exec0("SET LOCAL statement_timeout = 100");
       return sleep_in(tx, table("ledger"), prefix_ + "-timeout");
     });
@@ -597,7 +591,7 @@ TEST_F(BlockingTransactionalStopTest, A57014WithoutAStopIsTheHandlersFailureAndR
   }
   // Released: the retry runs.
   const Outcome retry = dedup.run_transactional(
-      request_for("r1", "o1"), [](pqxx::transaction_base&) { return std::string("ran"); });
+      refund_request("r1", "o1"), [](pqxx::transaction_base&) { return std::string("ran"); });
   EXPECT_EQ(retry.kind, Outcome::Kind::kExecuted);
 }
 

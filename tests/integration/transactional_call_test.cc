@@ -19,6 +19,7 @@
 #include "idem/deduplicator.h"
 #include "idem/errors.h"
 #include "pg_server.h"
+#include "refund_request.h"
 #include "test_env.h"
 
 namespace idem {
@@ -109,13 +110,7 @@ class TransactionalCallTest : public ::testing::Test {
   }
 
   static Request request(const std::string& request_id, const std::string& order) {
-    Request r;
-    r.request_id = request_id;
-    r.user = "u1";
-    r.intent = "refund";
-    r.biz_key = order;
-    r.payload = R"({"order":")" + order + R"(","amount":5})";
-    return r;
+    return test::refund_request(request_id, order);
   }
 
   [[nodiscard]] std::int64_t ledger_rows() const {
