@@ -204,10 +204,18 @@ asio::awaitable<PgResultPtr> AsyncPgSink::exec(const std::string& sql, PgParams 
     co_await wait_for_connection();
     connection = shared_connection();
   }
-  if (cancellable) co_return co_await connection->exec(sql, std::move(params), asio::use_awaitable);
-  co_return co_await connection->exec(
-      sql, std::move(params),
-      asio::bind_cancellation_slot(asio::cancellation_slot(), asio::use_awaitable));
+  try {
+    if (cancellable) {
+      co_return co_await connection->exec(sql, std::move(params), asio::use_awaitable);
+    }
+    co_return co_await connection->exec(
+        sql, std::move(params),
+        asio::bind_cancellation_slot(asio::cancellation_slot(), asio::use_awaitable));
+  } catch (const PostgresError& error) {
+    const std::string_view hint = migrate_hint(error.sqlstate());
+    if (hint.empty()) throw;
+    throw PostgresError(error.what() + std::string(hint), error.retryable(), error.sqlstate());
+  }
 }
 
 asio::awaitable<SinkClaim> AsyncPgSink::claim(std::string_view key, std::string_view request_id,

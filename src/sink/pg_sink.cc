@@ -184,11 +184,27 @@ struct PgSink::Impl {
   // parse, bind and execute in one message sequence, so it never outlives the transaction).
   template <typename... Args>
   pqxx::result exec(pqxx::transaction_base& tx, Statement statement, Args&&... args) const {
-    return watchdog.run(tx.conn().sock(), [&] {
+    return run_own(tx, [&] {
       if (transaction_pooling()) return tx.exec_params(sql[statement], std::forward<Args>(args)...);
       tx.conn().prepare(kStatementNames[statement], sql[statement]);
       return tx.exec_prepared(kStatementNames[statement], std::forward<Args>(args)...);
     });
+  }
+
+  // Runs fn(), which sends idem's own statements on tx's connection, within response_timeout; a
+  // missing table or column gets detail::migrate_hint() added to its error.
+  template <typename F>
+  pqxx::result run_own(pqxx::transaction_base& tx, F&& fn) const {
+    try {
+      return watchdog.run(tx.conn().sock(), std::forward<F>(fn));
+    } catch (const pqxx::sql_error& error) {
+      const std::string_view hint = detail::migrate_hint(error.sqlstate());
+      if (hint.empty()) throw;
+      std::string message = error.what();
+      while (!message.empty() && (message.back() == '\n' || message.back() == ' '))
+        message.pop_back();
+      throw pqxx::sql_error(message.append(hint), error.query(), error.sqlstate().c_str());
+    }
   }
 
   // Runs body(tx) as one short unit of its own: a nontransaction (each statement commits by
@@ -580,9 +596,10 @@ SinkClaim PgCall::claim(PgSink& sink, pqxx::transaction_base& tx, std::string_vi
       pqxx::result found;
       if (auto* batched = dynamic_cast<BatchedTransaction*>(&tx)) {
         const std::vector<std::string> literals{tx.quote(ns), tx.quote(k)};
-        const std::string statements =
-            impl.text(tx, kLockKey, literals) + "; " + impl.text(tx, kLookup, literals);
-        found = impl.watchdog.run(tx.conn().sock(), [&] { return batched->send(statements); });
+        found = impl.run_own(tx, [&] {  // text() prepares the statements: bounded too
+          return batched->send(impl.text(tx, kLockKey, literals) + "; " +
+                               impl.text(tx, kLookup, literals));
+        });
       } else {
         impl.exec(tx, kLockKey, ns, k);
         found = impl.exec(tx, kLookup, ns, k);

@@ -126,4 +126,10 @@ bool names_constraint(std::string_view message, const std::vector<std::string>& 
   return false;
 }
 
+std::string_view migrate_hint(std::string_view sqlstate) noexcept {
+  if (sqlstate != "42P01" && sqlstate != "42703") return {};
+  return " (idem's records table, or a column of a later version, is missing: run "
+         "PgSink::migrate() or `idemctl migrate` against this schema)";
+}
+
 }  // namespace idem::detail

@@ -54,4 +54,9 @@ struct MigrationScript {
 [[nodiscard]] bool names_constraint(std::string_view message,
                                     const std::vector<std::string>& constraints);
 
+/// What to add to the error of one of idem's own statements whose SQLSTATE says the records
+/// table, or a column a later migration added, is missing (42P01 undefined_table, 42703
+/// undefined_column): a pointer to migrate(). Empty for every other SQLSTATE.
+[[nodiscard]] std::string_view migrate_hint(std::string_view sqlstate) noexcept;
+
 }  // namespace idem::detail

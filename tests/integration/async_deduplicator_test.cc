@@ -139,6 +139,34 @@ TEST_F(AsyncDeduplicatorTest, FirstExecutionThenDuplicateReplayedSharedWithTheBl
   EXPECT_EQ(row.response, "refunded");
 }
 
+// Regression: an unmigrated records table read like an outage (only the server's "relation ...
+// does not exist"); the outcome now says to migrate, as the blocking driver's does.
+TEST_F(AsyncDeduplicatorTest, AnUnmigratedSinkIsUnavailableAndSaysToMigrate) {
+  asio::io_context io;
+  AsyncDeduplicatorOptions o = options();
+  o.postgres->schema = prefix_ + "_never_migrated";
+  int runs = 0;
+  Outcome outcome;
+  AsyncDeduplicator dedup(io.get_executor(), std::move(o));
+  asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<void> {
+        const auto handler = [&]() -> asio::awaitable<std::string> {
+          ++runs;
+          co_return "ran";
+        };
+        outcome = co_await dedup.run(request_for("r-1"), handler, asio::use_awaitable);
+        dedup.close();
+      },
+      asio::detached);
+  io.run();
+  EXPECT_EQ(outcome.kind, Outcome::Kind::kUnavailable);
+  EXPECT_EQ(outcome.layer, Layer::kPgSink);
+  EXPECT_NE(outcome.error.find("does not exist"), std::string::npos) << outcome.error;
+  EXPECT_NE(outcome.error.find("PgSink::migrate()"), std::string::npos) << outcome.error;
+  EXPECT_EQ(runs, 0);
+}
+
 TEST_F(AsyncDeduplicatorTest, ManyCallsInFlightOnOneThreadRunEachKeyOnce) {
   asio::io_context io;
   AsyncDeduplicator dedup(io.get_executor(), options());

@@ -574,6 +574,30 @@ TEST_F(DeduplicatorTest, APayloadKeyedRecordLivesOnlyTheFallbackRetentionInTheSi
   }
 }
 
+// Regression: a sink whose records table was never migrated answered kUnavailable with only the
+// server's "relation ... does not exist", which reads like an outage; it now says to migrate.
+TEST_F(DeduplicatorTest, AnUnmigratedSinkIsUnavailableAndSaysToMigrate) {
+  Setup s = setup();
+  s.sink.schema = schema_ + "_never_migrated";  // the fixture migrated its own schema
+  s.dedup.guard = std::make_shared<RedisGuard>(s.guard);
+  s.dedup.sink = std::make_shared<PgSink>(s.sink);  // no migrate()
+  Deduplicator unmigrated(std::move(s.dedup));
+  int runs = 0;
+  const Outcome plain = unmigrated.run(request("r1", "o1"), [&](Context&) {
+    ++runs;
+    return std::string("ran");
+  });
+  const Outcome transactional = unmigrated.run_transactional(request("r2", "o2"), refund("o2"));
+  for (const Outcome& outcome : {plain, transactional}) {
+    EXPECT_EQ(outcome.kind, Outcome::Kind::kUnavailable);
+    EXPECT_EQ(outcome.layer, Layer::kPgSink);
+    EXPECT_NE(outcome.error.find("does not exist"), std::string::npos) << outcome.error;
+    EXPECT_NE(outcome.error.find("PgSink::migrate()"), std::string::npos) << outcome.error;
+  }
+  EXPECT_EQ(runs, 0);
+  EXPECT_EQ(ledger_rows(), 0);
+}
+
 // Regression: a handler's own SQL error counted as a backend error of the sink, which fires the
 // "backend errors" alert for what is a business failure.
 TEST_F(DeduplicatorTest, AHandlersOwnSqlErrorIsAHandlerFailureNotABackendError) {

@@ -87,5 +87,13 @@ TEST(PgSql, BindLiteralsFillsParametersOutsideQuotedTextOnly) {
   EXPECT_THROW((void)bind_literals("SELECT $0", {"1"}), Error);
 }
 
+TEST(PgSql, MigrateHintOnlyForAMissingTableOrColumn) {
+  EXPECT_NE(migrate_hint("42P01").find("migrate()"), std::string_view::npos);
+  EXPECT_NE(migrate_hint("42703").find("idemctl migrate"), std::string_view::npos);
+  EXPECT_TRUE(migrate_hint("23505").empty());
+  EXPECT_TRUE(migrate_hint("42P0").empty());
+  EXPECT_TRUE(migrate_hint("").empty());
+}
+
 }  // namespace
 }  // namespace idem::detail
