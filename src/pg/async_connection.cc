@@ -43,7 +43,7 @@ PgAsyncConnection::PgAsyncConnection(executor_type executor, PgAsyncSettings set
       deadline_(executor_),
       connect_timer_(executor_) {
   for (std::size_t i = 0; i < settings_.prepared.size(); ++i) {
-    prepared_index_.emplace(settings_.prepared[i], static_cast<int>(i));
+    prepared_names_.push_back("idem_async_" + std::to_string(i));
   }
 }
 
@@ -57,10 +57,16 @@ void PgAsyncConnection::on_cancel(Op& op) {
   entry->owner->cancel(entry);
 }
 
-void PgAsyncConnection::enqueue(std::unique_ptr<Op> op, std::string sql, PgParams params,
+void PgAsyncConnection::enqueue(std::unique_ptr<Op> op, PgStatement statement, PgParams params,
                                 std::chrono::milliseconds timeout) {
+  if (statement.prepared_index() >= static_cast<int>(settings_.prepared.size())) {
+    Op* raw = op.get();
+    return raw->post_complete(
+        std::move(op), std::make_exception_ptr(Error("idem: no prepared statement " +
+                                                     std::to_string(statement.prepared_index()))));
+  }
   Pending& entry = pending_.emplace_back();
-  entry.sql = std::move(sql);
+  entry.statement = std::move(statement);
   entry.params = std::move(params);
   entry.timeout = timeout;
   entry.deadline = Clock::now() + timeout;
@@ -121,7 +127,7 @@ void PgAsyncConnection::poll_connect() {
       for (auto it = settings_.setup.rbegin(); it != settings_.setup.rend(); ++it) {
         Pending& entry = pending_.emplace_front();  // no op: the result is dropped
         entry.owner = this;
-        entry.sql = *it;
+        entry.statement = *it;
         entry.timeout = settings_.connect_timeout;
         entry.deadline = Clock::now() + entry.timeout;
         arm_deadline(entry.deadline);
@@ -194,23 +200,25 @@ bool PgAsyncConnection::set_cork(bool on) const noexcept {
   return ::setsockopt(PQsocket(conn_), IPPROTO_TCP, TCP_CORK, &value, sizeof value) == 0;
 }
 
-// Queues `entry` in the pipeline: by name when its text is one to prepare (with the Prepare
-// first, the first time on this connection), else unnamed.
+// Queues `entry` in the pipeline: a prepared statement by name (with the Prepare first, the
+// first time on this connection), SQL text unnamed.
 bool PgAsyncConnection::send(Pending& entry, const std::vector<const char*>& values) {
   const int count = static_cast<int>(values.size());
-  const auto known = prepared_index_.find(entry.sql);
-  if (known == prepared_index_.end()) {
-    return PQsendQueryParams(conn_, entry.sql.c_str(), count, nullptr, values.data(), nullptr,
-                             nullptr, 0) == 1;
+  const int index = entry.statement.prepared_index();
+  if (index < 0) {
+    return PQsendQueryParams(conn_, entry.statement.sql().c_str(), count, nullptr, values.data(),
+                             nullptr, nullptr, 0) == 1;
   }
-  const int index = known->second;
-  const std::string name = "idem_async_" + std::to_string(index);
-  if (!prepared_[static_cast<std::size_t>(index)]) {
-    if (PQsendPrepare(conn_, name.c_str(), entry.sql.c_str(), count, nullptr) != 1) return false;
-    prepared_[static_cast<std::size_t>(index)] = true;
+  const auto at = static_cast<std::size_t>(index);
+  const char* name = prepared_names_[at].c_str();
+  if (!prepared_[at]) {
+    if (PQsendPrepare(conn_, name, settings_.prepared[at].c_str(), count, nullptr) != 1) {
+      return false;
+    }
+    prepared_[at] = true;
     entry.preparing = index;
   }
-  return PQsendQueryPrepared(conn_, name.c_str(), count, values.data(), nullptr, nullptr, 0) == 1;
+  return PQsendQueryPrepared(conn_, name, count, values.data(), nullptr, nullptr, 0) == 1;
 }
 
 bool PgAsyncConnection::read_results() {

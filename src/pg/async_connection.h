@@ -33,7 +33,6 @@
 #include <optional>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include "common/async_op.h"
@@ -62,13 +61,37 @@ struct PgAsyncSettings {
   /// as `SET lock_timeout = 1000`), bounded by connect_timeout; their results are dropped.
   std::vector<std::string> setup{};
   /// Statement texts prepared on each connection at their first use (PQsendPrepare in the same
-  /// flight, then sent by name): the server parses and plans them once per connection instead
-  /// of once per call. Others (a handler's own SQL) are sent unnamed. The texts must differ.
+  /// flight, then sent by name), run as PgStatement::prepared(index): the server parses and
+  /// plans them once per connection instead of once per call.
   std::vector<std::string> prepared{};
 };
 
 /// Parameters of a statement: text format, nullopt is SQL NULL.
 using PgParams = std::vector<std::optional<std::string>>;
+
+/// What a statement runs: SQL text (implicitly, from a string: sent unnamed, parsed and planned
+/// by the server each time), or one of the connection settings' `prepared` texts by its index
+/// (no text copied per call; sent by name).
+class PgStatement {
+ public:
+  PgStatement(std::string sql) : sql_(std::move(sql)) {}  // NOLINT: implicit, for SQL text
+  PgStatement(const char* sql) : sql_(sql) {}             // NOLINT: implicit, for SQL text
+  /// PgAsyncSettings::prepared[index]; a statement past its end fails with idem::Error.
+  [[nodiscard]] static PgStatement prepared(std::size_t index) {
+    PgStatement statement;
+    statement.prepared_ = static_cast<int>(index);
+    return statement;
+  }
+  /// The index into PgAsyncSettings::prepared, or -1 for SQL text.
+  [[nodiscard]] int prepared_index() const noexcept { return prepared_; }
+  /// The SQL text (empty for a prepared one).
+  [[nodiscard]] const std::string& sql() const noexcept { return sql_; }
+
+ private:
+  PgStatement() = default;
+  std::string sql_;
+  int prepared_ = -1;
+};
 
 class PgAsyncConnection : public std::enable_shared_from_this<PgAsyncConnection> {
  public:
@@ -83,24 +106,24 @@ class PgAsyncConnection : public std::enable_shared_from_this<PgAsyncConnection>
 
   [[nodiscard]] executor_type get_executor() const noexcept { return executor_; }
 
-  /// Runs `sql` with `params` ($1, $2, ...; prepared when it is one of the settings' `prepared`,
-  /// else unnamed) and completes with PgSignature.
-  /// Connects first when needed. `sql` and `params` are moved into the operation.
+  /// Runs `statement` with `params` ($1, $2, ...) and completes with PgSignature.
+  /// Connects first when needed. `statement` and `params` are moved into the operation.
   template <typename Token>
-  auto exec(std::string sql, PgParams params, Token&& token) {
-    return exec(std::move(sql), std::move(params), settings_.statement_timeout,
+  auto exec(PgStatement statement, PgParams params, Token&& token) {
+    return exec(std::move(statement), std::move(params), settings_.statement_timeout,
                 std::forward<Token>(token));
   }
   template <typename Token>
-  auto exec(std::string sql, PgParams params, std::chrono::milliseconds timeout, Token&& token) {
+  auto exec(PgStatement statement, PgParams params, std::chrono::milliseconds timeout,
+            Token&& token) {
     return asio::async_initiate<Token, PgSignature>(
-        [self = shared_from_this()](auto handler, std::string text, PgParams values,
+        [self = shared_from_this()](auto handler, PgStatement what, PgParams values,
                                     std::chrono::milliseconds limit) {
           self->enqueue(
               make_pending_op<PgResultPtr>(std::move(handler), self->executor_, &on_cancel),
-              std::move(text), std::move(values), limit);
+              std::move(what), std::move(values), limit);
         },
-        token, std::move(sql), std::move(params), timeout);
+        token, std::move(statement), std::move(params), timeout);
   }
 
   /// Closes the connection; pending statements fail (retryable, SQLSTATE 08006).
@@ -119,7 +142,7 @@ class PgAsyncConnection : public std::enable_shared_from_this<PgAsyncConnection>
   struct Pending {
     std::unique_ptr<Op> op;  // null: cancelled while queued, the result is dropped
     PgAsyncConnection* owner = nullptr;
-    std::string sql;
+    PgStatement statement{""};
     PgParams params;
     bool sent = false;
     bool cancel_requested = false;  // PQcancel sent for it: its 57014 is idem::Cancelled
@@ -132,7 +155,7 @@ class PgAsyncConnection : public std::enable_shared_from_this<PgAsyncConnection>
   PgAsyncConnection(executor_type executor, PgAsyncSettings settings);
 
   static void on_cancel(Op& op);
-  void enqueue(std::unique_ptr<Op> op, std::string sql, PgParams params,
+  void enqueue(std::unique_ptr<Op> op, PgStatement statement, PgParams params,
                std::chrono::milliseconds timeout);
   void connect();
   void poll_connect();
@@ -163,8 +186,8 @@ class PgAsyncConnection : public std::enable_shared_from_this<PgAsyncConnection>
   bool flush_pending_ = false;
   bool send_scheduled_ = false;
   std::deque<Pending> pending_;
-  std::unordered_map<std::string_view, int> prepared_index_;  // into settings_.prepared
-  std::vector<bool> prepared_;  // on this connection (reset when it is dropped)
+  std::vector<std::string> prepared_names_;  // of settings_.prepared: idem_async_<index>
+  std::vector<bool> prepared_;               // on this connection (reset when it is dropped)
   QueueDeadline deadline_;
   asio::steady_timer connect_timer_;
   std::uint64_t connects_ = 0;

@@ -44,15 +44,21 @@ PgAsyncSettings connection_settings(const PgSinkOptions& options, const SinkStat
   // The session settings PgSink gives its connections.
   settings.setup = {"SET statement_timeout = " + ms_text(options.statement_timeout),
                     "SET lock_timeout = " + ms_text(options.lock_timeout)};
-  // idem's own statements are parsed and planned once per connection, as PgSink prepares them.
+  // idem's own statements are parsed and planned once per connection, as PgSink prepares them
+  // (in the order of Prepared).
   settings.prepared = {sql.claim,   sql.lookup, sql.take_over, sql.complete,
                        sql.release, sql.renew,  sql.lock,      sql.record};
   return settings;
 }
 
+// idem's statements as the connections run them: their index in the settings' `prepared`.
+PgStatement prepared(Prepared statement) {
+  return PgStatement::prepared(static_cast<std::size_t>(statement));
+}
+
 // Statements sent together on one connection (pipelined: one round trip) and their ends, in
 // order: the error or the result of each.
-using Batch = std::vector<std::pair<std::string, PgParams>>;
+using Batch = std::vector<std::pair<PgStatement, PgParams>>;
 using BatchEnds = std::vector<std::pair<std::exception_ptr, PgResultPtr>>;
 
 // Runs `batch` on `connection` and completes with `void(BatchEnds)` once every statement ended.
@@ -130,13 +136,13 @@ std::optional<std::string> bytea_value(const PGresult* result, int row, int colu
 }
 
 AsyncPgSink::AsyncPgSink(const asio::any_io_executor& executor, const PgSinkOptions& options)
-    : options_((validate_sink_options(options), options)), sql_(sink_statements(options_)) {
+    : options_((validate_sink_options(options), options)) {
   if (options_.pooling == PgPooling::kTransaction) {
     throw ConfigError(
         "idem: the async driver's sink needs PgPooling::kSession (a session of its own per "
         "connection)");
   }
-  const PgAsyncSettings settings = connection_settings(options_, sql_);
+  const PgAsyncSettings settings = connection_settings(options_, sink_statements(options_));
   for (std::size_t i = 0; i < options_.pool_size; ++i) {
     connections_.push_back(PgAsyncConnection::create(executor, settings));
   }
@@ -197,7 +203,7 @@ void AsyncPgSink::give_back(const std::shared_ptr<PgAsyncConnection>& connection
   for (const auto& waiter : woken) waiter->cancel();
 }
 
-asio::awaitable<PgResultPtr> AsyncPgSink::exec(const std::string& sql, PgParams params,
+asio::awaitable<PgResultPtr> AsyncPgSink::exec(Prepared statement, PgParams params,
                                                bool cancellable) {
   std::shared_ptr<PgAsyncConnection> connection = shared_connection();
   while (connection == nullptr) {
@@ -206,10 +212,11 @@ asio::awaitable<PgResultPtr> AsyncPgSink::exec(const std::string& sql, PgParams 
   }
   try {
     if (cancellable) {
-      co_return co_await connection->exec(sql, std::move(params), asio::use_awaitable);
+      co_return co_await connection->exec(prepared(statement), std::move(params),
+                                          asio::use_awaitable);
     }
     co_return co_await connection->exec(
-        sql, std::move(params),
+        prepared(statement), std::move(params),
         asio::bind_cancellation_slot(asio::cancellation_slot(), asio::use_awaitable));
   } catch (const PostgresError& error) {
     const std::string_view hint = migrate_hint(error.sqlstate());
@@ -233,19 +240,19 @@ asio::awaitable<SinkClaim> AsyncPgSink::claim(std::string_view key, std::string_
                       std::string(fingerprint),
                       ms_text(options_.lease),
                       owner};
-      inserted = co_await exec(sql_.claim, std::move(insert), true);
+      inserted = co_await exec(Prepared::kClaim, std::move(insert), true);
     } catch (const PostgresError& error) {
       if (error.sqlstate() != kLockNotAvailable) throw;
       co_return held_elsewhere();
     }
     if (PQntuples(inserted.get()) > 0) co_return SinkClaim{};
     PgParams lookup{options_.ns, k};
-    const PgResultPtr found = co_await exec(sql_.lookup, std::move(lookup), true);
+    const PgResultPtr found = co_await exec(Prepared::kLookup, std::move(lookup), true);
     const PGresult* row = found.get();
     if (PQntuples(row) == 0) continue;                     // released or purged since the insert
     if (std::string_view(PQgetvalue(row, 0, 5)) == "t") {  // expired: take the key over
       PgParams take_over{options_.ns, k};
-      (void)co_await exec(sql_.take_over, std::move(take_over), true);
+      (void)co_await exec(Prepared::kTakeOver, std::move(take_over), true);
       continue;
     }
     StoredRow stored{PQgetvalue(row, 0, 0), PQgetvalue(row, 0, 1), PQgetvalue(row, 0, 2),
@@ -271,13 +278,13 @@ asio::awaitable<bool> AsyncPgSink::complete(std::string_view key, std::string_vi
                   capped ? std::optional<std::string>(sha256_hex(response)) : std::nullopt,
                   ms_text(keep),
                   std::string(owner)};
-  const PgResultPtr updated = co_await exec(sql_.complete, std::move(params), false);
+  const PgResultPtr updated = co_await exec(Prepared::kComplete, std::move(params), false);
   co_return std::string_view(PQcmdTuples(updated.get())) == "1";
 }
 
 asio::awaitable<bool> AsyncPgSink::release(std::string_view key, std::string_view owner) {
   PgParams params{options_.ns, std::string(key), std::string(owner)};
-  const PgResultPtr deleted = co_await exec(sql_.release, std::move(params), false);
+  const PgResultPtr deleted = co_await exec(Prepared::kRelease, std::move(params), false);
   co_return std::string_view(PQcmdTuples(deleted.get())) == "1";
 }
 
@@ -285,7 +292,7 @@ asio::awaitable<bool> AsyncPgSink::renew(std::string_view key, std::string_view 
                                          std::chrono::milliseconds lease) {
   PgParams params{options_.ns, std::string(key), std::string(owner),
                   ms_text(sink_lease(options_, lease))};
-  const PgResultPtr updated = co_await exec(sql_.renew, std::move(params), false);
+  const PgResultPtr updated = co_await exec(Prepared::kRenew, std::move(params), false);
   co_return std::string_view(PQcmdTuples(updated.get())) == "1";
 }
 
@@ -335,8 +342,8 @@ asio::awaitable<SinkClaim> AsyncPgTransaction::claim(std::string_view key,
   Batch batch;
   if (pending_begin_) batch.emplace_back(std::string("BEGIN"), PgParams{});
   const std::size_t lock = batch.size();
-  batch.emplace_back(sink_.sql_.lock, PgParams{o.ns, k});
-  batch.emplace_back(sink_.sql_.lookup, PgParams{o.ns, k});
+  batch.emplace_back(prepared(Prepared::kLock), PgParams{o.ns, k});
+  batch.emplace_back(prepared(Prepared::kLookup), PgParams{o.ns, k});
   pending_begin_ = false;
   BatchEnds ends = co_await exec_batch(connection_, std::move(batch), asio::use_awaitable);
   if (lock > 0) rethrow_end(ends, 0);  // BEGIN
@@ -351,7 +358,7 @@ asio::awaitable<SinkClaim> AsyncPgTransaction::claim(std::string_view key,
   if (PQntuples(row) == 0) co_return SinkClaim{};
   if (std::string_view(PQgetvalue(row, 0, 5)) == "t") {  // expired: ours (we hold its lock)
     PgParams take_over{o.ns, k};  // named: GCC 12 cannot keep an initializer list across co_await
-    (void)co_await connection_->exec(sink_.sql_.take_over, std::move(take_over),
+    (void)co_await connection_->exec(prepared(Prepared::kTakeOver), std::move(take_over),
                                      asio::use_awaitable);
     co_return SinkClaim{};
   }
@@ -387,7 +394,7 @@ void AsyncPgTransaction::record(std::string_view key, std::string_view request_i
                             : std::chrono::duration_cast<std::chrono::milliseconds>(o.retention);
   const bool capped = response.size() > o.max_response_bytes;
   staged_.emplace_back(
-      sink_.sql_.record,
+      prepared(Prepared::kRecord),
       PgParams{o.ns, std::string(key), std::string(request_id), std::string(fingerprint),
                capped ? std::nullopt : std::optional<std::string>(bytea_literal(response)),
                capped ? std::optional<std::string>(sha256_hex(response)) : std::nullopt,

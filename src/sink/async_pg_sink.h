@@ -39,6 +39,19 @@ namespace idem::detail {
 /// A bytea column of a text-format result, decoded; nullopt for NULL.
 [[nodiscard]] std::optional<std::string> bytea_value(const PGresult* result, int row, int column);
 
+/// idem's statements (SinkStatements) as the sink's connections prepare them: the index of each
+/// in their PgAsyncSettings::prepared.
+enum class Prepared : std::size_t {
+  kClaim,
+  kLookup,
+  kTakeOver,
+  kComplete,
+  kRelease,
+  kRenew,
+  kLock,
+  kRecord
+};
+
 class AsyncPgSink {
  public:
   /// Throws idem::ConfigError on invalid options (as PgSink does) and for PgPooling::kTransaction.
@@ -73,9 +86,9 @@ class AsyncPgSink {
   // A connection for one statement of run(): the least busy one not held by a transaction, or
   // null when every one is held.
   std::shared_ptr<PgAsyncConnection> shared_connection();
-  // Runs `sql` with `params` on a shared connection (waiting for one when all are held);
+  // Runs `statement` with `params` on a shared connection (waiting for one when all are held);
   // `cancellable`: whether the awaiting coroutine's cancellation reaches it.
-  asio::awaitable<PgResultPtr> exec(const std::string& sql, PgParams params, bool cancellable);
+  asio::awaitable<PgResultPtr> exec(Prepared statement, PgParams params, bool cancellable);
   // A connection of its own (the least busy one not held), waiting on the loop for one when all
   // are held.
   asio::awaitable<std::shared_ptr<PgAsyncConnection>> hold();
@@ -85,7 +98,6 @@ class AsyncPgSink {
   asio::awaitable<void> wait_for_connection();
 
   const PgSinkOptions options_;
-  const SinkStatements sql_;
   std::vector<std::shared_ptr<PgAsyncConnection>> connections_;
   std::vector<bool> held_;                                   // by index of connections_
   std::deque<std::shared_ptr<asio::steady_timer>> waiters_;  // woken when one is given back
@@ -138,7 +150,7 @@ class AsyncPgTransaction {
   std::uint64_t generation_ = 0;  // the connection's, when BEGIN was sent
   bool begun_ = false;
   bool pending_begin_ = false;                            // BEGIN goes with the claim
-  std::vector<std::pair<std::string, PgParams>> staged_;  // sent with COMMIT
+  std::vector<std::pair<PgStatement, PgParams>> staged_;  // sent with COMMIT
 };
 
 }  // namespace idem::detail

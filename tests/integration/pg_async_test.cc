@@ -70,7 +70,7 @@ TEST(PgAsync, ParametersNullsAndErrorsWithTheirSqlstate) {
 // The settings' `prepared` texts are parsed and planned once per connection (sent by name after a
 // Prepare in the first flight); a Prepare that fails is sent again next time (it was marked
 // prepared, and the next use failed with 26000 "prepared statement does not exist" instead of
-// the statement's own error); other SQL stays unnamed.
+// the statement's own error); other SQL stays unnamed; an index past them is an idem::Error.
 TEST(PgAsync, ThePreparedTextsArePreparedOncePerConnectionAndAFailedPrepareAgain) {
   IDEM_REQUIRE_SERVICE(url, "IDEM_TEST_PG_URL");
   run_coroutine([&](auto executor) -> asio::awaitable<void> {
@@ -81,17 +81,27 @@ TEST(PgAsync, ThePreparedTextsArePreparedOncePerConnectionAndAFailedPrepareAgain
     auto connection = PgAsyncConnection::create(executor, settings);
     for (int i = 0; i < 3; ++i) {
       PgParams params{std::to_string(i)};
-      PgResultPtr result = co_await connection->exec(sum, std::move(params), asio::use_awaitable);
+      PgResultPtr result = co_await connection->exec(PgStatement::prepared(0), std::move(params),
+                                                     asio::use_awaitable);
       EXPECT_EQ(value(result), std::to_string(i + 1));
     }
     for (int i = 0; i < 2; ++i) {
       try {
         PgParams params{"1"};
-        (void)co_await connection->exec(missing, std::move(params), asio::use_awaitable);
+        (void)co_await connection->exec(PgStatement::prepared(1), std::move(params),
+                                        asio::use_awaitable);
         ADD_FAILURE() << "a missing table must fail";
       } catch (const PostgresError& error) {
         EXPECT_EQ(error.sqlstate(), "42P01") << "attempt " << i << ": " << error.what();
       }
+    }
+    try {
+      (void)co_await connection->exec(PgStatement::prepared(2), {}, asio::use_awaitable);
+      ADD_FAILURE() << "a statement past the prepared ones must fail";
+    } catch (const PostgresError&) {
+      ADD_FAILURE() << "it must fail before reaching the server";
+    } catch (const Error& error) {
+      EXPECT_NE(std::string(error.what()).find("no prepared statement 2"), std::string::npos);
     }
     PgResultPtr names = co_await connection->exec(
         "SELECT string_agg(name, ',' ORDER BY name) FROM pg_prepared_statements", {},
