@@ -2,7 +2,8 @@
 // (PQconnectStart/PQconnectPoll, PQsendQueryParams, PQconsumeInput/PQisBusy, PQflush) driven by
 // socket readiness on the loop, in pipeline mode (libpq 14+): statements issued while others
 // run are sent at once, each followed by its own sync point, so concurrent statements share
-// round trips and an error in one never aborts another's.
+// round trips and an error in one never aborts another's. The statements of one loop turn leave
+// together (TCP_CORK around them: libpq 15 writes to the socket at every sync point).
 //
 // Deadlines: each statement has one (its timeout from the call). When it passes, the connection
 // is closed and every pending statement fails with a retryable idem::PostgresError (SQLSTATE
