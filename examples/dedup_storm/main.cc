@@ -45,7 +45,22 @@ using Clock = std::chrono::steady_clock;
 
 // The configuration that measures a floor, not idem (FloorGuard); run only when named.
 constexpr std::string_view kRedisFloor = "redis-floor";
-constexpr const char* kFloorTable = "floor_records";  // its records, in kSchema
+constexpr const char* kFloorTable = "floor_records";  // its records, in --schema
+
+// The business tables of a run (accounts and a refund ledger) and the SQL of the effect, in the
+// schema --schema names.
+struct Ledger {
+  explicit Ledger(const std::string& schema_name)
+      : schema(schema_name),
+        insert_refund("INSERT INTO " + schema +
+                      ".refund_records (order_id, request_id, account, amount_cents) VALUES ($1, "
+                      "$2, $3, $4)"),
+        debit_account("UPDATE " + schema +
+                      ".accounts SET balance_cents = balance_cents - $1 WHERE id = $2") {}
+  std::string schema;
+  std::string insert_refund;  // $1 order, $2 request ID, $3 account, $4 amount
+  std::string debit_account;  // $1 amount, $2 account
+};
 
 struct Settings {
   std::uint64_t seed = 42;
@@ -65,6 +80,8 @@ struct Settings {
   std::string report_json;
   std::string report_html;
   std::vector<std::string> configs = {"none", "request-id", "redis", "all"};
+  std::string schema = "idem_storm";
+  Ledger ledger{schema};  // of `schema`, set once it is parsed
 };
 
 Settings parse_settings(int argc, char** argv) {
@@ -123,6 +140,20 @@ Settings parse_settings(int argc, char** argv) {
       ->check(CLI::IsMember(
           std::vector<std::string>{"none", "request-id", "redis", "all", std::string(kRedisFloor)}))
       ->capture_default_str();
+  app.add_option("--schema", s.schema,
+                 "PostgreSQL schema of the run's tables and records, dropped and made anew at the "
+                 "start of each configuration (two runs side by side need two schemas)")
+      ->check([](const std::string& name) -> std::string {
+        const bool ok =
+            !name.empty() && name.size() <= 63 &&
+            std::all_of(name.begin(), name.end(),
+                        [](char c) {
+                          return (c >= 'a' && c <= 'z') || c == '_' || (c >= '0' && c <= '9');
+                        }) &&
+            !(name[0] >= '0' && name[0] <= '9');
+        return ok ? "" : "a lowercase SQL identifier: [a-z_][a-z0-9_]*, at most 63 bytes";
+      })
+      ->capture_default_str();
   app.add_option("--report-json", s.report_json, "Also write the results as JSON to this file");
   app.add_option("--report-html", s.report_html,
                  "Also write the results as one HTML page with charts (inline SVG, nothing "
@@ -148,61 +179,54 @@ Settings parse_settings(int argc, char** argv) {
     }
   });
   examples::parse_or_exit(app, argc, argv);
+  s.ledger = Ledger(s.schema);
   return s;
 }
 
 using storm::ConfigResult;
-
-constexpr const char* kSchema = "idem_storm";
 
 // Fresh business tables: accounts and a refund ledger with no unique constraint of its own, so
 // that duplicate effects can be counted.
 void reset_business_tables(const Settings& s) {
   pqxx::connection conn(s.pg_url);
   pqxx::work tx(conn);
-  tx.exec0(std::string("DROP SCHEMA IF EXISTS ") + kSchema + " CASCADE");
-  tx.exec0(std::string("CREATE SCHEMA ") + kSchema);
-  tx.exec0(std::string("CREATE TABLE ") + kSchema +
+  tx.exec0(std::string("DROP SCHEMA IF EXISTS ") + s.schema + " CASCADE");
+  tx.exec0(std::string("CREATE SCHEMA ") + s.schema);
+  tx.exec0(std::string("CREATE TABLE ") + s.schema +
            ".accounts (id bigint PRIMARY KEY, balance_cents bigint NOT NULL)");
   tx.exec0(
-      std::string("CREATE TABLE ") + kSchema +
+      std::string("CREATE TABLE ") + s.schema +
       ".refund_records (id bigserial PRIMARY KEY, order_id text NOT NULL, request_id text NOT NULL,"
       " account bigint NOT NULL, amount_cents bigint NOT NULL, created_at timestamptz DEFAULT "
       "now())");
-  tx.exec_params0(std::string("INSERT INTO ") + kSchema +
+  tx.exec_params0(std::string("INSERT INTO ") + s.schema +
                       ".accounts SELECT g, 100000000 FROM generate_series(0, $1 - 1) g",
                   s.accounts);
   tx.commit();
 }
-
-// The business effect: one ledger row ($1 order, $2 request ID, $3 account, $4 amount) and one
-// balance update ($1 amount, $2 account), in the caller's transaction.
-const std::string kInsertRefund =
-    std::string("INSERT INTO ") + kSchema +
-    ".refund_records (order_id, request_id, account, amount_cents) VALUES ($1, $2, $3, $4)";
-const std::string kDebitAccount = std::string("UPDATE ") + kSchema +
-                                  ".accounts SET balance_cents = balance_cents - $1 WHERE id = $2";
 
 std::string refund_response(const storm::Delivery& d) {
   return R"({"status":"refunded","order_id":")" + d.order_id + R"(","amount_cents":)" +
          std::to_string(d.amount_cents) + "}";
 }
 
-std::string apply_refund(pqxx::transaction_base& tx, const storm::Delivery& d) {
-  tx.exec_params0(kInsertRefund, d.order_id, d.request_id, d.account, d.amount_cents);
-  tx.exec_params0(kDebitAccount, d.amount_cents, d.account);
+// The business effect: one ledger row and one balance update, in the caller's transaction.
+std::string apply_refund(pqxx::transaction_base& tx, const Ledger& ledger,
+                         const storm::Delivery& d) {
+  tx.exec_params0(ledger.insert_refund, d.order_id, d.request_id, d.account, d.amount_cents);
+  tx.exec_params0(ledger.debit_account, d.amount_cents, d.account);
   return refund_response(d);
 }
 
 // The same effect through the async front's transaction, on the loop.
-asio::awaitable<std::string> apply_refund_async(idem::AsyncTransaction& tx,
+asio::awaitable<std::string> apply_refund_async(idem::AsyncTransaction& tx, const Ledger& ledger,
                                                 const storm::Delivery& d) {
   const std::string account = std::to_string(d.account);
   const std::string amount = std::to_string(d.amount_cents);
   std::vector<std::optional<std::string>> refund{d.order_id, d.request_id, account, amount};
-  co_await tx.exec(kInsertRefund, std::move(refund));
+  co_await tx.exec(ledger.insert_refund, std::move(refund));
   std::vector<std::optional<std::string>> debit{amount, account};
-  co_await tx.exec(kDebitAccount, std::move(debit));
+  co_await tx.exec(ledger.debit_account, std::move(debit));
   co_return refund_response(d);
 }
 
@@ -237,7 +261,7 @@ Layers layers_for(const Settings& s, const std::string& config,
   if (config == "all") {
     idem::PgSinkOptions sink;
     sink.conninfo = s.pg_url;
-    sink.schema = kSchema;
+    sink.schema = s.schema;
     sink.pool_size = s.workers;
     if (s.topology == "pgbouncer") sink.pooling = idem::PgPooling::kTransaction;
     sink.lease = s.lease;
@@ -255,7 +279,7 @@ std::vector<std::unique_ptr<idem::Deduplicator>> make_instances(
   if (config == kRedisFloor) {
     idem::PgSinkOptions floor_records;
     floor_records.conninfo = s.pg_url;
-    floor_records.schema = kSchema;
+    floor_records.schema = s.schema;
     floor_records.table = kFloorTable;
     idem::PgSink(floor_records).migrate();
   }
@@ -311,10 +335,11 @@ class WorkerConnection {
 };
 
 // The effect in a transaction of its own on `conn` (reopened on the next use when it failed).
-std::string own_transaction(WorkerConnection& conn, const storm::Delivery& d) {
+std::string own_transaction(WorkerConnection& conn, const Ledger& ledger,
+                            const storm::Delivery& d) {
   try {
     pqxx::work tx(conn.get());
-    std::string response = apply_refund(tx, d);
+    std::string response = apply_refund(tx, ledger, d);
     tx.commit();
     return response;
   } catch (const std::exception&) {
@@ -363,9 +388,9 @@ class FloorGuard {
     try {
       pqxx::nontransaction tx(conn.get());
       tx.exec0("BEGIN");
-      const std::string response = apply_refund(tx, d);
+      const std::string response = apply_refund(tx, s_.ledger, d);
       tx.exec0(
-          std::string("INSERT INTO ") + kSchema + "." + kFloorTable +
+          "INSERT INTO " + s_.schema + "." + kFloorTable +
           " (ns, key, request_id, fingerprint, state, response, expires_at) VALUES ('storm', " +
           tx.quote(key) + ", " + tx.quote(d.request_id) + ", '', 'completed', convert_to(" +
           tx.quote(response) + ", 'UTF8'), now() + interval '1 day'); COMMIT");
@@ -382,9 +407,9 @@ class FloorGuard {
 
 // Delivers `d` once. nullopt when the attempt failed and the message must be redelivered.
 std::optional<idem::Outcome> deliver_once(const std::string& config, idem::Deduplicator* dedup,
-                                          const storm::Delivery& d, WorkerConnection& conn,
-                                          FloorGuard& floor) {
-  auto own_transaction = [&] { return ::own_transaction(conn, d); };
+                                          const Ledger& ledger, const storm::Delivery& d,
+                                          WorkerConnection& conn, FloorGuard& floor) {
+  auto own_transaction = [&] { return ::own_transaction(conn, ledger, d); };
   try {
     if (config == kRedisFloor) return floor.deliver(d, conn);
     if (dedup == nullptr) {
@@ -392,8 +417,9 @@ std::optional<idem::Outcome> deliver_once(const std::string& config, idem::Dedup
       return idem::Outcome{};
     }
     if (config == "all") {
-      return dedup->run_transactional(
-          request_for(config, d), [&](pqxx::transaction_base& tx) { return apply_refund(tx, d); });
+      return dedup->run_transactional(request_for(config, d), [&](pqxx::transaction_base& tx) {
+        return apply_refund(tx, ledger, d);
+      });
     }
     return dedup->run(request_for(config, d), own_transaction);
   } catch (const std::exception&) {
@@ -479,7 +505,8 @@ void deliver(const Settings& s, const std::string& config,
         Attempts attempts(s, tally, log);
         std::optional<idem::Outcome> outcome;
         for (auto start = Clock::now(); attempts.redeliver(
-                 outcome = deliver_once(config, dedup, deliveries[i], conn, floor), start);
+                 outcome = deliver_once(config, dedup, s.ledger, deliveries[i], conn, floor),
+      start);
              start = Clock::now()) {
           std::this_thread::sleep_for(attempts.backoff());
         }
@@ -560,7 +587,7 @@ class AsyncStorm {
       if (config_ == "all") {
         co_return co_await dedup_->run_transactional(
             request_for(config_, d),
-            [&d](idem::AsyncTransaction& tx) { return apply_refund_async(tx, d); },
+            [this, &d](idem::AsyncTransaction& tx) { return apply_refund_async(tx, s_.ledger, d); },
             asio::use_awaitable);
       }
       co_return co_await dedup_->run(
@@ -578,7 +605,7 @@ class AsyncStorm {
         effects_,
         [this, &d]() -> asio::awaitable<std::string> {
           thread_local WorkerConnection conn(s_.pg_url);
-          co_return own_transaction(conn, d);
+          co_return own_transaction(conn, s_.ledger, d);
         },
         asio::use_awaitable);
   }
@@ -675,7 +702,7 @@ ConfigResult run_config(const Settings& s, const std::string& config,
   pqxx::connection conn(s.pg_url);
   pqxx::work tx(conn);
   const pqxx::row ledger = tx.exec1(std::string("SELECT count(*), count(DISTINCT order_id) FROM ") +
-                                    kSchema + ".refund_records");
+                                    s.schema + ".refund_records");
   const auto effects = ledger[0].as<std::int64_t>();
   const auto distinct = ledger[1].as<std::int64_t>();
   result.duplicate_effects = effects - distinct;

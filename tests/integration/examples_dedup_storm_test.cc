@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "examples_child.h"
+#include "pg_server.h"
 #include "test_env.h"
 
 namespace idem::test {
@@ -50,10 +51,11 @@ TEST(DedupStormTest, TableJsonAndHtmlReportTheDuplicateRateBesideTheSeedsFigures
   const std::string json_path = (dir / "report.json").string();
   const std::string html_path = (dir / "report.html").string();
 
+  const ScratchSchema schema(pg_url, "storm");  // a run of its own: tests run side by side
   ChildProcess storm({IDEM_STORM_BIN, "--redis-url", std::string(redis_url), "--pg-url",
-                      std::string(pg_url), "--requests", "1500", "--workers", "4", "--retention-ms",
-                      "500", "--lease-ms", "2000", "--report-json", json_path, "--report-html",
-                      html_path});
+                      std::string(pg_url), "--schema", schema.name(), "--requests", "1500",
+                      "--workers", "4", "--retention-ms", "500", "--lease-ms", "2000",
+                      "--report-json", json_path, "--report-html", html_path});
   ASSERT_EQ(storm.wait_exit(std::chrono::minutes(3)), 0) << storm.tail(40);
   const std::vector<std::string> lines = storm.lines();
 
@@ -103,10 +105,11 @@ TEST(DedupStormTest, TableJsonAndHtmlReportTheDuplicateRateBesideTheSeedsFigures
 TEST(DedupStormTest, AsyncDeliveriesOnOneLoopThreadLetNoDuplicateEffectThroughAll) {
   IDEM_REQUIRE_SERVICE(redis_url, "IDEM_TEST_REDIS_URL");
   IDEM_REQUIRE_SERVICE(pg_url, "IDEM_TEST_PG_URL");
+  const ScratchSchema schema(pg_url, "storm");  // a run of its own: tests run side by side
   ChildProcess storm({IDEM_STORM_BIN, "--redis-url", std::string(redis_url), "--pg-url",
-                      std::string(pg_url), "--async", "--in-flight", "64", "--configs",
-                      "none,redis,all", "--requests", "1500", "--retention-ms", "500", "--lease-ms",
-                      "2000"});
+                      std::string(pg_url), "--schema", schema.name(), "--async", "--in-flight",
+                      "64", "--configs", "none,redis,all", "--requests", "1500", "--retention-ms",
+                      "500", "--lease-ms", "2000"});
   ASSERT_EQ(storm.wait_exit(std::chrono::minutes(3)), 0) << storm.tail(40);
   const std::vector<std::string> lines = storm.lines();
   const std::vector<std::string> all = fields(row_of(lines, "all"));
@@ -126,9 +129,11 @@ TEST(DedupStormTest, AsyncDeliveriesOnOneLoopThreadLetNoDuplicateEffectThroughAl
 TEST(DedupStormTest, TheRedisFloorRunsWhenNamedAndIsReportedAgainstNone) {
   IDEM_REQUIRE_SERVICE(redis_url, "IDEM_TEST_REDIS_URL");
   IDEM_REQUIRE_SERVICE(pg_url, "IDEM_TEST_PG_URL");
+  const ScratchSchema schema(pg_url, "storm");  // a run of its own: tests run side by side
   ChildProcess storm({IDEM_STORM_BIN, "--redis-url", std::string(redis_url), "--pg-url",
-                      std::string(pg_url), "--configs", "none,redis-floor", "--requests", "800",
-                      "--workers", "4", "--retention-ms", "5000"});
+                      std::string(pg_url), "--schema", schema.name(), "--configs",
+                      "none,redis-floor", "--requests", "800", "--workers", "4", "--retention-ms",
+                      "5000"});
   ASSERT_EQ(storm.wait_exit(std::chrono::minutes(2)), 0) << storm.tail(40);
   const std::vector<std::string> lines = storm.lines();
   const std::vector<std::string> none = fields(row_of(lines, "none"));
@@ -148,6 +153,17 @@ TEST(DedupStormTest, TheRedisFloorRunsWhenNamedAndIsReportedAgainstNone) {
                         std::string(pg_url), "--configs", "redis-floor", "--async"});
   EXPECT_NE(refused.wait_exit(std::chrono::seconds(30)), 0);
   EXPECT_NE(refused.tail(5).find("blocking front"), std::string::npos) << refused.tail(5);
+}
+
+// --schema is put into SQL as it is: only a lowercase identifier passes, before anything runs.
+TEST(DedupStormTest, ASchemaThatIsNotALowercaseIdentifierIsRefused) {
+  for (const std::string bad : {"x; DROP SCHEMA public", "Storm", "9lives", "a.b", ""}) {
+    ChildProcess refused({IDEM_STORM_BIN, "--redis-url", "redis://127.0.0.1:1/0", "--pg-url",
+                          "postgresql://127.0.0.1:1/none", "--schema", bad});
+    EXPECT_NE(refused.wait_exit(std::chrono::seconds(30)), 0) << bad;
+    EXPECT_NE(refused.tail(5).find("lowercase SQL identifier"), std::string::npos)
+        << bad << ": " << refused.tail(5);
+  }
 }
 
 }  // namespace
