@@ -646,12 +646,18 @@ void PgCall::record(PgSink& sink, pqxx::transaction_base& tx, std::string_view k
       return;
     }
     const auto* bytes = reinterpret_cast<const unsigned char*>(response.data());
-    batched->at_commit(
-        impl.text(tx, kRecord,
-                  {tx.quote(ns), tx.quote(k), tx.quote(rid), tx.quote(fp),
-                   capped ? std::string("NULL") : tx.quote_raw(bytes, response.size()),
-                   capped ? tx.quote(detail::sha256_hex(response)) : std::string("NULL"),
-                   std::to_string(static_cast<std::int64_t>(keep))}));
+    const std::vector<std::string> literals{
+        tx.quote(ns),
+        tx.quote(k),
+        tx.quote(rid),
+        tx.quote(fp),
+        capped ? std::string("NULL") : tx.quote_raw(bytes, response.size()),
+        capped ? tx.quote(detail::sha256_hex(response)) : std::string("NULL"),
+        std::to_string(static_cast<std::int64_t>(keep))};
+    impl.run_own(tx, [&] {  // text() prepares the INSERT on first use: a round trip, bounded
+      batched->at_commit(impl.text(tx, kRecord, literals));
+      return pqxx::result{};
+    });
   });
 }
 

@@ -4,13 +4,17 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <future>
+#include <memory>
 #include <pqxx/pqxx>
 #include <string>
 #include <thread>
 
+#include "idem/deduplicator.h"
 #include "idem/errors.h"
 #include "idem/pg_sink.h"
 #include "pg_server.h"
+#include "refund_request.h"
 
 namespace idem {
 namespace {
@@ -87,6 +91,38 @@ TEST(PgStall, ACommitOnAStoppedServerEndsAfterTheResponseTimeoutWithItsOutcomeUn
   }
   EXPECT_GE(steady_clock::now() - start, kResponseTimeout);
   server.resume();
+}
+
+// Regression: run_transactional() prepares the record's INSERT on a connection's first record,
+// a round trip that ran outside the response-timeout watchdog: a server stopped while the handler
+// ran held the call for as long as it stayed stopped.
+TEST(PgStall, ARecordPreparedOnAStoppedServerEndsAfterTheResponseTimeout) {
+  test::PgServer server;
+  auto sink = std::make_shared<PgSink>(stall_options(server));
+  sink->migrate();
+  DeduplicatorOptions options;
+  options.sink = sink;
+  options.local_cache_capacity = 0;
+  Deduplicator dedup(options);
+  const Request request = test::refund_request("r-record", "o-record");
+  const auto start = steady_clock::now();
+  auto call = std::async(std::launch::async, [&] {
+    return dedup.run_transactional(request, [&](pqxx::transaction_base&) {
+      server.pause();  // the record's Prepare, then the COMMIT, get no answer
+      return std::string("refunded");
+    });
+  });
+  const bool ended = call.wait_for(kResponseTimeout * 6) == std::future_status::ready;
+  server.resume();  // unblocks a call that was not bounded
+  ASSERT_TRUE(ended) << "the call waited on the stopped server past 6x response_timeout";
+  try {
+    const Outcome outcome = call.get();
+    EXPECT_EQ(outcome.kind, Outcome::Kind::kUnavailable) << outcome.error;
+  } catch (const PostgresError& error) {
+    EXPECT_NE(std::string(error.what()).find("response_timeout"), std::string::npos)
+        << error.what();
+  }
+  EXPECT_GE(steady_clock::now() - start, kResponseTimeout);
 }
 
 // Regression: a transaction begun after the server stopped waited in BEGIN, unwatched, for as
