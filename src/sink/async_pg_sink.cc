@@ -166,16 +166,26 @@ std::shared_ptr<PgAsyncConnection> AsyncPgSink::shared_connection() {
   return best;
 }
 
-asio::awaitable<void> AsyncPgSink::wait_for_connection() {
+asio::awaitable<void> AsyncPgSink::wait_for_connection(bool to_hold) {
+  std::deque<std::shared_ptr<asio::steady_timer>>& queue = to_hold ? hold_waiters_ : share_waiters_;
   auto timer = std::make_shared<asio::steady_timer>(co_await asio::this_coro::executor,
                                                     asio::steady_timer::time_point::max());
-  waiters_.push_back(timer);
+  queue.push_back(timer);
   std::error_code ignored;
   co_await timer->async_wait(asio::redirect_error(asio::use_awaitable, ignored));
   if ((co_await asio::this_coro::cancellation_state).cancelled() != asio::cancellation_type::none) {
-    std::erase(waiters_, timer);
+    // Woken and cancelled at once: the connection it was woken for goes to the next in line.
+    const bool woken = std::erase(queue, timer) == 0;
+    if (woken && to_hold) wake_next_holder();
     throw Cancelled("idem: postgres: cancelled while waiting for a connection");
   }
+}
+
+void AsyncPgSink::wake_next_holder() {
+  if (hold_waiters_.empty()) return;
+  const std::shared_ptr<asio::steady_timer> next = std::move(hold_waiters_.front());
+  hold_waiters_.pop_front();
+  next->cancel();
 }
 
 asio::awaitable<std::shared_ptr<PgAsyncConnection>> AsyncPgSink::hold() {
@@ -187,7 +197,7 @@ asio::awaitable<std::shared_ptr<PgAsyncConnection>> AsyncPgSink::hold() {
       }
       co_return best;
     }
-    co_await wait_for_connection();
+    co_await wait_for_connection(true);
   }
 }
 
@@ -195,19 +205,21 @@ void AsyncPgSink::give_back(const std::shared_ptr<PgAsyncConnection>& connection
   for (std::size_t i = 0; i < connections_.size(); ++i) {
     if (connections_[i] == connection) held_[i] = false;
   }
-  // Every waiter looks again: a statement of run() takes no connection for itself, so waking
-  // only the first could leave a transaction waiting beside a free connection until its
-  // deadline. Those that find none wait again.
-  std::deque<std::shared_ptr<asio::steady_timer>> woken = std::move(waiters_);
-  waiters_.clear();
-  for (const auto& waiter : woken) waiter->cancel();
+  // A statement of run() takes no connection for itself: every one waiting goes on. A
+  // transaction takes it: one goes on (waking them all made each give-back wake every waiting
+  // transaction, 1 000 of them, to find one connection). One that finds the connection taken
+  // meanwhile waits again, at the back; it was not the only way to it being taken.
+  std::deque<std::shared_ptr<asio::steady_timer>> sharing = std::move(share_waiters_);
+  share_waiters_.clear();
+  for (const auto& waiter : sharing) waiter->cancel();
+  wake_next_holder();
 }
 
 asio::awaitable<PgResultPtr> AsyncPgSink::exec(Prepared statement, PgParams params,
                                                bool cancellable) {
   std::shared_ptr<PgAsyncConnection> connection = shared_connection();
   while (connection == nullptr) {
-    co_await wait_for_connection();
+    co_await wait_for_connection(false);
     connection = shared_connection();
   }
   try {

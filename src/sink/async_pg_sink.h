@@ -94,13 +94,20 @@ class AsyncPgSink {
   asio::awaitable<std::shared_ptr<PgAsyncConnection>> hold();
   // Gives back a connection hold() handed out.
   void give_back(const std::shared_ptr<PgAsyncConnection>& connection);
-  // Waits until a connection is given back (or the wait is cancelled: idem::Cancelled).
-  asio::awaitable<void> wait_for_connection();
+  // Waits until a connection is given back (or the wait is cancelled: idem::Cancelled): for
+  // hold() when `to_hold` (transactions are woken one per connection given back), else for a
+  // statement of run() (all of those are woken).
+  asio::awaitable<void> wait_for_connection(bool to_hold);
+  // Wakes the first transaction waiting for a connection, if any.
+  void wake_next_holder();
 
   const PgSinkOptions options_;
   std::vector<std::shared_ptr<PgAsyncConnection>> connections_;
-  std::vector<bool> held_;                                   // by index of connections_
-  std::deque<std::shared_ptr<asio::steady_timer>> waiters_;  // woken when one is given back
+  std::vector<bool> held_;  // by index of connections_
+  // Woken when a connection is given back: every statement of run() waiting (shared use), and
+  // the first transaction waiting (hold()).
+  std::deque<std::shared_ptr<asio::steady_timer>> share_waiters_;
+  std::deque<std::shared_ptr<asio::steady_timer>> hold_waiters_;
 };
 
 /// One run_transactional() call's transaction on the async sink (docs/pg_sink.md, "What a call
