@@ -78,6 +78,31 @@ void run_coroutine(Body body) {
   if (failure) std::rethrow_exception(failure);
 }
 
+/// Time the calling thread has waited on a run queue, runnable, for a core (the 2nd field of its
+/// /proc/thread-self/schedstat); 0 where the kernel keeps none.
+inline std::chrono::steady_clock::duration run_queue_wait() {
+  std::ifstream in("/proc/thread-self/schedstat");
+  long long on_cpu_ns = 0, waited_ns = 0;
+  if (!(in >> on_cpu_ns >> waited_ns)) return {};
+  return std::chrono::nanoseconds(waited_ns);
+}
+
+/// The time since construction that the constructing thread did not spend waiting for a core:
+/// wall time less run-queue waits, for bounds on when calls end that a busy machine must not
+/// stretch (a blocked thread is off its run queue, so blocking still counts in full). Use it on
+/// the thread that made it.
+class OwnTime {
+ public:
+  using Clock = std::chrono::steady_clock;
+  [[nodiscard]] Clock::duration elapsed() const {
+    return (Clock::now() - started_) - (run_queue_wait() - waited_);
+  }
+
+ private:
+  Clock::time_point started_ = Clock::now();
+  Clock::duration waited_ = run_queue_wait();
+};
+
 class LoopProbe {
  public:
   using Clock = std::chrono::steady_clock;
@@ -106,14 +131,6 @@ class LoopProbe {
   [[nodiscard]] Clock::duration worst_wall_gap() const { return worst_wall_; }
 
  private:
-  // Time the calling thread has waited on a run queue (the 2nd field of its schedstat).
-  static Clock::duration run_queue_wait() {
-    std::ifstream in("/proc/thread-self/schedstat");
-    long long on_cpu_ns = 0, waited_ns = 0;
-    if (!(in >> on_cpu_ns >> waited_ns)) return {};
-    return std::chrono::nanoseconds(waited_ns);
-  }
-
   void tick() {
     timer_.expires_after(std::chrono::milliseconds(1));
     timer_.async_wait([this](std::error_code error) {
@@ -166,6 +183,7 @@ class FailureTally {
   auto handler() {
     return [this](std::exception_ptr error, auto&&) {
       last_end_ = Clock::now() - started_;
+      last_own_end_ = since_.elapsed();
       if (error == nullptr) {
         ADD_FAILURE() << "the call succeeded";
         return;
@@ -183,11 +201,15 @@ class FailureTally {
   [[nodiscard]] int failed() const { return failed_; }
   /// From construction to the end of the last call.
   [[nodiscard]] Clock::duration last_end() const { return last_end_; }
+  /// The same, run-queue waits left out (OwnTime).
+  [[nodiscard]] Clock::duration last_own_end() const { return last_own_end_; }
 
  private:
   std::function<void(const Error&)> check_;
   Clock::time_point started_;
+  OwnTime since_;
   Clock::duration last_end_{};
+  Clock::duration last_own_end_{};
   int failed_ = 0;
 };
 
