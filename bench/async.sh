@@ -15,6 +15,8 @@
 #   pg_floor   pgbench -c 50 -M prepared running the sink's two statements of a call (the claim
 #              row's INSERT, the completion's UPDATE) alone: PostgreSQL's own rate for them
 #   pg_floor_pool  the same at -c 8, the async front's PostgreSQL connections
+#   tx_async / tx_blocking  run_transactional() instead (--transactional: one business INSERT in
+#              the call's transaction), the same front, threads and connections as async/blocking
 # with the heap bytes of a full run() in flight (its handler waiting, claims held), the loop
 # thread's CPU per call, the share of the time it ran and the share it waited, runnable, for a
 # core (on shared cores one thread gets about cores / load average of one; the rate on a core
@@ -34,6 +36,9 @@
 #                      "async_loop_runqueue_share",
 #                      "async_per_loop_core_s", "blocking_cpu_us_per_call"}, "bytes_per_in_flight_call",
 #                      "payload_bytes", "per_run": {…}},
+#    "run_transactional": {"in_flight", "async_per_s", "blocking_per_s", "blocking_threads",
+#                          "ratio", "pg_connections", "async_loop_cpu_us_per_call",
+#                          "blocking_cpu_us_per_call", "per_run": {…}},
 #    "bytes_per_in_flight_call": N, "bytes_per_in_flight_lua_call": N, "runs", "loadavg_1_5_15"}
 # (calls per second; pgbench's rate is in calls, one call being its two statements).
 set -euo pipefail
@@ -70,11 +75,18 @@ s="\"$schema\"" k="'u|refund|pgb-' || CAST(:client_id AS text) || '-' || CAST(:n
 # CPU µs per call> <ran share> <waited share>", blocking "<per s> <CPU µs per call>".
 sink_slice() {
   fresh
-  psql -q "$pg_url" -c "TRUNCATE $s.idem_records" >/dev/null
+  psql -q "$pg_url" -c "TRUNCATE $s.idem_records, $s.bench_ledger" >/dev/null
   local common=(--redis-url "$redis_url" --pg-url "$pg_url" --schema "$schema" --seconds "$seconds")
   case "$1" in
     async) "$run_harness" "${common[@]}" --mode async --in-flight "$in_flight" --pool "$pg_connections" ;;
     blocking) "$run_harness" "${common[@]}" --mode blocking --threads "$blocking_threads" ;;
+    tx_async)
+      "$run_harness" "${common[@]}" --transactional --mode async --in-flight "$in_flight" \
+        --pool "$pg_connections"
+      ;;
+    tx_blocking)
+      "$run_harness" "${common[@]}" --transactional --mode blocking --threads "$blocking_threads"
+      ;;
     pg_floor) sink_pgbench "$blocking_threads" ;;
     pg_floor_pool) sink_pgbench "$pg_connections" ;;
   esac
@@ -85,19 +97,22 @@ sink_pgbench() {  # clients → calls (two statements) per second
 }
 
 set_runs=() lua_runs=() rb_set=() rb_eval=() async_runs=() blocking_runs=() floor_runs=() pool_runs=()
+tx_async_runs=() tx_blocking_runs=()
 for ((r = 0; r < runs; r++)); do
   set_runs+=("$(run_async set)")
   rb_set+=("$(run_rb 50 "$requests" 16 SET key:__rand_int__ "$bench_record" NX PX 30000)")
   lua_runs+=("$(run_async lua)")
   rb_eval+=("$(run_rb 50 "$requests" 16 EVALSHA "$sha" 1 key:__rand_int__ "$bench_record" 30000)")
   # The order rotates from run to run: all see the same load on a shared machine.
-  sink_scenarios=(async blocking pg_floor pg_floor_pool)
-  for ((k = 0; k < 4; k++)); do
-    case "${sink_scenarios[$(((k + r) % 4))]}" in
+  sink_scenarios=(async blocking pg_floor pg_floor_pool tx_async tx_blocking)
+  for ((k = 0; k < 6; k++)); do
+    case "${sink_scenarios[$(((k + r) % 6))]}" in
       async) async_runs+=("$(sink_slice async)") ;;
       blocking) blocking_runs+=("$(sink_slice blocking)") ;;
       pg_floor) floor_runs+=("$(sink_slice pg_floor)") ;;
       pg_floor_pool) pool_runs+=("$(sink_slice pg_floor_pool)") ;;
+      tx_async) tx_async_runs+=("$(sink_slice tx_async)") ;;
+      tx_blocking) tx_blocking_runs+=("$(sink_slice tx_blocking)") ;;
     esac
   done
 done
@@ -120,6 +135,9 @@ floor_s="$(med floor_runs 1)" pool_floor_s="$(med pool_runs 1)"
 sink_ratio="$(ratio "$async_s" "$blocking_s")" floor_ratio="$(ratio "$async_s" "$floor_s")"
 pool_floor_ratio="$(ratio "$async_s" "$pool_floor_s")"
 loop_core_s="$(awk -v us="$loop_us" 'BEGIN {printf "%.0f", 1e6 / us}')"
+tx_async_s="$(med tx_async_runs 1)" tx_loop_us="$(med tx_async_runs 4)"
+tx_blocking_s="$(med tx_blocking_runs 1)" tx_blocking_us="$(med tx_blocking_runs 2)"
+tx_ratio="$(ratio "$tx_async_s" "$tx_blocking_s")"
 
 printf '%-22s %12s %12s %8s %10s %10s %8s\n' claim idem_per_s rb_p16_per_s ratio p99_us rb_p99_us bytes
 printf '%-22s %12.0f %12.0f %8s %10.1f %10.1f %8.0f\n' "SET NX GET / SET NX" "$set_s" "$rb_set_s" \
@@ -140,6 +158,12 @@ percent() { awk -v s="$1" 'BEGIN {printf "%.0f", s * 100}'; }
 printf 'CPU µs per call: async loop %.1f (it ran %s %% of the time, waited for a core %s %%), blocking %.1f (all threads)\n' \
   "$loop_us" "$(percent "$loop_share")" "$(percent "$loop_waited")" "$blocking_us"
 printf 'heap bytes per in-flight run() call: %.0f (payload %d)\n' "$run_bytes" "$payload_bytes"
+
+printf '\n%-36s %12s %8s\n' "run_transactional(), one INSERT" calls_per_s ratio
+printf '%-36s %12.0f %8s\n' "async, 1 thread, $in_flight in flight" "$tx_async_s" "$tx_ratio"
+printf '%-36s %12.0f %8s\n' "blocking, $blocking_threads threads" "$tx_blocking_s" 1
+printf 'CPU µs per call: async loop %.1f, blocking %.1f (all threads)\n' "$tx_loop_us" \
+  "$tx_blocking_us"
 
 # per_run ARRAY: field 1 of each run in ARRAY as a JSON array.
 per_run() {
@@ -168,6 +192,11 @@ json+=" \"bytes_per_in_flight_call\": $run_bytes, \"payload_bytes\": $payload_by
 json+=" \"seconds_per_slice\": $seconds, \"per_run\": {\"async\": $(per_run async_runs),"
 json+=" \"blocking\": $(per_run blocking_runs), \"pg_floor\": $(per_run floor_runs),"
 json+=" \"pg_floor_pool\": $(per_run pool_runs)}},"
+json+=" \"run_transactional\": {\"in_flight\": $in_flight, \"async_per_s\": $tx_async_s,"
+json+=" \"blocking_per_s\": $tx_blocking_s, \"blocking_threads\": $blocking_threads,"
+json+=" \"ratio\": $tx_ratio, \"pg_connections\": $pg_connections,"
+json+=" \"async_loop_cpu_us_per_call\": $tx_loop_us, \"blocking_cpu_us_per_call\": $tx_blocking_us,"
+json+=" \"per_run\": {\"async\": $(per_run tx_async_runs), \"blocking\": $(per_run tx_blocking_runs)}},"
 json+=" \"bytes_per_in_flight_call\": $set_bytes, \"bytes_per_in_flight_lua_call\": $lua_bytes,"
 json+=" \"runs\": $runs, \"loadavg_1_5_15\": $(loadavg_json)}"
 write_report "$json"

@@ -27,6 +27,11 @@
 // --seconds.
 // blocking prints "<calls per s> <CPU µs per call of all its threads>" (bench/clients.h: one
 // untimed call per thread first).
+//
+// --transactional: run_transactional() instead, in both modes, its handler one business INSERT
+// (a ledger row, in the records' schema; --setup creates the table) in the call's transaction:
+// a call is BEGIN with the key's lock and read, the INSERT, the record with COMMIT, and the
+// guard's claim and completion. async then skips the memory phase and prints 0 bytes.
 #include <malloc.h>
 #include <time.h>
 #include <unistd.h>
@@ -42,9 +47,13 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
+#include <pqxx/pqxx>
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "clients.h"
 #include "idem/async_deduplicator.h"
@@ -64,7 +73,13 @@ struct Args {
   int pool = 8;
   double seconds = 5;
   bool setup = false;
+  bool transactional = false;
 };
+
+// The business write of --transactional ($1: the key).
+std::string ledger_insert(const Args& args) {
+  return "INSERT INTO \"" + args.schema + "\".bench_ledger (key) VALUES ($1)";
+}
 
 const std::string kResponse = R"({"status":"refunded","amount_cents":500})";
 
@@ -140,9 +155,18 @@ void run_blocking(const Args& args) {
       bench::calls_per_second(args.threads, args.seconds, [&](int c, const auto& measure) {
         const std::string mine = prefix + std::to_string(c) + "-";
         long n = 0;
+        const std::string insert = ledger_insert(args);
         measure([&] {
+          const std::string key = mine + std::to_string(n++);
+          if (!args.transactional) {
+            expect_executed(dedup.run(request_for(key), [] { return kResponse; }));
+            return;
+          }
           expect_executed(
-              dedup.run(request_for(mine + std::to_string(n++)), [] { return kResponse; }));
+              dedup.run_transactional(request_for(key), [&](pqxx::transaction_base& tx) {
+                tx.exec_params0(insert, key);
+                return kResponse;
+              }));
         });
       });
   // The calls over the measured time; the CPU includes the threads' start and warm-up calls.
@@ -171,8 +195,42 @@ class AsyncRun {
     for (int i = 0; i < args_.in_flight; ++i) start_one(nullptr);
     drain();
 
-    // 2. Memory: every call waits inside its handler at once; the same handlers waiting without
-    // idem (co_spawn'ed alone) are subtracted, so what is left is idem's.
+    // 2. Memory (run() only).
+    const auto [bytes, payload] =
+        args_.transactional ? std::pair<double, std::size_t>{0, 0} : bytes_per_call();
+
+    // 3. Throughput: --in-flight coroutines, each one call after the other until the time is up.
+    bool stop = false;
+    asio::steady_timer clock(io_, std::chrono::duration_cast<Clock::duration>(
+                                      std::chrono::duration<double>(args_.seconds)));
+    clock.async_wait([&](asio::error_code) { stop = true; });
+    const long long done_before = done_;
+    const auto started = Clock::now();
+    const double cpu_started = cpu_seconds(CLOCK_THREAD_CPUTIME_ID);
+    const double waited_started = runqueue_seconds();
+    for (int i = 0; i < args_.in_flight; ++i) {
+      asio::co_spawn(io_, caller(stop), [this](std::exception_ptr error) { fail(error); });
+    }
+    while (!stop && failed_ == nullptr) io_.run_one();
+    const long long calls = done_ - done_before;
+    const double elapsed = std::chrono::duration<double>(Clock::now() - started).count();
+    const double cpu = cpu_seconds(CLOCK_THREAD_CPUTIME_ID) - cpu_started;
+    const double waited = runqueue_seconds() - waited_started;
+    while (callers_ > 0 && failed_ == nullptr) io_.run_one();
+    dedup_->close();
+    io_.run();
+    if (failed_ != nullptr) std::rethrow_exception(failed_);
+    std::printf("%.1f %.0f %zu %.1f %.3f %.3f\n", static_cast<double>(calls) / elapsed, bytes,
+                payload, cpu * 1e6 / static_cast<double>(calls), cpu / elapsed, waited / elapsed);
+  }
+
+ private:
+  using Handler = std::function<asio::awaitable<std::string>()>;
+
+  // The heap bytes of a run() call in flight and its payload's size: every call waits inside its
+  // handler at once; the same handlers waiting without idem (co_spawn'ed alone) are subtracted,
+  // so what is left is idem's.
+  std::pair<double, std::size_t> bytes_per_call() {
     asio::steady_timer gate(io_, asio::steady_timer::time_point::max());
     int inside = 0;
     const auto gated = [&]() -> asio::awaitable<std::string> {
@@ -197,36 +255,17 @@ class AsyncRun {
     const long long with_idem = heap_in_use() - before;
     gate.cancel();
     drain();
-    const std::size_t payload = request_for(prefix_ + "0").payload.size();
-
-    // 3. Throughput: --in-flight coroutines, each one call after the other until the time is up.
-    bool stop = false;
-    asio::steady_timer clock(io_, std::chrono::duration_cast<Clock::duration>(
-                                      std::chrono::duration<double>(args_.seconds)));
-    clock.async_wait([&](asio::error_code) { stop = true; });
-    const long long done_before = done_;
-    const auto started = Clock::now();
-    const double cpu_started = cpu_seconds(CLOCK_THREAD_CPUTIME_ID);
-    const double waited_started = runqueue_seconds();
-    for (int i = 0; i < args_.in_flight; ++i) {
-      asio::co_spawn(io_, caller(stop), [this](std::exception_ptr error) { fail(error); });
-    }
-    while (!stop && failed_ == nullptr) io_.run_one();
-    const long long calls = done_ - done_before;
-    const double elapsed = std::chrono::duration<double>(Clock::now() - started).count();
-    const double cpu = cpu_seconds(CLOCK_THREAD_CPUTIME_ID) - cpu_started;
-    const double waited = runqueue_seconds() - waited_started;
-    while (callers_ > 0 && failed_ == nullptr) io_.run_one();
-    dedup_->close();
-    io_.run();
-    if (failed_ != nullptr) std::rethrow_exception(failed_);
-    std::printf("%.1f %.0f %zu %.1f %.3f %.3f\n", static_cast<double>(calls) / elapsed,
-                static_cast<double>(with_idem - handlers_alone) / args_.in_flight, payload,
-                cpu * 1e6 / static_cast<double>(calls), cpu / elapsed, waited / elapsed);
+    return {static_cast<double>(with_idem - handlers_alone) / args_.in_flight,
+            request_for(prefix_ + "0").payload.size()};
   }
 
- private:
-  using Handler = std::function<asio::awaitable<std::string>()>;
+  // --transactional's handler: the ledger row, in the call's transaction.
+  static asio::awaitable<std::string> book(idem::AsyncTransaction& tx, std::string insert,
+                                           std::string key) {
+    std::vector<std::optional<std::string>> row{std::move(key)};
+    co_await tx.exec(std::move(insert), std::move(row));
+    co_return kResponse;
+  }
 
   static asio::awaitable<std::string> respond() { co_return kResponse; }
 
@@ -256,8 +295,18 @@ class AsyncRun {
 
   asio::awaitable<void> caller(const bool& stop) {
     ++callers_;
+    const std::string insert = ledger_insert(args_);
     while (!stop) {
-      expect_executed(co_await dedup_->run(request_for(next_key()), respond, asio::use_awaitable));
+      const std::string key = next_key();
+      if (args_.transactional) {
+        const auto handler = [&insert, key](idem::AsyncTransaction& tx) {
+          return book(tx, insert, key);
+        };
+        expect_executed(
+            co_await dedup_->run_transactional(request_for(key), handler, asio::use_awaitable));
+      } else {
+        expect_executed(co_await dedup_->run(request_for(key), respond, asio::use_awaitable));
+      }
       ++done_;
     }
     --callers_;
@@ -287,7 +336,10 @@ int main(int argc, char** argv) {
   app.add_option("--redis-url", args.redis_url, "Redis URL")->required();
   app.add_option("--pg-url", args.pg_url, "PostgreSQL connection string")->required();
   app.add_option("--schema", args.schema, "Schema of idem's records")->capture_default_str();
-  app.add_flag("--setup", args.setup, "Migrate the records table and exit");
+  app.add_flag("--setup", args.setup,
+               "Migrate the records table, create --transactional's ledger table, and exit");
+  app.add_flag("--transactional", args.transactional,
+               "run_transactional() with one business INSERT instead of run()");
   app.add_option("--mode", args.mode, "async or blocking")
       ->check(CLI::IsMember({"async", "blocking"}))
       ->capture_default_str();
@@ -308,6 +360,10 @@ int main(int argc, char** argv) {
   try {
     if (args.setup) {
       idem::PgSink(sink_options(args, 1)).migrate();
+      pqxx::connection conn(args.pg_url);
+      pqxx::nontransaction tx(conn);
+      tx.exec0("CREATE TABLE IF NOT EXISTS \"" + args.schema +
+               "\".bench_ledger (key text PRIMARY KEY, at timestamptz NOT NULL DEFAULT now())");
     } else if (args.mode == "blocking") {
       run_blocking(args);
     } else {
