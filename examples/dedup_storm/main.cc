@@ -50,14 +50,12 @@ constexpr const char* kFloorTable = "floor_records";  // its records, in --schem
 // The business tables of a run (accounts and a refund ledger) and the SQL of the effect, in the
 // schema --schema names.
 struct Ledger {
-  explicit Ledger(const std::string& schema_name)
-      : schema(schema_name),
-        insert_refund("INSERT INTO " + schema +
+  explicit Ledger(const std::string& schema)
+      : insert_refund("INSERT INTO " + schema +
                       ".refund_records (order_id, request_id, account, amount_cents) VALUES ($1, "
                       "$2, $3, $4)"),
         debit_account("UPDATE " + schema +
                       ".accounts SET balance_cents = balance_cents - $1 WHERE id = $2") {}
-  std::string schema;
   std::string insert_refund;  // $1 order, $2 request ID, $3 account, $4 amount
   std::string debit_account;  // $1 amount, $2 account
 };

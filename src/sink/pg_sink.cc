@@ -194,7 +194,7 @@ struct PgSink::Impl {
   // Runs fn(), which sends idem's own statements on tx's connection, within response_timeout; a
   // missing table or column gets detail::migrate_hint() added to its error.
   template <typename F>
-  pqxx::result run_own(pqxx::transaction_base& tx, F&& fn) const {
+  decltype(auto) run_own(pqxx::transaction_base& tx, F&& fn) const {
     try {
       return watchdog.run(tx.conn().sock(), std::forward<F>(fn));
     } catch (const pqxx::sql_error& error) {
@@ -249,12 +249,13 @@ struct PgSink::Impl {
 
   // `statement` as text for a multi-statement query, with `literals` (quoted SQL literals) for
   // its parameters: EXECUTE of the statement prepared on this connection (prepared now if it is
-  // not yet), or behind a transaction pooler the statement itself with the literals in place.
+  // not yet: a round trip, within response_timeout), or behind a transaction pooler the statement
+  // itself with the literals in place.
   std::string text(pqxx::transaction_base& tx, Statement statement,
                    const std::vector<std::string>& literals) const {
     if (transaction_pooling()) return detail::bind_literals(sql[statement], literals);
     tx.conn().prepare(kStatementNames[statement], sql[statement]);
-    tx.conn().prepare_now(kStatementNames[statement]);
+    run_own(tx, [&] { tx.conn().prepare_now(kStatementNames[statement]); });
     std::string call = std::string("EXECUTE ") + kStatementNames[statement] + "(";
     for (std::size_t i = 0; i < literals.size(); ++i) call += (i == 0 ? "" : ", ") + literals[i];
     return call + ")";
@@ -596,10 +597,9 @@ SinkClaim PgCall::claim(PgSink& sink, pqxx::transaction_base& tx, std::string_vi
       pqxx::result found;
       if (auto* batched = dynamic_cast<BatchedTransaction*>(&tx)) {
         const std::vector<std::string> literals{tx.quote(ns), tx.quote(k)};
-        found = impl.run_own(tx, [&] {  // text() prepares the statements: bounded too
-          return batched->send(impl.text(tx, kLockKey, literals) + "; " +
-                               impl.text(tx, kLookup, literals));
-        });
+        const std::string statements =
+            impl.text(tx, kLockKey, literals) + "; " + impl.text(tx, kLookup, literals);
+        found = impl.run_own(tx, [&] { return batched->send(statements); });
       } else {
         impl.exec(tx, kLockKey, ns, k);
         found = impl.exec(tx, kLookup, ns, k);
@@ -646,18 +646,12 @@ void PgCall::record(PgSink& sink, pqxx::transaction_base& tx, std::string_view k
       return;
     }
     const auto* bytes = reinterpret_cast<const unsigned char*>(response.data());
-    const std::vector<std::string> literals{
-        tx.quote(ns),
-        tx.quote(k),
-        tx.quote(rid),
-        tx.quote(fp),
-        capped ? std::string("NULL") : tx.quote_raw(bytes, response.size()),
-        capped ? tx.quote(detail::sha256_hex(response)) : std::string("NULL"),
-        std::to_string(static_cast<std::int64_t>(keep))};
-    impl.run_own(tx, [&] {  // text() prepares the INSERT on first use: a round trip, bounded
-      batched->at_commit(impl.text(tx, kRecord, literals));
-      return pqxx::result{};
-    });
+    batched->at_commit(
+        impl.text(tx, kRecord,
+                  {tx.quote(ns), tx.quote(k), tx.quote(rid), tx.quote(fp),
+                   capped ? std::string("NULL") : tx.quote_raw(bytes, response.size()),
+                   capped ? tx.quote(detail::sha256_hex(response)) : std::string("NULL"),
+                   std::to_string(static_cast<std::int64_t>(keep))}));
   });
 }
 
