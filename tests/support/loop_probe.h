@@ -95,8 +95,10 @@ class OwnTime {
  public:
   using Clock = std::chrono::steady_clock;
   [[nodiscard]] Clock::duration elapsed() const {
-    return (Clock::now() - started_) - (run_queue_wait() - waited_);
+    return wall_elapsed() - (run_queue_wait() - waited_);
   }
+  /// The wall time since construction.
+  [[nodiscard]] Clock::duration wall_elapsed() const { return Clock::now() - started_; }
 
  private:
   Clock::time_point started_ = Clock::now();
@@ -118,7 +120,9 @@ class LoopProbe {
   /// is off its run queue and counts in full; one the kernel preempted, on a 2-core machine that
   /// runs the servers and other tests beside it, does not (the run-queue wait is the kernel's
   /// schedstat of the thread; 0 where the kernel keeps none).
-  [[nodiscard]] Clock::duration worst_gap() const { return worst_; }
+  [[nodiscard]] Clock::duration worst_gap() const {
+    return worst_gap_until(Clock::time_point::max());
+  }
   /// worst_gap() among the firings at or before `until`.
   [[nodiscard]] Clock::duration worst_gap_until(Clock::time_point until) const {
     Clock::duration worst{};
@@ -139,7 +143,6 @@ class LoopProbe {
       const Clock::duration waited = run_queue_wait();
       worst_wall_ = std::max(worst_wall_, now - previous_);
       const Clock::duration gap = (now - previous_) - (waited - waited_);
-      worst_ = std::max(worst_, gap);
       gaps_.emplace_back(now, gap);
       previous_ = now;
       waited_ = waited;
@@ -151,7 +154,6 @@ class LoopProbe {
   Clock::time_point until_;
   Clock::time_point previous_;
   Clock::duration waited_ = run_queue_wait();
-  Clock::duration worst_{};
   Clock::duration worst_wall_{};
   std::vector<std::pair<Clock::time_point, Clock::duration>> gaps_;  // firing, its own gap
 };
@@ -176,13 +178,12 @@ class FailureTally {
  public:
   using Clock = std::chrono::steady_clock;
 
-  explicit FailureTally(std::function<void(const Error&)> check)
-      : check_(std::move(check)), started_(Clock::now()) {}
+  explicit FailureTally(std::function<void(const Error&)> check) : check_(std::move(check)) {}
 
   /// A completion handler `void(std::exception_ptr, Result)` for one such call.
   auto handler() {
     return [this](std::exception_ptr error, auto&&) {
-      last_end_ = Clock::now() - started_;
+      last_end_ = since_.wall_elapsed();
       last_own_end_ = since_.elapsed();
       if (error == nullptr) {
         ADD_FAILURE() << "the call succeeded";
@@ -206,7 +207,6 @@ class FailureTally {
 
  private:
   std::function<void(const Error&)> check_;
-  Clock::time_point started_;
   OwnTime since_;
   Clock::duration last_end_{};
   Clock::duration last_own_end_{};
