@@ -194,7 +194,7 @@ struct PgSink::Impl {
   // Runs fn(), which sends idem's own statements on tx's connection, within response_timeout; a
   // missing table or column gets detail::migrate_hint() added to its error.
   template <typename F>
-  decltype(auto) run_own(pqxx::transaction_base& tx, F&& fn) const {
+  pqxx::result run_own(pqxx::transaction_base& tx, F&& fn) const {
     try {
       return watchdog.run(tx.conn().sock(), std::forward<F>(fn));
     } catch (const pqxx::sql_error& error) {
@@ -249,16 +249,24 @@ struct PgSink::Impl {
 
   // `statement` as text for a multi-statement query, with `literals` (quoted SQL literals) for
   // its parameters: EXECUTE of the statement prepared on this connection (prepared now if it is
-  // not yet: a round trip, within response_timeout), or behind a transaction pooler the statement
-  // itself with the literals in place.
+  // not yet: a round trip, which the caller bounds with run_own()), or behind a transaction
+  // pooler the statement itself with the literals in place.
   std::string text(pqxx::transaction_base& tx, Statement statement,
                    const std::vector<std::string>& literals) const {
     if (transaction_pooling()) return detail::bind_literals(sql[statement], literals);
-    tx.conn().prepare(kStatementNames[statement], sql[statement]);
-    run_own(tx, [&] { tx.conn().prepare_now(kStatementNames[statement]); });
+    prepare(tx, statement);
     std::string call = std::string("EXECUTE ") + kStatementNames[statement] + "(";
     for (std::size_t i = 0; i < literals.size(); ++i) call += (i == 0 ? "" : ", ") + literals[i];
     return call + ")";
+  }
+
+  // Prepares `statement` on tx's connection unless it is already (libpqxx skips a repeat): a
+  // round trip the first time. Nothing behind a transaction pooler (no statement outlives the
+  // transaction there).
+  void prepare(pqxx::transaction_base& tx, Statement statement) const {
+    if (transaction_pooling()) return;
+    tx.conn().prepare(kStatementNames[statement], sql[statement]);
+    tx.conn().prepare_now(kStatementNames[statement]);
   }
 
   // The transaction of watched_transaction(), of type Tx, opened by open(std::optional<Tx>&).
@@ -597,9 +605,14 @@ SinkClaim PgCall::claim(PgSink& sink, pqxx::transaction_base& tx, std::string_vi
       pqxx::result found;
       if (auto* batched = dynamic_cast<BatchedTransaction*>(&tx)) {
         const std::vector<std::string> literals{tx.quote(ns), tx.quote(k)};
-        const std::string statements =
-            impl.text(tx, kLockKey, literals) + "; " + impl.text(tx, kLookup, literals);
-        found = impl.run_own(tx, [&] { return batched->send(statements); });
+        found = impl.run_own(tx, [&] {
+          // The statements' Prepares, on a connection's first use, are bounded with the send;
+          // so is the record's, which record() then sends with COMMIT (no round trip of its own,
+          // and no watch of its own on every call).
+          impl.prepare(tx, kRecord);
+          return batched->send(impl.text(tx, kLockKey, literals) + "; " +
+                               impl.text(tx, kLookup, literals));
+        });
       } else {
         impl.exec(tx, kLockKey, ns, k);
         found = impl.exec(tx, kLookup, ns, k);
