@@ -46,6 +46,27 @@ test::RedisServer* replica_of(const test::ClusterGroup& cluster, const test::Red
   return nullptr;
 }
 
+// Regression: the harness read a node's own line as the first line holding its ID, which is its
+// replica's line when CLUSTER NODES happens to list that first (its order is a hash table's), so
+// owner_of() found no owner for a slot right after a claim there had succeeded.
+TEST(ClusterHarness, TheOwnerIsReadFromTheMyselfLineNotAReplicaLineNamingIt) {
+  const std::string master_id = "07c37dfeb235213a872192d90877d0cd55635b91";
+  const std::string nodes =
+      "e7d1eecce10fd6bb5eb35b9f99a514335d9ba9ca 127.0.0.1:30004@40004 slave " + master_id +
+      " 0 1426238317239 4 connected\n" + master_id +
+      " 127.0.0.1:30001@40001 myself,master - 0 0 1 connected 0-5460\n"
+      "67ed2db8d677e59ec4a4cefb06858cf2a1a89fa1 127.0.0.1:30002@40002 master - 0 1426238316232 2 "
+      "connected 5461-10922\n";
+  EXPECT_TRUE(test::serves_as_master(nodes, 0));
+  EXPECT_TRUE(test::serves_as_master(nodes, 5460));
+  EXPECT_FALSE(test::serves_as_master(nodes, 5461));  // another master's slot
+  const std::string replica =
+      "e7d1eecce10fd6bb5eb35b9f99a514335d9ba9ca 127.0.0.1:30004@40004 myself,slave " + master_id +
+      " 0 0 4 connected\n" + master_id +
+      " 127.0.0.1:30001@40001 master - 0 1426238317239 1 connected 0-5460\n";
+  EXPECT_FALSE(test::serves_as_master(replica, 0));  // a replica serves none as master
+}
+
 TEST(RedisClusterFailover, AKilledMasterFailsOverToItsReplicaAndOnlyItsBreakerOpens) {
   test::ClusterGroup cluster(3, 1, milliseconds(3000));
   RedisGuardOptions options;

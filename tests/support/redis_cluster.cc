@@ -66,15 +66,22 @@ bool ClusterGroup::all_ok() const {
   return true;
 }
 
+bool serves_as_master(const std::string& cluster_nodes, int slot) {
+  // The node's own line is the one flagged "myself". Not the first line holding its ID: a
+  // replica's line names its master's ID too, and CLUSTER NODES lists lines in no set order.
+  const auto mark = cluster_nodes.find(" myself,");
+  if (mark == std::string::npos) return false;
+  const auto newline = cluster_nodes.rfind('\n', mark);
+  const auto start = newline == std::string::npos ? 0 : newline + 1;
+  const std::string line = cluster_nodes.substr(start, cluster_nodes.find('\n', mark) - start);
+  return line.find(" myself,master") != std::string::npos && line_serves(line, slot);
+}
+
 RedisServer* ClusterGroup::owner_of(int slot) const {
   for (const auto& node : nodes_) {
-    if (!node->running()) continue;
-    const std::string id = node->cli({"CLUSTER", "MYID"});
-    const std::string nodes = node->cli({"CLUSTER", "NODES"});
-    const auto start = nodes.find(id);
-    if (start == std::string::npos) continue;
-    const std::string line = nodes.substr(start, nodes.find('\n', start) - start);
-    if (line.find("master") != std::string::npos && line_serves(line, slot)) return node.get();
+    if (node->running() && serves_as_master(node->cli({"CLUSTER", "NODES"}), slot)) {
+      return node.get();
+    }
   }
   return nullptr;
 }

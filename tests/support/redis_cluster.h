@@ -12,6 +12,10 @@
 
 namespace idem::test {
 
+/// Whether the node that printed `cluster_nodes` (its CLUSTER NODES reply) serves `slot` as
+/// master, read from its own line (flagged "myself").
+[[nodiscard]] bool serves_as_master(const std::string& cluster_nodes, int slot);
+
 class ClusterGroup {
  public:
   /// Starts the nodes, creates the cluster and waits (bounded) until every node reports
