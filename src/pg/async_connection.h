@@ -70,6 +70,17 @@ struct PgAsyncSettings {
 /// Parameters of a statement: text format, nullopt is SQL NULL.
 using PgParams = std::vector<std::optional<std::string>>;
 
+/// PgParams of `values` (std::string, std::string_view, std::optional<std::string> or
+/// std::nullopt), each moved or copied in once: a braced list would copy every string twice
+/// (an initializer_list's elements are const).
+template <typename... Values>
+[[nodiscard]] PgParams pg_params(Values&&... values) {
+  PgParams params;
+  params.reserve(sizeof...(Values));
+  (params.emplace_back(std::forward<Values>(values)), ...);
+  return params;
+}
+
 /// What a statement runs: SQL text (implicitly, from a string: sent unnamed, parsed and planned
 /// by the server each time), or one of the connection settings' `prepared` texts by its index
 /// (no text copied per call; sent by name).

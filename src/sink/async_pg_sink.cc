@@ -241,29 +241,25 @@ asio::awaitable<SinkClaim> AsyncPgSink::claim(std::string_view key, std::string_
                                               std::string_view fingerprint,
                                               std::string_view owner_token) {
   validate_sink_claim(key, request_id, owner_token);
-  const std::string k(key);
-  const std::string owner(owner_token.empty() ? request_id : owner_token);
+  const std::string_view owner = owner_token.empty() ? request_id : owner_token;
   for (int attempt = 0; attempt < kClaimAttempts; ++attempt) {
     PgResultPtr inserted;
     try {
-      PgParams insert{options_.ns,
-                      k,
-                      std::string(request_id),
-                      std::string(fingerprint),
-                      ms_text(options_.lease),
-                      owner};
+      // Named, as every PgParams here: GCC 12 cannot keep a temporary across a co_await.
+      PgParams insert =
+          pg_params(options_.ns, key, request_id, fingerprint, ms_text(options_.lease), owner);
       inserted = co_await exec(Prepared::kClaim, std::move(insert), true);
     } catch (const PostgresError& error) {
       if (error.sqlstate() != kLockNotAvailable) throw;
       co_return held_elsewhere();
     }
     if (PQntuples(inserted.get()) > 0) co_return SinkClaim{};
-    PgParams lookup{options_.ns, k};
+    PgParams lookup = pg_params(options_.ns, key);
     const PgResultPtr found = co_await exec(Prepared::kLookup, std::move(lookup), true);
     const PGresult* row = found.get();
     if (PQntuples(row) == 0) continue;                     // released or purged since the insert
     if (std::string_view(PQgetvalue(row, 0, 5)) == "t") {  // expired: take the key over
-      PgParams take_over{options_.ns, k};
+      PgParams take_over = pg_params(options_.ns, key);
       (void)co_await exec(Prepared::kTakeOver, std::move(take_over), true);
       continue;
     }
@@ -284,26 +280,24 @@ asio::awaitable<bool> AsyncPgSink::complete(std::string_view key, std::string_vi
           ? retention
           : std::chrono::duration_cast<std::chrono::milliseconds>(options_.retention);
   const bool capped = response.size() > options_.max_response_bytes;
-  PgParams params{options_.ns,
-                  std::string(key),
-                  capped ? std::nullopt : std::optional<std::string>(bytea_literal(response)),
-                  capped ? std::optional<std::string>(sha256_hex(response)) : std::nullopt,
-                  ms_text(keep),
-                  std::string(owner)};
+  PgParams params = pg_params(
+      options_.ns, key,
+      capped ? std::nullopt : std::optional<std::string>(bytea_literal(response)),
+      capped ? std::optional<std::string>(sha256_hex(response)) : std::nullopt, ms_text(keep),
+      owner);
   const PgResultPtr updated = co_await exec(Prepared::kComplete, std::move(params), false);
   co_return std::string_view(PQcmdTuples(updated.get())) == "1";
 }
 
 asio::awaitable<bool> AsyncPgSink::release(std::string_view key, std::string_view owner) {
-  PgParams params{options_.ns, std::string(key), std::string(owner)};
+  PgParams params = pg_params(options_.ns, key, owner);
   const PgResultPtr deleted = co_await exec(Prepared::kRelease, std::move(params), false);
   co_return std::string_view(PQcmdTuples(deleted.get())) == "1";
 }
 
 asio::awaitable<bool> AsyncPgSink::renew(std::string_view key, std::string_view owner,
                                          std::chrono::milliseconds lease) {
-  PgParams params{options_.ns, std::string(key), std::string(owner),
-                  ms_text(sink_lease(options_, lease))};
+  PgParams params = pg_params(options_.ns, key, owner, ms_text(sink_lease(options_, lease)));
   const PgResultPtr updated = co_await exec(Prepared::kRenew, std::move(params), false);
   co_return std::string_view(PQcmdTuples(updated.get())) == "1";
 }
@@ -350,12 +344,11 @@ asio::awaitable<SinkClaim> AsyncPgTransaction::claim(std::string_view key,
   validate_sink_claim(key, request_id);
   check_session();
   const PgSinkOptions& o = sink_.options_;
-  const std::string k(key);
   Batch batch;
   if (pending_begin_) batch.emplace_back(std::string("BEGIN"), PgParams{});
   const std::size_t lock = batch.size();
-  batch.emplace_back(prepared(Prepared::kLock), PgParams{o.ns, k});
-  batch.emplace_back(prepared(Prepared::kLookup), PgParams{o.ns, k});
+  batch.emplace_back(prepared(Prepared::kLock), pg_params(o.ns, key));
+  batch.emplace_back(prepared(Prepared::kLookup), pg_params(o.ns, key));
   pending_begin_ = false;
   BatchEnds ends = co_await exec_batch(connection_, std::move(batch), asio::use_awaitable);
   if (lock > 0) rethrow_end(ends, 0);  // BEGIN
@@ -369,7 +362,7 @@ asio::awaitable<SinkClaim> AsyncPgTransaction::claim(std::string_view key,
   const PGresult* row = ends[lock + 1].second.get();
   if (PQntuples(row) == 0) co_return SinkClaim{};
   if (std::string_view(PQgetvalue(row, 0, 5)) == "t") {  // expired: ours (we hold its lock)
-    PgParams take_over{o.ns, k};  // named: GCC 12 cannot keep an initializer list across co_await
+    PgParams take_over = pg_params(o.ns, key);
     (void)co_await connection_->exec(prepared(Prepared::kTakeOver), std::move(take_over),
                                      asio::use_awaitable);
     co_return SinkClaim{};
@@ -407,10 +400,10 @@ void AsyncPgTransaction::record(std::string_view key, std::string_view request_i
   const bool capped = response.size() > o.max_response_bytes;
   staged_.emplace_back(
       prepared(Prepared::kRecord),
-      PgParams{o.ns, std::string(key), std::string(request_id), std::string(fingerprint),
-               capped ? std::nullopt : std::optional<std::string>(bytea_literal(response)),
-               capped ? std::optional<std::string>(sha256_hex(response)) : std::nullopt,
-               ms_text(keep)});
+      pg_params(o.ns, key, request_id, fingerprint,
+                capped ? std::nullopt : std::optional<std::string>(bytea_literal(response)),
+                capped ? std::optional<std::string>(sha256_hex(response)) : std::nullopt,
+                ms_text(keep)));
 }
 
 asio::awaitable<void> AsyncPgTransaction::commit() {
