@@ -39,7 +39,7 @@ std::optional<SlotRange> slot_range(const redisReply& entry) {
 
 }  // namespace
 
-const std::string AsyncClient::kAsking = format_command(std::array<std::string_view, 1>{"ASKING"});
+const RespCommand AsyncClient::kAsking(std::array<std::string_view, 1>{"ASKING"});
 
 std::shared_ptr<AsyncClient> AsyncClient::create(asio::any_io_executor executor,
                                                  AsyncClientSettings settings) {
@@ -116,7 +116,7 @@ void AsyncClient::close() {
 
 AsyncClient::Step AsyncClient::next_step(CallOp& op, const redisReply& reply) {
   if (reply.type != REDIS_REPLY_ERROR) return Step::kDone;
-  if (!op.script_load.empty() && !op.reloaded && reply_error_is(reply, "NOSCRIPT")) {
+  if (op.script && !op.reloaded && reply_error_is(reply, "NOSCRIPT")) {
     op.reloaded = true;    // once: a second NOSCRIPT is the caller's error to see
     return Step::kResend;  // to the same node, with ASKING again after an ASK
   }

@@ -49,13 +49,13 @@ class AsyncClient : public std::enable_shared_from_this<AsyncClient> {
   /// Completes with ReplySignature; error replies other than MOVED/ASK are the reply.
   template <typename Token>
   auto exec(std::string_view key, std::span<const std::string_view> args, Token&& token) {
-    return start(key_slot(key), format_command(args), {}, std::forward<Token>(token));
+    return start(key_slot(key), RespCommand(args), std::nullopt, std::forward<Token>(token));
   }
 
   /// A command about no key (the single node, or the cluster's seed node).
   template <typename Token>
   auto exec(std::span<const std::string_view> args, Token&& token) {
-    return start(-1, format_command(args), {}, std::forward<Token>(token));
+    return start(-1, RespCommand(args), std::nullopt, std::forward<Token>(token));
   }
 
   /// `EVALSHA sha1 numkeys keys... args...`, routed by the first key; on NOSCRIPT the script is
@@ -69,8 +69,7 @@ class AsyncClient : public std::enable_shared_from_this<AsyncClient> {
     argv.insert(argv.end(), {"EVALSHA", script.sha1, numkeys});
     argv.insert(argv.end(), keys.begin(), keys.end());
     argv.insert(argv.end(), args.begin(), args.end());
-    return start(keys.empty() ? -1 : key_slot(keys.front()), format_command(argv),
-                 format_command(std::array<std::string_view, 3>{"SCRIPT", "LOAD", script.body}),
+    return start(keys.empty() ? -1 : key_slot(keys.front()), RespCommand(argv), script,
                  std::forward<Token>(token));
   }
 
@@ -91,8 +90,8 @@ class AsyncClient : public std::enable_shared_from_this<AsyncClient> {
   struct CallOp {
     std::shared_ptr<AsyncClient> client;
     int slot;
-    std::string command;
-    std::string script_load;  // empty unless EVALSHA
+    RespCommand command;
+    std::optional<LuaScript> script;  // EVALSHA's, loaded after a NOSCRIPT
     std::shared_ptr<AsyncConnection> target{};
     bool ask = false;
     bool reloaded = false;
@@ -118,29 +117,33 @@ class AsyncClient : public std::enable_shared_from_this<AsyncClient> {
     }
     template <typename Self>
     void send(Self& self) {
+      const std::chrono::milliseconds timeout = client->settings_.connection.command_timeout;
+      if (!ask && !reloaded) {
+        // The usual case: the command's own bytes, which a move of this op leaves in place.
+        return target->send(command.bytes(), 1, timeout, std::move(self));
+      }
       std::string bytes;
       int count = 1;
-      if (ask) bytes = kAsking, ++count;
-      if (reloaded && !script_load.empty()) {
-        bytes += script_load;
+      if (ask) bytes = kAsking.bytes(), ++count;
+      if (reloaded) {
+        bytes += RespCommand(std::array<std::string_view, 3>{"SCRIPT", "LOAD", script->body})
+                     .bytes();
         ++count;
-        if (ask) bytes += kAsking, ++count;
+        if (ask) bytes += kAsking.bytes(), ++count;
       }
-      bytes += command;
-      target->send(std::move(bytes), count, client->settings_.connection.command_timeout,
-                   std::move(self));
+      bytes += command.bytes();
+      target->send(bytes, count, timeout, std::move(self));
     }
   };
   enum class Step { kDone, kResend, kFail };
-  static const std::string kAsking;
+  static const RespCommand kAsking;
 
   AsyncClient(asio::any_io_executor executor, AsyncClientSettings settings);
 
   template <typename Token>
-  auto start(int slot, std::string command, std::string script_load, Token&& token) {
+  auto start(int slot, RespCommand command, std::optional<LuaScript> script, Token&& token) {
     return asio::async_compose<Token, ReplySignature>(
-        CallOp{shared_from_this(), slot, std::move(command), std::move(script_load)}, token,
-        executor_);
+        CallOp{shared_from_this(), slot, std::move(command), script}, token, executor_);
   }
   // What to do after `reply` to `op`'s last send; updates op (target, ask, reloaded).
   Step next_step(CallOp& op, const redisReply& reply);

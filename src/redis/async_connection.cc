@@ -19,7 +19,7 @@
 
 namespace idem::detail {
 
-std::string format_command(std::span<const std::string_view> args) {
+RespCommand::RespCommand(std::span<const std::string_view> args) {
   // Claims have at most 7 arguments: no heap for the argv arrays then.
   constexpr std::size_t kInline = 16;
   std::array<const char*, kInline> inline_pointers{};
@@ -41,10 +41,11 @@ std::string format_command(std::span<const std::string_view> args) {
   char* raw = nullptr;
   const int size = redisFormatCommandArgv(&raw, static_cast<int>(args.size()), pointers, sizes);
   if (size < 0 || raw == nullptr) throw RedisError("idem: redis: cannot format a command", false);
-  std::string bytes(raw, static_cast<std::size_t>(size));
-  redisFreeCommand(raw);
-  return bytes;
+  data_.reset(raw);
+  size_ = static_cast<std::size_t>(size);
 }
+
+void RespCommand::Free::operator()(char* raw) const noexcept { redisFreeCommand(raw); }
 
 struct AsyncConnection::Link {
   using Tcp = asio::ip::tcp::socket;
@@ -124,7 +125,7 @@ void AsyncConnection::on_cancel(Op& op) {
                          Cancelled("idem: redis command cancelled (the server may still run it)")));
 }
 
-void AsyncConnection::enqueue(std::unique_ptr<Op> op, std::string bytes, int replies,
+void AsyncConnection::enqueue(std::unique_ptr<Op> op, std::string_view bytes, int replies,
                               std::chrono::milliseconds timeout) {
   Pending& entry = pending_.emplace_back();
   entry.replies_left = replies;
@@ -329,18 +330,16 @@ void AsyncConnection::on_connected(const std::shared_ptr<Link>& link) {
   // AUTH, then SELECT, go first: ahead of the commands queued while connecting.
   const RedisEndpoint& endpoint = settings_.endpoint;
   const std::string db = std::to_string(endpoint.db);
-  std::vector<std::string> steps;
+  std::vector<RespCommand> steps;
   if (!endpoint.password.empty() && endpoint.user.empty()) {
-    steps.push_back(format_command(std::array<std::string_view, 2>{"AUTH", endpoint.password}));
+    steps.emplace_back(std::array<std::string_view, 2>{"AUTH", endpoint.password});
   } else if (!endpoint.password.empty()) {
-    steps.push_back(
-        format_command(std::array<std::string_view, 3>{"AUTH", endpoint.user, endpoint.password}));
+    steps.emplace_back(std::array<std::string_view, 3>{"AUTH", endpoint.user, endpoint.password});
   }
-  if (endpoint.db != 0)
-    steps.push_back(format_command(std::array<std::string_view, 2>{"SELECT", db}));
-  if (settings_.require_master) steps.push_back(format_command(kRoleCommand));
+  if (endpoint.db != 0) steps.emplace_back(std::array<std::string_view, 2>{"SELECT", db});
+  if (settings_.require_master) steps.emplace_back(kRoleCommand);
   std::string handshake;
-  for (const std::string& command : steps) handshake += command;
+  for (const RespCommand& command : steps) handshake += command.bytes();
   for (std::size_t i = 0; i < steps.size(); ++i) {
     Pending& entry = pending_.emplace_front();
     entry.handshake = true;

@@ -54,8 +54,22 @@ class context;
 
 namespace idem::detail {
 
-/// `args` as one RESP command (redisFormatCommandArgv). Binary-safe.
-[[nodiscard]] std::string format_command(std::span<const std::string_view> args);
+/// One RESP command, formatted by hiredis (redisFormatCommandArgv). Binary-safe. Move-only; its
+/// bytes stay where they are when it is moved (they are hiredis's own buffer), so a view of them
+/// outlives a move of the command.
+class RespCommand {
+ public:
+  /// Throws idem::RedisError (not retryable) when hiredis cannot format `args`.
+  explicit RespCommand(std::span<const std::string_view> args);
+  [[nodiscard]] std::string_view bytes() const noexcept { return {data_.get(), size_}; }
+
+ private:
+  struct Free {
+    void operator()(char* raw) const noexcept;
+  };
+  std::unique_ptr<char, Free> data_;
+  std::size_t size_ = 0;
+};
 
 /// Where an AsyncConnection connects when the address is found at run time (Redis Sentinel).
 /// Used on the connection's executor only.
@@ -111,25 +125,33 @@ class AsyncConnection : public std::enable_shared_from_this<AsyncConnection> {
   [[nodiscard]] executor_type get_executor() const noexcept { return executor_; }
   [[nodiscard]] const AsyncConnectionSettings& settings() const noexcept { return settings_; }
 
-  /// Sends one command; completes with ReplySignature. `args` are copied before this returns
-  /// (for a deferred token such as use_awaitable, when the operation starts).
+  /// Sends one command; completes with ReplySignature. `args` are formatted before this
+  /// returns, and the views in `args` need not outlive it.
   template <typename Token>
   auto exec(std::span<const std::string_view> args, Token&& token) {
-    return send(format_command(args), 1, settings_.command_timeout, std::forward<Token>(token));
+    return asio::async_initiate<Token, ReplySignature>(
+        [self = shared_from_this()](auto handler, const RespCommand& command) {
+          self->enqueue(make_pending_op<ReplyPtr>(std::move(handler), self->executor_, &on_cancel),
+                        command.bytes(), 1, self->settings_.command_timeout);
+        },
+        token, RespCommand(args));
   }
 
-  /// Sends `commands`: `count` already formatted commands (format_command) in one piece, so
-  /// nothing comes between them (ASKING + command, SCRIPT LOAD + EVALSHA). Completes with the
-  /// first error reply among them, else the last reply. `timeout` > 0.
+  /// Sends `commands`: `count` formatted commands (RespCommand::bytes) in one piece, so nothing
+  /// comes between them (ASKING + command, SCRIPT LOAD + EVALSHA). Completes with the first error
+  /// reply among them, else the last reply. `timeout` > 0. The bytes are copied into the write
+  /// buffer when the operation starts: for a deferred token such as use_awaitable, when it is
+  /// awaited, so they must live until then.
   template <typename Token>
-  auto send(std::string commands, int count, std::chrono::milliseconds timeout, Token&& token) {
+  auto send(std::string_view commands, int count, std::chrono::milliseconds timeout,
+            Token&& token) {
     return asio::async_initiate<Token, ReplySignature>(
-        [self = shared_from_this()](auto handler, std::string bytes, int replies,
+        [self = shared_from_this()](auto handler, std::string_view bytes, int replies,
                                     std::chrono::milliseconds limit) {
           self->enqueue(make_pending_op<ReplyPtr>(std::move(handler), self->executor_, &on_cancel),
-                        std::move(bytes), replies, limit);
+                        bytes, replies, limit);
         },
-        token, std::move(commands), count, timeout);
+        token, commands, count, timeout);
   }
 
   /// Closes the connection; pending commands fail with a retryable idem::RedisError. A later
@@ -168,7 +190,7 @@ class AsyncConnection : public std::enable_shared_from_this<AsyncConnection> {
   // with idem::Cancelled.
   static void on_cancel(Op& op);
 
-  void enqueue(std::unique_ptr<Op> op, std::string bytes, int replies,
+  void enqueue(std::unique_ptr<Op> op, std::string_view bytes, int replies,
                std::chrono::milliseconds timeout);
   void schedule_write();
   void start_write();

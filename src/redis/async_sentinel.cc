@@ -55,7 +55,8 @@ asio::awaitable<ReplyPtr> ask_once(AsyncConnectionSettings settings, const HostP
     AsyncConnection& connection;
     ~Closer() { connection.close(); }  // its read would keep io_context::run() going
   } closer{*connection};
-  co_return co_await connection->send(format_command(args), 1, bound, asio::use_awaitable);
+  const RespCommand command(args);
+  co_return co_await connection->send(command.bytes(), 1, bound, asio::use_awaitable);
 }
 
 }  // namespace

@@ -96,7 +96,7 @@ TlsTransport::~TlsTransport() = default;
 void TlsTransport::check(const RedisEndpoint& endpoint) { (void)make_tls_context(endpoint); }
 
 void TlsTransport::append(std::span<const std::string_view> args) {
-  impl_->out += format_command(args);
+  impl_->out += RespCommand(args).bytes();
 }
 
 ReplyPtr TlsTransport::read_reply() {
