@@ -110,43 +110,49 @@ std::exception_ptr as_cancellation(std::exception_ptr error) {
 // The guard and the sink as the driver calls them: the async Redis and PostgreSQL backends, or
 // in-memory ones (they never wait on I/O) called on the loop.
 struct LoopBackends {
+  template <typename T>
+  static asio::awaitable<T> ready(T value) {
+    co_return value;
+  }
+
   std::unique_ptr<AsyncRedisGuard> redis;
   std::shared_ptr<Guard> guard;  // in memory, when redis is null
   std::unique_ptr<AsyncPgSink> pg;
   std::shared_ptr<Sink> sink;  // in memory, when pg is null
 
+  // Each returns the async backend's own operation (no coroutine frame of its own), or the
+  // in-memory backend's answer, got now, as an awaitable. Either throws only when awaited or
+  // called, which attempt() and renew() both catch.
   asio::awaitable<ClaimResult> claim(const Step& s) {
-    if (redis) co_return co_await redis->claim(s.key, s.request_id, s.fingerprint);
-    co_return guard->claim(s.key, s.request_id, s.fingerprint);
+    return redis ? redis->claim(s.key, s.request_id, s.fingerprint)
+                 : ready(guard->claim(s.key, s.request_id, s.fingerprint));
   }
   asio::awaitable<bool> complete(const Step& s) {
-    if (redis) co_return co_await redis->complete(s.key, s.owner_token, s.value, s.ttl);
-    co_return guard->complete(s.key, s.owner_token, s.value, s.ttl);
+    return redis ? redis->complete(s.key, s.owner_token, s.value, s.ttl)
+                 : ready(guard->complete(s.key, s.owner_token, s.value, s.ttl));
   }
   asio::awaitable<bool> release(const Step& s) {
-    if (redis) co_return co_await redis->release(s.key, s.owner_token);
-    co_return guard->release(s.key, s.owner_token);
+    return redis ? redis->release(s.key, s.owner_token)
+                 : ready(guard->release(s.key, s.owner_token));
   }
   asio::awaitable<bool> renew(std::string_view key, std::string_view token,
                               std::chrono::milliseconds lease) {
-    if (redis) co_return co_await redis->renew(key, token, lease);
-    co_return guard->renew(key, token, lease);
+    return redis ? redis->renew(key, token, lease) : ready(guard->renew(key, token, lease));
   }
   asio::awaitable<SinkClaim> sink_claim(const Step& s) {
-    if (pg) co_return co_await pg->claim(s.key, s.request_id, s.fingerprint, s.owner_token);
-    co_return sink->claim(s.key, s.request_id, s.fingerprint, s.owner_token);
+    return pg ? pg->claim(s.key, s.request_id, s.fingerprint, s.owner_token)
+              : ready(sink->claim(s.key, s.request_id, s.fingerprint, s.owner_token));
   }
   asio::awaitable<bool> sink_complete(const Step& s) {
-    if (pg) co_return co_await pg->complete(s.key, s.owner_token, s.value, s.ttl);
-    co_return sink->complete(s.key, s.owner_token, s.value, s.ttl);
+    return pg ? pg->complete(s.key, s.owner_token, s.value, s.ttl)
+              : ready(sink->complete(s.key, s.owner_token, s.value, s.ttl));
   }
   asio::awaitable<bool> sink_release(const Step& s) {
-    if (pg) co_return co_await pg->release(s.key, s.owner_token);
-    co_return sink->release(s.key, s.owner_token);
+    return pg ? pg->release(s.key, s.owner_token) : ready(sink->release(s.key, s.owner_token));
   }
   asio::awaitable<bool> sink_renew(std::string_view key, std::string_view owner) {
-    if (pg) co_return co_await pg->renew(key, owner, std::chrono::milliseconds(0));
-    co_return sink->renew(key, owner, std::chrono::milliseconds(0));
+    return pg ? pg->renew(key, owner, std::chrono::milliseconds(0))
+              : ready(sink->renew(key, owner, std::chrono::milliseconds(0)));
   }
   void close() {
     if (redis) redis->close();

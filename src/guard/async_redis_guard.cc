@@ -86,9 +86,9 @@ asio::awaitable<ReplyPtr> AsyncRedisGuard::eval(const GuardScript& script, std::
                                                 bool cancellable) {
   const LuaScript lua{script.body, script.sha};
   const std::array<std::string_view, 1> keys{key};
-  ReplyPtr reply = co_await guarded([&]() -> asio::awaitable<ReplyPtr> {
-    if (cancellable) co_return co_await client_->evalsha(lua, keys, args, asio::use_awaitable);
-    co_return co_await client_->evalsha(lua, keys, args, shielded());
+  ReplyPtr reply = co_await guarded([&] {
+    return cancellable ? client_->evalsha(lua, keys, args, asio::use_awaitable)
+                       : client_->evalsha(lua, keys, args, shielded());
   });
   co_return checked(std::move(reply), "EVALSHA");
 }
@@ -114,9 +114,7 @@ asio::awaitable<ClaimResult> AsyncRedisGuard::claim(std::string_view key,
     ReplyPtr reply;
     if (protocol_.claim_method() == ClaimMethod::kSetNxGet) {
       const auto args = protocol_.set_nx_get(redis_key, record);
-      reply = co_await guarded([&]() -> asio::awaitable<ReplyPtr> {
-        co_return co_await client_->exec(redis_key, args, asio::use_awaitable);
-      });
+      reply = co_await guarded([&] { return client_->exec(redis_key, args, asio::use_awaitable); });
     } else {
       const std::array<std::string_view, 2> args{record, protocol_.lease_ms()};
       reply = co_await eval(scripts_.claim, redis_key, args, true);
