@@ -4,7 +4,7 @@
 // same loop, its effect (the balance update and a refund row) through `co_await tx.exec(...)` in
 // the call's own transaction with idem's claim row. One thread; no request holds it while it
 // waits on Redis, PostgreSQL, or the slow payment gateway (--handler-delay-ms, a timer). What a
-// refund does hold is one of 32 PostgreSQL connections, for its transaction.
+// refund does hold is one of --pg-connections (32) PostgreSQL connections, for its transaction.
 //
 // The same endpoint, rules and answers as the blocking example (http_webhook/refund.h):
 //   POST /refunds   Idempotency-Key: "<key>"   [X-Client-Id: <client>]
@@ -16,7 +16,8 @@
 //   another payload; 503 a backend is unavailable, nothing was executed (Retry-After: 1).
 //
 //   idem-async-webhook [--port 8080] [--host 127.0.0.1] [--redis-url URL] [--pg-url URL]
-//                      [--schema idem_webhook] [--ns webhook] [--handler-delay-ms 0]
+//                      [--schema idem_webhook] [--ns webhook] [--pg-connections 32]
+//                      [--handler-delay-ms 0]
 // URLs default to IDEM_TEST_REDIS_URL / IDEM_TEST_PG_URL (`source .services/env`).
 // --port 0 picks a free port; the server prints `listening on http://HOST:PORT`.
 #include <asio/co_spawn.hpp>
@@ -68,9 +69,7 @@ std::unique_ptr<idem::AsyncDeduplicator> make_deduplicator(
 
   idem::AsyncDeduplicatorOptions options;
   options.redis = guard;
-  options.postgres = sink;
-  // A refund holds one connection for its transaction, gateway wait included: 32 refunds at once.
-  options.postgres->pool_size = 32;
+  options.postgres = sink;  // --pg-connections: refunds in their transactions at once
   options.deadline = guard.lease;
   options.base.metrics = std::move(metrics);
   options.base.on_decision = webhook::print_decision;

@@ -18,6 +18,9 @@ struct ServiceFlags {
   std::string pg_url{};     ///< --pg-url; else $IDEM_TEST_PG_URL
   std::string schema;  ///< --schema: PostgreSQL schema of the example's tables and idem's records
   std::string ns;      ///< --ns: idem namespace (RedisGuardOptions::ns, PgSinkOptions::ns)
+  /// --pg-connections: idem's PostgreSQL connections at most (PgSinkOptions::pool_size, opened
+  /// as needed); an open transaction holds one.
+  std::size_t pg_connections = 8;
 };
 
 /// Adds --redis-url to `app`: required; from IDEM_TEST_REDIS_URL (which `scripts/dev services
@@ -34,15 +37,6 @@ inline CLI::Option* add_pg_url(CLI::App& app, std::string& url) {
       .add_option("--pg-url", url, "PostgreSQL connection string, postgresql://user@host:port/db")
       ->envname("IDEM_TEST_PG_URL")
       ->required();
-}
-
-/// Adds --redis-url, --pg-url, --schema and --ns to `app`, bound to `flags`.
-inline void add_service_flags(CLI::App& app, ServiceFlags& flags) {
-  add_redis_url(app, flags.redis_url);
-  add_pg_url(app, flags.pg_url);
-  app.add_option("--schema", flags.schema, "PostgreSQL schema of the tables and idem's records")
-      ->capture_default_str();
-  app.add_option("--ns", flags.ns, "idem namespace of the keys and records")->capture_default_str();
 }
 
 /// Adds --port to `app`: 0..65535, 0 picks a free port (the server prints it).
@@ -74,6 +68,17 @@ template <class T>
 CLI::Option* add_positive_option(CLI::App& app, const std::string& flag, T& value,
                                  const std::string& help) {
   return app.add_option(flag, value, help)->check(kPositiveInteger)->capture_default_str();
+}
+
+/// Adds --redis-url, --pg-url, --schema, --ns and --pg-connections to `app`, bound to `flags`.
+inline void add_service_flags(CLI::App& app, ServiceFlags& flags) {
+  add_redis_url(app, flags.redis_url);
+  add_pg_url(app, flags.pg_url);
+  app.add_option("--schema", flags.schema, "PostgreSQL schema of the tables and idem's records")
+      ->capture_default_str();
+  app.add_option("--ns", flags.ns, "idem namespace of the keys and records")->capture_default_str();
+  add_positive_option(app, "--pg-connections", flags.pg_connections,
+                      "idem's PostgreSQL connections at most (an open transaction holds one)");
 }
 
 /// Parses the command line into the options of `app`. `--help` prints the help and exits 0; a

@@ -33,6 +33,7 @@ inline idem::PgSinkOptions sink_options(const ServiceFlags& service,
   sink.schema = service.schema;
   sink.ns = service.ns;
   sink.retention = retention;
+  sink.pool_size = service.pg_connections;
   return sink;
 }
 

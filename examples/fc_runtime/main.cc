@@ -21,7 +21,7 @@
 // runs it again.
 //
 //   idem-fc-runtime [--host 0.0.0.0] [--port $FC_SERVER_PORT|9000] [--redis-url URL] [--pg-url URL]
-//                   [--schema idem_fc] [--ns fc]
+//                   [--schema idem_fc] [--ns fc] [--pg-connections 8]
 // URLs default to IDEM_TEST_REDIS_URL / IDEM_TEST_PG_URL. --port 0 picks a free port; the server
 // prints `listening on http://HOST:PORT`.
 #include <httplib.h>

@@ -16,7 +16,8 @@
 //   503  a backend is unavailable; nothing was executed (Retry-After: 1)
 //
 //   idem-http-webhook [--port 8080] [--host 127.0.0.1] [--redis-url URL] [--pg-url URL]
-//                     [--schema idem_webhook] [--ns webhook] [--handler-delay-ms 0]
+//                     [--schema idem_webhook] [--ns webhook] [--pg-connections 32]
+//                     [--handler-delay-ms 0]
 // URLs default to IDEM_TEST_REDIS_URL / IDEM_TEST_PG_URL (`source .services/env`).
 // --port 0 picks a free port; the server prints `listening on http://HOST:PORT`.
 #include <httplib.h>

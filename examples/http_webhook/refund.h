@@ -31,7 +31,8 @@ namespace webhook {
 struct Settings {
   std::string host = "127.0.0.1";
   int port = 8080;
-  examples::ServiceFlags service{.schema = "idem_webhook", .ns = "webhook"};
+  // A refund holds a connection for its transaction, gateway wait included: 32 refunds at once.
+  examples::ServiceFlags service{.schema = "idem_webhook", .ns = "webhook", .pg_connections = 32};
   std::chrono::milliseconds handler_delay{0};  // simulates a slow payment gateway
 };
 

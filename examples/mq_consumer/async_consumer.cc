@@ -145,9 +145,8 @@ class AsyncConsumer {
     idem::PgSink(sink_options(s_)).migrate();  // the async sink does not create its table
     idem::AsyncDeduplicatorOptions options;
     options.redis = guard_options(s_);
-    options.postgres = sink_options(s_);
-    options.postgres->pool_size = 16;  // open transactions; more calls wait on the loop for one
-    options.deadline = s_.lease;       // an entry that takes longer is left for redelivery
+    options.postgres = sink_options(s_);  // --pg-connections: transactions open at once
+    options.deadline = s_.lease;          // an entry that takes longer is left for redelivery
     // A repeat of an entry still in flight here (a producer's retry in the same batch) waits on
     // the loop for the first one's result and is XACKed as a duplicate, instead of waiting
     // --claim-idle-ms for XAUTOCLAIM. A repeat of a crashed consumer's entry still answers

@@ -14,7 +14,8 @@
 //   ended), unavailable, backend error                      → no XACK: redelivered by XAUTOCLAIM
 //
 // Common flags: --redis-url URL (redis://[:password@]host:port[/db]) --pg-url URL --stream S
-//   --group G --schema S --ns NS. URLs default to IDEM_TEST_REDIS_URL / IDEM_TEST_PG_URL.
+//   --group G --schema S --ns NS --pg-connections 16 (idem's PostgreSQL connections at most).
+//   URLs default to IDEM_TEST_REDIS_URL / IDEM_TEST_PG_URL.
 // consume: --consumer NAME --batch 64 --block-ms 500 --claim-idle-ms 5000 --lease-ms 30000
 //   --exit-when-idle-ms 0 (0: run until SIGINT/SIGTERM; else exit once nothing was read for that
 //   long and the group has nothing pending) --max-seconds 0 (0: no limit).

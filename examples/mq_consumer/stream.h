@@ -31,7 +31,8 @@ using std::chrono::milliseconds;
 
 struct Settings {
   std::string mode;  // produce or consume
-  examples::ServiceFlags service{.schema = "idem_mq", .ns = "mq"};
+  // --async: transactions open at once; more calls wait on the loop for a connection.
+  examples::ServiceFlags service{.schema = "idem_mq", .ns = "mq", .pg_connections = 16};
   std::string stream = "idem-demo-payments";
   std::string group = "ledger";
   std::string consumer = "c1";
