@@ -126,8 +126,8 @@ class AsyncClient : public std::enable_shared_from_this<AsyncClient> {
       int count = 1;
       if (ask) bytes = kAsking.bytes(), ++count;
       if (reloaded) {
-        bytes += RespCommand(std::array<std::string_view, 3>{"SCRIPT", "LOAD", script->body})
-                     .bytes();
+        bytes +=
+            RespCommand(std::array<std::string_view, 3>{"SCRIPT", "LOAD", script->body}).bytes();
         ++count;
         if (ask) bytes += kAsking.bytes(), ++count;
       }

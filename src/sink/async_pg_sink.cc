@@ -281,8 +281,7 @@ asio::awaitable<bool> AsyncPgSink::complete(std::string_view key, std::string_vi
           : std::chrono::duration_cast<std::chrono::milliseconds>(options_.retention);
   const bool capped = response.size() > options_.max_response_bytes;
   PgParams params = pg_params(
-      options_.ns, key,
-      capped ? std::nullopt : std::optional<std::string>(bytea_literal(response)),
+      options_.ns, key, capped ? std::nullopt : std::optional<std::string>(bytea_literal(response)),
       capped ? std::optional<std::string>(sha256_hex(response)) : std::nullopt, ms_text(keep),
       owner);
   const PgResultPtr updated = co_await exec(Prepared::kComplete, std::move(params), false);
