@@ -4,8 +4,10 @@
 // against idem-async-webhook (RESTinio + AsyncDeduplicator), which must answer alike.
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <limits>
 #include <pqxx/pqxx>
@@ -16,6 +18,7 @@
 #include "examples_child.h"
 #include "redis_server.h"
 #include "test_env.h"
+#include "wait_until.h"
 
 namespace idem::test {
 namespace {
@@ -24,7 +27,9 @@ using std::chrono::milliseconds;
 using std::chrono::seconds;
 
 #ifdef IDEM_WEBHOOK_ASYNC
-#define HttpWebhookTest AsyncHttpWebhookTest  // ctest names the tests by suite: keep them apart
+// ctest names the tests by suite: keep them apart.
+#define HttpWebhookTest AsyncHttpWebhookTest
+#define HttpWebhookPgConnections AsyncHttpWebhookPgConnections
 #endif
 
 constexpr int kHandlerDelayMs = 3000;  // each refund holds its claim this long (a slow gateway)
@@ -294,6 +299,71 @@ TEST_F(HttpWebhookTest, MetricsServePrometheusText) {
   EXPECT_NE(result->body.find("idem_pool_connections_open{layer=\"pg_sink\"} "), std::string::npos);
   EXPECT_NE(result->body.find("idem_pool_waiters{layer=\"redis_guard\"} 0\n"), std::string::npos);
 #endif
+}
+
+// --pg-connections bounds idem's PostgreSQL connections: a server of its own with 2, four refunds
+// at once each holding its transaction for a second. Its connections carry an application_name
+// of their own, so pg_stat_activity shows how many it has open; the four refunds still all book.
+TEST(HttpWebhookPgConnections, AtMostThatManyConnectionsAreOpenAndTheRestWait) {
+  const std::string redis_url = service_setting("IDEM_TEST_REDIS_URL");
+  const std::string pg_url = service_setting("IDEM_TEST_PG_URL");
+  if (redis_url.empty() || pg_url.empty()) GTEST_SKIP() << "needs IDEM_TEST_REDIS_URL and _PG_URL";
+  const std::string schema = unique_name("webhook_pool");
+  // Short: application_name keeps 63 bytes, and the schema's name holds the test's.
+  const std::string app = "idem_pool_" + std::to_string(::getpid());
+  const std::string tagged_url =
+      pg_url + (pg_url.find('?') == std::string::npos ? "?" : "&") + "application_name=" + app;
+  ChildProcess server({IDEM_HTTP_WEBHOOK_BIN, "--port", "0", "--redis-url", redis_url, "--pg-url",
+                       tagged_url, "--schema", schema, "--ns", schema, "--pg-connections", "2",
+                       "--handler-delay-ms", "1000"});
+  const auto line = server.wait_for_line("listening on http://127.0.0.1:", seconds(20));
+  ASSERT_TRUE(line) << server.tail();
+  const int port = std::stoi(line->substr(line->rfind(':') + 1));
+
+  pqxx::connection watcher(pg_url);
+  const auto open_now = [&] {
+    pqxx::nontransaction tx(watcher);
+    return tx
+        .exec_params1("SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", app)[0]
+        .as<int>();
+  };
+  // The start-up's other connections (the tables') are gone, their backends too; the blocking
+  // sink keeps the one its migration used.
+  ASSERT_TRUE(wait_until(seconds(5), [&] { return open_now() <= 1; })) << open_now();
+  std::atomic<bool> done = false;
+  std::vector<int> statuses(4);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 4; ++i) {
+    clients.emplace_back([&, i] {
+      httplib::Client client("127.0.0.1", port);
+      client.set_read_timeout(seconds(10));
+      const std::string order = "op-" + std::to_string(i);
+      const auto result =
+          client.Post("/refunds", {{"Idempotency-Key", "\"pool-" + std::to_string(i) + "\""}},
+                      R"({"order_id":")" + order + R"(","account":)" + std::to_string(20 + i) +
+                          R"(,"amount_cents":100})",
+                      "application/json");
+      statuses[i] = result ? result->status : 0;
+    });
+  }
+  std::thread finisher([&] {
+    for (auto& c : clients) c.join();
+    done = true;
+  });
+  int most = 0;
+  while (!done) {
+    most = std::max(most, open_now());
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+  finisher.join();
+  for (int i = 0; i < 4; ++i)
+    EXPECT_EQ(statuses[i], 200) << "refund " << i << "\n" << server.tail();
+  EXPECT_EQ(most, 2) << "idem's connections open at most, with --pg-connections 2";
+  server.signal(SIGTERM);
+  EXPECT_EQ(server.wait_exit(seconds(10)), 0) << server.tail();
+  pqxx::work tx(watcher);
+  tx.exec0("DROP SCHEMA IF EXISTS " + schema + " CASCADE");
+  tx.commit();
 }
 
 }  // namespace
