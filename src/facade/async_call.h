@@ -47,6 +47,8 @@ class AsyncCall : public std::enable_shared_from_this<AsyncCall> {
   AsyncCall* deadline_prev_ = nullptr;
   AsyncCall* deadline_next_ = nullptr;
   bool in_deadline_queue_ = false;
+  // Its index in the deduplicator's running calls.
+  std::size_t running_at_ = 0;
 
  private:
   // The call's end: an exception, or the outcome (no exception is thrown to carry it).

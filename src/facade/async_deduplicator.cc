@@ -17,7 +17,6 @@
 #include <asio/use_awaitable.hpp>
 #include <bit>
 #include <cstdlib>
-#include <set>
 #include <stdexcept>
 #include <stop_token>
 #include <string>
@@ -273,7 +272,19 @@ struct AsyncDeduplicator::Impl {
   std::optional<LocalCache> cache;
   Uuid7Generator owner_ids;
   bool shut_down = false;
-  std::set<detail::AsyncCall*> calls;  // running, for shutdown()
+  // The running calls, for shutdown(); each knows its place (AsyncCall::running_at_), so adding
+  // and removing one is O(1) and allocates nothing once the vector has grown.
+  std::vector<detail::AsyncCall*> calls;
+  void add_running(detail::AsyncCall& call) {
+    call.running_at_ = calls.size();
+    calls.push_back(&call);
+  }
+  void remove_running(detail::AsyncCall& call) {
+    detail::AsyncCall* last = calls.back();
+    calls[call.running_at_] = last;
+    last->running_at_ = call.running_at_;
+    calls.pop_back();
+  }
 };
 
 namespace detail {
@@ -322,7 +333,7 @@ struct ForwardRequestStop {
 
 void AsyncCall::start() {
   const std::shared_ptr<AsyncCall> self = shared_from_this();
-  dedup_->calls.insert(this);
+  dedup_->add_running(*this);
   if (dedup_->shut_down) interrupt(false);
   if (user_slot_.is_connected()) user_slot_.emplace<ForwardCancellation>(self);
   if (request_.stop.stop_possible()) {
@@ -358,7 +369,7 @@ void AsyncCall::finish(std::exception_ptr error, Outcome outcome) {
   on_request_stop_.reset();
   dedup_->dequeue_deadline(*this);
   if (renew_timer_) renew_timer_->cancel();
-  dedup_->calls.erase(this);
+  dedup_->remove_running(*this);
   std::unique_ptr<AsyncCompletion> completion = std::move(completion_);
   completion->complete(error, std::move(outcome));
 }
@@ -712,7 +723,7 @@ AsyncDeduplicator::executor_type AsyncDeduplicator::get_executor() const noexcep
 void AsyncDeduplicator::shutdown() {
   asio::post(impl_->executor, [impl = impl_] {
     impl->shut_down = true;
-    const std::vector<detail::AsyncCall*> running(impl->calls.begin(), impl->calls.end());
+    const std::vector<detail::AsyncCall*> running = impl->calls;
     for (detail::AsyncCall* call : running) call->interrupt(false);
   });
 }
