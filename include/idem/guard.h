@@ -36,6 +36,13 @@ struct ClaimResult {
   /// SHA-256 (lowercase hex) of the stored response of a COMPLETED record whose response was
   /// larger than the guard's response cap (then `response` is empty).
   std::optional<std::string> response_sha256{};
+  /// kFirst: whether the claim reached as many replicas as the guard was asked to wait for
+  /// (a durability setting, such as Redis' WAIT). False when it was written on the primary only,
+  /// so a failover may lose it: the caller owns it and must release it or accept the risk
+  /// (the facade releases it and answers Unavailable under RedisFailurePolicy::kFailClosed, and
+  /// keeps it under kFailOpen, where the sink keeps the effect single). Always true for a guard
+  /// without such a setting.
+  bool replicated = true;
 };
 
 /// A guard: claims idempotency keys atomically, and completes, releases or renews a claim only

@@ -339,6 +339,18 @@ void CallPlan::claim_result(ClaimResult claim) {
     enter_sink();
     return;
   }
+  if (claim.status == ClaimStatus::kFirst && !claim.replicated) {
+    // Written on the primary only: a failover may lose it. Fail closed, it goes and nothing
+    // runs; fail open, the call goes on under it, as it would without the guard.
+    record_backend_error(Layer::kRedisGuard);
+    if (rules_.redis_failure_ == RedisFailurePolicy::kFailClosed) {
+      unavailable(Layer::kRedisGuard,
+                  RedisError("idem: the claim was not acknowledged by the replicas the guard "
+                             "waits for; released",
+                             true));
+      return;
+    }
+  }
   if (claim.status == ClaimStatus::kFirst && !previous_bucket_key_.empty()) {
     go(State::kProbeClaim);
     return;
