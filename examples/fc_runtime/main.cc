@@ -12,6 +12,12 @@
 // `FC Invoke Start RequestId: <id>` / `FC Invoke End RequestId: <id>` (and the Initialize pair)
 // to stdout.
 //
+// Events: an invocation's own event {"user":..., "order_id":..., "points":...}, or an HTTP
+// trigger's event, whose `body` carries that JSON as a string (base64 when `isBase64Encoded`).
+// idem's fingerprint decodes such a body (FingerprintOptions::embedded_json) and leaves out the
+// members that change per delivery (headers, requestContext), so a redelivered HTTP event is a
+// duplicate, not a mismatch.
+//
 // The request ID: the event's `requestId` when present (the producer's ID survives a resubmission
 // as a new invocation), else `x-fc-request-id` (the platform's ID, the same across its retries).
 // Outcomes: executed or replayed → 200 with the result; in progress (a retry racing the first
@@ -87,13 +93,31 @@ struct Event {
   std::int64_t points = 0;
 };
 
+// The body of an HTTP trigger's event: a JSON string, base64 when the event says so.
+const idem::EmbeddedJson kHttpBody{.pointer = "/body", .base64_flag = "/isBase64Encoded"};
+
+// The invocation's event, or the one in an HTTP trigger event's body (decoded by idem's
+// fingerprinter: no base64 or JSON-in-a-string code of the runtime's own).
+nlohmann::json event_json(const std::string& event) {
+  nlohmann::json json = nlohmann::json::parse(event);
+  if (json.is_object() && json.contains("requestContext") && json.contains("body") &&
+      json["body"].is_string()) {
+    static const idem::Fingerprinter body_reader(
+        {.include = {"/body"}, .embedded_json = {kHttpBody}});
+    json = nlohmann::json::parse(body_reader.canonicalize(event)).at("body");
+  }
+  return json;
+}
+
 Event parse_event(const std::string& body) {
   try {
-    const nlohmann::json json = nlohmann::json::parse(body);
+    const nlohmann::json json = event_json(body);
     Event e{json.at("user").get<std::string>(), json.at("order_id").get<std::string>(),
             json.at("points").get<std::int64_t>()};
     if (!e.user.empty() && !e.order_id.empty() && e.points > 0) return e;
   } catch (const nlohmann::json::exception&) {
+  } catch (const idem::PayloadError& e) {
+    throw FunctionError("InvalidEvent", e.what());
   }
   throw FunctionError("InvalidEvent", R"(expected {"user":..., "order_id":..., "points": >0})");
 }
@@ -142,6 +166,11 @@ class Function {
       options.guard = std::move(redis_guard);
       options.sink = std::make_shared<idem::PgSink>(sink);
       options.sink->migrate();
+      // An HTTP trigger's body is fingerprinted as JSON (base64 or not); what changes per
+      // delivery is left out.
+      options.fingerprint =
+          idem::FingerprintOptions{.exclude = {"/headers", "/requestContext", "/isBase64Encoded"},
+                                   .embedded_json = {kHttpBody}};
       options.on_decision = [](const idem::DecisionEvent& e) {
         print_line("decision request_id=" + std::string(e.request_id) + " outcome=" +
                    std::string(e.handler_failed ? "handler_failed" : to_string(e.outcome)) +

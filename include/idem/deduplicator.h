@@ -40,7 +40,14 @@ namespace idem {
 /// One inbound request as the facade sees it. The idempotency key is taken, in this order, from
 /// (user, intent, biz_key) when biz_key is set, else from the request ID
 /// (`id:{user}:{intent}:{request_id}`), else from the payload fingerprint (the fallback key
-/// `fp:{user}:{intent}:{hex}`). The three forms never collide.
+/// `fp:{user}:{intent}:{hex}`). The three forms never collide. A fallback key is made only of a
+/// fingerprint selection that holds a value (see Fingerprinter::Window::selects_nothing);
+/// otherwise the request has no key and DeduplicatorOptions::on_missing_key applies.
+///
+/// `user`, `intent` and `biz_key` are taken as given, byte for byte (no trimming, case folding or
+/// Unicode normalization), so that two spellings of one name cannot make two keys: one with
+/// leading or trailing white space or a control character is idem::InvalidKey
+/// (validate_key_name(), key.h). Any other byte is allowed; the key text escapes it.
 struct Request {
   std::string request_id{};  ///< Request ID (validated, see request_id.h); empty when none.
   std::string user{};        ///< User or account; required (idem::InvalidKey when empty).
@@ -58,10 +65,13 @@ enum class RedisFailurePolicy {
   kFailClosed,  ///< Answer Unavailable (layer kRedisGuard); nothing is executed.
 };
 
-/// What happens to a request with no request ID, no business key and no payload.
+/// What happens to a request with no idempotency key: no request ID, no business key, and no
+/// payload whose fingerprint selection holds a value (an empty selection would give every such
+/// payload one key).
 enum class MissingKeyPolicy {
-  kReject,       ///< Throw idem::MissingKey.
-  kPassThrough,  ///< Run the handler unguarded (Executed, layer kHandler).
+  kReject,       ///< Throw idem::MissingKey, saying why the request has no key.
+  kPassThrough,  ///< Run the handler unguarded (Executed, layer kHandler); the decision event
+                 ///< says why (DecisionEvent::unkeyed).
 };
 
 /// What a repeat gets while the first execution is still in progress.
@@ -219,11 +229,15 @@ struct DeduplicatorOptions {
 /// between commit and the Redis complete is safe: the Postgres row decides the next attempt.
 ///
 /// Throws idem::InvalidRequestId, idem::InvalidKey, idem::PayloadError, idem::MissingKey for
-/// bad input; idem::PostgresError when the commit itself failed (the connection lost during
+/// bad input (before anything is claimed); idem::PostgresError when the commit itself failed (the connection lost during
 /// COMMIT: outcome unknown, the claim is kept; the server refused the COMMIT, e.g. a deferred
-/// constraint: rolled back, the claim is released); idem::Cancelled after shutdown(); and
-/// whatever the handler throws. An unreachable
-/// backend is not an exception: it is Outcome::Kind::kUnavailable with Outcome::error.
+/// constraint: rolled back, the claim is released); idem::Cancelled after shutdown() or when
+/// Request::stop is requested before the handler starts (the handler never runs, nothing
+/// commits, the claims taken are released; a claim waiting on the sink's lock is cancelled on
+/// the server); and whatever the handler throws, unchanged (a release that failed after it is
+/// told in DecisionEvent::release_error). An unreachable backend is not an exception: it is
+/// Outcome::Kind::kUnavailable with Outcome::error. A completion that failed after the handler
+/// ran is not one either: Outcome::save_error.
 class IDEM_EXPORT Deduplicator {
  public:
   /// Throws idem::ConfigError on inconsistent options.

@@ -67,7 +67,8 @@ class IDEM_EXPORT PayloadError : public Error {
   std::optional<std::size_t> offset_;
 };
 
-/// A request with no request ID, no business key and no payload, under the reject policy.
+/// A request with no idempotency key, under the reject policy: no request ID, no business key,
+/// and no payload whose fingerprint selection holds a value. what() says which.
 class IDEM_EXPORT MissingKey : public Error {
  public:
   using Error::Error;

@@ -43,6 +43,17 @@ enum class AbsentInclude {
   kError,  ///< The payload is rejected with idem::PayloadError.
 };
 
+/// A member of a payload whose string value is itself a JSON document: the `body` of an
+/// HTTP-triggered function event (Function Compute's HTTP trigger, an API Gateway proxy event),
+/// which carries the request's JSON as a string, base64-encoded when the event says so.
+struct EmbeddedJson {
+  /// RFC 6901 JSON Pointer of the member, e.g. "/body"; not "" (ConfigError).
+  std::string pointer{};
+  /// RFC 6901 JSON Pointer of a boolean member that says the string is base64 (RFC 4648,
+  /// standard alphabet), e.g. "/isBase64Encoded"; empty: the string is never base64.
+  std::string base64_flag{};
+};
+
 /// How a payload becomes a fingerprint. Plain struct; validated by the Fingerprinter constructor
 /// (throws idem::ConfigError).
 struct FingerprintOptions {
@@ -60,6 +71,13 @@ struct FingerprintOptions {
   std::vector<std::string> exclude{};
   /// What an include pointer matching nothing does. Default: skipped.
   AbsentInclude absent_include = AbsentInclude::kSkip;
+  /// Members whose string value is a JSON document, decoded in place before include and
+  /// exclude apply (in the order given; a later one may lie inside an earlier one's document),
+  /// so that `include {"/body/orderId"}` reaches inside an HTTP event's body. A member that is
+  /// absent, not a string (already an object, null) or an empty string is left as is. A string
+  /// that is not valid base64 (when flagged) or holds no JSON document is an idem::PayloadError
+  /// naming the member. Part of the options tag.
+  std::vector<EmbeddedJson> embedded_json{};
   /// True (default): the digest covers a version tag, the scope, the time bucket and the
   /// canonical bytes, each length-prefixed, so no two different inputs share a digest input.
   /// False: the digest covers the canonical bytes only, exactly as the seed's
@@ -105,12 +123,17 @@ class IDEM_EXPORT Fingerprinter {
   struct Window {
     std::string current{};   ///< Fingerprint in the bucket holding `at`.
     std::string previous{};  ///< Fingerprint in the bucket before it; empty without buckets.
+    /// True when the selected document holds no value to key on: nothing but null, "", [] and
+    /// {} (an include pointer that matched nothing selects nothing). Every such payload would
+    /// get the same fingerprint, so the facade never makes a fallback key of it.
+    bool selects_nothing = false;
     /// True when `stored` is the current or the previous bucket's fingerprint.
     [[nodiscard]] bool matches(std::string_view stored) const noexcept {
       return stored == current || (!previous.empty() && stored == previous);
     }
   };
-  /// The Window of `json` for `scope` at `at` (see Window). Throws as fingerprint().
+  /// The Window of `json` for `scope` at `at` (see Window); without a time bucket `at` is
+  /// ignored. Throws as fingerprint().
   [[nodiscard]] Window fingerprint_window(std::string_view json, std::string_view scope,
                                           std::chrono::system_clock::time_point at) const;
 
@@ -142,6 +165,11 @@ inline constexpr std::chrono::seconds kFallbackKeyRetention{30};
 /// digests must be equal. Pure function; thread-safe.
 [[nodiscard]] IDEM_EXPORT bool fingerprints_match(std::string_view stored,
                                                   std::string_view current) noexcept;
+
+/// Whether a canonical document (as Fingerprinter::canonicalize() writes it, either form)
+/// holds a value to key on: a number, true, false or a non-empty string, at any depth. Member
+/// names do not count: `{"id":null}` holds nothing. Pure function; thread-safe.
+[[nodiscard]] IDEM_EXPORT bool holds_value(std::string_view canonical) noexcept;
 
 /// RFC 8785 canonical form of `json` under default options. Throws idem::PayloadError.
 /// Thread-safe.

@@ -57,6 +57,15 @@ inline constexpr std::size_t kMaxKeyComponentBytes = 512;
 [[nodiscard]] IDEM_EXPORT std::string escape_key_component(std::string_view component,
                                                            std::string_view what);
 
+/// Checks a name a caller gives as a key component (Request::user, intent and biz_key), so that
+/// two spellings of one name never make two keys: throws idem::InvalidKey, naming `what` and the
+/// byte offset, when `name` starts or ends with white space (ASCII space, U+00A0, U+1680,
+/// U+2000-U+200B, U+2028, U+2029, U+202F, U+205F, U+3000, U+FEFF) or holds a control character
+/// anywhere (U+0000-U+001F, U+007F, U+0080-U+009F). Names are taken as given otherwise: no case
+/// folding or Unicode normalization (normalize before, if your names need it). Empty passes
+/// (escape_key_component() rejects it). Thread-safe (pure function).
+IDEM_EXPORT void validate_key_name(std::string_view name, std::string_view what);
+
 /// The inverse of escape_key_component(): the component whose escaped form is `escaped`.
 /// Throws idem::InvalidKey (naming `what` and the byte offset) when `escaped` is empty, holds a
 /// byte outside safe-byte raw, or a `%XX` that is malformed, lowercase, or escapes a safe byte

@@ -40,6 +40,17 @@ struct DecisionEvent {
   /// handler_failed: the exception's what() as thrown, or "unknown exception". It may hold line
   /// breaks (PostgreSQL's messages do) and any byte: escape it before a line-based log.
   std::string_view error{};
+  /// kExecuted: what failed when the handler's response could not be saved in every layer that
+  /// holds the claim (Outcome::save_error, "layer: error"); empty when it was.
+  std::string_view save_error{};
+  /// What failed when a release of this call's claim failed (after a handler failure, or when a
+  /// later layer stopped the call), as "layer: error": the claim stays until its lease ends, so
+  /// repeats get kInProgress meanwhile. Empty when every release succeeded. The handler's own
+  /// exception still propagates unchanged.
+  std::string_view release_error{};
+  /// Set when the call had no idempotency key and ran unguarded (MissingKeyPolicy::
+  /// kPassThrough): why it had none (e.g. the fingerprint's selection held nothing to key on).
+  std::string_view unkeyed{};
 };
 
 /// Receives the facade's counts. Implementations must be thread-safe and must not throw.
@@ -109,6 +120,14 @@ class IDEM_EXPORT InProcessMetrics final : public Metrics {
   [[nodiscard]] std::uint64_t total_decisions() const noexcept;
   /// Calls whose handler failed so far.
   [[nodiscard]] std::uint64_t handler_failures() const noexcept;
+  /// Calls that executed but whose response a layer failed to save (DecisionEvent::save_error).
+  [[nodiscard]] std::uint64_t unsaved_results() const noexcept {
+    return unsaved_results_.load(std::memory_order_relaxed);
+  }
+  /// Calls a release of whose claim failed (DecisionEvent::release_error).
+  [[nodiscard]] std::uint64_t failed_releases() const noexcept {
+    return failed_releases_.load(std::memory_order_relaxed);
+  }
   /// Foreign or damaged values found under idem keys so far (record_foreign_record()).
   [[nodiscard]] std::uint64_t foreign_records() const noexcept {
     return foreign_records_.load(std::memory_order_relaxed);
@@ -123,7 +142,8 @@ class IDEM_EXPORT InProcessMetrics final : public Metrics {
   [[nodiscard]] double duplicate_rate() const noexcept;
 
   /// Metrics as Prometheus text: counters `idem_decisions_total{layer,outcome}`,
-  /// `idem_handler_failures_total`, `idem_foreign_records_total`,
+  /// `idem_handler_failures_total`, `idem_unsaved_results_total`, `idem_failed_releases_total`,
+  /// `idem_foreign_records_total`,
   /// `idem_backend_errors_total{layer}`, `idem_releases_total`,
   /// `idem_renewals_total{result}`; the gauge `idem_duplicate_rate`; the histogram
   /// `idem_decision_duration_seconds{layer}` (the whole call, handler included); and for what
@@ -141,7 +161,11 @@ class IDEM_EXPORT InProcessMetrics final : public Metrics {
   std::array<std::array<std::atomic<std::uint64_t>, kLatencyBucketsUs.size() + 1>, kLayers>
       latency_buckets_{};
   std::array<std::atomic<std::int64_t>, kLayers> latency_sum_us_{};
+  void count_failed_writes(const DecisionEvent& event) noexcept;
+
   std::atomic<std::uint64_t> handler_failures_{0};
+  std::atomic<std::uint64_t> unsaved_results_{0};
+  std::atomic<std::uint64_t> failed_releases_{0};
   std::atomic<std::uint64_t> releases_{0};
   std::atomic<std::uint64_t> renewals_ok_{0};
   std::atomic<std::uint64_t> renewals_failed_{0};

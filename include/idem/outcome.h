@@ -53,6 +53,19 @@ struct Outcome {
   /// between the claim and the handler) is told only through this flag and
   /// Context::lease_lost(), it is not stopped from starting.
   bool lease_lost = false;
+  /// kExecuted: empty when every layer holding this call's claim saved the handler's response;
+  /// otherwise what failed, as "layer: error" for each layer whose completion failed (e.g.
+  /// "redis_guard: idem: redis: connection refused"; "; " between two). The handler ran and
+  /// `response` is its own, but that layer's record stays IN_PROGRESS until its lease ends: a
+  /// repeat meanwhile gets kInProgress from it, and after the lease one that no other layer
+  /// answers (a guard without a sink, the sink's row in run()) runs the handler again. What to do:
+  /// answer the caller as usual (an HTTP 200; an MQ consumer may ack), and alert or reconcile;
+  /// with run_transactional() the committed row answers every later repeat, so only the guard
+  /// can be named here.
+  std::string save_error{};
+
+  /// True unless a completion failed (see save_error).
+  [[nodiscard]] bool saved() const noexcept { return save_error.empty(); }
 
   /// True when `response` is a replay of an earlier execution's response.
   [[nodiscard]] bool replayed() const noexcept {

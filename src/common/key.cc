@@ -27,7 +27,33 @@ constexpr int hex_value(char c) {
                    "': " + std::string(why) + " at byte " + std::to_string(offset));
 }
 
+// The UTF-8 of the white space (and the invisible U+200B, U+FEFF) a name may not start or end
+// with: validate_key_name().
+constexpr std::string_view kEdgeSpaces[] = {
+    " ",      "\u00A0", "\u1680", "\u2000", "\u2001", "\u2002", "\u2003",
+    "\u2004", "\u2005", "\u2006", "\u2007", "\u2008", "\u2009", "\u200A",
+    "\u200B", "\u2028", "\u2029", "\u202F", "\u205F", "\u3000", "\uFEFF"};
+
 }  // namespace
+
+void validate_key_name(std::string_view name, std::string_view what) {
+  const auto invalid = [&](std::size_t offset, std::string_view why) {
+    throw InvalidKey("idem: '" + std::string(what) + "' " + std::string(why) + " at byte " +
+                     std::to_string(offset) + " (names are taken as given, so it would make " +
+                     "another key than the name without it)");
+  };
+  for (std::size_t i = 0; i < name.size(); ++i) {
+    const auto byte = static_cast<unsigned char>(name[i]);
+    const bool c1 = byte == 0xC2 && i + 1 < name.size() &&
+                    static_cast<unsigned char>(name[i + 1]) >= 0x80 &&
+                    static_cast<unsigned char>(name[i + 1]) <= 0x9F;
+    if (byte < 0x20 || byte == 0x7F || c1) invalid(i, "holds a control character");
+  }
+  for (const std::string_view space : kEdgeSpaces) {
+    if (name.starts_with(space)) invalid(0, "starts with white space");
+    if (name.ends_with(space)) invalid(name.size() - space.size(), "ends with white space");
+  }
+}
 
 std::string escape_key_component(std::string_view component, std::string_view what) {
   if (component.empty()) {

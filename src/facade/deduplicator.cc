@@ -44,6 +44,28 @@ namespace {
 
 class BlockingCall;
 
+// While it lives, a stop of the call (`stop`: Request::stop or shutdown()) cancels the statement
+// running on `tx`'s connection on the server (SQLSTATE 57014), from a helper thread.
+class CancelOnStop {
+ public:
+  CancelOnStop(pqxx::transaction_base& tx, std::chrono::milliseconds bound, std::stop_token stop)
+      : cancel_(connection_of(tx), bound.count() > 0 ? bound : std::chrono::milliseconds(30000)),
+        on_stop_(std::move(stop), Cancel{&cancel_}) {}
+
+ private:
+  struct Cancel {
+    detail::PgStatementCancel* cancel;
+    void operator()() const noexcept { cancel->request(); }
+  };
+  static PGconn* connection_of(pqxx::transaction_base& tx) {
+    const auto* db = dynamic_cast<const pqxx::dbtransaction*>(&tx);
+    return db != nullptr ? detail::raw_connection(*db) : nullptr;
+  }
+
+  detail::PgStatementCancel cancel_;
+  std::stop_callback<Cancel> on_stop_;
+};
+
 // Renews the leases of every running handler that asked for automatic renewal, on one thread
 // started on first use: each call's renewal runs when its plan says it is due.
 class Renewer {
@@ -189,10 +211,6 @@ class BlockingCall final : public detail::CallState {
   struct StopForwarder {
     std::stop_source* target;
     void operator()() const noexcept { target->request_stop(); }
-  };
-  struct CancelOnStop {
-    detail::PgStatementCancel* cancel;
-    void operator()() const noexcept { cancel->request(); }
   };
 
   mutable std::mutex mutex_;  // the plan, while the handler runs (renewals, Context)
@@ -350,15 +368,8 @@ void BlockingCall::run_handler(pqxx::transaction_base* tx, const Handler& handle
     Context context(*this);
     // A stop (Request::stop, shutdown()) while the handler runs cancels its running statement
     // on the server; the plan counts the 57014 that ends it as a cancellation.
-    std::optional<detail::PgStatementCancel> cancel;
-    std::optional<std::stop_callback<CancelOnStop>> cancel_on_stop;
-    if (tx != nullptr) {
-      const auto* db = dynamic_cast<const pqxx::dbtransaction*>(tx);
-      const std::chrono::milliseconds bound = pg_->options().response_timeout;
-      cancel.emplace(db != nullptr ? detail::raw_connection(*db) : nullptr,
-                     bound.count() > 0 ? bound : std::chrono::milliseconds(30000));
-      cancel_on_stop.emplace(stop_token(), CancelOnStop{&*cancel});
-    }
+    std::optional<CancelOnStop> cancel;
+    if (tx != nullptr) cancel.emplace(*tx, pg_->options().response_timeout, stop_token());
     try {
       if (tx == nullptr) {
         response = handler(nullptr, context);
@@ -422,8 +433,11 @@ bool BlockingCall::in_transaction(pqxx::transaction_base& tx, const Handler& han
         if (last_failure_) std::rethrow_exception(last_failure_);
         return false;
       case StepKind::kSinkClaim:
+        // The claim may wait on the key's lock: a stop meanwhile cancels it, and the plan ends
+        // the call Cancelled before its handler runs.
         perform(
             [&] {
+              const CancelOnStop cancel(tx, pg_->options().response_timeout, stop_token());
               return detail::PgCall::claim(*pg_, tx, step.key, step.request_id, step.fingerprint);
             },
             [&](SinkClaim claim) { plan_.sink_claim_result(std::move(claim)); });

@@ -132,10 +132,17 @@ void InProcessMetrics::record_decision(const DecisionEvent& event) noexcept {
       kLatencyBucketsUs.begin());
   latency_buckets_[layer][bucket].fetch_add(1, std::memory_order_relaxed);
   latency_sum_us_[layer].fetch_add(us, std::memory_order_relaxed);
+  count_failed_writes(event);
 }
 
-void InProcessMetrics::record_handler_failure(const DecisionEvent& /*event*/) noexcept {
+void InProcessMetrics::record_handler_failure(const DecisionEvent& event) noexcept {
   handler_failures_.fetch_add(1, std::memory_order_relaxed);
+  count_failed_writes(event);
+}
+
+void InProcessMetrics::count_failed_writes(const DecisionEvent& event) noexcept {
+  if (!event.save_error.empty()) unsaved_results_.fetch_add(1, std::memory_order_relaxed);
+  if (!event.release_error.empty()) failed_releases_.fetch_add(1, std::memory_order_relaxed);
 }
 
 void InProcessMetrics::record_backend_error(Layer layer) noexcept {
@@ -217,6 +224,16 @@ std::string InProcessMetrics::prometheus_text() const {
                  "failed).\n"
                  "# TYPE idem_handler_failures_total counter\nidem_handler_failures_total {}\n",
                  handler_failures());
+  fmt::format_to(it,
+                 "# HELP idem_unsaved_results_total Calls that executed but whose response a "
+                 "layer holding the claim failed to save (Outcome::save_error).\n"
+                 "# TYPE idem_unsaved_results_total counter\nidem_unsaved_results_total {}\n",
+                 unsaved_results());
+  fmt::format_to(it,
+                 "# HELP idem_failed_releases_total Calls whose claim could not be released "
+                 "(it stays until its lease ends).\n"
+                 "# TYPE idem_failed_releases_total counter\nidem_failed_releases_total {}\n",
+                 failed_releases());
   fmt::format_to(it,
                  "# HELP idem_foreign_records_total Values under idem keys that idem did not "
                  "write, or damaged records (idem::ForeignRecord).\n"

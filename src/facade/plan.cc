@@ -234,7 +234,8 @@ void CallPlan::start() {
     }
     if (!prepare()) {
       if (o.on_missing_key == MissingKeyPolicy::kReject) {
-        throw MissingKey("idem: request has no request ID, business key or payload");
+        throw MissingKey(std::string("idem: the request has no idempotency key: ") +
+                         missing_key_reason_);
       }
       claim_rows_ = false;
       enter_sink();
@@ -252,6 +253,9 @@ void CallPlan::start() {
 bool CallPlan::prepare() {
   const Fingerprinter* fingerprinter = rules_.fingerprinter_ ? &*rules_.fingerprinter_ : nullptr;
   if (!request_.request_id.empty()) validate_request_id(request_.request_id);
+  validate_key_name(request_.user, "user");
+  validate_key_name(request_.intent, "intent");
+  validate_key_name(request_.biz_key, "biz_key");
   const bool has_payload = fingerprinter != nullptr && !request_.payload.empty();
   // The mismatch fingerprint carries no time bucket: the same payload must match across one.
   // Scoped by user, except in the seed-compatible form, whose digest has no scope (the key
@@ -260,25 +264,47 @@ bool CallPlan::prepare() {
       fingerprinter != nullptr && fingerprinter->options().domain_separated
           ? std::string_view(request_.user)
           : std::string_view();
-  if (has_payload) {
-    fingerprint_ = fingerprinter->fingerprint(request_.payload, scope);
-    // Stored with its options' tag: a fingerprint made under other options is no mismatch.
-    record_fingerprint_ = fingerprinter->options_tag() + '.' + fingerprint_;
+  const bool fallback = request_.biz_key.empty() && request_.request_id.empty();
+  if (!has_payload) {
+    if (!fallback) return make_key();
+    missing_key_reason_ = fingerprinter == nullptr && !request_.payload.empty()
+                              ? "no request ID or business key, and the fingerprint layer is off"
+                              : "no request ID, business key or payload";
+    return false;
   }
+  if (!fallback) {
+    fingerprint_ = fingerprinter->fingerprint(request_.payload, scope);
+  } else {
+    // A fallback key needs something to key on: a selection of nothing (absent members, or
+    // only null, "", [] and {}) would give every such payload one key.
+    const Fingerprinter* keyer =
+        rules_.bucketed_fingerprinter_ ? &*rules_.bucketed_fingerprinter_ : fingerprinter;
+    const Fingerprinter::Window window =
+        keyer->fingerprint_window(request_.payload, scope, wall_start_);
+    if (window.selects_nothing) {
+      missing_key_reason_ =
+          "no request ID or business key, and the payload's fingerprint selection holds nothing "
+          "to key on (absent members, or only null, \"\", [] and {})";
+      return false;
+    }
+    fingerprint_ = keyer == fingerprinter ? window.current
+                                          : fingerprinter->fingerprint(request_.payload, scope);
+    key_ = fallback_key(request_.user, request_.intent, window.current);
+    if (!window.previous.empty()) {
+      previous_bucket_key_ = fallback_key(request_.user, request_.intent, window.previous);
+    }
+  }
+  // Stored with its options' tag: a fingerprint made under other options is no mismatch.
+  record_fingerprint_ = fingerprinter->options_tag() + '.' + fingerprint_;
+  return fallback || make_key();
+}
+
+bool CallPlan::make_key() {
   if (!request_.biz_key.empty()) {
     key_ = KeyText{KeyForm::kBusiness, request_.user, request_.intent, request_.biz_key}.encode();
-  } else if (!request_.request_id.empty()) {
+  } else {
     key_ =
         KeyText{KeyForm::kRequestId, request_.user, request_.intent, request_.request_id}.encode();
-  } else if (has_payload && rules_.bucketed_fingerprinter_) {
-    const auto window = rules_.bucketed_fingerprinter_->fingerprint_window(
-        request_.payload, request_.user, wall_start_);
-    key_ = fallback_key(request_.user, request_.intent, window.current);
-    previous_bucket_key_ = fallback_key(request_.user, request_.intent, window.previous);
-  } else if (has_payload) {
-    key_ = fallback_key(request_.user, request_.intent, fingerprint_);
-  } else {
-    return false;
   }
   return true;
 }
@@ -387,11 +413,7 @@ void CallPlan::guard_failed(const BackendError& error) {
 
 void CallPlan::enter_sink() {
   if (stop_requested()) {
-    // Claimed but not started: nothing of the handler can have happened, so the claim goes.
-    error_ = std::make_exception_ptr(
-        Cancelled("idem: the request's stop was requested before its handler ran"));
-    cancelled_ = true;
-    release_or(State::kThrow);
+    stop_before_handler(false);
     return;
   }
   if (transactional()) {
@@ -404,8 +426,27 @@ void CallPlan::enter_sink() {
 }
 
 void CallPlan::enter_handler() {
+  if (stop_requested()) {
+    stop_before_handler(transactional());
+    return;
+  }
   handler_started_ = true;
   go(State::kRunHandler);
+}
+
+void CallPlan::stop_before_handler(bool transaction_open) {
+  // Claimed but not started: nothing of the handler can have happened, so every claim of this
+  // call goes (the transaction's with its rollback), whichever step the stop came in.
+  error_ = std::make_exception_ptr(
+      Cancelled("idem: the request's stop was requested before its handler ran"));
+  cancelled_ = true;
+  if (transaction_open) {
+    go(State::kRollback);  // then after_failure() releases the guard's claim
+  } else if (holds_sink_row_) {
+    release_or(State::kFailureSinkRelease);
+  } else {
+    release_or(State::kThrow);
+  }
 }
 
 void CallPlan::sink_claim_result(SinkClaim claim) {
@@ -415,7 +456,7 @@ void CallPlan::sink_claim_result(SinkClaim claim) {
   }
   std::optional<Outcome> stopped = decide_on_sink(std::move(claim));
   if (!stopped) {
-    holds_sink_row_ = !transactional();
+    holds_sink_row_ = !transactional() && claim_rows_;
     enter_handler();
   } else if (transactional()) {
     outcome_ = *std::move(stopped);
@@ -452,7 +493,11 @@ void CallPlan::done() {
       enter_sink();
       return;
     case State::kWait:
-      lookup();
+      if (stop_requested()) {
+        stop_before_handler(false);  // stopped while it waited for the first execution
+      } else {
+        lookup();
+      }
       return;
     case State::kSinkBegin:
       if (sink_records()) {
@@ -482,7 +527,11 @@ void CallPlan::done() {
       return;
     case State::kFailureSinkRelease:
       holds_sink_row_ = false;
-      emit_or_end();
+      if (cancelled_) {
+        release_or(State::kThrow);  // stopped before the handler: the guard's claim goes too
+      } else {
+        emit_or_end();
+      }
       return;
     case State::kStoreBegin:
       go(State::kStoreClaim);
@@ -528,6 +577,14 @@ void CallPlan::complete_result(bool owned) {
 void CallPlan::fail(std::exception_ptr error) {
   const bool backend =
       is_a(error, [](const std::exception& e) { return as<BackendError>(e) != nullptr; });
+  const bool before_handler = state_ == State::kGuardClaim || state_ == State::kProbeClaim ||
+                              state_ == State::kSinkBegin || state_ == State::kSinkClaim;
+  if (before_handler && is_cancellation(error)) {
+    // A claim the stop cut short (a statement cancelled on the server, an aborted wait): the
+    // stop's doing, not a backend's failure.
+    stop_before_handler(transactional() && state_ == State::kSinkClaim);
+    return;
+  }
   switch (state_) {
     case State::kGuardClaim:
     case State::kProbeClaim:
@@ -543,11 +600,16 @@ void CallPlan::fail(std::exception_ptr error) {
       enter_sink();
       return;
     case State::kGuardRelease:
-      record_backend_error(Layer::kRedisGuard);  // best effort: the lease (or retention) ends it
+      // The claim stays until its lease ends: told with the key, in the event.
+      record_backend_error(Layer::kRedisGuard);
+      note_failure(release_error_, Layer::kRedisGuard, error);
       done();
       return;
     case State::kGuardComplete:
-      record_backend_error(Layer::kRedisGuard);  // the sink row or the lease decides the next try
+      // The response is the handler's, but the record stays IN_PROGRESS until its lease ends:
+      // told in the outcome (save_error) and the event.
+      record_backend_error(Layer::kRedisGuard);
+      note_failure(save_error_, Layer::kRedisGuard, error);
       complete_result(true);
       return;
     case State::kLocalGet:
@@ -566,7 +628,13 @@ void CallPlan::fail(std::exception_ptr error) {
       return;
     case State::kFailureSinkRelease:
       record_backend_error(Layer::kPgSink);  // the row's lease ends it
-      emit_or_end();
+      note_failure(release_error_, Layer::kPgSink, error);
+      holds_sink_row_ = false;
+      if (cancelled_) {
+        release_or(State::kThrow);
+      } else {
+        emit_or_end();
+      }
       return;
     case State::kStoreBegin:
     case State::kStoreClaim:
@@ -581,7 +649,9 @@ void CallPlan::fail(std::exception_ptr error) {
       return;
     case State::kSinkComplete:
       if (!transactional()) {
-        record_backend_error(Layer::kPgSink);  // the row's lease ends it; the effect happened
+        // The effect happened; the row stays IN_PROGRESS until its lease ends.
+        record_backend_error(Layer::kPgSink);
+        note_failure(save_error_, Layer::kPgSink, error);
         holds_sink_row_ = false;
         finish_executed();
         return;
@@ -633,16 +703,22 @@ void CallPlan::sink_failed(std::exception_ptr error, bool backend) {
   }
 }
 
+bool CallPlan::is_cancellation(const std::exception_ptr& error) const {
+  // idem::Cancelled, or a statement that ended with SQLSTATE 57014 (query_canceled) while the
+  // call was stopped: the drivers cancel the running statement on a stop.
+  return is_a(error, [this](const std::exception& e) {
+    if (as<Cancelled>(e) != nullptr) return true;
+    const auto* pg = as<PostgresError>(e);
+    return pg != nullptr && pg->sqlstate() == kQueryCanceledSqlstate && stop_requested();
+  });
+}
+
 void CallPlan::handler_failed(std::exception_ptr error) {
   renewing_ = false;
   cancelled_ = is_a(error, [](const std::exception& e) { return as<Cancelled>(e) != nullptr; });
-  // A statement of the handler's that ended with SQLSTATE 57014 (query_canceled) while the call
-  // was stopped was cancelled by the stop (the drivers cancel the running statement): the stop's
-  // doing, not a business failure. Every driver's handler failure comes through here.
-  if (!cancelled_ && stop_requested() && is_a(error, [](const std::exception& e) {
-        const auto* pg = as<PostgresError>(e);
-        return pg != nullptr && pg->sqlstate() == kQueryCanceledSqlstate;
-      })) {
+  // A statement of the handler's that the stop cancelled: the stop's doing, not a business
+  // failure. Every driver's handler failure comes through here.
+  if (!cancelled_ && is_cancellation(error)) {
     error = std::make_exception_ptr(
         Cancelled("idem: the handler's statement was cancelled (SQLSTATE 57014) because the "
                   "call was stopped; its claim is kept until its lease ends"));
@@ -661,7 +737,13 @@ void CallPlan::after_failure() {
   // handler ran (its effect may be partial); so does a commit whose outcome is unknown. An
   // unclaimed run (pass-through, reentrant retry) has nothing to release.
   if (cancelled_) {
-    go(State::kThrow);  // no event: a cancelled call decided nothing
+    // No event: a cancelled call decided nothing. Stopped before its handler ran, its claim
+    // goes; stopped while it ran, the claim is kept.
+    if (handler_started_) {
+      go(State::kThrow);
+    } else {
+      release_or(State::kThrow);
+    }
     return;
   }
   if (commit_unknown_ || !claim_rows_ || stop_requested()) {
@@ -736,6 +818,7 @@ void CallPlan::end_completion() {
   // By the time the completion was sent (now_): a claim past its lease is lost by then.
   if (!completing_failure_ && outcome_.kind == Outcome::Kind::kExecuted) {
     outcome_.lease_lost = !owned_ || lease_lost_ || (had_claim_ && now_ >= lease_deadline_);
+    outcome_.save_error = save_error_;
   }
   emit_or_end();
 }
@@ -790,6 +873,9 @@ void CallPlan::emit_or_end() {
   event_.key = key_;
   event_.fingerprint = fingerprint_;
   event_.attempt = request_.attempt;
+  if (!claim_rows_ && missing_key_reason_ != nullptr) event_.unkeyed = missing_key_reason_;
+  event_.save_error = completing_failure_ || error_ ? std::string_view() : save_error_;
+  event_.release_error = release_error_;
   if (error_) {
     event_.handler_failed = true;
     error_text_ = "unknown exception";
@@ -872,6 +958,18 @@ std::chrono::milliseconds CallPlan::record_retention() const noexcept {
 
 bool CallPlan::stop_requested() const noexcept {
   return request_.stop.stop_requested() || shutdown_.stop_requested();
+}
+
+void CallPlan::note_failure(std::string& text, Layer layer, const std::exception_ptr& error) {
+  if (!text.empty()) text += "; ";
+  text += to_string(layer);
+  text += ": ";
+  if (!is_a(error, [&](const std::exception& e) {
+        text += e.what();
+        return true;
+      })) {
+    text += "unknown exception";
+  }
 }
 
 void CallPlan::record_backend_error(Layer layer) const noexcept {

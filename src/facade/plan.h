@@ -213,13 +213,16 @@ class CallPlan {
   };
 
   void start();
-  bool prepare();  // sets key_ and fingerprint_; false when the request has nothing to key on
+  bool prepare();   // sets key_ and fingerprint_; false when the request has nothing to key on
+  bool make_key();  // key_ of a request with a business key or a request ID
   void lookup();
   void claim_guard();
   void repeat(Outcome outcome);
   void guard_failed(const BackendError& error);
   void enter_sink();
   void enter_handler();
+  void stop_before_handler(bool transaction_open);
+  [[nodiscard]] bool is_cancellation(const std::exception_ptr& error) const;
   void sink_failed(std::exception_ptr error, bool backend);
   void handler_failed(std::exception_ptr error);
   void after_failure();
@@ -234,6 +237,8 @@ class CallPlan {
   void unavailable(Layer layer, const BackendError& error);
   void emit_or_end();
   void record_backend_error(Layer layer) const noexcept;
+  // Appends "layer: what" of `error` to `text` ("; " between two).
+  static void note_failure(std::string& text, Layer layer, const std::exception_ptr& error);
   void go(State state) noexcept { state_ = state; }
   [[nodiscard]] static Outcome unavailable_outcome(Layer layer, const BackendError& error);
   [[nodiscard]] std::chrono::milliseconds record_retention() const noexcept;
@@ -270,6 +275,9 @@ class CallPlan {
   std::string probe_token_;          // owner of the previous-bucket probe while it is held
   std::string response_;             // the handler's (or the stored failure's) response
   std::string local_entry_;          // kLocalPut's value
+  const char* missing_key_reason_ = nullptr;  // why the request has no key, when it has none
+  std::string save_error_;                    // completions of the handler's response that failed
+  std::string release_error_;                 // releases of this call's claims that failed
   PlanTime wait_deadline_{};
   PlanTime wake_at_{};
   State after_release_ = State::kEmit;

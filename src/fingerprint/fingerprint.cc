@@ -4,8 +4,10 @@
 #include <memory>
 #include <string>
 
+#include "common/json_pointer.h"
 #include "fingerprint/canonical_writer.h"
 #include "fingerprint/digest.h"
+#include "fingerprint/embedded_json.h"
 #include "fingerprint/json_validator.h"
 #include "fingerprint/selection.h"
 #include "idem/errors.h"
@@ -21,7 +23,8 @@ constexpr std::size_t kMaxBytesLimit = std::size_t{64} << 20;
 struct ThreadState {
   detail::CanonicalWriter writer;
   detail::Digest digest;
-  std::string header;  // the length-prefixed fields before the canonical bytes
+  std::string header;    // the length-prefixed fields before the canonical bytes
+  std::string embedded;  // the payload with its embedded JSON members decoded
 };
 
 ThreadState& thread_state() {
@@ -37,6 +40,10 @@ std::string_view canonical_bytes(ThreadState& state, std::string_view json,
     throw PayloadError("idem: payload of " + std::to_string(json.size()) +
                            " bytes is over the limit of " + std::to_string(options.max_bytes),
                        options.max_bytes);
+  }
+  if (!options.embedded_json.empty()) {
+    json = detail::decode_embedded_json(json, options.embedded_json, options.max_depth,
+                                        state.embedded);
   }
   try {
     return state.writer.write(
@@ -112,6 +119,13 @@ std::string tag_of(const FingerprintOptions& options) {
   field(std::to_string(options.exclude.size()));
   for (const std::string& pointer : options.exclude) field(pointer);
   field(options.absent_include == AbsentInclude::kSkip ? "skip" : "error");
+  if (!options.embedded_json.empty()) {  // absent from the tags of options without it
+    field(std::to_string(options.embedded_json.size()));
+    for (const EmbeddedJson& member : options.embedded_json) {
+      field(member.pointer);
+      field(member.base64_flag);
+    }
+  }
   field(options.domain_separated ? "separated" : "bare");
   field(std::to_string(options.hex_length));
   detail::Digest digest;
@@ -153,6 +167,13 @@ Fingerprinter::Fingerprinter(FingerprintOptions options) : options_(std::move(op
   if (options_.max_bytes < 1 || options_.max_bytes > kMaxBytesLimit) {
     throw ConfigError("idem: fingerprint max_bytes must be 1.." + std::to_string(kMaxBytesLimit));
   }
+  for (const EmbeddedJson& member : options_.embedded_json) {
+    if (member.pointer.empty()) {
+      throw ConfigError("idem: an embedded_json pointer must name a member, not \"\"");
+    }
+    (void)detail::parse_json_pointer(member.pointer);  // ConfigError when malformed
+    if (!member.base64_flag.empty()) (void)detail::parse_json_pointer(member.base64_flag);
+  }
   if (!options_.include.empty() || !options_.exclude.empty()) {
     selection_ = std::make_shared<const detail::Selection>(options_.include, options_.exclude);
   }
@@ -183,17 +204,51 @@ std::string Fingerprinter::fingerprint(
 
 Fingerprinter::Window Fingerprinter::fingerprint_window(
     std::string_view json, std::string_view scope, std::chrono::system_clock::time_point at) const {
-  if (options_.time_bucket.count() == 0) return Window{fingerprint(json, scope), {}};
   if (!options_.domain_separated && !scope.empty()) {
     throw ConfigError("idem: a fingerprint scope needs domain_separated fingerprints");
   }
   ThreadState& state = thread_state();
   const std::string_view canonical = canonical_bytes(state, json, options_, selection_.get());
+  Window window;
+  window.selects_nothing = !holds_value(canonical);
+  if (options_.time_bucket.count() == 0) {
+    window.current = digest_hex(state, options_, canonical, scope, {});
+    return window;
+  }
   const std::int64_t index = bucket_index(options_, at);
-  std::string current =
-      digest_hex(state, options_, canonical, scope, bucket_label(options_, index));
-  return Window{std::move(current),
-                digest_hex(state, options_, canonical, scope, bucket_label(options_, index - 1))};
+  window.current = digest_hex(state, options_, canonical, scope, bucket_label(options_, index));
+  window.previous =
+      digest_hex(state, options_, canonical, scope, bucket_label(options_, index - 1));
+  return window;
+}
+
+bool holds_value(std::string_view canonical) noexcept {
+  for (std::size_t i = 0; i < canonical.size(); ++i) {
+    switch (canonical[i]) {
+      case '{':
+      case '}':
+      case '[':
+      case ']':
+      case ',':
+      case ':':
+        break;
+      case 'n':  // null
+        i += 3;
+        break;
+      case '"': {
+        const std::size_t start = i + 1;
+        for (++i; i < canonical.size() && canonical[i] != '"'; ++i) {
+          if (canonical[i] == '\\') ++i;  // an escape: the next byte is no quote
+        }
+        const bool member_name = i + 1 < canonical.size() && canonical[i + 1] == ':';
+        if (!member_name && i > start) return true;
+        break;
+      }
+      default:
+        return true;  // a number, true or false
+    }
+  }
+  return false;
 }
 
 std::string canonicalize_json(std::string_view json) { return Fingerprinter{}.canonicalize(json); }

@@ -14,8 +14,10 @@
 #include <asio/io_context.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
+#include <atomic>
 #include <chrono>
 #include <exception>
+#include <future>
 #include <memory>
 #include <optional>
 #include <pqxx/pqxx>
@@ -186,6 +188,43 @@ class AsyncTransactionalTest : public ::testing::Test {
     ASSERT_FALSE(redelivery.error);
     EXPECT_EQ(redelivery.outcome.kind, Outcome::Kind::kInProgress);
     EXPECT_EQ(runs, 0);
+  }
+
+  // Holds `LOCK TABLE idem_records IN ACCESS EXCLUSIVE MODE` from another connection for
+  // `hold` once started, so that a claim of the sink waits; `released` is set just before the
+  // lock goes.
+  class RecordsLock {
+   public:
+    RecordsLock(const std::string& url, const std::string& records, Clock::duration hold) {
+      std::promise<void> locked;
+      std::future<void> taken = locked.get_future();
+      thread_ = std::thread([&, url, records, hold] {
+        pqxx::connection conn(url);
+        pqxx::work tx(conn);
+        tx.exec0("LOCK TABLE " + records + " IN ACCESS EXCLUSIVE MODE");
+        locked.set_value();
+        std::this_thread::sleep_for(hold);
+        released_ = true;
+        tx.commit();
+      });
+      taken.wait();
+    }
+    ~RecordsLock() { thread_.join(); }
+    RecordsLock(const RecordsLock&) = delete;
+    RecordsLock& operator=(const RecordsLock&) = delete;
+    [[nodiscard]] bool released() const noexcept { return released_; }
+
+   private:
+    std::atomic<bool> released_{false};
+    std::thread thread_;
+  };
+
+  // Requests `stop` after `after`, from a thread of its own.
+  static std::thread stop_after(std::stop_source& stop, Clock::duration after) {
+    return std::thread([&stop, after] {
+      std::this_thread::sleep_for(after);
+      stop.request_stop();
+    });
   }
 
   std::string pg_url_;
@@ -534,6 +573,44 @@ TEST_F(AsyncTransactionalTest, ACallPastItsDeadlineCancelsItsStatementOnTheServe
   io.run();
 }
 
+// The sink's claim waits on a lock held elsewhere for 900 ms (under lock_timeout), and the call's
+// stop is requested at 200 ms: the call ends Cancelled while the claim still waits, its handler
+// never runs, nothing commits, and its claims are released (a retry runs).
+TEST_F(AsyncTransactionalTest, AStopWhileTheSinksClaimWaitsEndsCancelledAndTheHandlerNeverRuns) {
+  AsyncDeduplicatorOptions o = options(false);
+  o.base.guard = std::make_shared<InMemoryGuard>();
+  asio::io_context io;
+  AsyncDeduplicator dedup(io.get_executor(), o);
+  int runs = 0;
+  std::stop_source stop;
+  Request request = refund_request("r1", "o1");
+  request.stop = stop.get_token();
+  bool ended_under_lock = false;
+  Ending ending;
+  {
+    const RecordsLock lock(pg_url_, table("idem_records"), 900ms);
+    std::thread stopper = stop_after(stop, 200ms);
+    ending = run_to_end(io, [&]() -> asio::awaitable<Outcome> {
+      co_return co_await dedup.run_transactional(request, refund("o1", &runs), asio::use_awaitable);
+    });
+    ended_under_lock = !lock.released();
+    stopper.join();
+  }
+  EXPECT_TRUE(threw<Cancelled>(ending));
+  EXPECT_TRUE(ended_under_lock) << "the call waited for the lock despite its stop";
+  EXPECT_EQ(runs, 0);
+  EXPECT_EQ(ledger_rows(), 0);
+  const Ending retry = run_to_end(io, [&]() -> asio::awaitable<Outcome> {
+    co_return co_await dedup.run_transactional(refund_request("r1", "o1"), refund("o1", &runs),
+                                               asio::use_awaitable);
+  });
+  ASSERT_FALSE(retry.error);
+  EXPECT_EQ(retry.outcome.kind, Outcome::Kind::kExecuted);
+  EXPECT_EQ(runs, 1);
+  dedup.close();
+  io.run();
+}
+
 TEST_F(AsyncTransactionalTest, RunTransactionalWithoutPostgresIsAConfigError) {
   asio::io_context io;
   AsyncDeduplicatorOptions o = options(true);
@@ -603,6 +680,46 @@ TEST_F(BlockingTransactionalStopTest, AStopCancelsTheRunningStatementAndTheCallI
   const Outcome redelivery = dedup.run_transactional(
       refund_request("r2", "o1"), [](pqxx::transaction_base&) { return std::string("ran"); });
   EXPECT_EQ(redelivery.kind, Outcome::Kind::kInProgress);
+}
+
+// As AsyncTransactionalTest.AStopWhileTheSinksClaimWaitsEndsCancelledAndTheHandlerNeverRuns: the
+// blocking driver cancels the waiting claim on the server, and the plan ends the call.
+TEST_F(BlockingTransactionalStopTest,
+       AStopWhileTheSinksClaimWaitsEndsCancelledAndTheHandlerNeverRuns) {
+  DeduplicatorOptions o;
+  o.guard = std::make_shared<InMemoryGuard>();
+  o.sink = std::make_shared<PgSink>(pg_options());
+  o.local_cache_capacity = 0;
+  Deduplicator dedup(o);
+  std::atomic<int> runs{0};
+  const auto refund_once = [&](pqxx::transaction_base& tx) {
+    ++runs;
+    tx.exec0("INSERT INTO " + table("ledger") + " VALUES ('o1', 5)");
+    return std::string("refunded");
+  };
+  std::stop_source stop;
+  Request request = refund_request("r1", "o1");
+  request.stop = stop.get_token();
+  bool ended_under_lock = false;
+  std::exception_ptr error;
+  {
+    const RecordsLock lock(pg_url_, table("idem_records"), 900ms);
+    std::thread stopper = stop_after(stop, 200ms);
+    try {
+      (void)dedup.run_transactional(request, refund_once);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    ended_under_lock = !lock.released();
+    stopper.join();
+  }
+  EXPECT_TRUE(threw<Cancelled>(Ending{error, {}, {}})) << "not a cancellation";
+  EXPECT_TRUE(ended_under_lock) << "the call waited for the lock despite its stop";
+  EXPECT_EQ(runs, 0);
+  EXPECT_EQ(ledger_rows(), 0);
+  const Outcome retry = dedup.run_transactional(refund_request("r1", "o1"), refund_once);
+  EXPECT_EQ(retry.kind, Outcome::Kind::kExecuted);
+  EXPECT_EQ(runs, 1);
 }
 
 TEST_F(BlockingTransactionalStopTest, A57014WithoutAStopIsTheHandlersFailureAndReleases) {

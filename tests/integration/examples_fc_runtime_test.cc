@@ -189,5 +189,30 @@ TEST_F(FcRuntimeTest, AnOversizeUserIsAnInvalidKeyError) {
   EXPECT_EQ(grants("o-7"), 0);
 }
 
+// An HTTP trigger's event: the invocation's JSON as the body string (base64 when `base64`), and
+// members that change per delivery (requestContext.time, a header).
+std::string http_trigger_event(const std::string& body, bool base64, const std::string& time) {
+  return R"({"version":"v1","rawPath":"/grant","headers":{"X-Trace":")" + time +
+         R"("},"queryParameters":{},"body":")" + body + R"(","isBase64Encoded":)" +
+         (base64 ? "true" : "false") +
+         R"(,"requestContext":{"accountId":"1234567890","requestId":"1-6568","time":")" + time +
+         R"(","http":{"method":"POST","path":"/grant"}}})";
+}
+
+TEST_F(FcRuntimeTest, AnHttpTriggerEventsBodyIsTheEventAndItsRedeliveryReplays) {
+  // {"user":"u8","order_id":"o-8","points":3}, as a JSON string and base64-encoded.
+  const std::string plain = R"({\"user\":\"u8\",\"order_id\":\"o-8\",\"points\":3})";
+  const std::string base64 = "eyJ1c2VyIjoidTgiLCJvcmRlcl9pZCI6Im8tOCIsInBvaW50cyI6M30=";
+  const Answer first = invoke("fc-req-8", http_trigger_event(plain, false, "06:41:11"));
+  ASSERT_EQ(first.status, 200) << first.body;
+  const Answer again = invoke("fc-req-8", http_trigger_event(base64, true, "06:41:19"));
+  EXPECT_EQ(again.status, 200) << again.body;
+  EXPECT_EQ(again.body, first.body);
+  EXPECT_EQ(grants("o-8"), 1);
+  const Answer bad = invoke("fc-req-9", http_trigger_event("***", true, "06:41:20"));
+  EXPECT_EQ(bad.status, 404);
+  EXPECT_NE(bad.body.find("InvalidEvent"), std::string::npos) << bad.body;
+}
+
 }  // namespace
 }  // namespace idem::test

@@ -67,8 +67,8 @@ class FaultySink final : public Sink {
 
   [[nodiscard]] InMemorySink& inner() noexcept { return inner_; }
 
-  SinkClaim claim(std::string_view key, std::string_view request_id,
-                  std::string_view fingerprint, std::string_view owner_token) override {
+  SinkClaim claim(std::string_view key, std::string_view request_id, std::string_view fingerprint,
+                  std::string_view owner_token) override {
     return inner_.claim(key, request_id, fingerprint, owner_token);
   }
   bool complete(std::string_view key, std::string_view owner, std::string_view response,
