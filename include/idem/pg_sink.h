@@ -23,7 +23,7 @@ class transaction_base;  // libpqxx's transaction; include <pqxx/pqxx> to use it
 namespace idem {
 
 namespace detail {
-class PgCall;  // the driver's entry points (src/sink/pg_call.h)
+class PgTransaction;  // the blocking driver's transaction (src/sink/pg_transaction.h)
 }
 
 /// What the sink's connections lead to: a session of their own, or a transaction pooler that
@@ -227,7 +227,7 @@ class IDEM_EXPORT PgSink final : public Sink {
   [[nodiscard]] PoolStats pool_stats() const;
 
  private:
-  friend class detail::PgCall;
+  friend class detail::PgTransaction;
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

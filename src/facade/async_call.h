@@ -29,9 +29,9 @@ class AsyncCall : public std::enable_shared_from_this<AsyncCall> {
 
   /// Registers the call, arms its deadline and spawns its coroutine.
   void start();
-  /// Stops the call: a cancellation (`deadline` false) or its deadline. Before the handler
-  /// returned, the step or handler under way is cancelled; afterwards only the plan's stop is
-  /// requested (a deadline then changes nothing).
+  /// Stops the call (a cancellation, Request::stop, shutdown(): `deadline` false) or tells it
+  /// its deadline passed: the step under way is cut short when the plan said it may be; the
+  /// plan decides what that means.
   void interrupt(bool deadline);
 
   // For AsyncContext.
@@ -39,7 +39,7 @@ class AsyncCall : public std::enable_shared_from_this<AsyncCall> {
   asio::awaitable<bool> renew();
   [[nodiscard]] bool stop_requested() const noexcept;
   [[nodiscard]] std::chrono::steady_clock::time_point deadline() const noexcept {
-    return deadline_at_;
+    return plan_.deadline();
   }
 
   // The deduplicator's queue of calls by deadline (every call has the same deadline length, so
@@ -54,22 +54,12 @@ class AsyncCall : public std::enable_shared_from_this<AsyncCall> {
   // The call's end: an exception, or the outcome (no exception is thrown to carry it).
   using Ending = std::pair<std::exception_ptr, Outcome>;
   static asio::awaitable<Ending> drive(std::shared_ptr<AsyncCall> self);
-  asio::awaitable<void> perform(const Step& step);
-  // Performs `io` (returning an awaitable of a value) and reports it with `report`, or fails
-  // the step. `cancellable`: a step before the handler, which a stop or the deadline cuts short.
-  template <typename Io, typename Report>
-  asio::awaitable<void> attempt(Layer layer, bool cancellable, Io io, Report report);
-  asio::awaitable<void> run_handler(AsyncTransaction* tx);
-  // The transactional steps (kSinkBegin to kCommit/kRollback) on tx_.
-  asio::awaitable<void> perform_in_transaction(const Step& step);
-  // Hands `event` to on_decision; what it throws is swallowed.
-  void emit(const DecisionEvent& event) const noexcept;
-  // Why a step of `layer` must not start now (the call was stopped), or null.
-  [[nodiscard]] std::exception_ptr interruption(Layer layer) const;
-  // The exception the call ends with for the plan's `error`.
-  [[nodiscard]] std::exception_ptr thrown(std::exception_ptr error) const;
-  // A cancellation this driver reported to the plan (so thrown() needs not inspect it).
-  std::exception_ptr reported_cancellation_;
+  [[nodiscard]] Input input(StepResult result) const;
+  asio::awaitable<StepResult> perform(const Step& step);
+  asio::awaitable<StepResult> perform_io(const Step& step);
+  asio::awaitable<StepResult> perform_in_transaction(const Step& step);
+  asio::awaitable<StepResult> run_handler();
+  [[nodiscard]] bool stopped() const noexcept;
   void schedule_renewal();
   static asio::awaitable<void> renew_in_background(std::shared_ptr<AsyncCall> self);
   void finish(std::exception_ptr error, Outcome outcome);
@@ -77,20 +67,17 @@ class AsyncCall : public std::enable_shared_from_this<AsyncCall> {
 
   std::shared_ptr<AsyncDeduplicator::Impl> dedup_;
   Request request_;
-  std::stop_source stop_;  // the plan's stop: cancellation, deadline, shutdown
   CallPlan plan_;
   AsyncHandler handler_;
   std::unique_ptr<AsyncCompletion> completion_;
   asio::cancellation_slot user_slot_;
   asio::cancellation_signal signal_;  // the call's coroutine is bound to it
   std::optional<std::stop_callback<std::function<void()>>> on_request_stop_;
-  std::chrono::steady_clock::time_point deadline_at_ = std::chrono::steady_clock::time_point::max();
   std::optional<asio::steady_timer> renew_timer_;
   std::unique_ptr<AsyncPgTransaction> tx_;  // run_transactional(): from kSinkBegin to its end
-  bool cancelled_ = false;
-  bool deadline_passed_ = false;
+  bool cancelled_ = false;                  // stopped: a cancellation, Request::stop, shutdown()
+  bool interruptible_ = false;              // the step under way may be cut short
   bool handler_running_ = false;
-  bool shielded_ = false;  // the handler returned: nothing cuts the rest short
   bool finished_ = false;
 };
 

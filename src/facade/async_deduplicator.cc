@@ -1,12 +1,11 @@
 // The asynchronous driver of the call plan: performs each step the plan asks for as an operation
-// on the deduplicator's executor (the async Redis and PostgreSQL clients, a timer for kWait, the
-// handler's coroutine), renews leases from a timer on the loop, and turns Asio cancellation and
-// the call's deadline into the plan's stop. Every rule of the outcome table lives in
-// facade/plan.cc; what a reply or a row means lives in guard/redis_protocol.h and
-// sink/statements.h, shared with the blocking backends.
+// on the deduplicator's executor (the async Redis and PostgreSQL clients, or in-memory backends
+// called there; a timer for kWait; the handler's coroutine), renews leases from a timer on the
+// loop, and cuts a step short when the call is stopped or its deadline passes, where the plan
+// says it may. It decides nothing: every rule lives in facade/plan.cc, and the in-process steps
+// in facade/in_process.cc.
 #include "idem/async_deduplicator.h"
 
-#include <algorithm>
 #include <asio/bind_cancellation_slot.hpp>
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
@@ -15,7 +14,6 @@
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
-#include <bit>
 #include <cstdlib>
 #include <stdexcept>
 #include <stop_token>
@@ -24,12 +22,21 @@
 #include <utility>
 
 #include "facade/async_call.h"
+#include "facade/in_process.h"
 #include "facade/plan.h"
 #include "guard/async_redis_guard.h"
 #include "idem/errors.h"
 #include "idem/local_cache.h"
 #include "idem/request_id.h"
 #include "sink/async_pg_sink.h"
+
+// GCC 12 inlines Asio's coroutine frame allocation down to ::operator new, sees the frame freed
+// by the frame's class operator delete, and calls the pair mismatched: a false positive (the
+// class operator delete is the one that matches the class operator new Asio declares for its
+// frames), as in src/redis/async_sentinel.cc.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#endif
 
 namespace idem {
 
@@ -38,176 +45,57 @@ using SteadyClock = std::chrono::steady_clock;
 namespace detail {
 namespace {
 
-Error not_on_the_loop() {
-  return Error("idem: internal: a blocking call of a backend the async driver reaches on the loop");
+// The guard the driver calls on the loop: the async Redis guard, or the options' in-memory one.
+std::unique_ptr<AsyncGuard> loop_guard(const asio::any_io_executor& executor,
+                                       const AsyncDeduplicatorOptions& options) {
+  if (options.redis) return std::make_unique<AsyncRedisGuard>(executor, *options.redis);
+  if (options.base.guard) return std::make_unique<ImmediateGuard>(options.base.guard);
+  return nullptr;
 }
 
-// A backend's stand-in for the plan, whose blocking calls (complete, release and renew have the
-// same shape on Guard and Sink) are never made: the driver reaches the real backend on the loop.
-template <class Backend>
-class LoopShape : public Backend {
- public:
-  bool complete(std::string_view, std::string_view, std::string_view,
-                std::chrono::milliseconds) override {
-    throw not_on_the_loop();
-  }
-  bool release(std::string_view, std::string_view) override { throw not_on_the_loop(); }
-  bool renew(std::string_view, std::string_view, std::chrono::milliseconds) override {
-    throw not_on_the_loop();
-  }
-};
-
-// What the plan knows of the guard the driver reaches on the loop: its lease and retention.
-class LoopGuardShape final : public LoopShape<Guard> {
- public:
-  LoopGuardShape(std::chrono::milliseconds lease, std::chrono::milliseconds retention)
-      : lease_(lease), retention_(retention) {}
-  ClaimResult claim(std::string_view, std::string_view, std::string_view) override {
-    throw not_on_the_loop();
-  }
-  [[nodiscard]] std::chrono::milliseconds lease() const noexcept override { return lease_; }
-  [[nodiscard]] std::chrono::milliseconds retention() const noexcept override { return retention_; }
-
- private:
-  std::chrono::milliseconds lease_;
-  std::chrono::milliseconds retention_;
-};
-
-// What the plan knows of the sink the driver reaches on the loop: that there is one.
-class LoopSinkShape final : public LoopShape<Sink> {
- public:
-  SinkClaim claim(std::string_view, std::string_view, std::string_view, std::string_view) override {
-    throw not_on_the_loop();
-  }
-};
-
-// The error a backend step gets when the call's deadline passed before or during it: retryable,
-// so the plan applies the layer's failure policy.
-std::exception_ptr deadline_error(Layer layer) {
-  const std::string text = "idem: the call's deadline passed (AsyncDeduplicatorOptions::deadline)";
-  if (layer == Layer::kRedisGuard) return std::make_exception_ptr(RedisError(text, true));
-  return std::make_exception_ptr(PostgresError(text, true));
+// The sink of run(): the async PostgreSQL sink (also the transactions'), or an in-memory one.
+std::unique_ptr<AsyncSink> loop_sink(const asio::any_io_executor& executor,
+                                     const AsyncDeduplicatorOptions& options) {
+  if (options.postgres) return std::make_unique<AsyncPgSink>(executor, *options.postgres);
+  if (options.base.sink) return std::make_unique<ImmediateSink>(options.base.sink);
+  return nullptr;
 }
 
-// An aborted operation (Asio's operation_aborted, e.g. a timer of the handler's own that the
-// call's cancellation reached) counts as a cancellation.
-std::exception_ptr as_cancellation(std::exception_ptr error) {
-  try {
-    std::rethrow_exception(error);
-  } catch (const std::system_error& e) {
-    if (e.code() == asio::error::operation_aborted) {
-      return std::make_exception_ptr(
-          Cancelled(std::string("idem: handler cancelled: ") + e.what()));
-    }
-  } catch (...) {
-  }
-  return error;
+// What the plan must know of the backends the driver reaches itself.
+DriverTraits traits_of(const AsyncDeduplicatorOptions& options, const AsyncGuard* redis) {
+  return DriverTraits{
+      .transactions = options.postgres.has_value(),
+      .business_constraints =
+          options.postgres.has_value() && !options.postgres->business_constraints.empty(),
+      .on_loop = true,
+      .deadline = options.deadline,
+      .own_guard = options.redis.has_value(),
+      .own_guard_lease = redis != nullptr ? redis->lease() : std::chrono::milliseconds(0),
+      .own_guard_retention = redis != nullptr ? redis->retention() : std::chrono::milliseconds(0),
+      .own_sink = options.postgres.has_value()};
+}
+
+// `options.base` without the backends the driver reaches itself (the plan knows of them by
+// its traits).
+DeduplicatorOptions plan_options(const AsyncDeduplicatorOptions& options) {
+  DeduplicatorOptions base = options.base;
+  if (options.redis) base.guard = nullptr;
+  if (options.postgres) base.sink = nullptr;
+  return base;
 }
 
 }  // namespace
-
-// The guard and the sink as the driver calls them: the async Redis and PostgreSQL backends, or
-// in-memory ones (they never wait on I/O) called on the loop.
-struct LoopBackends {
-  template <typename T>
-  static asio::awaitable<T> ready(T value) {
-    co_return value;
-  }
-
-  std::unique_ptr<AsyncRedisGuard> redis;
-  std::shared_ptr<Guard> guard;  // in memory, when redis is null
-  std::unique_ptr<AsyncPgSink> pg;
-  std::shared_ptr<Sink> sink;  // in memory, when pg is null
-
-  // Each returns the async backend's own operation (no coroutine frame of its own), or the
-  // in-memory backend's answer, got now, as an awaitable. Either throws only when awaited or
-  // called, which attempt() and renew() both catch.
-  asio::awaitable<ClaimResult> claim(const Step& s) {
-    return redis ? redis->claim(s.key, s.request_id, s.fingerprint)
-                 : ready(guard->claim(s.key, s.request_id, s.fingerprint));
-  }
-  asio::awaitable<bool> complete(const Step& s) {
-    return redis ? redis->complete(s.key, s.owner_token, s.value, s.ttl)
-                 : ready(guard->complete(s.key, s.owner_token, s.value, s.ttl));
-  }
-  asio::awaitable<bool> release(const Step& s) {
-    return redis ? redis->release(s.key, s.owner_token)
-                 : ready(guard->release(s.key, s.owner_token));
-  }
-  asio::awaitable<bool> renew(std::string_view key, std::string_view token,
-                              std::chrono::milliseconds lease) {
-    return redis ? redis->renew(key, token, lease) : ready(guard->renew(key, token, lease));
-  }
-  asio::awaitable<SinkClaim> sink_claim(const Step& s) {
-    return pg ? pg->claim(s.key, s.request_id, s.fingerprint, s.owner_token)
-              : ready(sink->claim(s.key, s.request_id, s.fingerprint, s.owner_token));
-  }
-  asio::awaitable<bool> sink_complete(const Step& s) {
-    return pg ? pg->complete(s.key, s.owner_token, s.value, s.ttl)
-              : ready(sink->complete(s.key, s.owner_token, s.value, s.ttl));
-  }
-  asio::awaitable<bool> sink_release(const Step& s) {
-    return pg ? pg->release(s.key, s.owner_token) : ready(sink->release(s.key, s.owner_token));
-  }
-  asio::awaitable<bool> sink_renew(std::string_view key, std::string_view owner) {
-    return pg ? pg->renew(key, owner, std::chrono::milliseconds(0))
-              : ready(sink->renew(key, owner, std::chrono::milliseconds(0)));
-  }
-  void close() {
-    if (redis) redis->close();
-    if (pg) pg->close();
-  }
-};
-
 }  // namespace detail
 
 struct AsyncDeduplicator::Impl {
-  Impl(asio::any_io_executor ex, AsyncDeduplicatorOptions options)
+  Impl(asio::any_io_executor ex, const AsyncDeduplicatorOptions& options)
       : executor(std::move(ex)),
-        deadline(options.deadline),
-        rules(with_backends(std::move(options))) {
-    const DeduplicatorOptions& o = rules.options();
-    if (o.local_cache_capacity > 0) {
-      cache.emplace(LocalCacheOptions{
-          .max_entries = o.local_cache_capacity,
-          .ttl = o.local_cache_ttl,
-          .shards = std::min<std::size_t>(16, std::bit_floor(o.local_cache_capacity))});
-    }
-  }
-
-  // `options.base` with the plan's view of the backends reached on the loop; builds them.
-  DeduplicatorOptions with_backends(AsyncDeduplicatorOptions options) {
-    DeduplicatorOptions base = std::move(options.base);
-    if (options.deadline.count() < 0) {
-      throw ConfigError("idem: AsyncDeduplicatorOptions::deadline must be >= 0");
-    }
-    if (dynamic_cast<RedisGuard*>(base.guard.get()) != nullptr ||
-        dynamic_cast<PgSink*>(base.sink.get()) != nullptr) {
-      throw ConfigError(
-          "idem: AsyncDeduplicatorOptions::base: a RedisGuard or PgSink blocks its thread on "
-          "every call; set AsyncDeduplicatorOptions::redis / postgres instead");
-    }
-    if (base.transactional_claim == TransactionalClaim::kBusinessKey &&
-        (!options.postgres || options.postgres->business_constraints.empty())) {
-      throw ConfigError(
-          "idem: TransactionalClaim::kBusinessKey needs AsyncDeduplicatorOptions::postgres with "
-          "business_constraints naming the UNIQUE constraint that is the claim");
-    }
-    if (options.redis) {
-      backends.redis = std::make_unique<detail::AsyncRedisGuard>(executor, *options.redis);
-      base.guard = std::make_shared<detail::LoopGuardShape>(backends.redis->lease(),
-                                                            backends.redis->retention());
-    } else {
-      backends.guard = base.guard;
-    }
-    if (options.postgres) {
-      backends.pg = std::make_unique<detail::AsyncPgSink>(executor, *options.postgres);
-      base.sink = std::make_shared<detail::LoopSinkShape>();
-    } else {
-      backends.sink = base.sink;
-    }
-    return base;
-  }
+        guard(detail::loop_guard(executor, options)),
+        sink(detail::loop_sink(executor, options)),
+        pg(dynamic_cast<detail::AsyncPgSink*>(sink.get())),
+        rules(detail::plan_options(options),
+              detail::traits_of(options, options.redis ? guard.get() : nullptr)),
+        cache(detail::local_cache_for(rules.options())) {}
 
   // The calls by deadline (a doubly linked list through the calls, oldest first) and the one
   // timer armed for the first. Expired calls are interrupted kDeadlineBatch per turn of the
@@ -240,7 +128,7 @@ struct AsyncDeduplicator::Impl {
       return;
     }
     deadline_armed = true;
-    deadline_timer.expires_at(deadline_head->deadline_at_);
+    deadline_timer.expires_at(deadline_head->deadline());
     deadline_timer.async_wait([this, alive = std::weak_ptr<bool>(alive_token)](std::error_code e) {
       if (e || alive.expired()) return;
       expire_deadlines();
@@ -250,7 +138,7 @@ struct AsyncDeduplicator::Impl {
     const auto now = SteadyClock::now();
     for (int i = 0; i < kDeadlineBatch; ++i) {
       detail::AsyncCall* call = deadline_head;
-      if (call == nullptr || call->deadline_at_ > now) return arm_deadline();
+      if (call == nullptr || call->deadline() > now) return arm_deadline();
       dequeue_deadline(*call);
       call->interrupt(true);
     }
@@ -260,16 +148,22 @@ struct AsyncDeduplicator::Impl {
     });
   }
 
+  void close() {
+    if (guard) guard->close();
+    if (sink) sink->close();
+  }
+
   asio::any_io_executor executor;
-  std::chrono::milliseconds deadline;
   asio::steady_timer deadline_timer{executor};
   detail::AsyncCall* deadline_head = nullptr;
   detail::AsyncCall* deadline_tail = nullptr;
   bool deadline_armed = false;
   std::shared_ptr<bool> alive_token = std::make_shared<bool>(true);  // expires with this Impl
-  detail::LoopBackends backends;  // before rules: with_backends() fills it
+  std::unique_ptr<detail::AsyncGuard> guard;
+  std::unique_ptr<detail::AsyncSink> sink;
+  detail::AsyncPgSink* pg;  // `sink` when it is PostgreSQL's: the transactions'
   detail::PlanRules rules;
-  std::optional<LocalCache> cache;
+  std::unique_ptr<LocalCache> cache;
   Uuid7Generator owner_ids;
   bool shut_down = false;
   // The running calls, for shutdown(); each knows its place (AsyncCall::running_at_), so adding
@@ -296,8 +190,7 @@ AsyncCall::AsyncCall(std::shared_ptr<AsyncDeduplicator::Impl> dedup, Request req
       request_(std::move(request)),
       plan_(dedup_->rules, request_, mode, SteadyClock::now(), std::chrono::system_clock::now(),
             CallPlan::needs_attempt_id(dedup_->rules, request_, mode) ? dedup_->owner_ids.next()
-                                                                      : std::string(),
-            stop_.get_token()),
+                                                                      : std::string()),
       handler_(std::move(handler)),
       completion_(std::move(completion)),
       user_slot_(slot) {}
@@ -334,15 +227,12 @@ struct ForwardRequestStop {
 void AsyncCall::start() {
   const std::shared_ptr<AsyncCall> self = shared_from_this();
   dedup_->add_running(*this);
-  if (dedup_->shut_down) interrupt(false);
+  if (dedup_->shut_down) cancelled_ = true;
   if (user_slot_.is_connected()) user_slot_.emplace<ForwardCancellation>(self);
   if (request_.stop.stop_possible()) {
     on_request_stop_.emplace(request_.stop, ForwardRequestStop{self, dedup_->executor});
   }
-  if (dedup_->deadline.count() > 0) {
-    deadline_at_ = SteadyClock::now() + dedup_->deadline;
-    dedup_->enqueue_deadline(*this);
-  }
+  if (plan_.deadline() != PlanTime::max()) dedup_->enqueue_deadline(*this);
   asio::co_spawn(
       dedup_->executor, drive(self),
       asio::bind_cancellation_slot(signal_.slot(), [self](std::exception_ptr error, Ending ending) {
@@ -353,14 +243,8 @@ void AsyncCall::start() {
 
 void AsyncCall::interrupt(bool deadline) {
   if (finished_) return;
-  if (deadline) {
-    if (shielded_) return;  // what follows a returned handler runs to its end
-    deadline_passed_ = true;
-  } else {
-    cancelled_ = true;
-  }
-  stop_.request_stop();
-  if (!shielded_) signal_.emit(asio::cancellation_type::terminal);
+  if (!deadline) cancelled_ = true;
+  if (interruptible_) signal_.emit(asio::cancellation_type::terminal);
 }
 
 void AsyncCall::finish(std::exception_ptr error, Outcome outcome) {
@@ -374,204 +258,110 @@ void AsyncCall::finish(std::exception_ptr error, Outcome outcome) {
   completion->complete(error, std::move(outcome));
 }
 
+bool AsyncCall::stopped() const noexcept { return cancelled_ || request_.stop.stop_requested(); }
+
+Input AsyncCall::input(StepResult result) const {
+  return Input{SteadyClock::now(), stopped(), std::move(result)};
+}
+
 asio::awaitable<AsyncCall::Ending> AsyncCall::drive(std::shared_ptr<AsyncCall> self) {
   // The driver reacts to cancellation itself: operations it awaits after one still run (the
   // releases and completions the plan asks for).
   co_await asio::this_coro::throw_if_cancelled(false);
   AsyncCall& call = *self;
+  Input input = call.input(Started{});
   for (;;) {
-    const Step step = call.plan_.next(SteadyClock::now());
+    const Step step = call.plan_.resume(std::move(input));
     if (step.kind == StepKind::kReturn) co_return Ending{nullptr, call.plan_.outcome()};
-    if (step.kind == StepKind::kThrow) co_return Ending{call.thrown(call.plan_.error()), {}};
-    co_await call.perform(step);
+    if (step.kind == StepKind::kThrow) co_return Ending{call.plan_.error(), {}};
+    call.interruptible_ = step.interruptible;
+    StepResult result = co_await call.perform(step);
+    call.interruptible_ = false;
+    input = call.input(std::move(result));
   }
 }
 
-std::exception_ptr AsyncCall::interruption(Layer layer) const {
-  if (deadline_passed_) return deadline_error(layer);
-  if (cancelled_) return std::make_exception_ptr(Cancelled("idem: the call was cancelled"));
-  return nullptr;
-}
-
-std::exception_ptr AsyncCall::thrown(std::exception_ptr error) const {
-  if (deadline_passed_ && error == reported_cancellation_) {
-    return std::make_exception_ptr(
-        DeadlineExceeded("idem: the call's deadline passed while it ran; its claim is kept "
-                         "until its lease ends"));
+asio::awaitable<StepResult> AsyncCall::perform(const Step& step) {
+  if (std::optional<StepResult> done =
+          InProcess(dedup_->rules, dedup_->cache.get()).perform(step)) {
+    co_return *std::move(done);
   }
-  return error;
-}
-
-template <typename Io, typename Report>
-asio::awaitable<void> AsyncCall::attempt(Layer layer, bool cancellable, Io io, Report report) {
-  using Value = typename decltype(io())::value_type;
-  if (cancellable) {
-    if (std::exception_ptr stopped = interruption(layer)) {
-      reported_cancellation_ = stopped;
-      plan_.fail(std::move(stopped));
-      co_return;
-    }
-  }
-  std::optional<Value> value;
-  std::exception_ptr failure;
   try {
-    value.emplace(co_await io());
+    co_return co_await perform_io(step);
   } catch (...) {
-    failure = std::current_exception();
+    if (step.kind == StepKind::kCommit) tx_.reset();  // ended, whatever it answered
+    co_return classify_current();
   }
-  if (!failure) {
-    report(std::move(*value));
-    co_return;
-  }
-  if (cancellable && (cancelled_ || deadline_passed_)) {
-    // A step the call's stop cut short: its error, whatever the client said, is the stop's.
-    failure = interruption(layer);
-    reported_cancellation_ = failure;
-  }
-  plan_.fail(std::move(failure));
 }
 
-asio::awaitable<void> AsyncCall::perform(const Step& step) {
-  LoopBackends& b = dedup_->backends;
+asio::awaitable<StepResult> AsyncCall::perform_io(const Step& step) {
   switch (step.kind) {
-    case StepKind::kLocalGet:
-      plan_.local_result(dedup_->cache->get(step.key));
-      co_return;
-    case StepKind::kLocalPut:
-      dedup_->cache->put(step.key, std::string(step.value), step.ttl);
-      plan_.done();
-      co_return;
     case StepKind::kGuardClaim:
-      co_await attempt(
-          Layer::kRedisGuard, true, [&] { return b.claim(step); },
-          [&](ClaimResult claim) { plan_.claim_result(std::move(claim)); });
-      co_return;
+      co_return co_await dedup_->guard->claim(step.key, step.request_id, step.fingerprint);
     case StepKind::kGuardComplete:
-      co_await attempt(
-          Layer::kRedisGuard, false, [&] { return b.complete(step); },
-          [&](bool owned) { plan_.complete_result(owned); });
-      co_return;
+      co_return Completed{
+          co_await dedup_->guard->complete(step.key, step.owner_token, step.value, step.ttl)};
     case StepKind::kGuardRelease:
-      co_await attempt(
-          Layer::kRedisGuard, false, [&] { return b.release(step); }, [&](bool) { plan_.done(); });
-      co_return;
+      (void)co_await dedup_->guard->release(step.key, step.owner_token);
+      co_return Done{};
+    case StepKind::kSinkClaim:
+      if (tx_) co_return co_await perform_in_transaction(step);
+      co_return co_await dedup_->sink->claim(step.key, step.request_id, step.fingerprint,
+                                             step.owner_token);
+    case StepKind::kSinkComplete:
+      if (tx_) co_return co_await perform_in_transaction(step);
+      (void)co_await dedup_->sink->complete(step.key, step.owner_token, step.value, step.ttl);
+      co_return Done{};
+    case StepKind::kSinkRelease:
+      (void)co_await dedup_->sink->release(step.key, step.owner_token);
+      co_return Done{};
     case StepKind::kSinkBegin:
     case StepKind::kCommit:
     case StepKind::kRollback:
-      co_await perform_in_transaction(step);
-      co_return;
-    case StepKind::kSinkClaim:
-      if (tx_) {
-        co_await perform_in_transaction(step);
-        co_return;
-      }
-      co_await attempt(
-          Layer::kPgSink, true, [&] { return b.sink_claim(step); },
-          [&](SinkClaim claim) { plan_.sink_claim_result(std::move(claim)); });
-      co_return;
-    case StepKind::kSinkComplete:
-      if (tx_) {
-        co_await perform_in_transaction(step);
-        co_return;
-      }
-      co_await attempt(
-          Layer::kPgSink, false, [&] { return b.sink_complete(step); },
-          [&](bool) { plan_.done(); });
-      co_return;
-    case StepKind::kSinkRelease:
-      co_await attempt(
-          Layer::kPgSink, false, [&] { return b.sink_release(step); }, [&](bool) { plan_.done(); });
-      co_return;
+      co_return co_await perform_in_transaction(step);
     case StepKind::kRunHandler:
-      if (tx_) {
-        AsyncTransaction handle(*tx_);
-        co_await run_handler(&handle);
-        co_return;
-      }
-      co_await run_handler(nullptr);
-      co_return;
-    case StepKind::kWait:
-      if (!cancelled_ && !deadline_passed_) {
-        asio::steady_timer timer(dedup_->executor, step.at);
-        std::error_code ignored;  // cancelled: the plan asks the layers again, and sees the stop
-        co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ignored));
-      }
-      plan_.done();
-      co_return;
-    case StepKind::kEmit:
-      emit(*step.event);
-      plan_.done();
-      co_return;
+      co_return co_await run_handler();
+    case StepKind::kWait: {
+      asio::steady_timer timer(dedup_->executor, step.at);
+      std::error_code ignored;  // cut short by a stop or the deadline: the plan sees why
+      co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ignored));
+      co_return Done{};
+    }
     default:
-      break;
+      co_return classify(
+          std::make_exception_ptr(Error("idem: internal: a step the async driver lacks")));
   }
-  plan_.fail(std::make_exception_ptr(Error("idem: internal: a step the async driver lacks")));
 }
 
 // kSinkBegin opens the call's transaction (BEGIN held back for the claim when one follows:
 // Step::with_next), the claim and the staged record go in it, COMMIT carries the record, and
-// either end gives the connection back. Before the handler the steps are cancellable.
-asio::awaitable<void> AsyncCall::perform_in_transaction(const Step& step) {
+// either end gives the connection back.
+asio::awaitable<StepResult> AsyncCall::perform_in_transaction(const Step& step) {
   switch (step.kind) {
-    case StepKind::kSinkBegin: {
-      tx_ = std::make_unique<AsyncPgTransaction>(*dedup_->backends.pg);
-      co_await attempt(
-          Layer::kPgSink, true,
-          [&]() -> asio::awaitable<bool> {
-            co_await tx_->open(!step.with_next);
-            co_return true;
-          },
-          [&](bool) { plan_.done(); });
-      co_return;
-    }
+    case StepKind::kSinkBegin:
+      tx_ = std::make_unique<AsyncPgTransaction>(*dedup_->pg);
+      co_await tx_->open(!step.with_next);
+      co_return Done{};
     case StepKind::kSinkClaim:
-      co_await attempt(
-          Layer::kPgSink, true,
-          [&] { return tx_->claim(step.key, step.request_id, step.fingerprint); },
-          [&](SinkClaim claim) { plan_.sink_claim_result(std::move(claim)); });
-      co_return;
+      co_return co_await tx_->claim(step.key, step.request_id, step.fingerprint);
     case StepKind::kSinkComplete:
       // Staged: inserted with COMMIT; its failure is the commit's.
-      try {
-        tx_->record(step.key, step.request_id, step.fingerprint, step.value, step.ttl);
-      } catch (...) {
-        plan_.fail(std::current_exception());
-        co_return;
-      }
-      plan_.done();
-      co_return;
+      tx_->record(step.key, step.request_id, step.fingerprint, step.value, step.ttl);
+      co_return Done{};
     case StepKind::kCommit:
-    case StepKind::kRollback: {
-      const bool commit = step.kind == StepKind::kCommit;
-      co_await attempt(
-          Layer::kPgSink, false,
-          [&]() -> asio::awaitable<bool> {
-            if (commit) {
-              co_await tx_->commit();
-            } else {
-              co_await tx_->rollback();
-            }
-            co_return true;
-          },
-          [&](bool) { plan_.done(); });
+      co_await tx_->commit();
       tx_.reset();  // the connection is back in the pool
-      co_return;
-    }
-    default:
-      plan_.fail(std::make_exception_ptr(Error("idem: internal: a step out of its transaction")));
-      co_return;
+      co_return Done{};
+    default:  // kRollback
+      if (tx_) co_await tx_->rollback();
+      tx_.reset();
+      co_return Done{};
   }
 }
 
-void AsyncCall::emit(const DecisionEvent& event) const noexcept {
-  try {
-    dedup_->rules.options().on_decision(event);
-  } catch (...) {
-    // A log sink that throws changes no outcome.
-  }
-}
-
-asio::awaitable<void> AsyncCall::run_handler(AsyncTransaction* tx) {
+asio::awaitable<StepResult> AsyncCall::run_handler() {
+  std::optional<AsyncTransaction> transaction;
+  if (tx_) transaction.emplace(*tx_);
   AsyncContext context(*this);
   handler_running_ = true;
   schedule_renewal();
@@ -581,26 +371,17 @@ asio::awaitable<void> AsyncCall::run_handler(AsyncTransaction* tx) {
   // that awaits nothing cancellable still stops.
   co_await asio::this_coro::throw_if_cancelled(true);
   try {
-    response.emplace(co_await handler_(tx, context));
+    response.emplace(co_await handler_(transaction ? &*transaction : nullptr, context));
   } catch (...) {
     failure = std::current_exception();
   }
   co_await asio::this_coro::throw_if_cancelled(false);
   handler_running_ = false;
-  shielded_ = true;
-  dedup_->dequeue_deadline(*this);
+  dedup_->dequeue_deadline(*this);  // what follows the handler runs to its end
   if (renew_timer_) renew_timer_->cancel();
-  if (failure && (cancelled_ || deadline_passed_)) {
-    // Whatever a stopped handler threw, it was stopped: a cancellation (no need to look).
-    reported_cancellation_ = std::make_exception_ptr(Cancelled("idem: handler cancelled"));
-    plan_.fail(reported_cancellation_);
-  } else if (failure && tx != nullptr && tx_->business_duplicate(failure)) {
-    plan_.business_duplicate();
-  } else if (failure) {
-    plan_.fail(as_cancellation(std::move(failure)));
-  } else {
-    plan_.handler_result(*std::move(response));
-  }
+  if (!failure) co_return Response{*std::move(response)};
+  if (tx_ && tx_->business_duplicate(failure)) co_return BusinessDuplicate{};
+  co_return classify(std::move(failure));
 }
 
 void AsyncCall::schedule_renewal() {
@@ -618,33 +399,36 @@ asio::awaitable<void> AsyncCall::renew_in_background(std::shared_ptr<AsyncCall> 
   try {
     (void)co_await self->renew();
   } catch (const std::exception&) {
-    // Recorded in the plan (lease_lost); renewal goes on trying while the handler runs.
+    // Told to the plan (lease_lost); renewal goes on trying while the handler runs.
   }
   self->schedule_renewal();
 }
 
 asio::awaitable<bool> AsyncCall::renew() {
-  if (!plan_.holds_claim() && !plan_.holds_sink_row()) co_return true;
-  const RenewalStep step = plan_.renewal();
+  const std::optional<RenewalStep> step = plan_.renewal();
+  if (!step) co_return true;
   // Copies: the plan's views end with the claim, which may end while this is under way.
-  const std::string key(step.key);
-  const std::string token(step.owner_token);
-  const std::string sink_owner(step.sink_owner);
+  const std::string key(step->key);
+  const std::string token(step->owner_token);
+  const std::string sink_owner(step->sink_owner);
   const PlanTime sent = SteadyClock::now();
+  const InProcess in_process(dedup_->rules, dedup_->cache.get());
   bool owned = true;
   try {
-    if (!token.empty()) owned = co_await dedup_->backends.renew(key, token, step.lease);
-    if (!sink_owner.empty()) owned = co_await dedup_->backends.sink_renew(key, sink_owner) && owned;
+    if (!token.empty()) owned = co_await dedup_->guard->renew(key, token, step->lease);
+    if (!sink_owner.empty()) {
+      owned = co_await dedup_->sink->renew(key, sink_owner, std::chrono::milliseconds(0)) && owned;
+    }
   } catch (...) {
-    if (handler_running_) plan_.renewal_failed(sent);
+    if (handler_running_) in_process.renewed(plan_, sent, std::nullopt);
     throw;
   }
-  if (handler_running_) plan_.renewed(sent, owned);
+  if (handler_running_) in_process.renewed(plan_, sent, owned);
   co_return owned;
 }
 
 bool AsyncCall::stop_requested() const noexcept {
-  return stop_.stop_requested() || request_.stop.stop_requested();
+  return stopped() || SteadyClock::now() >= plan_.deadline();
 }
 
 }  // namespace detail
@@ -709,11 +493,11 @@ std::chrono::steady_clock::time_point AsyncContext::deadline() const noexcept {
 // ---- AsyncDeduplicator ------------------------------------------------------------------------
 
 AsyncDeduplicator::AsyncDeduplicator(executor_type executor, AsyncDeduplicatorOptions options)
-    : impl_(std::make_shared<Impl>(std::move(executor), std::move(options))) {}
+    : impl_(std::make_shared<Impl>(std::move(executor), options)) {}
 
 AsyncDeduplicator::~AsyncDeduplicator() {
   impl_->shut_down = true;
-  impl_->backends.close();
+  impl_->close();
 }
 
 AsyncDeduplicator::executor_type AsyncDeduplicator::get_executor() const noexcept {
@@ -728,19 +512,11 @@ void AsyncDeduplicator::shutdown() {
   });
 }
 
-void AsyncDeduplicator::close() { impl_->backends.close(); }
+void AsyncDeduplicator::close() { impl_->close(); }
 
 void AsyncDeduplicator::start(Request request, detail::AsyncHandler handler, bool transactional,
                               std::unique_ptr<detail::AsyncCompletion> completion,
                               asio::cancellation_slot slot) {
-  if (transactional && impl_->backends.pg == nullptr) {
-    completion->complete(
-        std::make_exception_ptr(ConfigError(
-            "idem: run_transactional needs AsyncDeduplicatorOptions::postgres (its handler "
-            "writes in the PostgreSQL transaction); use run() with another sink")),
-        Outcome{});
-    return;
-  }
   auto call = std::make_shared<detail::AsyncCall>(
       impl_, std::move(request), std::move(handler),
       transactional ? detail::CallMode::kTransactional : detail::CallMode::kRun,

@@ -1,10 +1,9 @@
 // The blocking driver of the call plan: performs each step the plan asks for on the caller's
-// thread (hiredis and libpqxx calls, sleeps for kWait), and renews leases from one helper thread
-// per Deduplicator. Every rule of the outcome table lives in facade/plan.cc.
+// thread (hiredis and libpqxx calls, a wait for kWait), and renews leases from one helper thread
+// per Deduplicator. It decides nothing: every rule lives in facade/plan.cc, and the in-process
+// steps (local cache, metrics, events, the failure decision) in facade/in_process.cc.
 #include "idem/deduplicator.h"
 
-#include <algorithm>
-#include <bit>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
@@ -17,13 +16,13 @@
 #include <utility>
 
 #include "facade/call_state.h"
+#include "facade/in_process.h"
 #include "facade/plan.h"
 #include "idem/errors.h"
 #include "idem/local_cache.h"
 #include "idem/request_id.h"
 #include "pg/cancel.h"
-#include "pg/errors.h"
-#include "sink/pg_call.h"
+#include "sink/pg_transaction.h"
 
 namespace idem {
 
@@ -44,12 +43,12 @@ namespace {
 
 class BlockingCall;
 
-// While it lives, a stop of the call (`stop`: Request::stop or shutdown()) cancels the statement
-// running on `tx`'s connection on the server (SQLSTATE 57014), from a helper thread.
+// While it lives, a stop of the call cancels the statement running on `tx`'s connection on the
+// server (SQLSTATE 57014), from a helper thread.
 class CancelOnStop {
  public:
-  CancelOnStop(pqxx::transaction_base& tx, std::chrono::milliseconds bound, std::stop_token stop)
-      : cancel_(connection_of(tx), bound.count() > 0 ? bound : std::chrono::milliseconds(30000)),
+  CancelOnStop(detail::PgTransaction& tx, std::chrono::milliseconds bound, std::stop_token stop)
+      : cancel_(tx.raw_connection(), bound.count() > 0 ? bound : std::chrono::milliseconds(30000)),
         on_stop_(std::move(stop), Cancel{&cancel_}) {}
 
  private:
@@ -57,11 +56,6 @@ class CancelOnStop {
     detail::PgStatementCancel* cancel;
     void operator()() const noexcept { cancel->request(); }
   };
-  static PGconn* connection_of(pqxx::transaction_base& tx) {
-    const auto* db = dynamic_cast<const pqxx::dbtransaction*>(&tx);
-    return db != nullptr ? detail::raw_connection(*db) : nullptr;
-  }
-
   detail::PgStatementCancel cancel_;
   std::stop_callback<Cancel> on_stop_;
 };
@@ -94,21 +88,29 @@ class Renewer {
   std::jthread thread_;               // started by the first add()
 };
 
+using Handler = std::function<std::string(pqxx::transaction_base*, Context&)>;
+
+// What every call of one Deduplicator shares.
+struct Shared {
+  const detail::PlanRules& rules;
+  LocalCache* cache;
+  PgSink* pg;
+  Renewer& renewer;
+  std::stop_token shutdown;
+};
+
 // One call of the blocking driver: the plan, and what the handler's Context asks of the driver.
 class BlockingCall final : public detail::CallState {
  public:
-  BlockingCall(const detail::PlanRules& rules, const Request& request, detail::CallMode mode,
-               std::string attempt_id, std::stop_token shutdown, LocalCache* cache, PgSink* pg,
-               Renewer& renewer)
-      : plan_(rules, request, mode, SteadyClock::now(), std::chrono::system_clock::now(),
-              std::move(attempt_id), shutdown),
-        options_(rules.options()),
-        cache_(cache),
-        renewer_(renewer),
-        shutdown_(std::move(shutdown)),
-        pg_(pg) {}
+  BlockingCall(const Shared& shared, const Request& request, detail::CallMode mode,
+               std::string attempt_id)
+      : shared_(shared),
+        options_(shared.rules.options()),
+        in_process_(shared.rules, shared.cache),
+        plan_(shared.rules, request, mode, SteadyClock::now(), std::chrono::system_clock::now(),
+              std::move(attempt_id)) {}
 
-  Outcome drive(const std::function<std::string(pqxx::transaction_base*, Context&)>& handler);
+  Outcome drive(const Handler& handler);
 
   // The renewer's entry points.
   std::optional<detail::PlanTime> renewal_due() {
@@ -119,7 +121,7 @@ class BlockingCall final : public detail::CallState {
     try {
       (void)renew();
     } catch (const Error&) {
-      // Recorded in the plan (lease_lost); it keeps trying while the handler runs.
+      // Told to the plan (lease_lost); renewal goes on trying while the handler runs.
     }
   }
 
@@ -136,91 +138,29 @@ class BlockingCall final : public detail::CallState {
     std::lock_guard lock(mutex_);
     return plan_.lease_lost(SteadyClock::now());
   }
-  bool renew() override {
-    detail::RenewalStep step;
-    {
-      std::lock_guard lock(mutex_);
-      if (!plan_.holds_claim() && !plan_.holds_sink_row()) return true;
-      step = plan_.renewal();
-    }
-    const auto sent = SteadyClock::now();
-    bool owned = true;
-    try {
-      if (!step.owner_token.empty()) {
-        owned = options_.guard->renew(step.key, step.owner_token, step.lease);
-      }
-      if (!step.sink_owner.empty()) {
-        owned =
-            options_.sink->renew(step.key, step.sink_owner, std::chrono::milliseconds(0)) && owned;
-      }
-    } catch (...) {
-      std::lock_guard lock(mutex_);
-      plan_.renewal_failed(sent);
-      throw;
-    }
-    std::lock_guard lock(mutex_);
-    plan_.renewed(sent, owned);
-    return owned;
-  }
-  std::stop_token stop_token() noexcept override {
-    // A token requested when either the caller's or the shutdown token is; made on first use,
-    // so calls whose handler never asks pay nothing.
-    std::call_once(stop_once_, [this] {
-      stop_.emplace();
-      on_caller_stop_.emplace(plan_.request().stop, StopForwarder{&*stop_});
-      on_shutdown_.emplace(shutdown_, StopForwarder{&*stop_});
-    });
-    return stop_->get_token();
-  }
+  bool renew() override;
+  std::stop_token stop_token() noexcept override;
 
  private:
-  using Handler = std::function<std::string(pqxx::transaction_base*, Context&)>;
-
-  // Runs `io` (a backend call); reports its value with `report`, or its exception with fail().
-  template <class Io, class Report>
-  void perform(Io&& io, Report&& report) {
-    using Value = decltype(io());
-    if constexpr (std::is_void_v<Value>) {
-      try {
-        io();
-      } catch (...) {
-        last_failure_ = std::current_exception();
-        plan_.fail(last_failure_);
-        return;
-      }
-      report();
-    } else {
-      std::optional<Value> value;
-      try {
-        value.emplace(io());
-      } catch (...) {
-        last_failure_ = std::current_exception();
-        plan_.fail(last_failure_);
-        return;
-      }
-      report(*std::move(value));
-    }
+  [[nodiscard]] bool stopped() const noexcept {
+    return plan_.request().stop.stop_requested() || shared_.shutdown.stop_requested();
   }
-
-  // Performs `step`, one outside any transaction, and reports it.
-  void perform(const detail::Step& step, const Handler& handler);
-  void run_handler(pqxx::transaction_base* tx, const Handler& handler);
-  void transaction(const Handler& handler, bool begin_with_claim);
-  bool in_transaction(pqxx::transaction_base& tx, const Handler& handler, bool begin_with_claim);
+  detail::StepResult perform(const detail::Step& step, const Handler& handler);
+  detail::StepResult perform_io(const detail::Step& step, const Handler& handler);
+  detail::StepResult run_handler(const Handler& handler);
+  void wait_until(detail::PlanTime at);
 
   struct StopForwarder {
     std::stop_source* target;
     void operator()() const noexcept { target->request_stop(); }
   };
 
+  const Shared& shared_;
+  const DeduplicatorOptions& options_;
+  const detail::InProcess in_process_;
   mutable std::mutex mutex_;  // the plan, while the handler runs (renewals, Context)
   detail::CallPlan plan_;
-  const DeduplicatorOptions& options_;
-  LocalCache* cache_;
-  Renewer& renewer_;
-  std::stop_token shutdown_;
-  PgSink* pg_;                       // options_.sink when it is a PgSink (transactional calls)
-  std::exception_ptr last_failure_;  // the last step's exception (inside a transaction)
+  std::optional<detail::PgTransaction> tx_;  // run_transactional(): from kSinkBegin to its end
   std::once_flag stop_once_;
   std::optional<std::stop_source> stop_;
   std::optional<std::stop_callback<StopForwarder>> on_caller_stop_;
@@ -265,229 +205,181 @@ void Renewer::loop(const std::stop_token& stop) {
   }
 }
 
-Outcome BlockingCall::drive(const Handler& handler) {
-  for (;;) {
-    const detail::Step step = plan_.next(SteadyClock::now());
-    switch (step.kind) {
-      case detail::StepKind::kReturn:
-        return plan_.outcome();
-      case detail::StepKind::kThrow:
-        std::rethrow_exception(plan_.error());
-      case detail::StepKind::kSinkBegin:
-        transaction(handler, step.with_next);
-        break;
-      default:
-        perform(step, handler);
-        break;
-    }
-  }
-}
-
-void BlockingCall::perform(const detail::Step& step, const Handler& handler) {
-  using detail::StepKind;
-  switch (step.kind) {
-    case StepKind::kLocalGet:
-      plan_.local_result(cache_->get(step.key));
-      return;
-    case StepKind::kLocalPut:
-      cache_->put(step.key, std::string(step.value), step.ttl);
-      plan_.done();
-      return;
-    case StepKind::kGuardClaim:
-      perform([&] { return options_.guard->claim(step.key, step.request_id, step.fingerprint); },
-              [&](ClaimResult claim) { plan_.claim_result(std::move(claim)); });
-      return;
-    case StepKind::kGuardComplete:
-      perform(
-          [&] {
-            return options_.guard->complete(step.key, step.owner_token, step.value, step.ttl);
-          },
-          [&](bool owned) { plan_.complete_result(owned); });
-      return;
-    case StepKind::kGuardRelease:
-      perform([&] { return options_.guard->release(step.key, step.owner_token); },
-              [&](bool) { plan_.done(); });
-      return;
-    case StepKind::kSinkClaim:
-      perform(
-          [&] {
-            return options_.sink->claim(step.key, step.request_id, step.fingerprint,
-                                        step.owner_token);
-          },
-          [&](SinkClaim claim) { plan_.sink_claim_result(std::move(claim)); });
-      return;
-    case StepKind::kSinkComplete:
-      perform(
-          [&] { return options_.sink->complete(step.key, step.owner_token, step.value, step.ttl); },
-          [&](bool) { plan_.done(); });
-      return;
-    case StepKind::kSinkRelease:
-      perform([&] { return options_.sink->release(step.key, step.owner_token); },
-              [&](bool) { plan_.done(); });
-      return;
-    case StepKind::kRunHandler:
-      run_handler(nullptr, handler);
-      return;
-    case StepKind::kWait:
-      std::this_thread::sleep_until(step.at);
-      plan_.done();
-      return;
-    case StepKind::kEmit:
-      try {
-        options_.on_decision(*step.event);
-      } catch (...) {
-        // A failing log sink must not turn an executed request into an error.
-      }
-      plan_.done();
-      return;
-    case StepKind::kSinkBegin:
-    case StepKind::kCommit:
-    case StepKind::kRollback:
-    case StepKind::kReturn:
-    case StepKind::kThrow:
-      break;
-  }
-  plan_.fail(std::make_exception_ptr(Error("idem: internal: a step out of its transaction")));
-}
-
-void BlockingCall::run_handler(pqxx::transaction_base* tx, const Handler& handler) {
-  std::exception_ptr failure;
-  std::optional<std::string> response;
-  bool business_duplicate = false;
+bool BlockingCall::renew() {
+  std::optional<detail::RenewalStep> step;
   {
-    // The renewer reads the plan while the handler runs: it is done with this call (also when
-    // unwinding) before the result is reported.
-    struct Renewal {
-      Renewer* renewer;
-      BlockingCall* call;
-      ~Renewal() {
-        if (renewer != nullptr) renewer->remove(*call);
-      }
-    } renewal{plan_.renewal_due() ? &renewer_ : nullptr, this};
-    if (renewal.renewer != nullptr) renewer_.add(*this);
-    Context context(*this);
-    // A stop (Request::stop, shutdown()) while the handler runs cancels its running statement
-    // on the server; the plan counts the 57014 that ends it as a cancellation.
-    std::optional<CancelOnStop> cancel;
-    if (tx != nullptr) cancel.emplace(*tx, pg_->options().response_timeout, stop_token());
-    try {
-      if (tx == nullptr) {
-        response = handler(nullptr, context);
-      } else {
-        // The handler's own libpqxx errors become idem::PostgresError, as every sink call's. A
-        // business constraint's unique violation needs no savepoint: the plan rolls the whole
-        // transaction back after it.
-        business_duplicate =
-            !detail::PgCall::business_write(*pg_, [&] { response = handler(tx, context); });
-      }
-    } catch (...) {
-      failure = std::current_exception();
+    std::lock_guard lock(mutex_);
+    step = plan_.renewal();
+  }
+  if (!step) return true;
+  const auto sent = SteadyClock::now();
+  std::optional<bool> owned;
+  try {
+    owned = true;
+    if (!step->owner_token.empty()) {
+      owned = options_.guard->renew(step->key, step->owner_token, step->lease);
     }
+    if (!step->sink_owner.empty()) {
+      owned =
+          options_.sink->renew(step->key, step->sink_owner, std::chrono::milliseconds(0)) && *owned;
+    }
+  } catch (...) {
+    std::lock_guard lock(mutex_);
+    in_process_.renewed(plan_, sent, std::nullopt);
+    throw;
   }
   std::lock_guard lock(mutex_);
-  if (failure) {
-    last_failure_ = failure;
-    plan_.fail(std::move(failure));
-  } else if (business_duplicate) {
-    plan_.business_duplicate();
-  } else {
-    plan_.handler_result(*std::move(response));
-  }
+  in_process_.renewed(plan_, sent, owned);
+  return *owned;
 }
 
-// kSinkBegin: the steps up to kCommit or kRollback run inside detail::PgCall::transact(), which
-// owns BEGIN, COMMIT and ROLLBACK (and drops a connection that was lost). BEGIN goes with the
-// claim and the record with COMMIT, in one round trip each (Step::with_next).
-void BlockingCall::transaction(const Handler& handler, bool begin_with_claim) {
-  try {
-    (void)detail::PgCall::transact(*pg_, [&](pqxx::transaction_base& tx) {
-      return in_transaction(tx, handler, begin_with_claim);
-    });
-  } catch (...) {
-    // BEGIN or COMMIT failed, or the failure that made the plan roll back came back out.
-    if (plan_.next(SteadyClock::now()).kind == detail::StepKind::kRollback) {
-      plan_.done();
-    } else {
-      plan_.fail(std::current_exception());
-    }
-    return;
-  }
-  plan_.done();  // committed, or rolled back at the plan's word
+std::stop_token BlockingCall::stop_token() noexcept {
+  // A token requested when either the caller's or the shutdown token is; made on first use, so
+  // calls whose handler never asks pay nothing.
+  std::call_once(stop_once_, [this] {
+    stop_.emplace();
+    on_caller_stop_.emplace(plan_.request().stop, StopForwarder{&*stop_});
+    on_shutdown_.emplace(shared_.shutdown, StopForwarder{&*stop_});
+  });
+  return stop_->get_token();
 }
 
-bool BlockingCall::in_transaction(pqxx::transaction_base& tx, const Handler& handler,
-                                  bool begin_with_claim) {
-  using detail::StepKind;
-  // Without a claim, BEGIN goes now: a failure is kSinkBegin's (thrown out of transact()).
-  if (!begin_with_claim) detail::PgCall::begin(tx);
-  plan_.done();  // BEGIN
-  last_failure_ = nullptr;
+Outcome BlockingCall::drive(const Handler& handler) {
+  detail::Input input{SteadyClock::now(), stopped(), detail::Started{}};
   for (;;) {
-    const detail::Step step = plan_.next(SteadyClock::now());
-    switch (step.kind) {
-      case StepKind::kCommit:
-        return true;
-      case StepKind::kRollback:
-        // A failure inside goes back out through transact_if(), which rolls back and drops a
-        // lost connection; a decision (a duplicate found) rolls back quietly.
-        if (last_failure_) std::rethrow_exception(last_failure_);
-        return false;
-      case StepKind::kSinkClaim:
-        // The claim may wait on the key's lock: a stop meanwhile cancels it, and the plan ends
-        // the call Cancelled before its handler runs.
-        perform(
-            [&] {
-              const CancelOnStop cancel(tx, pg_->options().response_timeout, stop_token());
-              return detail::PgCall::claim(*pg_, tx, step.key, step.request_id, step.fingerprint);
-            },
-            [&](SinkClaim claim) { plan_.sink_claim_result(std::move(claim)); });
-        break;
-      case StepKind::kSinkComplete:
-        // Staged: the record is inserted with COMMIT; its failure is the commit's.
-        perform(
-            [&] {
-              detail::PgCall::record(*pg_, tx, step.key, step.request_id, step.fingerprint,
-                                     step.value, step.ttl);
-            },
-            [&] { plan_.done(); });
-        break;
-      case StepKind::kRunHandler:
-        run_handler(&tx, handler);
-        break;
-      default:
-        return false;  // not a step of a transaction: roll back, the plan says what follows
+    detail::Step step;
+    {
+      std::lock_guard lock(mutex_);
+      step = plan_.resume(std::move(input));
     }
+    if (step.kind == detail::StepKind::kReturn) return plan_.outcome();
+    if (step.kind == detail::StepKind::kThrow) std::rethrow_exception(plan_.error());
+    detail::StepResult result = perform(step, handler);
+    input = detail::Input{SteadyClock::now(), stopped(), std::move(result)};
   }
+}
+
+detail::StepResult BlockingCall::perform(const detail::Step& step, const Handler& handler) {
+  if (std::optional<detail::StepResult> done = in_process_.perform(step)) return *std::move(done);
+  try {
+    return perform_io(step, handler);
+  } catch (...) {
+    if (step.kind == detail::StepKind::kCommit) tx_.reset();  // ended, whatever it answered
+    return detail::classify_current();
+  }
+}
+
+detail::StepResult BlockingCall::perform_io(const detail::Step& step, const Handler& handler) {
+  using detail::StepKind;
+  Guard* guard = options_.guard.get();
+  Sink* sink = options_.sink.get();
+  switch (step.kind) {
+    case StepKind::kGuardClaim:
+      return guard->claim(step.key, step.request_id, step.fingerprint);
+    case StepKind::kGuardComplete:
+      return detail::Completed{guard->complete(step.key, step.owner_token, step.value, step.ttl)};
+    case StepKind::kGuardRelease:
+      (void)guard->release(step.key, step.owner_token);
+      return detail::Done{};
+    case StepKind::kSinkBegin:
+      tx_.emplace(*shared_.pg);
+      tx_->open(!step.with_next);
+      return detail::Done{};
+    case StepKind::kSinkClaim:
+      if (!tx_) return sink->claim(step.key, step.request_id, step.fingerprint, step.owner_token);
+      {
+        // The claim may wait on the key's lock: a stop meanwhile cancels it.
+        const CancelOnStop cancel(*tx_, shared_.pg->options().response_timeout, stop_token());
+        return tx_->claim(step.key, step.request_id, step.fingerprint);
+      }
+    case StepKind::kRunHandler:
+      return run_handler(handler);
+    case StepKind::kSinkComplete:
+      if (tx_) {
+        tx_->record(step.key, step.request_id, step.fingerprint, step.value, step.ttl);
+      } else {
+        (void)sink->complete(step.key, step.owner_token, step.value, step.ttl);
+      }
+      return detail::Done{};
+    case StepKind::kCommit:
+      tx_->commit();
+      tx_.reset();
+      return detail::Done{};
+    case StepKind::kRollback:
+      if (tx_) tx_->rollback();
+      tx_.reset();
+      return detail::Done{};
+    case StepKind::kSinkRelease:
+      (void)sink->release(step.key, step.owner_token);
+      return detail::Done{};
+    case StepKind::kWait:
+      wait_until(step.at);
+      return detail::Done{};
+    default:
+      throw Error("idem: internal: a step the blocking driver does not perform");
+  }
+}
+
+detail::StepResult BlockingCall::run_handler(const Handler& handler) {
+  // The renewer reads the plan while the handler runs: it is done with this call (also when
+  // unwinding) before the result is reported.
+  struct Renewal {
+    Renewer* renewer;
+    BlockingCall* call;
+    ~Renewal() {
+      if (renewer != nullptr) renewer->remove(*call);
+    }
+  } renewal{renewal_due() ? &shared_.renewer : nullptr, this};
+  if (renewal.renewer != nullptr) shared_.renewer.add(*this);
+  Context context(*this);
+  try {
+    if (!tx_) return detail::Response{handler(nullptr, context)};
+    // A stop while the handler runs cancels its running statement on the server; the plan
+    // counts the 57014 that ends it as a cancellation.
+    const CancelOnStop cancel(*tx_, shared_.pg->options().response_timeout, stop_token());
+    std::string response;
+    if (!tx_->business_write([&] { response = handler(&tx_->tx(), context); })) {
+      return detail::BusinessDuplicate{};
+    }
+    return detail::Response{std::move(response)};
+  } catch (...) {
+    return detail::classify_current();
+  }
+}
+
+void BlockingCall::wait_until(detail::PlanTime at) {
+  // Woken early by a stop: the plan ends the wait.
+  std::mutex mutex;
+  std::condition_variable_any woken;
+  std::unique_lock lock(mutex);
+  (void)woken.wait_until(lock, stop_token(), at, [] { return false; });
+}
+
+// Whether the sink can run a call in its transaction, and with business constraints.
+detail::DriverTraits traits_of(const DeduplicatorOptions& options) {
+  const auto* pg = dynamic_cast<const PgSink*>(options.sink.get());
+  return detail::DriverTraits{
+      .transactions = pg != nullptr,
+      .business_constraints = pg != nullptr && !pg->options().business_constraints.empty()};
 }
 
 }  // namespace
 
 struct Deduplicator::Impl {
-  explicit Impl(DeduplicatorOptions options) : rules(options) {
-    const DeduplicatorOptions& o = rules.options();
-    if (o.transactional_claim == TransactionalClaim::kBusinessKey &&
-        (pg == nullptr || pg->options().business_constraints.empty())) {
-      throw ConfigError(
-          "idem: TransactionalClaim::kBusinessKey needs a PgSink whose business_constraints "
-          "name the UNIQUE constraint that is the claim");
-    }
+  explicit Impl(DeduplicatorOptions options)
+      : rules(options, traits_of(options)), cache(detail::local_cache_for(rules.options())) {
     // Gauges of the backends (breaker state, pool use) for the metrics that read them.
+    const DeduplicatorOptions& o = rules.options();
     if (o.metrics) o.metrics->watch_backends(o.guard, o.sink);
-    if (o.local_cache_capacity > 0) {
-      LocalCacheOptions cache;
-      cache.max_entries = o.local_cache_capacity;
-      cache.ttl = o.local_cache_ttl;
-      cache.shards = std::min<std::size_t>(16, std::bit_floor(o.local_cache_capacity));
-      local_cache.emplace(cache);
-    }
   }
 
   detail::PlanRules rules;
-  PgSink* pg = dynamic_cast<PgSink*>(rules.options().sink.get());  // transactional calls
-  std::optional<LocalCache> local_cache;
+  std::unique_ptr<LocalCache> cache;
   std::stop_source shutdown;
   Uuid7Generator owner_ids;
   Renewer renewer;  // last: its thread stops before the rest goes
+  Shared shared{rules, cache.get(), dynamic_cast<PgSink*>(rules.options().sink.get()), renewer,
+                shutdown.get_token()};
 };
 
 Deduplicator::Deduplicator(DeduplicatorOptions options)
@@ -499,20 +391,12 @@ void Deduplicator::shutdown() noexcept { impl_->shutdown.request_stop(); }
 
 Outcome Deduplicator::run_handler(const Request& request, bool transactional,
                                   const ErasedHandler& handler) {
-  const DeduplicatorOptions& options = impl_->rules.options();
-  if (transactional && options.sink && impl_->pg == nullptr) {
-    throw ConfigError(
-        "idem: run_transactional needs a PgSink (its handler writes in the PostgreSQL "
-        "transaction); use run() with another sink");
-  }
   const detail::CallMode mode =
       transactional ? detail::CallMode::kTransactional : detail::CallMode::kRun;
-  BlockingCall call(impl_->rules, request, mode,
+  BlockingCall call(impl_->shared, request, mode,
                     detail::CallPlan::needs_attempt_id(impl_->rules, request, mode)
                         ? impl_->owner_ids.next()
-                        : std::string(),
-                    impl_->shutdown.get_token(),
-                    impl_->local_cache ? &*impl_->local_cache : nullptr, impl_->pg, impl_->renewer);
+                        : std::string());
   return call.drive(handler);
 }
 

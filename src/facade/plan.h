@@ -1,9 +1,11 @@
-// The call plan: the whole procedure of one Deduplicator call as a state machine that does no
-// I/O, no sleeping, starts no thread and reads no clock. A driver (the blocking Deduplicator, an
-// asynchronous front, the simulator) asks it for the next step, performs that step against its
-// backends, and reports the result; the plan owns every rule of the outcome table
-// (docs/semantics.md) and every policy of DeduplicatorOptions. docs/call_plan.md lists the steps
-// and what a driver does for each.
+// The call plan: the whole procedure of one call as a state machine that does no I/O, no
+// sleeping, starts no thread, reads no clock and calls no user code. A driver (the blocking
+// Deduplicator, the AsyncDeduplicator, the simulator) resumes it with one Input per step (the
+// time, whether the call is stopped, and the result of the step it performed) and performs the
+// Step it returns. Every rule of the outcome table (docs/semantics.md), every policy of
+// DeduplicatorOptions, every ConfigError, the deadline and what a stop means at each step live
+// here; a driver performs steps and reports results, it decides nothing. docs/call_plan.md
+// describes the protocol and each driver.
 //
 // Not thread-safe: one call's plan is driven by one thread at a time (a driver that renews a
 // lease from another thread serializes its calls on the plan).
@@ -13,39 +15,60 @@
 #include <cstdint>
 #include <exception>
 #include <optional>
-#include <stop_token>
 #include <string>
 #include <string_view>
+#include <variant>
 
+#include "facade/call_key.h"
+#include "facade/step_error.h"
 #include "idem/deduplicator.h"
-#include "idem/errors.h"
 
 namespace idem::detail {
-
-/// SQLSTATE query_canceled: a statement cancelled (PQcancel) or past statement_timeout. Under a
-/// stop of the call, a handler failure with it is a cancellation (CallPlan::fail()).
-inline constexpr const char* kQueryCanceledSqlstate = "57014";
 
 /// Time as the plan sees it: a driver passes the monotonic clock's reading in.
 using PlanTime = std::chrono::steady_clock::time_point;
 
-/// What the plan needs of a Deduplicator's options, prepared and validated once (ConfigError).
-/// Immutable afterwards: shared by every call, from any thread.
+/// What a driver's backends can do, for the rules that depend on it.
+struct DriverTraits {
+  /// The sink can run a call in its transaction (run_transactional()): a PgSink, or the async
+  /// driver's PostgreSQL sink.
+  bool transactions = false;
+  /// The sink names business constraints (PgSinkOptions::business_constraints).
+  bool business_constraints = false;
+  /// The driver performs steps on an event loop: a guard or sink whose calls block their thread
+  /// (RedisGuard, PgSink) is refused.
+  bool on_loop = false;
+  /// Each call's deadline from its start; 0: none (AsyncDeduplicatorOptions::deadline).
+  std::chrono::milliseconds deadline{0};
+  /// A guard the driver reaches itself, not DeduplicatorOptions::guard (the async driver's
+  /// Redis client), and its lease and retention.
+  bool own_guard = false;
+  std::chrono::milliseconds own_guard_lease{0};
+  std::chrono::milliseconds own_guard_retention{0};
+  /// A sink the driver reaches itself, not DeduplicatorOptions::sink.
+  bool own_sink = false;
+};
+
+/// What the plan needs of a deduplicator's options, validated once (every ConfigError of the
+/// facade is thrown here). Immutable afterwards: shared by every call, from any thread.
 class PlanRules {
  public:
-  /// Throws idem::ConfigError on inconsistent options.
-  explicit PlanRules(const DeduplicatorOptions& options);
+  /// Throws idem::ConfigError on options the driver cannot run.
+  PlanRules(const DeduplicatorOptions& options, DriverTraits traits);
 
-  /// The options, as given.
   [[nodiscard]] const DeduplicatorOptions& options() const noexcept { return options_; }
+  [[nodiscard]] const DriverTraits& traits() const noexcept { return traits_; }
 
  private:
   friend class CallPlan;
+  friend struct CallKey;
   DeduplicatorOptions options_;
+  DriverTraits traits_;
   std::optional<Fingerprinter> fingerprinter_;           // no time bucket: mismatch detection
   std::optional<Fingerprinter> bucketed_fingerprinter_;  // fallback keys, when a bucket is set
+  bool guard_ = false;  // a guard: DeduplicatorOptions::guard, or the driver's own
+  bool sink_ = false;   // a sink: DeduplicatorOptions::sink, or the driver's own
   RedisFailurePolicy redis_failure_ = RedisFailurePolicy::kFailClosed;
-  bool transactional_records_ = true;  // run_transactional() keeps idem's record in the sink
   std::chrono::milliseconds guard_lease_{0};
   std::chrono::milliseconds guard_retention_{0};  // 0: unknown
 };
@@ -56,55 +79,108 @@ enum class CallMode {
   kTransactional,  ///< Inside the sink's transaction, with the claim row and its completion.
 };
 
-/// What a driver must do next. Each step is reported back before the next is asked for:
-/// with the result named here, or with fail(error) when it threw.
+/// What a driver must do next, and the result it reports with the next Input.
 enum class StepKind {
-  kLocalGet,       ///< LocalCache::get(key) → local_result().
-  kLocalPut,       ///< LocalCache::put(key, value, ttl) → done().
-  kGuardClaim,     ///< Guard::claim(key, request_id, fingerprint) → claim_result().
-  kGuardComplete,  ///< Guard::complete(key, owner_token, value, ttl) → complete_result().
-  kGuardRelease,   ///< Guard::release(key, owner_token) → done() (its answer does not matter).
-  kSinkBegin,      ///< Transactional: open a transaction on the sink → done().
+  kLocalGet,       ///< LocalCache::get(key) → CacheEntry.
+  kLocalPut,       ///< LocalCache::put(key, value, ttl) → Done.
+  kGuardClaim,     ///< Guard::claim(key, request_id, fingerprint) → ClaimResult.
+  kGuardComplete,  ///< Guard::complete(key, owner_token, value, ttl) → Completed.
+  kGuardRelease,   ///< Guard::release(key, owner_token) → Done.
+  kSinkBegin,      ///< Transactional: open a transaction on the sink → Done.
   kSinkClaim,      ///< Claim key for request_id with fingerprint, in the open transaction (its
-                   ///< row kept for ttl) or on its own (kRun) → sink_claim_result().
+                   ///< row kept for ttl), or on its own (kRun; owner_token: the row's fencing
+                   ///< token) → SinkClaim.
   kRunHandler,     ///< Call the handler (in the open transaction when transactional) →
-                   ///< handler_result(), or business_duplicate() when a business constraint
-                   ///< of the sink said the effect exists (transactional only).
+                   ///< Response, or BusinessDuplicate when a business constraint of the sink
+                   ///< said the effect exists (transactional only).
   kSinkComplete,   ///< Complete key with value, kept for ttl: in the open transaction, or on
-                   ///< its own for request_id (kRun) → done().
-  kCommit,         ///< Commit the open transaction → done().
-  kRollback,       ///< Roll the open transaction back → done() (a failure is ignored).
-  kSinkRelease,    ///< Sink::release(key, request_id) → done() (its answer does not matter).
-  kWait,           ///< Wake at `at` (a timer, a sleep) → done().
-  kEmit,           ///< Hand `event` to DeduplicatorOptions::on_decision → done().
-  kReturn,         ///< The call ends with outcome().
-  kThrow,          ///< The call ends by throwing error().
+                   ///< its own for owner_token (kRun) → Done.
+  kCommit,         ///< Commit the open transaction → Done.
+  kRollback,       ///< Roll the open transaction back → Done (a failure changes nothing).
+  kSinkRelease,    ///< Sink::release(key, owner_token) → Done.
+  kWait,           ///< Wake at `at`, or at once when the call is stopped or past its
+                   ///< deadline → Done.
+  kDecideFailure,  ///< DeduplicatorOptions::on_handler_failure(error) → FailureDecision.
+  kEmit,           ///< Record `event` in DeduplicatorOptions::metrics and hand it to on_decision
+                   ///< → Done.
+  kReturn,         ///< The call ends with CallPlan::outcome().
+  kThrow,          ///< The call ends by throwing CallPlan::error().
 };
 
-/// One step. The views point into the plan: valid until the next report.
+/// The number of step kinds (for tables indexed by StepKind).
+inline constexpr std::size_t kStepKinds = static_cast<std::size_t>(StepKind::kThrow) + 1;
+
+/// The step's name without its `k`, e.g. "GuardClaim", for traces and reports.
+[[nodiscard]] std::string_view step_name(StepKind kind) noexcept;
+
+/// What the plan counted since the last step, recorded in Metrics before the step is performed
+/// (InProcess::perform()).
+struct StepNotes {
+  std::uint8_t guard_errors = 0;  ///< Metrics::record_backend_error(Layer::kRedisGuard) each.
+  std::uint8_t sink_errors = 0;   ///< Metrics::record_backend_error(Layer::kPgSink) each.
+  std::uint8_t releases = 0;      ///< Metrics::record_release() each.
+  [[nodiscard]] bool any() const noexcept { return guard_errors + sink_errors + releases > 0; }
+};
+
+/// One step. The views point into the plan: valid until the next resume().
 struct Step {
   StepKind kind = StepKind::kReturn;
   std::string_view key{};            ///< The key text the step acts on.
   std::string_view request_id{};     ///< Guard claim: the request ID; sink steps: the row's owner.
   std::string_view fingerprint{};    ///< Claims: the fingerprint as records keep it,
                                      ///< `options_tag.hex` (may be empty).
-  std::string_view owner_token{};    ///< Guard complete/release: the claim's owner token.
+  std::string_view owner_token{};    ///< Guard complete/release: the claim's owner token; sink
+                                     ///< steps of kRun: the row's fencing token.
   std::string_view value{};          ///< Completions: the response; kLocalPut: the cache entry.
   std::chrono::milliseconds ttl{0};  ///< Retention (completions, transactional claim; 0: the
                                      ///< backend's own), or the local cache entry's TTL.
   PlanTime at{};                     ///< kWait: when to wake.
+  /// The driver cuts this step short (cancels its I/O, wakes its wait, cancels the handler) when
+  /// the call is stopped or its deadline passes while it runs, and reports how it ended (the
+  /// plan reads a failure then as the stop's or the deadline's). False once the handler has
+  /// returned: what follows it runs to its end.
+  bool interruptible = false;
   /// kSinkBegin before a claim, and a transactional kSinkComplete: the step may go with the next
-  /// one (kSinkClaim; kCommit) in one round trip. The driver may then report done() at once and
+  /// one (kSinkClaim; kCommit) in one round trip. The driver may then report Done at once and
   /// perform it with the next step; a failure of either is reported at the next step, where
   /// the plan treats it alike (nothing ran yet; the commit did not happen).
   bool with_next = false;
-  const DecisionEvent* event = nullptr;  ///< kEmit: the event (valid until done()).
+  StepNotes notes{};                     ///< Counts to record before performing it.
+  const DecisionEvent* event = nullptr;  ///< kEmit: the event (valid until the next resume()).
+  std::exception_ptr error{};            ///< kDecideFailure: the handler's exception.
+};
+
+// ---- the results a driver reports
+// ----------------------------------------------------------------
+
+struct Started {};   ///< The first resume() of a call.
+struct Done {};      ///< The step was performed.
+struct CacheEntry {  ///< kLocalGet: the entry found, if any.
+  std::optional<std::string> entry;
+};
+struct Completed {  ///< kGuardComplete: whether this call still owned the claim.
+  bool owned = true;
+};
+struct Response {  ///< kRunHandler: the handler returned this response.
+  std::string text;
+};
+struct BusinessDuplicate {};  ///< kRunHandler (transactional): a business constraint fired.
+
+/// The result of the step performed, or how it failed.
+using StepResult = std::variant<Started, Done, CacheEntry, ClaimResult, Completed, SinkClaim,
+                                Response, BusinessDuplicate, FailureDecision, StepError>;
+
+/// What a driver tells the plan at each step.
+struct Input {
+  PlanTime now{};        ///< The driver's monotonic clock, now.
+  bool stopped = false;  ///< Request::stop, or the deduplicator's shutdown, is requested.
+  StepResult result{Started{}};
 };
 
 /// A renewal a driver owes the plan while the handler runs (see CallPlan::renewal()).
 struct RenewalStep {
   std::string_view key{};              ///< The claimed key.
-  std::string_view owner_token{};      ///< The claim's owner token.
+  std::string_view owner_token{};      ///< The claim's owner token; empty: no guard claim.
   std::chrono::milliseconds lease{0};  ///< Guard::renew(key, owner_token, lease).
   /// The owner of the sink's row of a run() call, renewed with it: Sink::renew(key, sink_owner,
   /// 0). Empty when the call holds no sink row.
@@ -114,41 +190,20 @@ struct RenewalStep {
 /// One call. Built by the driver when the call starts; lives until it returns or throws.
 class CallPlan {
  public:
-  /// `request` must outlive the plan. `now` is the call's start (monotonic), `wall_now` the
-  /// wall clock at the start (time buckets of fallback keys), `attempt_id` a fresh unique ID of
-  /// this call (the sink's owner when the request has no request ID). `shutdown` is the
-  /// deduplicator's stop token.
   /// Whether a call of `request` in `mode` needs an `attempt_id` from its driver: when the
   /// request has no request ID, and for run() with a sink (its row's fencing token). Otherwise
   /// the plan ignores it, and a driver may pass an empty one.
   [[nodiscard]] static bool needs_attempt_id(const PlanRules& rules, const Request& request,
                                              CallMode mode) noexcept;
+  /// `request` must outlive the plan. `now` is the call's start (monotonic), `wall_now` the
+  /// wall clock at the start (time buckets of fallback keys), `attempt_id` a fresh unique ID of
+  /// this call (see needs_attempt_id()).
   CallPlan(const PlanRules& rules, const Request& request, CallMode mode, PlanTime now,
-           std::chrono::system_clock::time_point wall_now, std::string attempt_id,
-           std::stop_token shutdown);
+           std::chrono::system_clock::time_point wall_now, std::string attempt_id);
 
-  /// The step to perform now, at `now`. Asking again without a report returns the same step.
-  [[nodiscard]] Step next(PlanTime now);
-
-  // ---- reports of the step next() returned -------------------------------------------------
-  /// kLocalGet: the entry found, if any.
-  void local_result(std::optional<std::string> entry);
-  /// kGuardClaim: the guard's answer.
-  void claim_result(ClaimResult claim);
-  /// kGuardComplete: whether this call still owned the claim.
-  void complete_result(bool owned);
-  /// kSinkClaim: the sink's answer.
-  void sink_claim_result(SinkClaim claim);
-  /// kRunHandler: the handler returned `response`.
-  void handler_result(std::string response);
-  /// kRunHandler (transactional): a business constraint said the effect already exists.
-  void business_duplicate();
-  /// Every other step: it was done.
-  void done();
-  /// Any step: it threw `error` (a handler's exception, a backend's idem::BackendError, ...).
-  /// A handler's idem::PostgresError with kQueryCanceledSqlstate while the call's stop is
-  /// requested counts as idem::Cancelled (the claim is kept).
-  void fail(std::exception_ptr error);
+  /// Takes the result of the step last returned (Started{} the first time) and returns the
+  /// step to perform now.
+  [[nodiscard]] Step resume(Input input);
 
   // ---- the end -----------------------------------------------------------------------------
   /// kReturn: the outcome (moved out).
@@ -156,21 +211,21 @@ class CallPlan {
   /// kThrow: the exception to rethrow.
   [[nodiscard]] std::exception_ptr error() const noexcept { return error_; }
 
+  // ---- the deadline ------------------------------------------------------------------------
+  /// When the call's deadline passes (PlanTime::max() without one): a driver interrupts an
+  /// interruptible step under way then.
+  [[nodiscard]] PlanTime deadline() const noexcept { return deadline_; }
+
   // ---- the lease, while the handler runs ---------------------------------------------------
-  /// When the next automatic renewal is due; nullopt when none is (no Redis claim, renewal off,
-  /// the handler is not running, or the claim was found lost).
+  /// When the next automatic renewal is due; nullopt when none is (no claim to renew, renewal
+  /// off, the handler is not running, or the claim was found lost).
   [[nodiscard]] std::optional<PlanTime> renewal_due() const noexcept;
-  /// The renewal to perform (the handler's Context::renew() asks for it too). Only while this
-  /// call holds a Redis claim (holds_claim()).
-  [[nodiscard]] RenewalStep renewal() const noexcept;
-  /// A renewal at `now` answered `owned` (false: the claim is lost).
-  void renewed(PlanTime now, bool owned) noexcept;
-  /// A renewal at `now` threw: the claim may be lost; automatic renewal goes on trying.
-  void renewal_failed(PlanTime now) noexcept;
-  /// Whether this call holds a Redis claim now.
-  [[nodiscard]] bool holds_claim() const noexcept { return !owner_token_.empty(); }
-  /// Whether this call holds an IN_PROGRESS sink row of its own now (run() with a sink).
-  [[nodiscard]] bool holds_sink_row() const noexcept { return holds_sink_row_; }
+  /// The renewal to perform (the handler's Context::renew() asks for it too); nullopt when the
+  /// call holds nothing to renew.
+  [[nodiscard]] std::optional<RenewalStep> renewal() const noexcept;
+  /// A renewal sent at `sent` answered `owned` (false: the claim is lost), or failed (nullopt:
+  /// the claim may be lost; automatic renewal goes on trying).
+  void renewed(PlanTime sent, std::optional<bool> owned) noexcept;
   /// Time left on the claim's lease at `now` (by the driver's clock: Redis' own TTL decides);
   /// zero without a claim.
   [[nodiscard]] std::chrono::milliseconds remaining_lease(PlanTime now) const noexcept;
@@ -179,13 +234,13 @@ class CallPlan {
 
   // ---- what the handler's Context shows ----------------------------------------------------
   [[nodiscard]] const Request& request() const noexcept { return request_; }
-  [[nodiscard]] std::string_view key() const noexcept { return key_; }
-  [[nodiscard]] std::string_view fingerprint() const noexcept { return fingerprint_; }
+  [[nodiscard]] std::string_view key() const noexcept { return key_.key; }
+  [[nodiscard]] std::string_view fingerprint() const noexcept { return key_.fingerprint; }
   [[nodiscard]] CallMode mode() const noexcept { return mode_; }
 
  private:
-  // Where the call is. Each state has one step (see next()).
-  enum class State {
+  // Where the call is: each state has one step (see step()).
+  enum class State : std::uint8_t {
     kStart,
     kLocalGet,
     kGuardClaim,
@@ -198,8 +253,9 @@ class CallPlan {
     kSinkComplete,
     kCommit,
     kRollback,
-    kFailureSinkRelease,  // failure policy kRelease, kRun with a sink
-    kStoreBegin,          // failure policy kStoreAsResponse (transactional: its own transaction)
+    kFailureSinkRelease,  // the sink's row of a run() call, after a failure or a stop
+    kDecideFailure,
+    kStoreBegin,  // failure policy kStoreAsResponse (transactional: its own transaction)
     kStoreClaim,
     kStoreComplete,
     kStoreCommit,
@@ -212,21 +268,40 @@ class CallPlan {
     kThrow,
   };
 
-  void start();
-  bool prepare();   // sets key_ and fingerprint_; false when the request has nothing to key on
-  bool make_key();  // key_ of a request with a business key or a request ID
+  // Taking each result (plan.cc, "results").
+  void take(Started);
+  void take(Done);
+  void take(CacheEntry entry);
+  void take(ClaimResult claim);
+  void take(Completed completed);
+  void take(SinkClaim claim);
+  void take(Response response);
+  void take(BusinessDuplicate);
+  void take(FailureDecision decision);
+  void take(StepError error);
+  // The stop and the deadline before a step of the handler's side (plan.cc, "interruptions").
+  void settle();
+  [[nodiscard]] bool before_handler() const noexcept;
+  [[nodiscard]] bool past_deadline() const noexcept { return now_ >= deadline_; }
+  void stop_before_handler();
+  void deadline_before_handler();
+  // The layers.
   void lookup();
   void claim_guard();
+  void guard_claimed(ClaimResult claim);
   void repeat(Outcome outcome);
-  void guard_failed(const BackendError& error);
+  void guard_failed(std::string_view why);
   void enter_sink();
   void enter_handler();
-  void stop_before_handler(bool transaction_open);
-  [[nodiscard]] bool is_cancellation(const std::exception_ptr& error) const;
-  void sink_failed(std::exception_ptr error, bool backend);
-  void handler_failed(std::exception_ptr error);
+  void sink_claimed(SinkClaim claim);
+  void sink_unavailable(std::string_view why);
+  // Failures.
+  void failed_after_handler(StepError error);
+  void handler_failed(StepError error);
   void after_failure();
-  void after_store();
+  void apply(FailureDecision decision);
+  void store_failed();
+  // The end.
   void finish_executed();
   void conclude(Outcome outcome);
   void begin_completion();
@@ -234,76 +309,72 @@ class CallPlan {
   void finish(Outcome outcome);
   void release_or(State next);
   void proceed(State next);
-  void unavailable(Layer layer, const BackendError& error);
+  void end_with(std::exception_ptr error, bool cancelled);
   void emit_or_end();
-  void record_backend_error(Layer layer) const noexcept;
-  // Appends "layer: what" of `error` to `text` ("; " between two).
-  static void note_failure(std::string& text, Layer layer, const std::exception_ptr& error);
+  void internal_error(std::string_view what);
+  [[nodiscard]] Step step() noexcept;
+  [[nodiscard]] Step store_step(Step step) const noexcept;
   void go(State state) noexcept { state_ = state; }
-  [[nodiscard]] static Outcome unavailable_outcome(Layer layer, const BackendError& error);
+  [[nodiscard]] static Outcome unavailable(Layer layer, std::string_view why);
   [[nodiscard]] std::chrono::milliseconds record_retention() const noexcept;
-  [[nodiscard]] bool is_fallback_key() const noexcept;
   [[nodiscard]] std::chrono::milliseconds local_ttl() const noexcept;
-  [[nodiscard]] bool stop_requested() const noexcept;
   [[nodiscard]] bool transactional() const noexcept { return mode_ == CallMode::kTransactional; }
+  [[nodiscard]] bool holds_claim() const noexcept { return !owner_token_.empty(); }
+  // Whether the open transaction holds this call's claim (kSinkClaim answered or pending).
+  [[nodiscard]] bool transaction_open() const noexcept;
   // The owner token of this call's sink row: its attempt ID, or its request ID without one.
   [[nodiscard]] const std::string& sink_token() const noexcept {
     return attempt_id_.empty() ? sink_owner_ : attempt_id_;
   }
   // Whether this call claims and completes a record in the sink.
-  [[nodiscard]] bool sink_records() const noexcept {
-    return rules_.options_.sink && claim_rows_ &&
-           (!transactional() || rules_.transactional_records_);
-  }
+  [[nodiscard]] bool sink_records() const noexcept;
 
   const PlanRules& rules_;
   const Request& request_;
   const CallMode mode_;
   const PlanTime start_;
   const std::chrono::system_clock::time_point wall_start_;
-  const std::stop_token shutdown_;
+  const PlanTime deadline_;
   PlanTime now_;            // as the driver last said
+  bool stopped_ = false;    // as the driver last said
   std::string sink_owner_;  // request ID, or the attempt ID when the request has none
   std::string attempt_id_;  // this attempt's own ID: the fencing token of its run() sink row
   State state_ = State::kStart;
 
-  std::string key_;
-  std::string fingerprint_;          // hex, as Context and the events show it
-  std::string record_fingerprint_;   // `options_tag.hex`, as the records keep it
-  std::string previous_bucket_key_;  // fallback key of the previous time bucket, when bucketed
-  std::string owner_token_;          // non-empty while this call owns a Redis claim
-  std::string probe_token_;          // owner of the previous-bucket probe while it is held
-  std::string response_;             // the handler's (or the stored failure's) response
-  std::string local_entry_;          // kLocalPut's value
-  const char* missing_key_reason_ = nullptr;  // why the request has no key, when it has none
-  std::string save_error_;                    // completions of the handler's response that failed
-  std::string release_error_;                 // releases of this call's claims that failed
+  CallKey key_;
+  std::string owner_token_;  // non-empty while this call owns a Redis claim
+  std::string probe_token_;  // owner of the previous-bucket probe while it is held
+  std::string response_;     // the handler's (or the stored failure's) response
+  std::string local_entry_;  // kLocalPut's value
+  Outcome waiting_;          // kWait: the in-progress answer, should the wait end
   PlanTime wait_deadline_{};
   PlanTime wake_at_{};
   State after_release_ = State::kEmit;
-  bool claim_rows_ = true;        // false: run unclaimed (pass-through, reentrant retry)
-  bool had_claim_ = false;        // this call claimed the key in the guard
-  bool handler_started_ = false;  // the handler was called
-  bool handler_clock_started_ = false;
-  bool owned_ = true;  // the guard's complete found the claim still ours
+  StepNotes notes_;                // counted since the last step
+  bool claim_rows_ = true;         // false: run unclaimed (pass-through, reentrant retry)
+  bool had_claim_ = false;         // this call claimed the key in the guard
+  bool handler_started_ = false;   // the handler was called
+  bool handler_returned_ = false;  // the handler returned (or failed): nothing cuts the rest short
+  bool owned_ = true;              // the guard's complete found the claim still ours
+  bool holds_sink_row_ = false;    // run(): the sink's row claimed by this attempt, not finished
 
   // The lease while the handler runs.
   PlanTime lease_deadline_{};
   bool lease_lost_ = false;
-  bool renewing_ = false;        // automatic renewal is on for this call
-  bool holds_sink_row_ = false;  // run(): the sink's row claimed by this attempt, not finished
+  bool renewing_ = false;  // automatic renewal is on for this call
   PlanTime next_renewal_{};
 
   // The end.
   Outcome outcome_;
   std::exception_ptr error_;
-  bool cancelled_ = false;           // error_ is a cancellation: the claim is kept, no event
+  StepError handler_error_;          // the handler's failure, for kDecideFailure and the event
+  bool cancelled_ = false;           // error_ is a cancellation: no event
   bool commit_unknown_ = false;      // error_ is a commit whose outcome is unknown
   bool completing_failure_ = false;  // the completion stores a failure's response
-  FailureDecision failure_;
+  std::string save_error_;           // completions of the handler's response that failed
+  std::string release_error_;        // releases of this call's claims that failed
+  std::string error_text_;           // the event's error
   DecisionEvent event_;
-  std::string error_text_;  // event_.error's text
-  bool event_recorded_ = false;
   State after_emit_ = State::kReturn;
 };
 

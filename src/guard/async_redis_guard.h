@@ -20,6 +20,7 @@
 #include <memory>
 #include <string_view>
 
+#include "guard/async_guard.h"
 #include "guard/redis_protocol.h"
 #include "idem/guard.h"
 #include "idem/redis_guard.h"
@@ -28,7 +29,7 @@
 
 namespace idem::detail {
 
-class AsyncRedisGuard {
+class AsyncRedisGuard final : public AsyncGuard {
  public:
   /// Throws idem::ConfigError on invalid options (as RedisGuard does), and when the TLS files of a
   /// `rediss://` URL cannot be loaded. Connects on first use.
@@ -39,25 +40,28 @@ class AsyncRedisGuard {
 
   /// As RedisGuard::claim(), on the loop.
   asio::awaitable<ClaimResult> claim(std::string_view key, std::string_view request_id,
-                                     std::string_view fingerprint);
+                                     std::string_view fingerprint) override;
   /// As RedisGuard::complete(); `retention` 0 is the configured one.
   asio::awaitable<bool> complete(std::string_view key, std::string_view owner_token,
-                                 std::string_view response, std::chrono::milliseconds retention);
+                                 std::string_view response,
+                                 std::chrono::milliseconds retention) override;
   /// As RedisGuard::release().
-  asio::awaitable<bool> release(std::string_view key, std::string_view owner_token);
+  asio::awaitable<bool> release(std::string_view key, std::string_view owner_token) override;
   /// As RedisGuard::renew().
   asio::awaitable<bool> renew(std::string_view key, std::string_view owner_token,
-                              std::chrono::milliseconds lease);
+                              std::chrono::milliseconds lease) override;
 
-  [[nodiscard]] std::chrono::milliseconds lease() const noexcept { return options_.lease; }
-  [[nodiscard]] std::chrono::milliseconds retention() const noexcept { return options_.retention; }
+  [[nodiscard]] std::chrono::milliseconds lease() const noexcept override { return options_.lease; }
+  [[nodiscard]] std::chrono::milliseconds retention() const noexcept override {
+    return options_.retention;
+  }
   [[nodiscard]] const RedisGuardOptions& options() const noexcept { return options_; }
   /// The client, for tests and the bench.
   [[nodiscard]] AsyncClient& client() noexcept { return *client_; }
 
   /// Closes the connections (pending commands fail); an open connection keeps io_context::run()
   /// going until this.
-  void close();
+  void close() override;
 
  private:
   // EVALSHA `script` with `key` and `args` under the breaker; the reply checked. `cancellable`:

@@ -30,6 +30,7 @@
 #include "idem/pg_sink.h"
 #include "idem/sink.h"
 #include "pg/async_connection.h"
+#include "sink/async_sink.h"
 #include "sink/statements.h"
 
 namespace idem::detail {
@@ -52,7 +53,7 @@ enum class Prepared : std::size_t {
   kRecord
 };
 
-class AsyncPgSink {
+class AsyncPgSink final : public AsyncSink {
  public:
   /// Throws idem::ConfigError on invalid options (as PgSink does) and for PgPooling::kTransaction.
   AsyncPgSink(const asio::any_io_executor& executor, const PgSinkOptions& options);
@@ -63,15 +64,17 @@ class AsyncPgSink {
   /// As PgSink::claim(key, request_id, fingerprint, owner_token): committed on its own for the
   /// lease, owned by `owner_token` (by `request_id` when empty).
   asio::awaitable<SinkClaim> claim(std::string_view key, std::string_view request_id,
-                                   std::string_view fingerprint, std::string_view owner_token);
+                                   std::string_view fingerprint,
+                                   std::string_view owner_token) override;
   /// As PgSink::complete(key, owner, response, retention).
   asio::awaitable<bool> complete(std::string_view key, std::string_view owner,
-                                 std::string_view response, std::chrono::milliseconds retention);
+                                 std::string_view response,
+                                 std::chrono::milliseconds retention) override;
   /// As PgSink::release(key, owner).
-  asio::awaitable<bool> release(std::string_view key, std::string_view owner);
+  asio::awaitable<bool> release(std::string_view key, std::string_view owner) override;
   /// As PgSink::renew(key, owner, lease); `lease` 0 is the configured one.
   asio::awaitable<bool> renew(std::string_view key, std::string_view owner,
-                              std::chrono::milliseconds lease);
+                              std::chrono::milliseconds lease) override;
 
   [[nodiscard]] const PgSinkOptions& options() const noexcept { return options_; }
   /// The connections, for tests.
@@ -79,7 +82,7 @@ class AsyncPgSink {
     return connections_;
   }
   /// Closes every connection (pending statements fail).
-  void close();
+  void close() override;
 
  private:
   friend class AsyncPgTransaction;

@@ -13,12 +13,13 @@
 #include "idem/fingerprint.h"
 #include "idem/key.h"
 #include "idem/pg_sql.h"  // generated from src/sink/schema.sql: kSchemaScript
+#include "pg/cancel.h"
 #include "pg/errors.h"
 #include "pg/pool.h"
 #include "pg/watchdog.h"
 #include "sink/batched_transaction.h"
 #include "sink/claim_check.h"
-#include "sink/pg_call.h"
+#include "sink/pg_transaction.h"
 #include "sink/sql.h"
 #include "sink/statements.h"
 
@@ -473,7 +474,13 @@ bool PgSink::run_business_write(pqxx::transaction_base& tx,
                                 const std::function<void(pqxx::transaction_base&)>& write) {
   return detail::translating([&] {
     tx.exec0("SAVEPOINT idem_business_write");
-    const bool wrote = detail::PgCall::business_write(*this, [&] { write(tx); });
+    bool wrote = true;
+    try {
+      write(tx);
+    } catch (const pqxx::unique_violation& error) {
+      if (!detail::names_constraint(error.what(), impl_->options.business_constraints)) throw;
+      wrote = false;
+    }
     if (!wrote) tx.exec0("ROLLBACK TO SAVEPOINT idem_business_write");
     tx.exec0("RELEASE SAVEPOINT idem_business_write");
     return wrote;
@@ -581,42 +588,60 @@ std::size_t PgSink::purge_expired(std::size_t batch_size) {
   }
 }
 
-// ---- the driver's entry points (src/sink/pg_call.h) --------------------------------------------
+// ---- the blocking driver's transaction (src/sink/pg_transaction.h) -----------------------------
 
 namespace detail {
 
-bool PgCall::transact(PgSink& sink, const std::function<bool(pqxx::transaction_base&)>& body) {
-  PgSink::Impl& impl = *sink.impl_;
-  return impl.with_connection([&](pqxx::connection& conn) {
-    return impl.watched<BatchedTransaction>(
-        conn, [&](std::optional<BatchedTransaction>& tx) { tx.emplace(conn, impl.begin_sql()); },
-        [&](BatchedTransaction& tx) { return body(tx); });
+// The connection a PgTransaction holds, and its transaction once open.
+struct PgTransaction::Held {
+  explicit Held(PgPool::Lease held) : lease(std::move(held)) {}
+  PgPool::Lease lease;
+  std::optional<BatchedTransaction> tx;
+};
+
+PgTransaction::PgTransaction(PgSink& sink) noexcept : sink_(sink) {}
+
+PgTransaction::~PgTransaction() { rollback(); }
+
+template <typename F>
+decltype(auto) PgTransaction::guarded(F&& fn) {
+  try {
+    return translating(std::forward<F>(fn));
+  } catch (const PostgresError& error) {
+    if (held_ && is_connection_loss(error.sqlstate())) held_->lease.discard();
+    throw;
+  }
+}
+
+void PgTransaction::open(bool begin_now) {
+  PgSink::Impl& impl = *sink_.impl_;
+  held_ = std::make_unique<Held>(translating([&] { return impl.pool.borrow(); }));
+  guarded([&] {
+    pqxx::connection& conn = *held_->lease;
+    impl.watchdog.run(conn.sock(), [&] {
+      held_->tx.emplace(conn, impl.begin_sql());
+      if (begin_now) held_->tx->begin_now();
+    });
   });
 }
 
-SinkClaim PgCall::claim(PgSink& sink, pqxx::transaction_base& tx, std::string_view key,
-                        std::string_view request_id, std::string_view fingerprint) {
-  const PgSink::Impl& impl = *sink.impl_;
+SinkClaim PgTransaction::claim(std::string_view key, std::string_view request_id,
+                               std::string_view fingerprint) {
+  const PgSink::Impl& impl = *sink_.impl_;
   validate_sink_claim(key, request_id);
+  BatchedTransaction& tx = *held_->tx;
   const std::string& ns = impl.options.ns;
   const std::string k(key);
-  return translating([&] {
+  return guarded([&] {
     try {
-      pqxx::result found;
-      if (auto* batched = dynamic_cast<BatchedTransaction*>(&tx)) {
-        const std::vector<std::string> literals{tx.quote(ns), tx.quote(k)};
-        found = impl.run_own(tx, [&] {
-          // The statements' Prepares, on a connection's first use, are bounded with the send;
-          // so is the record's, which record() then sends with COMMIT (no round trip of its own,
-          // and no watch of its own on every call).
-          impl.prepare(tx, kRecord);
-          return batched->send(impl.text(tx, kLockKey, literals) + "; " +
-                               impl.text(tx, kLookup, literals));
-        });
-      } else {
-        impl.exec(tx, kLockKey, ns, k);
-        found = impl.exec(tx, kLookup, ns, k);
-      }
+      const std::vector<std::string> literals{tx.quote(ns), tx.quote(k)};
+      const pqxx::result found = impl.run_own(tx, [&] {
+        // The statements' Prepares, on a connection's first use, are bounded with the send;
+        // so is the record's, which record() then sends with COMMIT (no round trip of its own,
+        // and no watch of its own on every call).
+        impl.prepare(tx, kRecord);
+        return tx.send(impl.text(tx, kLockKey, literals) + "; " + impl.text(tx, kLookup, literals));
+      });
       if (found.empty()) return SinkClaim{};
       if (found[0][5].as<bool>()) {  // expired: the key is ours (we hold its lock)
         impl.exec(tx, kTakeOver, ns, k);
@@ -630,54 +655,64 @@ SinkClaim PgCall::claim(PgSink& sink, pqxx::transaction_base& tx, std::string_vi
   });
 }
 
-void PgCall::begin(pqxx::transaction_base& tx) {
-  if (auto* batched = dynamic_cast<BatchedTransaction*>(&tx)) {
-    translating([&] { batched->begin_now(); });
-  }
-}
-
-void PgCall::record(PgSink& sink, pqxx::transaction_base& tx, std::string_view key,
-                    std::string_view request_id, std::string_view fingerprint,
-                    std::string_view response, std::chrono::milliseconds retention) {
-  const PgSink::Impl& impl = *sink.impl_;
+void PgTransaction::record(std::string_view key, std::string_view request_id,
+                           std::string_view fingerprint, std::string_view response,
+                           std::chrono::milliseconds retention) {
+  const PgSink::Impl& impl = *sink_.impl_;
   validate_sink_claim(key, request_id);
-  const std::string& ns = impl.options.ns;
-  const std::string k(key);
-  const std::string rid(request_id);
-  const std::string fp(fingerprint);
+  BatchedTransaction& tx = *held_->tx;
   const double keep = to_ms(impl.retention_or_default(retention));
   const bool capped = response.size() > impl.options.max_response_bytes;
-  translating([&] {
-    auto* batched = dynamic_cast<BatchedTransaction*>(&tx);
-    if (batched == nullptr) {
-      if (capped) {
-        impl.exec(tx, kRecord, ns, k, rid, fp, nullptr, detail::sha256_hex(response), keep);
-      } else {
-        impl.exec(tx, kRecord, ns, k, rid, fp, pqxx::binarystring(response.data(), response.size()),
-                  nullptr, keep);
-      }
-      return;
-    }
-    const auto* bytes = reinterpret_cast<const unsigned char*>(response.data());
-    batched->at_commit(
-        impl.text(tx, kRecord,
-                  {tx.quote(ns), tx.quote(k), tx.quote(rid), tx.quote(fp),
-                   capped ? std::string("NULL") : tx.quote_raw(bytes, response.size()),
-                   capped ? tx.quote(detail::sha256_hex(response)) : std::string("NULL"),
-                   std::to_string(static_cast<std::int64_t>(keep))}));
+  const auto* bytes = reinterpret_cast<const unsigned char*>(response.data());
+  guarded([&] {
+    tx.at_commit(impl.text(tx, kRecord,
+                           {tx.quote(impl.options.ns), tx.quote(std::string(key)),
+                            tx.quote(std::string(request_id)), tx.quote(std::string(fingerprint)),
+                            capped ? std::string("NULL") : tx.quote_raw(bytes, response.size()),
+                            capped ? tx.quote(detail::sha256_hex(response)) : std::string("NULL"),
+                            std::to_string(static_cast<std::int64_t>(keep))}));
   });
 }
 
-bool PgCall::business_write(const PgSink& sink, const std::function<void()>& handler) {
-  return translating([&] {
+bool PgTransaction::business_write(const std::function<void()>& write) {
+  const PgSink::Impl& impl = *sink_.impl_;
+  return guarded([&] {
     try {
-      handler();
+      write();
     } catch (const pqxx::unique_violation& error) {
-      if (!names_constraint(error.what(), sink.impl_->options.business_constraints)) throw;
+      if (!names_constraint(error.what(), impl.options.business_constraints)) throw;
       return false;
     }
     return true;
   });
+}
+
+void PgTransaction::commit() {
+  const std::unique_ptr<Held> held = std::move(held_);
+  held_ = nullptr;
+  try {
+    translating(
+        [&] { sink_.impl_->watchdog.run(held->lease->sock(), [&] { held->tx->commit(); }); });
+  } catch (const PostgresError& error) {
+    if (is_connection_loss(error.sqlstate())) held->lease.discard();
+    throw;
+  }
+}
+
+void PgTransaction::rollback() noexcept {
+  if (!held_) return;
+  const std::unique_ptr<Held> held = std::move(held_);
+  try {
+    if (held->tx) sink_.impl_->watchdog.run(held->lease->sock(), [&] { held->tx->abort(); });
+  } catch (...) {
+    held->lease.discard();  // the transaction is gone with its connection
+  }
+}
+
+pqxx::transaction_base& PgTransaction::tx() { return *held_->tx; }
+
+pg_conn* PgTransaction::raw_connection() noexcept {
+  return held_ && held_->tx ? detail::raw_connection(*held_->tx) : nullptr;
 }
 
 // ---- what the async sink shares (src/sink/statements.h) ----------------------------------------

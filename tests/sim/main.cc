@@ -96,7 +96,7 @@ int main(int argc, char** argv) {
   std::size_t calls = 0;
   std::size_t messages = 0;
   std::array<std::size_t, idem::sim::kFaultKinds> faults{};
-  std::array<std::size_t, 16> plan_steps{};
+  std::array<std::size_t, idem::detail::kStepKinds> plan_steps{};
   std::array<std::size_t, 6> endings{};
   std::vector<std::uint64_t> failing;
   for (std::uint64_t seed = from; seed < from + seeds; ++seed) {

@@ -11,7 +11,9 @@
 #include <string>
 #include <utility>
 
+#include "facade/in_process.h"
 #include "facade/plan.h"
+#include "facade/step_error.h"
 #include "idem/clock.h"
 #include "idem/deduplicator.h"
 #include "idem/errors.h"
@@ -22,12 +24,20 @@
 namespace idem::sim {
 namespace {
 
+using detail::BusinessDuplicate;
+using detail::CacheEntry;
 using detail::CallMode;
 using detail::CallPlan;
+using detail::Completed;
+using detail::Done;
+using detail::Input;
 using detail::PlanRules;
 using detail::PlanTime;
+using detail::Response;
+using detail::Started;
 using detail::Step;
 using detail::StepKind;
+using detail::StepResult;
 using std::chrono::milliseconds;
 
 constexpr Time kNever = INT64_MAX;
@@ -64,18 +74,13 @@ constexpr std::array<std::string_view, kFaultKinds> kFaultNames = {
     "ack-lost",
 };
 
-constexpr std::array<std::string_view, 16> kStepNames = {
-    "LocalGet",  "LocalPut",   "GuardClaim",   "GuardComplete", "GuardRelease", "SinkBegin",
-    "SinkClaim", "RunHandler", "SinkComplete", "Commit",        "Rollback",     "SinkRelease",
-    "Wait",      "Emit",       "Return",       "Throw"};
-
 }  // namespace
 
-std::string_view step_name(std::size_t kind) { return kStepNames.at(kind); }
+std::string_view step_name(std::size_t kind) {
+  return detail::step_name(static_cast<StepKind>(kind));
+}
 
 namespace {
-
-std::string_view step_name(StepKind kind) { return sim::step_name(static_cast<std::size_t>(kind)); }
 
 std::string_view claim_name(ClaimStatus status) {
   static constexpr std::array<std::string_view, 3> kNames = {"FIRST", "REPEAT_SAME",
@@ -283,6 +288,8 @@ struct Call {
   Request request;
   std::stop_source stop;
   std::unique_ptr<CallPlan> plan;
+  std::optional<Step> current;    // the step the plan asked for, until it is reported
+  StepResult pending{Started{}};  // the last step's result, for the next resume()
   Time ready_at = 0;
 
   enum class Phase { kPlan, kHandler, kLockWait } phase = Phase::kPlan;
@@ -348,6 +355,18 @@ class Simulation {
   void check_outcome(const Call& c, const Outcome& outcome);
   void protect_if_half_done(const Call& c, std::string_view how);
   void fail(Call& c, std::exception_ptr failure);
+  // The step of `c` under way was performed: `result` goes to the plan with the next resume().
+  static void report(Call& c, StepResult result) {
+    c.pending = std::move(result);
+    c.current.reset();
+  }
+  [[nodiscard]] bool stopped(const Call& c) const {
+    return c.stop.stop_requested() || processes_[c.process].shutdown->stop_requested();
+  }
+  // The in-process steps of `c`, on its process's local cache.
+  [[nodiscard]] detail::InProcess in_process(const Call& c) {
+    return detail::InProcess(*rules_, &processes_[c.process].local_cache(now_));
+  }
   void check_claim(const Call& c, std::string_view key);
   template <class Op>
   auto redis(Call& c, Op&& op, std::exception_ptr& failure) -> std::optional<decltype(op())>;
@@ -449,7 +468,9 @@ Simulation::Simulation(const RunOptions& options)
   if (config_.business_key) o.transactional_claim = TransactionalClaim::kBusinessKey;
   if (config_.auto_renew) o.auto_renew_interval = config_.lease / 3;
   if (config_.emit) o.on_decision = [](const DecisionEvent&) {};
-  rules_ = std::make_unique<PlanRules>(o);
+  // The simulated PostgreSQL runs calls in transactions and has a business constraint.
+  rules_ = std::make_unique<PlanRules>(
+      o, detail::DriverTraits{.transactions = true, .business_constraints = true});
 
   processes_.resize(static_cast<std::size_t>(config_.processes));
   for (Process& p : processes_) {
@@ -603,7 +624,7 @@ void Simulation::deliver(int message) {
   c.plan = std::make_unique<CallPlan>(
       *rules_, c.request, CallMode::kTransactional, p.plan_time(now_),
       std::chrono::system_clock::time_point(milliseconds(p.clock.local(now_))),
-      "attempt-" + std::to_string(c.id), p.shutdown->get_token());
+      "attempt-" + std::to_string(c.id));
   c.ready_at = now_;
   m.call = c.id;
   ++result_.calls;
@@ -776,23 +797,27 @@ void Simulation::step(Call& c) {
     return;
   }
   Process& p = processes_[c.process];
-  const Step step = c.plan->next(p.plan_time(now_));
-  ++result_.plan_steps.at(static_cast<std::size_t>(step.kind));
+  if (!c.current) {
+    c.current = c.plan->resume(Input{p.plan_time(now_), stopped(c), std::move(c.pending)});
+    ++result_.plan_steps.at(static_cast<std::size_t>(c.current->kind));
+  }
+  const Step step = *c.current;
   switch (step.kind) {
-    case StepKind::kLocalGet: {
-      std::optional<std::string> entry = p.local_cache(now_).get(step.key);
-      if (tracing())
-        trace(c, "LocalGet " + std::string(step.key) + (entry ? " -> hit" : " -> miss"));
-      c.plan->local_result(std::move(entry));
+    case StepKind::kLocalGet:
+    case StepKind::kLocalPut:
+    case StepKind::kDecideFailure:
+    case StepKind::kEmit: {
+      StepResult result = *in_process(c).perform(step);
+      if (tracing() && step.kind == StepKind::kLocalGet) {
+        trace(c, "LocalGet " + std::string(step.key) +
+                     (std::get<CacheEntry>(result).entry ? " -> hit" : " -> miss"));
+      }
+      if (tracing() && step.kind == StepKind::kLocalPut)
+        trace(c, "LocalPut " + std::string(step.key));
+      report(c, std::move(result));
       c.ready_at = now_;
       return;
     }
-    case StepKind::kLocalPut:
-      p.local_cache(now_).put(step.key, std::string(step.value), step.ttl);
-      if (tracing()) trace(c, "LocalPut " + std::string(step.key));
-      c.plan->done();
-      c.ready_at = now_;
-      return;
     case StepKind::kGuardClaim:
     case StepKind::kGuardComplete:
     case StepKind::kGuardRelease:
@@ -812,12 +837,8 @@ void Simulation::step(Call& c) {
     case StepKind::kWait:
       if (tracing())
         trace(c, "Wait " + std::to_string(reading(step.at) - p.clock.local(now_)) + " ms");
-      c.plan->done();
+      report(c, Done{});
       c.ready_at = std::max(now_ + 1, p.clock.when(reading(step.at)));
-      return;
-    case StepKind::kEmit:
-      c.plan->done();
-      c.ready_at = now_;
       return;
     case StepKind::kReturn:
       finish(c, c.plan->outcome(), nullptr);
@@ -875,7 +896,7 @@ void Simulation::guard_step(Call& c, const Step& step) {
         c.key = key;
         c.owner_token = claim->owner_token;
       }
-      c.plan->claim_result(*std::move(claim));
+      report(c, *std::move(claim));
       return;
     }
     case StepKind::kGuardComplete: {
@@ -888,7 +909,7 @@ void Simulation::guard_step(Call& c, const Step& step) {
       c.complete_answered = true;
       c.held_through_return =
           c.returned_at && redis_->held_at(c.key, c.owner_token, *c.returned_at);
-      c.plan->complete_result(*owned);
+      report(c, Completed{*owned});
       return;
     }
     case StepKind::kGuardRelease: {
@@ -897,13 +918,14 @@ void Simulation::guard_step(Call& c, const Step& step) {
       if (step.owner_token == c.owner_token) c.holds = false;
       if (!released) break;
       if (tracing()) trace(c, "GuardRelease " + key + (*released ? " -> deleted" : " -> not ours"));
-      c.plan->done();
+      report(c, Done{});
       return;
     }
     default:
       return;
   }
-  if (tracing()) trace(c, std::string(step_name(step.kind)) + " " + key + " -> " + what(failure));
+  if (tracing())
+    trace(c, std::string(detail::step_name(step.kind)) + " " + key + " -> " + what(failure));
   fail(c, failure);
 }
 
@@ -941,7 +963,7 @@ void Simulation::sink_step(Call& c, const Step& step) {
         c.begin_pending = true;  // BEGIN goes with the claim: its failure is the claim's
         if (tracing()) trace(c, "SinkBegin (sent with the claim)");
         c.ready_at = now_;
-        c.plan->done();
+        report(c, Done{});
         return;
       }
       if (now_ < pg_down_until_) {
@@ -954,7 +976,7 @@ void Simulation::sink_step(Call& c, const Step& step) {
       c.tx = pg_->begin();
       if (tracing()) trace(c, "SinkBegin tx" + std::to_string(c.tx));
       c.ready_at = now_ + latency();
-      c.plan->done();
+      report(c, Done{});
       return;
     case StepKind::kSinkClaim: {
       if (std::exchange(c.begin_pending, false) && now_ >= pg_down_until_) c.tx = pg_->begin();
@@ -994,7 +1016,7 @@ void Simulation::sink_step(Call& c, const Step& step) {
                           : "duplicate " + std::string(state_name(claim->state))));
       }
       c.ready_at = now_ + latency();
-      c.plan->sink_claim_result(*std::move(claim));
+      report(c, *std::move(claim));
       return;
     }
     case StepKind::kSinkComplete:
@@ -1002,14 +1024,14 @@ void Simulation::sink_step(Call& c, const Step& step) {
         c.record_pending = Call::Record{std::string(step.key), std::string(step.value), step.ttl};
         if (tracing()) trace(c, "SinkComplete " + std::string(step.key) + " (sent with COMMIT)");
         c.ready_at = now_;
-        c.plan->done();
+        report(c, Done{});
         return;
       }
       if (!statement(c)) return;
       pg_->complete(c.tx, step.key, step.value, step.ttl);
       if (tracing()) trace(c, "SinkComplete " + std::string(step.key));
       c.ready_at = now_ + latency();
-      c.plan->done();
+      report(c, Done{});
       return;
     case StepKind::kCommit:
       commit(c);
@@ -1022,12 +1044,12 @@ void Simulation::sink_step(Call& c, const Step& step) {
       if (tracing()) trace(c, "Rollback tx" + std::to_string(c.tx));
       c.tx = 0;
       c.ready_at = now_ + latency();
-      c.plan->done();
+      report(c, Done{});
       return;
     case StepKind::kSinkRelease:
       // run() only: the simulation drives run_transactional().
       (void)pg_->release(step.key, step.owner_token);
-      c.plan->done();
+      report(c, Done{});
       return;
     default:
       return;
@@ -1084,7 +1106,7 @@ void Simulation::commit(Call& c) {
     fail(c, failure);
   } else {
     if (tracing()) trace(c, "Commit tx" + std::to_string(tx) + " -> committed");
-    c.plan->done();
+    report(c, Done{});
   }
 }
 
@@ -1159,7 +1181,7 @@ void Simulation::handler_tick(Call& c) {
         c.phase = Call::Phase::kPlan;
         c.ready_at = now_ + latency();
         if (tracing()) trace(c, "RunHandler: the business key exists (unique violation)");
-        c.plan->business_duplicate();
+        report(c, BusinessDuplicate{});
         return;
       }
     } else {
@@ -1173,7 +1195,7 @@ void Simulation::handler_tick(Call& c) {
       c.phase = Call::Phase::kPlan;
       c.ready_at = now_ + latency();
       if (tracing()) trace(c, "RunHandler returns " + c.response);
-      c.plan->handler_result(c.response);
+      report(c, Response{c.response});
       if (options_.bug == Bug::kAckBeforeCommit) {
         ack(messages_[c.message], c);  // planted: the consumer acks before the commit
         c.acked_early = true;
@@ -1192,17 +1214,19 @@ void Simulation::handler_tick(Call& c) {
 
 void Simulation::renew(Call& c) {
   Process& p = processes_[c.process];
-  const detail::RenewalStep renewal = c.plan->renewal();
+  const std::optional<detail::RenewalStep> step = c.plan->renewal();
+  if (!step) return;
+  const detail::RenewalStep& renewal = *step;
   const PlanTime sent = p.plan_time(now_);
   std::exception_ptr failure;
   const std::optional<bool> owned = redis(
       c, [&] { return redis_->renew(renewal.key, renewal.owner_token, renewal.lease); }, failure);
   if (owned) {
     if (tracing()) trace(c, std::string("renew -> ") + (*owned ? "extended" : "lost"));
-    c.plan->renewed(sent, *owned);
+    in_process(c).renewed(*c.plan, sent, *owned);
   } else {
     if (tracing()) trace(c, "renew -> " + what(failure));
-    c.plan->renewal_failed(sent);
+    in_process(c).renewed(*c.plan, sent, std::nullopt);
   }
 }
 
@@ -1221,7 +1245,7 @@ void Simulation::fail(Call& c, std::exception_ptr failure) {
       protect_if_half_done(c, "failed while its stop was requested");
     }
   }
-  c.plan->fail(std::move(failure));
+  report(c, detail::classify(std::move(failure)));
 }
 
 // Invariant: the claim of an execution that ended without a clean answer keeps its key until

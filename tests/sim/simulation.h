@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "backends.h"
+#include "facade/plan.h"
 
 namespace idem::sim {
 
@@ -95,7 +96,7 @@ struct RunResult {
   std::size_t messages = 0;  ///< Their messages (duplicates included).
   std::array<std::size_t, kFaultKinds> faults{};  ///< Faults injected, by kind.
   /// Plan steps performed, by detail::StepKind (kLocalGet ... kThrow), in that order.
-  std::array<std::size_t, 16> plan_steps{};
+  std::array<std::size_t, detail::kStepKinds> plan_steps{};
   /// How calls ended, by Outcome::Kind (kExecuted ... kUnavailable), then by an exception.
   std::array<std::size_t, 6> endings{};
   std::vector<int> injected;  ///< Numbers of the faults injected (see RunOptions::suppressed).

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "facade/in_process.h"
 #include "idem/errors.h"
 #include "idem/local_cache.h"
 #include "idem/memory_guard.h"
@@ -25,47 +26,11 @@ namespace {
 using std::chrono::milliseconds;
 using K = StepKind;
 
-const char* name(StepKind kind) {
-  switch (kind) {
-    case K::kLocalGet:
-      return "LocalGet";
-    case K::kLocalPut:
-      return "LocalPut";
-    case K::kGuardClaim:
-      return "GuardClaim";
-    case K::kGuardComplete:
-      return "GuardComplete";
-    case K::kGuardRelease:
-      return "GuardRelease";
-    case K::kSinkBegin:
-      return "SinkBegin";
-    case K::kSinkClaim:
-      return "SinkClaim";
-    case K::kRunHandler:
-      return "RunHandler";
-    case K::kSinkComplete:
-      return "SinkComplete";
-    case K::kCommit:
-      return "Commit";
-    case K::kRollback:
-      return "Rollback";
-    case K::kSinkRelease:
-      return "SinkRelease";
-    case K::kWait:
-      return "Wait";
-    case K::kEmit:
-      return "Emit";
-    case K::kReturn:
-      return "Return";
-    case K::kThrow:
-      return "Throw";
-  }
-  return "?";
-}
+std::string_view name(StepKind kind) { return step_name(kind); }
 
 std::string trace_text(const std::vector<StepKind>& trace) {
   std::string text;
-  for (const StepKind kind : trace) text += std::string(text.empty() ? "" : " ") + name(kind);
+  for (const StepKind kind : trace) text.append(text.empty() ? "" : " ").append(name(kind));
   return text;
 }
 
@@ -85,6 +50,9 @@ class ScriptedDriver {
   }
 
   DeduplicatorOptions options;
+  // A sink that runs calls in transactions (staged in `rows` here) and names business
+  // constraints, as a PgSink can.
+  DriverTraits traits{.transactions = true, .business_constraints = true};
   std::shared_ptr<InMemoryGuard> guard = std::make_shared<InMemoryGuard>(
       InMemoryGuardOptions{.lease = milliseconds(1000), .retention = milliseconds(60000)});
   std::shared_ptr<InMemorySink> sink = std::make_shared<InMemorySink>();
@@ -114,6 +82,7 @@ class ScriptedDriver {
   };
   std::vector<Seen> events;
   std::stop_source shutdown;
+  const Request* current = nullptr;  // the request of the call under way
 
   void use_sink() { options.sink = sink; }
 
@@ -122,10 +91,13 @@ class ScriptedDriver {
     trace.clear();
     if (!rules_ || rules_options_version_ != options_version_) rebuild();
     CallPlan plan(*rules_, request, mode, now, std::chrono::system_clock::time_point{},
-                  "attempt-" + std::to_string(++attempts_), shutdown.get_token());
+                  "attempt-" + std::to_string(++attempts_));
     plan_ = &plan;
+    current = &request;
+    const InProcess in_process(*rules_, &cache);
+    Input input{now, stopped(), Started{}};
     for (int guard_steps = 0; guard_steps < 1000; ++guard_steps) {
-      const Step step = plan.next(now);
+      const Step step = plan.resume(std::move(input));
       trace.push_back(step.kind);
       if (step.with_next) with_next.push_back(step.kind);
       if (before_step) before_step(step);
@@ -135,10 +107,12 @@ class ScriptedDriver {
         const std::exception_ptr error = fault->second;
         faults.erase(fault);
         if (step.kind == K::kCommit) staged_.clear();
-        plan.fail(error);
+        input = Input{now, stopped(), classify(error)};
         continue;
       }
-      perform(plan, step);
+      std::optional<StepResult> in_process_result = in_process.perform(step);
+      StepResult result = in_process_result ? *std::move(in_process_result) : perform(plan, step);
+      input = Input{now, stopped(), std::move(result)};
     }
     ADD_FAILURE() << "the plan never ended: " << trace_text(trace);
     return {};
@@ -147,6 +121,9 @@ class ScriptedDriver {
   // Options changed after a call: the next call builds its rules anew.
   void changed() { ++options_version_; }
   CallPlan* plan() { return plan_; }
+  [[nodiscard]] bool stopped() const {
+    return shutdown.stop_requested() || (current != nullptr && current->stop.stop_requested());
+  }
 
  private:
   void rebuild() {
@@ -156,55 +133,39 @@ class ScriptedDriver {
                           event.latency});
       };
     }
-    rules_ = std::make_unique<PlanRules>(options);
+    rules_ = std::make_unique<PlanRules>(options, traits);
     rules_options_version_ = options_version_;
   }
 
-  void perform(CallPlan& plan, const Step& step) {
+  StepResult perform(CallPlan& plan, const Step& step) {
     switch (step.kind) {
-      case K::kLocalGet:
-        plan.local_result(cache.get(step.key));
-        return;
-      case K::kLocalPut:
-        cache.put(step.key, std::string(step.value), step.ttl);
-        plan.done();
-        return;
       case K::kGuardClaim:
-        plan.claim_result(guard->claim(step.key, step.request_id, step.fingerprint));
-        return;
+        return guard->claim(step.key, step.request_id, step.fingerprint);
       case K::kGuardComplete:
-        plan.complete_result(guard->complete(step.key, step.owner_token, step.value, step.ttl));
-        return;
+        return Completed{guard->complete(step.key, step.owner_token, step.value, step.ttl)};
       case K::kGuardRelease:
         (void)guard->release(step.key, step.owner_token);
-        plan.done();
-        return;
+        return Done{};
       case K::kSinkBegin:
         staged_.clear();
-        plan.done();
-        return;
+        return Done{};
       case K::kSinkClaim:
         claimed_fingerprints.emplace_back(step.fingerprint);
         if (plan.mode() == CallMode::kRun) {
-          plan.sink_claim_result(
-              sink->claim(step.key, step.request_id, step.fingerprint, step.owner_token));
-        } else {
-          plan.sink_claim_result(tx_claim(step));
+          return sink->claim(step.key, step.request_id, step.fingerprint, step.owner_token);
         }
-        return;
+        return tx_claim(step);
       case K::kRunHandler:
         ++handler_runs;
         try {
           std::string response = handler();
           if (business_duplicate && plan.mode() == CallMode::kTransactional) {
-            plan.business_duplicate();
-          } else {
-            plan.handler_result(std::move(response));
+            return BusinessDuplicate{};
           }
+          return Response{std::move(response)};
         } catch (...) {
-          plan.fail(std::current_exception());
+          return classify_current();
         }
-        return;
       case K::kSinkComplete:
         if (plan.mode() == CallMode::kRun) {
           (void)sink->complete(step.key, step.owner_token, step.value, step.ttl);
@@ -213,32 +174,23 @@ class ScriptedDriver {
           staged_[std::string(step.key)].state = RecordState::kCompleted;
           staged_[std::string(step.key)].response = step.value;
         }
-        plan.done();
-        return;
+        return Done{};
       case K::kCommit:
         for (auto& [key, row] : staged_) rows[key] = row;
         staged_.clear();
-        plan.done();
-        return;
+        return Done{};
       case K::kRollback:
         staged_.clear();
-        plan.done();
-        return;
+        return Done{};
       case K::kSinkRelease:
         (void)sink->release(step.key, step.owner_token);
-        plan.done();
-        return;
+        return Done{};
       case K::kWait:
         now = step.at;
-        plan.done();
-        return;
-      case K::kEmit:
-        options.on_decision(*step.event);
-        plan.done();
-        return;
-      case K::kReturn:
-      case K::kThrow:
-        return;
+        return Done{};
+      default:
+        ADD_FAILURE() << "the driver was asked to perform " << name(step.kind);
+        return Done{};
     }
   }
 
@@ -443,7 +395,8 @@ TEST(CallPlan, KeepUntilLeaseEndsKeepsTheClaims) {
   };
   d.handler = []() -> std::string { throw std::runtime_error("flaky"); };
   EXPECT_THROW((void)d.call(request("r1")), std::runtime_error);
-  EXPECT_EQ(trace_text(d.trace), "LocalGet GuardClaim SinkClaim RunHandler Emit Throw");
+  EXPECT_EQ(trace_text(d.trace),
+            "LocalGet GuardClaim SinkClaim RunHandler DecideFailure Emit Throw");
   d.handler = [] { return std::string("ok"); };
   EXPECT_EQ(d.call(request("r1")).kind, Outcome::Kind::kInProgress);
 }
@@ -457,8 +410,8 @@ TEST(CallPlan, StoreAsResponseInRunModeCompletesTheSinkRowAndTheGuard) {
   d.handler = []() -> std::string { throw std::runtime_error("insufficient funds"); };
   EXPECT_THROW((void)d.call(request("r1")), std::runtime_error);
   EXPECT_EQ(trace_text(d.trace),
-            "LocalGet GuardClaim SinkClaim RunHandler SinkComplete LocalPut GuardComplete Emit "
-            "Throw");
+            "LocalGet GuardClaim SinkClaim RunHandler DecideFailure SinkComplete LocalPut "
+            "GuardComplete Emit Throw");
   EXPECT_EQ(d.sink->inspect("u1:refund:b1")->state, RecordState::kCompleted);
   d.options.local_cache_capacity = 0;
   d.changed();
@@ -476,8 +429,8 @@ TEST(CallPlan, StoreAsResponseInATransactionCommitsItInATransactionOfItsOwn) {
   d.handler = []() -> std::string { throw std::runtime_error("declined"); };
   EXPECT_THROW((void)d.call(request("r1"), CallMode::kTransactional), std::runtime_error);
   EXPECT_EQ(trace_text(d.trace),
-            "LocalGet GuardClaim SinkBegin SinkClaim RunHandler Rollback SinkBegin SinkClaim "
-            "SinkComplete Commit LocalPut GuardComplete Emit Throw");
+            "LocalGet GuardClaim SinkBegin SinkClaim RunHandler Rollback DecideFailure SinkBegin "
+            "SinkClaim SinkComplete Commit LocalPut GuardComplete Emit Throw");
   EXPECT_EQ(d.rows.at("u1:refund:b1").response, "declined");
 }
 
@@ -642,8 +595,10 @@ TEST(CallPlan, WithTheBusinessKeyAStoredFailureGoesToTheGuardOnly) {
   };
   d.handler = []() -> std::string { throw std::runtime_error("declined"); };
   EXPECT_THROW((void)d.call(request("r1"), CallMode::kTransactional), std::runtime_error);
-  EXPECT_EQ(trace_text(d.trace),
-            "LocalGet GuardClaim SinkBegin RunHandler Rollback LocalPut GuardComplete Emit Throw");
+  EXPECT_EQ(
+      trace_text(d.trace),
+      "LocalGet GuardClaim SinkBegin RunHandler Rollback DecideFailure LocalPut GuardComplete "
+      "Emit Throw");
   EXPECT_TRUE(d.rows.empty());
   d.options.local_cache_capacity = 0;
   d.changed();
@@ -764,11 +719,11 @@ TEST(CallPlan, RenewalIsDueAtIntervalsWhileTheHandlerRunsAndExtendsTheLease) {
     EXPECT_EQ(plan.renewal_due(), started + milliseconds(300));
     EXPECT_EQ(plan.remaining_lease(started), milliseconds(1000));
     d.now += milliseconds(300);
-    const RenewalStep step = plan.renewal();
+    const RenewalStep step = *plan.renewal();
     plan.renewed(d.now, d.guard->renew(step.key, step.owner_token, step.lease));
     EXPECT_EQ(plan.remaining_lease(d.now), milliseconds(1000));
     EXPECT_EQ(plan.renewal_due(), d.now + milliseconds(300));
-    plan.renewal_failed(d.now + milliseconds(300));  // Redis did not answer this one
+    plan.renewed(d.now + milliseconds(300), std::nullopt);  // Redis did not answer this one
     EXPECT_TRUE(plan.lease_lost(d.now));
     EXPECT_TRUE(plan.renewal_due().has_value());  // it keeps trying
     checked = true;

@@ -1,0 +1,40 @@
+#include "facade/step_error.h"
+
+#include <asio/error.hpp>
+#include <system_error>
+
+#include "idem/errors.h"
+
+namespace idem::detail {
+namespace {
+
+ErrorKind kind_of(const std::exception& e) {
+  if (dynamic_cast<const Cancelled*>(&e) != nullptr) return ErrorKind::kCancelled;
+  if (const auto* pg = dynamic_cast<const PostgresError*>(&e)) {
+    if (pg->commit_outcome_unknown()) return ErrorKind::kCommitUnknown;
+    if (pg->sqlstate() == kQueryCanceledSqlstate) return ErrorKind::kQueryCancelled;
+    return ErrorKind::kBackend;
+  }
+  if (dynamic_cast<const BackendError*>(&e) != nullptr) return ErrorKind::kBackend;
+  if (const auto* system = dynamic_cast<const std::system_error*>(&e);
+      system != nullptr && system->code() == asio::error::operation_aborted) {
+    return ErrorKind::kAborted;
+  }
+  return ErrorKind::kOther;
+}
+
+}  // namespace
+
+StepError classify(std::exception_ptr error) {
+  StepError classified{ErrorKind::kOther, error, "unknown exception"};
+  try {
+    std::rethrow_exception(std::move(error));
+  } catch (const std::exception& e) {
+    classified.kind = kind_of(e);
+    classified.what = e.what();
+  } catch (...) {
+  }
+  return classified;
+}
+
+}  // namespace idem::detail

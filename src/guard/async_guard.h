@@ -1,0 +1,66 @@
+// Layer 2 as the async driver of the call plan calls it, on its event loop: the Redis guard
+// (AsyncRedisGuard), or a Guard that never waits on I/O (an InMemoryGuard) called there.
+#pragma once
+
+#include <asio/awaitable.hpp>
+#include <chrono>
+#include <memory>
+#include <string_view>
+#include <utility>
+
+#include "idem/guard.h"
+
+namespace idem::detail {
+
+/// The Guard contract (idem/guard.h) with awaitable calls. Errors as Guard's: thrown when
+/// awaited. Not thread-safe: used from the loop's thread; string views given to a call stay
+/// valid until it completes.
+class AsyncGuard {
+ public:
+  virtual ~AsyncGuard() = default;
+  virtual asio::awaitable<ClaimResult> claim(std::string_view key, std::string_view request_id,
+                                             std::string_view fingerprint) = 0;
+  virtual asio::awaitable<bool> complete(std::string_view key, std::string_view owner_token,
+                                         std::string_view response,
+                                         std::chrono::milliseconds retention) = 0;
+  virtual asio::awaitable<bool> release(std::string_view key, std::string_view owner_token) = 0;
+  virtual asio::awaitable<bool> renew(std::string_view key, std::string_view owner_token,
+                                      std::chrono::milliseconds lease) = 0;
+  [[nodiscard]] virtual std::chrono::milliseconds lease() const noexcept = 0;
+  [[nodiscard]] virtual std::chrono::milliseconds retention() const noexcept = 0;
+  /// Closes its connections, if it has any.
+  virtual void close() {}
+};
+
+/// A Guard whose calls never wait on I/O, called on the loop: each answer is ready at once.
+class ImmediateGuard final : public AsyncGuard {
+ public:
+  explicit ImmediateGuard(std::shared_ptr<Guard> guard) noexcept : guard_(std::move(guard)) {}
+  asio::awaitable<ClaimResult> claim(std::string_view key, std::string_view request_id,
+                                     std::string_view fingerprint) override {
+    co_return guard_->claim(key, request_id, fingerprint);
+  }
+  asio::awaitable<bool> complete(std::string_view key, std::string_view owner_token,
+                                 std::string_view response,
+                                 std::chrono::milliseconds retention) override {
+    co_return guard_->complete(key, owner_token, response, retention);
+  }
+  asio::awaitable<bool> release(std::string_view key, std::string_view owner_token) override {
+    co_return guard_->release(key, owner_token);
+  }
+  asio::awaitable<bool> renew(std::string_view key, std::string_view owner_token,
+                              std::chrono::milliseconds lease) override {
+    co_return guard_->renew(key, owner_token, lease);
+  }
+  [[nodiscard]] std::chrono::milliseconds lease() const noexcept override {
+    return guard_->lease();
+  }
+  [[nodiscard]] std::chrono::milliseconds retention() const noexcept override {
+    return guard_->retention();
+  }
+
+ private:
+  std::shared_ptr<Guard> guard_;
+};
+
+}  // namespace idem::detail
