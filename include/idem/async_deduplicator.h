@@ -72,12 +72,15 @@ struct AsyncDeduplicatorOptions {
   /// `response_timeout` bounds each statement from the call to its result (0: 30 s).
   /// PgPooling::kTransaction is not supported (idem::ConfigError). Replaces `base.sink`.
   std::optional<PgSinkOptions> postgres{};
-  /// Each call's deadline, in ms from its start; 0 means none. Until the handler returns, a
-  /// call past its deadline stops: a backend step under way fails with a retryable
-  /// BackendError (so the call answers kUnavailable, or fails open to the sink, as the
-  /// policies say), and a running handler is cancelled as by an Asio cancellation (the call
-  /// throws idem::DeadlineExceeded; its claim is kept until its lease ends). What follows a
-  /// returned handler (completing the records, COMMIT) is never cut short by it.
+  /// Each call's deadline, in ms from its start, >= 0 (idem::ConfigError otherwise); 0 means
+  /// none. Until the handler returns, a call past its deadline stops (docs/call_plan.md, "Stops,
+  /// the deadline and the shield"): a backend step under way fails by its layer's policy (the
+  /// call answers kUnavailable, or fails open to the sink), a wait for the first execution
+  /// (kWaitForResult) ends kInProgress, a call that reaches its handler too late throws
+  /// idem::DeadlineExceeded with its claims released (nothing ran), and a running handler is
+  /// cancelled as by an Asio cancellation (idem::DeadlineExceeded; its claim is kept until its
+  /// lease ends). What follows a returned handler (completing the records, COMMIT) is never cut
+  /// short by it.
   std::chrono::milliseconds deadline{std::chrono::seconds(30)};
 };
 

@@ -29,87 +29,7 @@ void append_failure(std::string& text, Layer layer, std::string_view what) {
   text.append(to_string(layer)).append(": ").append(what);
 }
 
-// True when `pointer` is `field` or a member below it.
-bool at_or_below(const std::string& pointer, const std::string& field) {
-  return pointer == field || pointer.starts_with(field + "/");
-}
-
-// `fingerprint` leaving out the members that carry the request ID (see
-// DeduplicatorOptions::request_id_fields).
-FingerprintOptions without_request_id_fields(FingerprintOptions fingerprint,
-                                             const DeduplicatorOptions& options) {
-  if (!fingerprint.domain_separated) return fingerprint;  // the seed's digest, byte for byte
-  for (const std::string& field : options.request_id_fields) {
-    const bool included = std::any_of(fingerprint.include.begin(), fingerprint.include.end(),
-                                      [&](const std::string& p) { return at_or_below(p, field); });
-    const bool excluded = std::any_of(fingerprint.exclude.begin(), fingerprint.exclude.end(),
-                                      [&](const std::string& p) { return at_or_below(field, p); });
-    if (!included && !excluded) fingerprint.exclude.push_back(field);
-  }
-  return fingerprint;
-}
-
-// The checks of the options a driver's backends cannot serve.
-void check_backends(const DeduplicatorOptions& o, const DriverTraits& traits) {
-  if (traits.deadline.count() < 0) {
-    throw ConfigError("idem: AsyncDeduplicatorOptions::deadline must be >= 0");
-  }
-  if (traits.on_loop && (dynamic_cast<RedisGuard*>(o.guard.get()) != nullptr ||
-                         dynamic_cast<PgSink*>(o.sink.get()) != nullptr)) {
-    throw ConfigError(
-        "idem: AsyncDeduplicatorOptions::base: a RedisGuard or PgSink blocks its thread on "
-        "every call; set AsyncDeduplicatorOptions::redis / postgres instead");
-  }
-  if (o.transactional_claim == TransactionalClaim::kBusinessKey &&
-      (!traits.transactions || !traits.business_constraints)) {
-    throw ConfigError(
-        "idem: TransactionalClaim::kBusinessKey needs a PostgreSQL sink (a PgSink, or "
-        "AsyncDeduplicatorOptions::postgres) whose business_constraints name the UNIQUE "
-        "constraint that is the claim");
-  }
-}
-
-constexpr std::array<std::string_view, kStepKinds> kStepNames = {
-    "LocalGet",  "LocalPut",      "GuardClaim",   "GuardComplete", "GuardRelease", "SinkBegin",
-    "SinkClaim", "RunHandler",    "SinkComplete", "Commit",        "Rollback",     "SinkRelease",
-    "Wait",      "DecideFailure", "Emit",         "Return",        "Throw"};
-
 }  // namespace
-
-std::string_view step_name(StepKind kind) noexcept {
-  return kStepNames[static_cast<std::size_t>(kind)];
-}
-
-PlanRules::PlanRules(const DeduplicatorOptions& options, DriverTraits traits)
-    : options_(options), traits_(traits) {
-  const DeduplicatorOptions& o = options_;
-  if (o.wait_for_result.count() < 0 || o.wait_poll_interval.count() <= 0 ||
-      o.auto_renew_interval.count() < 0) {
-    throw ConfigError(
-        "idem: wait_for_result and auto_renew_interval must be >= 0, wait_poll_interval > 0");
-  }
-  if (o.fallback_retention.count() <= 0) throw ConfigError("idem: fallback_retention must be > 0");
-  check_backends(o, traits_);
-  if (o.fingerprint) {
-    (void)Fingerprinter(*o.fingerprint);  // validates the options as given
-    const FingerprintOptions options = without_request_id_fields(*o.fingerprint, o);
-    if (options.time_bucket.count() > 0) bucketed_fingerprinter_.emplace(options);
-    FingerprintOptions unbucketed = options;
-    unbucketed.time_bucket = std::chrono::seconds(0);
-    fingerprinter_.emplace(unbucketed);
-  }
-  guard_ = o.guard != nullptr || traits_.own_guard;
-  sink_ = o.sink != nullptr || traits_.own_sink;
-  redis_failure_ = o.on_redis_failure.value_or(sink_ ? RedisFailurePolicy::kFailOpen
-                                                     : RedisFailurePolicy::kFailClosed);
-  if (traits_.own_guard) {
-    guard_lease_ = traits_.own_guard_lease;
-    guard_retention_ = traits_.own_guard_retention;
-  } else if (o.guard) {
-    guard_lease_ = o.guard->lease();
-    guard_retention_ = o.guard->retention();
-  }
-}
 
 bool CallPlan::needs_attempt_id(const PlanRules& rules, const Request& request,
                                 CallMode mode) noexcept {
@@ -280,26 +200,44 @@ void CallPlan::take(StepError error) {
     if (!stopped_ && !past_deadline()) stop_before_handler();  // a cancellation of its own
     return;
   }
-  const bool backend = error.kind == ErrorKind::kBackend || error.kind == ErrorKind::kCommitUnknown;
   switch (state_) {
     case State::kGuardClaim:
     case State::kProbeClaim:
-      if (backend) {
-        ++notes_.guard_errors;
-        return guard_failed(error.what);
-      }
-      error_ = std::move(error.error);  // bad input (InvalidKey, ...): thrown as is
-      return release_or(State::kThrow);
+    case State::kSinkBegin:
+    case State::kSinkClaim:
+      return claim_failed(std::move(error));
+    case State::kRunHandler:
+      return handler_failed(std::move(error));
+    case State::kSinkComplete:
+    case State::kCommit:
+      return failed_after_handler(std::move(error));
+    default:
+      return cleanup_failed(error);
+  }
+}
+
+void CallPlan::claim_failed(StepError error) {
+  const bool guard = state_ == State::kGuardClaim || state_ == State::kProbeClaim;
+  if (is_backend(error.kind)) {
+    // Nothing ran, nothing is marked: the layer's failure policy.
+    ++(guard ? notes_.guard_errors : notes_.sink_errors);
+    return guard ? guard_failed(error.what) : sink_unavailable(error.what);
+  }
+  error_ = std::move(error.error);  // bad input (InvalidKey, ...): thrown as is, claims released
+  if (transaction_open()) return go(State::kRollback);
+  after_failure();
+}
+
+void CallPlan::cleanup_failed(const StepError& error) {
+  switch (state_) {
     case State::kProbeRelease:
       ++notes_.guard_errors;  // best effort: the probe's lease ends it
-      probe_token_.clear();
-      return enter_sink();
+      return take(Done{});
     case State::kGuardRelease:
       // The claim stays until its lease ends: told with the key, in the event.
       ++notes_.guard_errors;
       append_failure(release_error_, Layer::kRedisGuard, error.what);
-      owner_token_.clear();
-      return proceed(after_release_);
+      return take(Done{});
     case State::kGuardComplete:
       // The response is the handler's, but the record stays IN_PROGRESS until its lease ends.
       ++notes_.guard_errors;
@@ -321,19 +259,6 @@ void CallPlan::take(StepError error) {
         return go(State::kStoreRollback);
       }
       return store_failed();
-    case State::kRunHandler:
-      return handler_failed(std::move(error));
-    case State::kSinkBegin:
-    case State::kSinkClaim:
-      if (backend) {
-        ++notes_.sink_errors;
-        return sink_unavailable(error.what);  // nothing ran, nothing is marked
-      }
-      error_ = std::move(error.error);
-      return transaction_open() ? go(State::kRollback) : after_failure();
-    case State::kSinkComplete:
-    case State::kCommit:
-      return failed_after_handler(std::move(error));
     default:
       return internal_error("a failure reported for a step that cannot fail");
   }
@@ -502,9 +427,7 @@ void CallPlan::sink_unavailable(std::string_view why) {
 void CallPlan::failed_after_handler(StepError error) {
   // A commit whose connection was lost has an unknown outcome: the claim is kept. A commit the
   // server refused (a deferred constraint, a serialization failure) rolled back for sure.
-  if (error.kind == ErrorKind::kBackend || error.kind == ErrorKind::kCommitUnknown) {
-    ++notes_.sink_errors;
-  }
+  if (is_backend(error.kind)) ++notes_.sink_errors;
   if (state_ == State::kSinkComplete && !transactional()) {
     // run(): the effect happened; the row stays IN_PROGRESS until its lease ends.
     append_failure(save_error_, Layer::kPgSink, error.what);
@@ -677,108 +600,84 @@ Outcome CallPlan::unavailable(Layer layer, std::string_view why) {
 // -------------------------------------------------------------------------
 
 Step CallPlan::step() noexcept {
-  if (state_ == State::kRunHandler && !handler_started_) {
-    // The handler starts now: its lease is renewed from here on.
-    handler_started_ = true;
-    const auto interval = rules_.options_.auto_renew_interval;
-    renewing_ = interval.count() > 0 && (holds_claim() || holds_sink_row_);
-    next_renewal_ = now_ + interval;
-  }
+  if (state_ == State::kRunHandler && !handler_started_) start_handler();
   Step step;
+  step.kind = kind_of(state_);
   step.key = key_.key;
   step.notes = notes_;
   step.interruptible = !handler_returned_ && (before_handler() || state_ == State::kRunHandler);
-  switch (state_) {
-    case State::kStart:
-      return step;  // take(Started) always moves on
-    case State::kLocalGet:
-      step.kind = StepKind::kLocalGet;
-      return step;
-    case State::kGuardClaim:
-    case State::kProbeClaim:
-      step.kind = StepKind::kGuardClaim;
+  switch (step.kind) {
+    case StepKind::kGuardClaim:
       if (state_ == State::kProbeClaim) step.key = key_.previous_bucket_key;
       step.request_id = request_.request_id;
       step.fingerprint = key_.record_fingerprint;
       return step;
-    case State::kProbeRelease:
-      step.kind = StepKind::kGuardRelease;
-      step.key = key_.previous_bucket_key;
-      step.owner_token = probe_token_;
-      return step;
-    case State::kWait:
-      step.kind = StepKind::kWait;
-      step.at = wake_at_;
-      return step;
-    case State::kRunHandler:
-      step.kind = StepKind::kRunHandler;
-      return step;
-    case State::kCommit:
-    case State::kStoreCommit:
-      step.kind = StepKind::kCommit;
-      return step;
-    case State::kRollback:
-    case State::kStoreRollback:
-      step.kind = StepKind::kRollback;
-      return step;
-    case State::kDecideFailure:
-      step.kind = StepKind::kDecideFailure;
-      step.error = handler_error_.error;
-      return step;
-    case State::kLocalPut:
-      step.kind = StepKind::kLocalPut;
-      step.value = local_entry_;
-      step.ttl = local_ttl();
-      return step;
-    case State::kGuardComplete:
-    case State::kGuardRelease:
-      step.kind =
-          state_ == State::kGuardComplete ? StepKind::kGuardComplete : StepKind::kGuardRelease;
-      step.owner_token = owner_token_;
+    case StepKind::kGuardRelease:
+    case StepKind::kGuardComplete:
+      if (state_ == State::kProbeRelease) step.key = key_.previous_bucket_key;
+      step.owner_token = state_ == State::kProbeRelease ? probe_token_ : owner_token_;
       step.value = response_;
       step.ttl = record_retention();
       return step;
-    case State::kEmit:
-      step.kind = StepKind::kEmit;
+    case StepKind::kSinkBegin:
+    case StepKind::kSinkClaim:
+    case StepKind::kSinkComplete:
+    case StepKind::kSinkRelease:
+      return sink_step(step);
+    case StepKind::kWait:
+      step.at = wake_at_;
+      return step;
+    case StepKind::kDecideFailure:
+      step.error = handler_error_.error;
+      return step;
+    case StepKind::kLocalPut:
+      step.value = local_entry_;
+      step.ttl = local_ttl();
+      return step;
+    case StepKind::kEmit:
       step.event = &event_;
       return step;
-    case State::kReturn:
-      step.kind = StepKind::kReturn;
-      return step;
-    case State::kThrow:
-      step.kind = StepKind::kThrow;
-      return step;
     default:
-      return store_step(step);
+      return step;
   }
 }
 
+StepKind CallPlan::kind_of(State state) noexcept {
+  // By State: kStart is never a step (take(Started) always moves on).
+  constexpr std::array<StepKind, static_cast<std::size_t>(State::kThrow) + 1> kKinds = {
+      StepKind::kReturn,       StepKind::kLocalGet,      StepKind::kGuardClaim,
+      StepKind::kGuardClaim,   StepKind::kGuardRelease,  StepKind::kWait,
+      StepKind::kSinkBegin,    StepKind::kSinkClaim,     StepKind::kRunHandler,
+      StepKind::kSinkComplete, StepKind::kCommit,        StepKind::kRollback,
+      StepKind::kSinkRelease,  StepKind::kDecideFailure, StepKind::kSinkBegin,
+      StepKind::kSinkClaim,    StepKind::kSinkComplete,  StepKind::kCommit,
+      StepKind::kRollback,     StepKind::kLocalPut,      StepKind::kGuardComplete,
+      StepKind::kGuardRelease, StepKind::kEmit,          StepKind::kReturn,
+      StepKind::kThrow};
+  return kKinds[static_cast<std::size_t>(state)];
+}
+
+void CallPlan::start_handler() noexcept {
+  // The handler starts now: its lease is renewed from here on.
+  handler_started_ = true;
+  const auto interval = rules_.options_.auto_renew_interval;
+  renewing_ = interval.count() > 0 && (holds_claim() || holds_sink_row_);
+  next_renewal_ = now_ + interval;
+}
+
 // The sink's steps.
-Step CallPlan::store_step(Step step) const noexcept {
+Step CallPlan::sink_step(Step step) const noexcept {
   step.request_id = sink_owner_;
   step.owner_token = sink_token();  // kRun: the row's fencing token
   step.fingerprint = key_.record_fingerprint;
   step.ttl = record_retention();
-  switch (state_) {
-    case State::kSinkBegin:
-    case State::kStoreBegin:
-      step.kind = StepKind::kSinkBegin;
-      step.with_next = state_ == State::kStoreBegin || sink_records();  // a claim follows
-      return step;
-    case State::kSinkClaim:
-    case State::kStoreClaim:
-      step.kind = StepKind::kSinkClaim;
-      return step;
-    case State::kSinkComplete:
-    case State::kStoreComplete:
-      step.kind = StepKind::kSinkComplete;
-      step.value = response_;
-      step.with_next = transactional();  // the commit follows
-      return step;
-    default:  // kFailureSinkRelease
-      step.kind = StepKind::kSinkRelease;
-      return step;
+  if (step.kind == StepKind::kSinkBegin) {
+    step.with_next = state_ == State::kStoreBegin || sink_records();  // a claim follows
+  } else if (step.kind == StepKind::kSinkComplete) {
+    step.value = response_;
+    step.with_next = transactional();  // the commit follows
   }
+  return step;
 }
 
 // ---- the lease ----------------------------------------------------------------------------------

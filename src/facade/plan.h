@@ -239,7 +239,7 @@ class CallPlan {
   [[nodiscard]] CallMode mode() const noexcept { return mode_; }
 
  private:
-  // Where the call is: each state has one step (see step()).
+  // Where the call is: each state has one step (see step(); kind_of() maps them in this order).
   enum class State : std::uint8_t {
     kStart,
     kLocalGet,
@@ -279,6 +279,8 @@ class CallPlan {
   void take(BusinessDuplicate);
   void take(FailureDecision decision);
   void take(StepError error);
+  void claim_failed(StepError error);
+  void cleanup_failed(const StepError& error);
   // The stop and the deadline before a step of the handler's side (plan.cc, "interruptions").
   void settle();
   [[nodiscard]] bool before_handler() const noexcept;
@@ -313,7 +315,9 @@ class CallPlan {
   void emit_or_end();
   void internal_error(std::string_view what);
   [[nodiscard]] Step step() noexcept;
-  [[nodiscard]] Step store_step(Step step) const noexcept;
+  [[nodiscard]] static StepKind kind_of(State state) noexcept;
+  void start_handler() noexcept;
+  [[nodiscard]] Step sink_step(Step step) const noexcept;
   void go(State state) noexcept { state_ = state; }
   [[nodiscard]] static Outcome unavailable(Layer layer, std::string_view why);
   [[nodiscard]] std::chrono::milliseconds record_retention() const noexcept;

@@ -26,6 +26,12 @@ struct StepError {
   std::string what{};
 };
 
+/// Whether a failure of this kind is a backend's (an idem::BackendError).
+[[nodiscard]] constexpr bool is_backend(ErrorKind kind) noexcept {
+  return kind == ErrorKind::kBackend || kind == ErrorKind::kCommitUnknown ||
+         kind == ErrorKind::kQueryCancelled;
+}
+
 /// SQLSTATE query_canceled.
 inline constexpr const char* kQueryCanceledSqlstate = "57014";
 

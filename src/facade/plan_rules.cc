@@ -1,0 +1,94 @@
+// The rules every call of a deduplicator shares: its options validated once (every ConfigError
+// of the facade), its fingerprinters, and what the plan needs of the driver's backends.
+#include <algorithm>
+#include <array>
+
+#include "facade/plan.h"
+#include "idem/errors.h"
+
+namespace idem::detail {
+namespace {
+
+// True when `pointer` is `field` or a member below it.
+bool at_or_below(const std::string& pointer, const std::string& field) {
+  return pointer == field || pointer.starts_with(field + "/");
+}
+
+// `fingerprint` leaving out the members that carry the request ID (see
+// DeduplicatorOptions::request_id_fields).
+FingerprintOptions without_request_id_fields(FingerprintOptions fingerprint,
+                                             const DeduplicatorOptions& options) {
+  if (!fingerprint.domain_separated) return fingerprint;  // the seed's digest, byte for byte
+  for (const std::string& field : options.request_id_fields) {
+    const bool included = std::any_of(fingerprint.include.begin(), fingerprint.include.end(),
+                                      [&](const std::string& p) { return at_or_below(p, field); });
+    const bool excluded = std::any_of(fingerprint.exclude.begin(), fingerprint.exclude.end(),
+                                      [&](const std::string& p) { return at_or_below(field, p); });
+    if (!included && !excluded) fingerprint.exclude.push_back(field);
+  }
+  return fingerprint;
+}
+
+// The checks of the options a driver's backends cannot serve.
+void check_backends(const DeduplicatorOptions& o, const DriverTraits& traits) {
+  if (traits.deadline.count() < 0) {
+    throw ConfigError("idem: AsyncDeduplicatorOptions::deadline must be >= 0");
+  }
+  if (traits.on_loop && (dynamic_cast<RedisGuard*>(o.guard.get()) != nullptr ||
+                         dynamic_cast<PgSink*>(o.sink.get()) != nullptr)) {
+    throw ConfigError(
+        "idem: AsyncDeduplicatorOptions::base: a RedisGuard or PgSink blocks its thread on "
+        "every call; set AsyncDeduplicatorOptions::redis / postgres instead");
+  }
+  if (o.transactional_claim == TransactionalClaim::kBusinessKey &&
+      (!traits.transactions || !traits.business_constraints)) {
+    throw ConfigError(
+        "idem: TransactionalClaim::kBusinessKey needs a PostgreSQL sink (a PgSink, or "
+        "AsyncDeduplicatorOptions::postgres) whose business_constraints name the UNIQUE "
+        "constraint that is the claim");
+  }
+}
+
+constexpr std::array<std::string_view, kStepKinds> kStepNames = {
+    "LocalGet",  "LocalPut",      "GuardClaim",   "GuardComplete", "GuardRelease", "SinkBegin",
+    "SinkClaim", "RunHandler",    "SinkComplete", "Commit",        "Rollback",     "SinkRelease",
+    "Wait",      "DecideFailure", "Emit",         "Return",        "Throw"};
+
+}  // namespace
+
+std::string_view step_name(StepKind kind) noexcept {
+  return kStepNames[static_cast<std::size_t>(kind)];
+}
+
+PlanRules::PlanRules(const DeduplicatorOptions& options, DriverTraits traits)
+    : options_(options), traits_(traits) {
+  const DeduplicatorOptions& o = options_;
+  if (o.wait_for_result.count() < 0 || o.wait_poll_interval.count() <= 0 ||
+      o.auto_renew_interval.count() < 0) {
+    throw ConfigError(
+        "idem: wait_for_result and auto_renew_interval must be >= 0, wait_poll_interval > 0");
+  }
+  if (o.fallback_retention.count() <= 0) throw ConfigError("idem: fallback_retention must be > 0");
+  check_backends(o, traits_);
+  if (o.fingerprint) {
+    (void)Fingerprinter(*o.fingerprint);  // validates the options as given
+    const FingerprintOptions options = without_request_id_fields(*o.fingerprint, o);
+    if (options.time_bucket.count() > 0) bucketed_fingerprinter_.emplace(options);
+    FingerprintOptions unbucketed = options;
+    unbucketed.time_bucket = std::chrono::seconds(0);
+    fingerprinter_.emplace(unbucketed);
+  }
+  guard_ = o.guard != nullptr || traits_.own_guard;
+  sink_ = o.sink != nullptr || traits_.own_sink;
+  redis_failure_ = o.on_redis_failure.value_or(sink_ ? RedisFailurePolicy::kFailOpen
+                                                     : RedisFailurePolicy::kFailClosed);
+  if (traits_.own_guard) {
+    guard_lease_ = traits_.own_guard_lease;
+    guard_retention_ = traits_.own_guard_retention;
+  } else if (o.guard) {
+    guard_lease_ = o.guard->lease();
+    guard_retention_ = o.guard->retention();
+  }
+}
+
+}  // namespace idem::detail
