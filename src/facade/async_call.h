@@ -63,7 +63,6 @@ class AsyncCall : public std::enable_shared_from_this<AsyncCall> {
   void schedule_renewal();
   static asio::awaitable<void> renew_in_background(std::shared_ptr<AsyncCall> self);
   void finish(std::exception_ptr error, Outcome outcome);
-  friend struct idem::AsyncDeduplicator::Impl;
 
   std::shared_ptr<AsyncDeduplicator::Impl> dedup_;
   Request request_;

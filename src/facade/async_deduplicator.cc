@@ -22,6 +22,7 @@
 #include <utility>
 
 #include "facade/async_call.h"
+#include "facade/deadline_queue.h"
 #include "facade/in_process.h"
 #include "facade/plan.h"
 #include "guard/async_redis_guard.h"
@@ -97,68 +98,13 @@ struct AsyncDeduplicator::Impl {
               detail::traits_of(options, options.redis ? guard.get() : nullptr)),
         cache(detail::local_cache_for(rules.options())) {}
 
-  // The calls by deadline (a doubly linked list through the calls, oldest first) and the one
-  // timer armed for the first. Expired calls are interrupted kDeadlineBatch per turn of the
-  // loop, so a burst of deadlines (1 000 calls stuck on a stopped server) never holds the loop.
-  static constexpr int kDeadlineBatch = 32;
-  void enqueue_deadline(detail::AsyncCall& call) {
-    call.in_deadline_queue_ = true;
-    call.deadline_prev_ = deadline_tail;
-    call.deadline_next_ = nullptr;
-    (deadline_tail != nullptr ? deadline_tail->deadline_next_ : deadline_head) = &call;
-    deadline_tail = &call;
-    if (!deadline_armed) arm_deadline();
-  }
-  void dequeue_deadline(detail::AsyncCall& call) {
-    if (!call.in_deadline_queue_) return;
-    call.in_deadline_queue_ = false;
-    (call.deadline_prev_ != nullptr ? call.deadline_prev_->deadline_next_ : deadline_head) =
-        call.deadline_next_;
-    (call.deadline_next_ != nullptr ? call.deadline_next_->deadline_prev_ : deadline_tail) =
-        call.deadline_prev_;
-    call.deadline_prev_ = call.deadline_next_ = nullptr;
-    if (deadline_head == nullptr && deadline_armed) {
-      deadline_armed = false;  // an idle deduplicator holds no timer
-      deadline_timer.cancel();
-    }
-  }
-  void arm_deadline() {
-    if (deadline_head == nullptr) {
-      deadline_armed = false;
-      return;
-    }
-    deadline_armed = true;
-    deadline_timer.expires_at(deadline_head->deadline());
-    deadline_timer.async_wait([this, alive = std::weak_ptr<bool>(alive_token)](std::error_code e) {
-      if (e || alive.expired()) return;
-      expire_deadlines();
-    });
-  }
-  void expire_deadlines() {
-    const auto now = SteadyClock::now();
-    for (int i = 0; i < kDeadlineBatch; ++i) {
-      detail::AsyncCall* call = deadline_head;
-      if (call == nullptr || call->deadline() > now) return arm_deadline();
-      dequeue_deadline(*call);
-      call->interrupt(true);
-    }
-    // More have expired: go on in a later turn, after what is ready now (timers included).
-    asio::post(executor, [this, alive = std::weak_ptr<bool>(alive_token)] {
-      if (!alive.expired()) expire_deadlines();
-    });
-  }
-
   void close() {
     if (guard) guard->close();
     if (sink) sink->close();
   }
 
   asio::any_io_executor executor;
-  asio::steady_timer deadline_timer{executor};
-  detail::AsyncCall* deadline_head = nullptr;
-  detail::AsyncCall* deadline_tail = nullptr;
-  bool deadline_armed = false;
-  std::shared_ptr<bool> alive_token = std::make_shared<bool>(true);  // expires with this Impl
+  detail::DeadlineQueue deadlines{executor};
   std::unique_ptr<detail::AsyncGuard> guard;
   std::unique_ptr<detail::AsyncSink> sink;
   detail::AsyncPgSink* pg;  // `sink` when it is PostgreSQL's: the transactions'
@@ -232,7 +178,7 @@ void AsyncCall::start() {
   if (request_.stop.stop_possible()) {
     on_request_stop_.emplace(request_.stop, ForwardRequestStop{self, dedup_->executor});
   }
-  if (plan_.deadline() != PlanTime::max()) dedup_->enqueue_deadline(*this);
+  if (plan_.deadline() != PlanTime::max()) dedup_->deadlines.enqueue(*this);
   asio::co_spawn(
       dedup_->executor, drive(self),
       asio::bind_cancellation_slot(signal_.slot(), [self](std::exception_ptr error, Ending ending) {
@@ -251,7 +197,7 @@ void AsyncCall::finish(std::exception_ptr error, Outcome outcome) {
   finished_ = true;
   if (user_slot_.is_connected()) user_slot_.clear();
   on_request_stop_.reset();
-  dedup_->dequeue_deadline(*this);
+  dedup_->deadlines.dequeue(*this);
   if (renew_timer_) renew_timer_->cancel();
   dedup_->remove_running(*this);
   std::unique_ptr<AsyncCompletion> completion = std::move(completion_);
@@ -377,7 +323,7 @@ asio::awaitable<StepResult> AsyncCall::run_handler() {
   }
   co_await asio::this_coro::throw_if_cancelled(false);
   handler_running_ = false;
-  dedup_->dequeue_deadline(*this);  // what follows the handler runs to its end
+  dedup_->deadlines.dequeue(*this);  // what follows the handler runs to its end
   if (renew_timer_) renew_timer_->cancel();
   if (!failure) co_return Response{*std::move(response)};
   if (tx_ && tx_->business_duplicate(failure)) co_return BusinessDuplicate{};
@@ -432,63 +378,6 @@ bool AsyncCall::stop_requested() const noexcept {
 }
 
 }  // namespace detail
-
-// ---- AsyncResult, AsyncTransaction ----------------------------------------------------------
-
-struct AsyncResult::Data {
-  detail::PgResultPtr result;
-};
-
-std::size_t AsyncResult::rows() const noexcept {
-  return data_ ? static_cast<std::size_t>(PQntuples(data_->result.get())) : 0;
-}
-std::size_t AsyncResult::columns() const noexcept {
-  return data_ ? static_cast<std::size_t>(PQnfields(data_->result.get())) : 0;
-}
-std::optional<std::string_view> AsyncResult::get(std::size_t row, std::size_t column) const {
-  if (row >= rows() || column >= columns()) {
-    throw std::out_of_range("idem: AsyncResult::get(" + std::to_string(row) + ", " +
-                            std::to_string(column) + ") outside " + std::to_string(rows()) + "x" +
-                            std::to_string(columns()));
-  }
-  const PGresult* r = data_->result.get();
-  const int i = static_cast<int>(row);
-  const int j = static_cast<int>(column);
-  if (PQgetisnull(r, i, j) != 0) return std::nullopt;
-  return std::string_view(PQgetvalue(r, i, j), static_cast<std::size_t>(PQgetlength(r, i, j)));
-}
-std::size_t AsyncResult::affected_rows() const noexcept {
-  if (!data_) return 0;
-  const char* tuples = PQcmdTuples(data_->result.get());
-  return tuples == nullptr || *tuples == '\0' ? 0 : std::strtoull(tuples, nullptr, 10);
-}
-
-asio::awaitable<AsyncResult> AsyncTransaction::exec(
-    std::string sql, std::vector<std::optional<std::string>> params) {
-  detail::PgResultPtr result = co_await tx_->exec(std::move(sql), std::move(params));
-  co_return AsyncResult(
-      std::make_shared<const AsyncResult::Data>(AsyncResult::Data{std::move(result)}));
-}
-
-// ---- AsyncContext ---------------------------------------------------------------------------
-
-std::string_view AsyncContext::request_id() const noexcept {
-  return call_->plan().request().request_id;
-}
-std::string_view AsyncContext::key() const noexcept { return call_->plan().key(); }
-std::string_view AsyncContext::fingerprint() const noexcept { return call_->plan().fingerprint(); }
-int AsyncContext::attempt() const noexcept { return call_->plan().request().attempt; }
-std::chrono::milliseconds AsyncContext::remaining_lease() const noexcept {
-  return call_->plan().remaining_lease(SteadyClock::now());
-}
-bool AsyncContext::lease_lost() const noexcept {
-  return call_->plan().lease_lost(SteadyClock::now());
-}
-asio::awaitable<bool> AsyncContext::renew() { return call_->renew(); }
-bool AsyncContext::stop_requested() const noexcept { return call_->stop_requested(); }
-std::chrono::steady_clock::time_point AsyncContext::deadline() const noexcept {
-  return call_->deadline();
-}
 
 // ---- AsyncDeduplicator ------------------------------------------------------------------------
 

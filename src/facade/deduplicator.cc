@@ -10,7 +10,6 @@
 #include <mutex>
 #include <optional>
 #include <pqxx/pqxx>
-#include <set>
 #include <stop_token>
 #include <thread>
 #include <utility>
@@ -18,6 +17,7 @@
 #include "facade/call_state.h"
 #include "facade/in_process.h"
 #include "facade/plan.h"
+#include "facade/renewer.h"
 #include "idem/errors.h"
 #include "idem/local_cache.h"
 #include "idem/request_id.h"
@@ -41,8 +41,6 @@ std::stop_token Context::stop_token() const noexcept { return state_->stop_token
 
 namespace {
 
-class BlockingCall;
-
 // While it lives, a stop of the call cancels the statement running on `tx`'s connection on the
 // server (SQLSTATE 57014), from a helper thread.
 class CancelOnStop {
@@ -60,34 +58,6 @@ class CancelOnStop {
   std::stop_callback<Cancel> on_stop_;
 };
 
-// Renews the leases of every running handler that asked for automatic renewal, on one thread
-// started on first use: each call's renewal runs when its plan says it is due.
-class Renewer {
- public:
-  Renewer() = default;
-  Renewer(const Renewer&) = delete;
-  Renewer& operator=(const Renewer&) = delete;
-  ~Renewer() {
-    if (thread_.joinable()) {
-      thread_.request_stop();
-      thread_.join();
-    }
-  }
-
-  void add(BlockingCall& call);
-  // Afterwards the thread never touches `call` again (waits out a renewal of it under way).
-  void remove(BlockingCall& call);
-
- private:
-  void loop(const std::stop_token& stop);
-
-  std::mutex mutex_;
-  std::condition_variable_any changed_;
-  std::set<BlockingCall*> calls_;     // guarded by mutex_
-  BlockingCall* renewing_ = nullptr;  // guarded by mutex_: the call being renewed now
-  std::jthread thread_;               // started by the first add()
-};
-
 using Handler = std::function<std::string(pqxx::transaction_base*, Context&)>;
 
 // What every call of one Deduplicator shares.
@@ -95,12 +65,12 @@ struct Shared {
   const detail::PlanRules& rules;
   LocalCache* cache;
   PgSink* pg;
-  Renewer& renewer;
+  detail::Renewer& renewer;
   std::stop_token shutdown;
 };
 
 // One call of the blocking driver: the plan, and what the handler's Context asks of the driver.
-class BlockingCall final : public detail::CallState {
+class BlockingCall final : public detail::CallState, public detail::Renewable {
  public:
   BlockingCall(const Shared& shared, const Request& request, detail::CallMode mode,
                std::string attempt_id)
@@ -112,12 +82,12 @@ class BlockingCall final : public detail::CallState {
 
   Outcome drive(const Handler& handler);
 
-  // The renewer's entry points.
-  std::optional<detail::PlanTime> renewal_due() {
+  // detail::Renewable
+  std::optional<detail::PlanTime> renewal_due() override {
     std::lock_guard lock(mutex_);
     return plan_.renewal_due();
   }
-  void renew_now() {
+  void renew_now() override {
     try {
       (void)renew();
     } catch (const Error&) {
@@ -166,44 +136,6 @@ class BlockingCall final : public detail::CallState {
   std::optional<std::stop_callback<StopForwarder>> on_caller_stop_;
   std::optional<std::stop_callback<StopForwarder>> on_shutdown_;
 };
-
-void Renewer::add(BlockingCall& call) {
-  std::lock_guard lock(mutex_);
-  if (!thread_.joinable()) thread_ = std::jthread([this](std::stop_token stop) { loop(stop); });
-  calls_.insert(&call);
-  changed_.notify_all();
-}
-
-void Renewer::remove(BlockingCall& call) {
-  std::unique_lock lock(mutex_);
-  calls_.erase(&call);
-  changed_.wait(lock, [&] { return renewing_ != &call; });
-}
-
-void Renewer::loop(const std::stop_token& stop) {
-  std::unique_lock lock(mutex_);
-  while (!stop.stop_requested()) {
-    BlockingCall* due_call = nullptr;
-    auto due = detail::PlanTime::max();
-    for (BlockingCall* call : calls_) {
-      if (const auto at = call->renewal_due(); at && *at < due) {
-        due = *at;
-        due_call = call;
-      }
-    }
-    if (due_call == nullptr || due > SteadyClock::now()) {
-      // Woken by a new call, a removed one, the due time, or stop.
-      changed_.wait_until(lock, stop, due, [] { return false; });
-      continue;
-    }
-    renewing_ = due_call;
-    lock.unlock();
-    due_call->renew_now();
-    lock.lock();
-    renewing_ = nullptr;
-    changed_.notify_all();
-  }
-}
 
 bool BlockingCall::renew() {
   std::optional<detail::RenewalStep> step;
@@ -324,7 +256,7 @@ detail::StepResult BlockingCall::run_handler(const Handler& handler) {
   // The renewer reads the plan while the handler runs: it is done with this call (also when
   // unwinding) before the result is reported.
   struct Renewal {
-    Renewer* renewer;
+    detail::Renewer* renewer;
     BlockingCall* call;
     ~Renewal() {
       if (renewer != nullptr) renewer->remove(*call);
@@ -377,7 +309,7 @@ struct Deduplicator::Impl {
   std::unique_ptr<LocalCache> cache;
   std::stop_source shutdown;
   Uuid7Generator owner_ids;
-  Renewer renewer;  // last: its thread stops before the rest goes
+  detail::Renewer renewer;  // last: its thread stops before the rest goes
   Shared shared{rules, cache.get(), dynamic_cast<PgSink*>(rules.options().sink.get()), renewer,
                 shutdown.get_token()};
 };
