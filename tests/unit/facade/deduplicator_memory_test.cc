@@ -210,8 +210,8 @@ TEST(InMemoryFacadeEvents, AThrowingDecisionSinkDoesNotTurnAnExecutionIntoAnErro
   EXPECT_EQ(runs, 1);
 }
 
-// Regression: a handler that threw used to emit no event and no count at all, so a failing
-// consumer was invisible in the decision log and in /metrics.
+// A handler that throws emits one failure event and is counted, so a failing consumer shows in
+// the decision log and in /metrics.
 TEST(InMemoryFacadeEvents, AThrowingHandlerEmitsOneFailureEventAndIsCountedApartFromDecisions) {
   struct Seen {
     bool handler_failed;
@@ -337,8 +337,8 @@ TEST_F(InMemorySinkFacade, RunTransactionalNeedsAPgSink) {
   EXPECT_EQ(guard_->size(), 0u);
 }
 
-// Regression: Context::lease_lost() stayed false inside a handler that had outlived its lease
-// without renewing; only Outcome::lease_lost said so, after the fact.
+// A handler that outlived its lease without renewing is told while it runs, not only by
+// Outcome::lease_lost after the fact.
 TEST(InMemoryFacadeLease, ContextLeaseLostIsTrueInsideAHandlerPastItsLease) {
   DeduplicatorOptions o;
   o.guard =
@@ -371,9 +371,9 @@ TEST(InMemoryFacadeLease, AutomaticRenewalKeepsALongHandlersClaim) {
   EXPECT_FALSE(outcome.lease_lost);  // 250 ms on a 100 ms lease: only renewals kept it
 }
 
-// Regression: a message re-sent with a new request ID came back kMismatch, because the body's
-// own requestId field (where request_id_from_json() read the ID) changed its fingerprint; twenty
-// legitimate re-sends were dead-lettered.
+// A message re-sent with a new request ID in its body's requestId field (where
+// request_id_from_json() reads it) is a duplicate, not a mismatch: that field is left out of the
+// fingerprint.
 TEST(InMemoryFacadeFingerprint, AReSendWithANewRequestIdIsADuplicateNotAMismatch) {
   DeduplicatorOptions o;
   o.guard = std::make_shared<InMemoryGuard>();
@@ -402,8 +402,8 @@ TEST(InMemoryFacadeFingerprint, AReSendWithANewRequestIdIsADuplicateNotAMismatch
   EXPECT_EQ(strict.run(refund("m-4"), [] { return std::string(); }).kind, Outcome::Kind::kMismatch);
 }
 
-// Regression: after `exclude = {"/requestId"}` was added to the fingerprint options, 239 of 240
-// stored records answered kMismatch: their fingerprints were made under the old options.
+// Records whose fingerprints were made under other fingerprint options (e.g. before an exclude
+// was added) carry no verdict: a repeat is a duplicate, never a mismatch.
 TEST(InMemoryFacadeFingerprint, RecordsMadeUnderOtherFingerprintOptionsAreNoMismatch) {
   auto guard = std::make_shared<InMemoryGuard>();
   DeduplicatorOptions before;

@@ -55,8 +55,8 @@ TEST(InProcessMetrics, DuplicateRateCountsGuardAndSinkRejectsOverAllCalls) {
   EXPECT_DOUBLE_EQ(m.duplicate_rate(), 3.0 / 6.0);
 }
 
-// Regression: a guard or sink that was down under fail_closed (kUnavailable) counted as a
-// duplicate, so an outage looked like a retry storm in idem_duplicate_rate.
+// A guard or sink down under fail_closed (kUnavailable) is no duplicate: an outage must not look
+// like a retry storm in idem_duplicate_rate.
 TEST(InProcessMetrics, DuplicateRateDoesNotCountUnavailable) {
   InProcessMetrics m;
   m.record_decision(event(Layer::kHandler, Outcome::Kind::kExecuted, 1));
@@ -199,9 +199,8 @@ std::string read_file(const std::filesystem::path& path) {
   return content.str();
 }
 
-// Regression guard for renames: the alert rules, the dashboard and the operations guide query
-// only series that prometheus_text() renders (idem_decision_latency_us was renamed to
-// idem_decision_duration_seconds; a stale query would show nothing, or never alert).
+// The alert rules, the dashboard and the operations guide query only series that
+// prometheus_text() renders: after a rename, a stale query would show nothing, or never alert.
 TEST(InProcessMetrics, DocsQueryOnlySeriesItRenders) {
   const std::set<std::string> rendered = families(full_text());
   ASSERT_TRUE(rendered.contains("idem_decision_duration_seconds"));

@@ -459,8 +459,7 @@ TEST(CallPlan, AStopRequestedWhileTheHandlerRanKeepsTheClaimWhateverItThrew) {
   EXPECT_EQ(d.guard->size(), 1u);
 }
 
-// Regression: a Request::stop already requested when the call started still claimed, ran and
-// committed the handler.
+// A Request::stop already requested when the call starts: nothing is claimed, nothing runs.
 TEST(CallPlan, ARequestStoppedBeforeItIsClaimedNeverRuns) {
   ScriptedDriver d;
   d.use_sink();
@@ -733,8 +732,8 @@ TEST(CallPlan, RenewalIsDueAtIntervalsWhileTheHandlerRunsAndExtendsTheLease) {
   EXPECT_TRUE(checked);
 }
 
-// Regression: Context::lease_lost() stayed false inside a handler that had outlived its lease
-// without renewing (remaining_lease() was 0, Outcome::lease_lost ended up true).
+// A handler that outlives its lease without renewing is told while it runs (lease_lost() and
+// remaining_lease() 0), not only by Outcome::lease_lost afterwards.
 TEST(CallPlan, AHandlerPastItsLeaseIsToldWhileItRuns) {
   ScriptedDriver d;
   bool told = false;
@@ -762,8 +761,8 @@ TEST(CallPlan, ARenewalThatFindsTheClaimGoneStopsRenewing) {
   EXPECT_TRUE(d.call(request("r1")).lease_lost);
 }
 
-// Regression: the local cache kept a completed key for its own TTL even when the record's
-// retention was shorter (a fallback key's fallback_retention, a guard-only set-up's retention).
+// The local cache never keeps a completed key longer than its record is kept (a fallback key's
+// fallback_retention, a guard-only set-up's retention).
 TEST(CallPlan, TheLocalCacheNeverOutlivesTheRecord) {
   std::vector<milliseconds> ttls;
   const auto record_ttls = [&](ScriptedDriver& d) {

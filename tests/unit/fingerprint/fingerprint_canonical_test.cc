@@ -1,4 +1,4 @@
-// RFC 8785 canonical form and the fingerprint digest: the rules of issue #5, one test each.
+// RFC 8785 canonical form and the fingerprint digest: one test per rule.
 #include <gtest/gtest.h>
 
 #include <algorithm>

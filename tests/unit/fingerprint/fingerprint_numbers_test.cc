@@ -101,8 +101,8 @@ TEST(NumberForm, CanonicalTextOfLargeDoublesCanBeCanonicalizedAgain) {
   EXPECT_EQ(canonicalize_json("[-0.097691e20]"), "[-9769100000000000000]");
 }
 
-// Regression: integer literals outside [-2^63, 2^64-1] were rejected (the old parser's range),
-// so two such order numbers could not be fingerprinted at all.
+// Integer literals outside [-2^63, 2^64-1] (beyond the parser's own range) keep their exact
+// digits: two such order numbers are fingerprinted, and apart.
 TEST(NumberForm, IntegerLiteralsOfAnyLengthKeepTheirExactDigits) {
   const std::string wide =
       "[18446744073709551616,-9223372036854775809,"
