@@ -49,6 +49,12 @@ void validate_key_name(std::string_view name, std::string_view what) {
                     static_cast<unsigned char>(name[i + 1]) <= 0x9F;
     if (byte < 0x20 || byte == 0x7F || c1) invalid(i, "holds a control character");
   }
+  if (name.empty()) return;
+  // Every edge space is ' ' or starts with a byte 0xC2 or above (UTF-8 of U+0080 and up), and
+  // ends with ' ' or a byte 0x80 or above: a name with plain ASCII at both ends needs no look.
+  const auto first = static_cast<unsigned char>(name.front());
+  const auto last = static_cast<unsigned char>(name.back());
+  if (first != ' ' && first < 0xC2 && last != ' ' && last < 0x80) return;
   for (const std::string_view space : kEdgeSpaces) {
     if (name.starts_with(space)) invalid(0, "starts with white space");
     if (name.ends_with(space)) invalid(name.size() - space.size(), "ends with white space");

@@ -1,11 +1,10 @@
 #include "idem/memory_guard.h"
 
-#include <openssl/rand.h>
-
 #include <mutex>
 #include <optional>
 
 #include "common/expiring_records.h"
+#include "guard/record.h"
 #include "idem/errors.h"
 #include "idem/fingerprint.h"
 #include "idem/key.h"
@@ -22,19 +21,6 @@ struct Record {
   std::string response;
   std::int64_t expires_ms = 0;
 };
-
-std::string random_owner_token() {
-  unsigned char bytes[16];
-  if (RAND_bytes(bytes, sizeof bytes) != 1) throw BackendError("idem: RAND_bytes failed", true);
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string token;
-  token.reserve(32);
-  for (const unsigned char b : bytes) {
-    token.push_back(kHex[b >> 4]);
-    token.push_back(kHex[b & 0x0F]);
-  }
-  return token;
-}
 
 }  // namespace
 
@@ -78,7 +64,7 @@ ClaimResult InMemoryGuard::claim(std::string_view key, std::string_view request_
     if (record->state == RecordState::kCompleted) result.response = record->response;
     return result;
   }
-  result.owner_token = random_owner_token();
+  result.owner_token = detail::new_owner_token();
   state_->records.put(key,
                       Record{std::string(request_id),
                              result.owner_token,

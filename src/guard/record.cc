@@ -2,8 +2,10 @@
 
 #include <openssl/evp.h>
 #include <openssl/rand.h>
+#include <pthread.h>
 
 #include <array>
+#include <atomic>
 #include <charconv>
 
 #include "idem/errors.h"
@@ -122,12 +124,44 @@ StoredRecord decode_record(std::string_view value) {
   return record;
 }
 
-std::string new_owner_token() {
-  std::array<unsigned char, kOwnerTokenSize / 2> bytes{};
-  if (RAND_bytes(bytes.data(), static_cast<int>(bytes.size())) != 1) {
-    throw Error("idem: the CSPRNG failed to produce an owner token");
+namespace {
+
+// Bumped in a forked child, whose copies of the threads' random buffers must never be used:
+// parent and child would hand out the same tokens.
+std::atomic<std::uint64_t> fork_generation{0};
+
+// Each thread's random bytes, drawn from OpenSSL's CSPRNG a few kilobytes at a time: one
+// RAND_bytes per 256 tokens instead of one per token (each costs a DRBG round).
+struct RandomBuffer {
+  std::array<unsigned char, 4096> bytes{};
+  std::size_t used = bytes.size();
+  std::uint64_t generation = 0;
+
+  const unsigned char* take(std::size_t n) {
+    const std::uint64_t now = fork_generation.load(std::memory_order_relaxed);
+    if (used + n > bytes.size() || generation != now) {
+      if (RAND_bytes(bytes.data(), static_cast<int>(bytes.size())) != 1) {
+        throw Error("idem: the CSPRNG failed to produce an owner token");
+      }
+      used = 0;
+      generation = now;
+    }
+    const unsigned char* taken = bytes.data() + used;
+    used += n;
+    return taken;
   }
-  return to_hex(bytes.data(), bytes.size());
+};
+
+}  // namespace
+
+std::string new_owner_token() {
+  static const bool registered = [] {
+    return pthread_atfork(nullptr, nullptr,
+                          [] { fork_generation.fetch_add(1, std::memory_order_relaxed); }) == 0;
+  }();
+  (void)registered;
+  thread_local RandomBuffer buffer;
+  return to_hex(buffer.take(kOwnerTokenSize / 2), kOwnerTokenSize / 2);
 }
 
 }  // namespace idem::detail

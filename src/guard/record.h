@@ -47,7 +47,8 @@ struct StoredRecord {
 /// tests/fuzz/record_fuzz.cc.
 [[nodiscard]] StoredRecord decode_record(std::string_view value);
 
-/// A fresh owner token: 128 bits from OpenSSL's CSPRNG, lowercase hex.
+/// A fresh owner token: 128 bits from OpenSSL's CSPRNG (drawn a few kilobytes at a time per
+/// thread; a forked child draws afresh), lowercase hex. Thread-safe.
 [[nodiscard]] std::string new_owner_token();
 
 }  // namespace idem::detail

@@ -1,5 +1,7 @@
 // The guard's record encoding (src/guard/record.h): round trips and malformed input.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <set>
 #include <string>
@@ -67,6 +69,30 @@ TEST(RedisRecord, OwnerTokensAre128BitHexAndUnique) {
     tokens.insert(token);
   }
   EXPECT_EQ(tokens.size(), 1000U);
+}
+
+// Tokens are drawn from a per-thread buffer of random bytes: a forked child must not hand out
+// the tokens its parent's buffer still holds.
+TEST(RedisRecord, AForkedChildNeverRepeatsItsParentsTokens) {
+  (void)new_owner_token();  // the buffer is filled, and holds the next tokens
+  int pipe_fds[2];
+  ASSERT_EQ(pipe(pipe_fds), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    const std::string token = new_owner_token();
+    const bool written =
+        write(pipe_fds[1], token.data(), token.size()) == static_cast<ssize_t>(token.size());
+    _exit(written ? 0 : 1);
+  }
+  close(pipe_fds[1]);
+  std::string from_child(kOwnerTokenSize, '\0');
+  ASSERT_EQ(read(pipe_fds[0], from_child.data(), from_child.size()),
+            static_cast<ssize_t>(from_child.size()));
+  close(pipe_fds[0]);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_NE(from_child, new_owner_token()) << "the child drew its parent's next token";
 }
 
 }  // namespace
