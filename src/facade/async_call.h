@@ -54,7 +54,6 @@ class AsyncCall : public std::enable_shared_from_this<AsyncCall> {
   // The call's end: an exception, or the outcome (no exception is thrown to carry it).
   using Ending = std::pair<std::exception_ptr, Outcome>;
   static asio::awaitable<Ending> drive(std::shared_ptr<AsyncCall> self);
-  [[nodiscard]] Input input(StepResult result) const;
   asio::awaitable<StepResult> perform(const Step& step);
   asio::awaitable<StepResult> perform_io(const Step& step);
   asio::awaitable<StepResult> perform_in_transaction(const Step& step);

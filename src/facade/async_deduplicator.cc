@@ -206,24 +206,21 @@ void AsyncCall::finish(std::exception_ptr error, Outcome outcome) {
 
 bool AsyncCall::stopped() const noexcept { return cancelled_ || request_.stop.stop_requested(); }
 
-Input AsyncCall::input(StepResult result) const {
-  return Input{SteadyClock::now(), stopped(), std::move(result)};
-}
-
 asio::awaitable<AsyncCall::Ending> AsyncCall::drive(std::shared_ptr<AsyncCall> self) {
   // The driver reacts to cancellation itself: operations it awaits after one still run (the
   // releases and completions the plan asks for).
   co_await asio::this_coro::throw_if_cancelled(false);
   AsyncCall& call = *self;
-  Input input = call.input(Started{});
+  Input input{SteadyClock::now(), call.stopped(), Started{}};
   for (;;) {
     const Step step = call.plan_.resume(std::move(input));
     if (step.kind == StepKind::kReturn) co_return Ending{nullptr, call.plan_.outcome()};
     if (step.kind == StepKind::kThrow) co_return Ending{call.plan_.error(), {}};
     call.interruptible_ = step.interruptible;
-    StepResult result = co_await call.perform(step);
+    input.result = co_await call.perform(step);
     call.interruptible_ = false;
-    input = call.input(std::move(result));
+    input.now = SteadyClock::now();
+    input.stopped = call.stopped();
   }
 }
 

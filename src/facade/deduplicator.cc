@@ -186,8 +186,9 @@ Outcome BlockingCall::drive(const Handler& handler) {
     }
     if (step.kind == detail::StepKind::kReturn) return plan_.outcome();
     if (step.kind == detail::StepKind::kThrow) std::rethrow_exception(plan_.error());
-    detail::StepResult result = perform(step, handler);
-    input = detail::Input{SteadyClock::now(), stopped(), std::move(result)};
+    input.result = perform(step, handler);
+    input.now = SteadyClock::now();
+    input.stopped = stopped();
   }
 }
 

@@ -49,7 +49,7 @@ CallPlan::CallPlan(const PlanRules& rules, const Request& request, CallMode mode
       sink_owner_(request.request_id.empty() ? attempt_id : request.request_id),
       attempt_id_(std::move(attempt_id)) {}
 
-Step CallPlan::resume(Input input) {
+Step CallPlan::resume(Input&& input) {
   now_ = input.now;
   stopped_ = input.stopped;
   notes_ = StepNotes{};
@@ -132,7 +132,7 @@ void CallPlan::take(Done) {
   }
 }
 
-void CallPlan::take(CacheEntry found) {
+void CallPlan::take(CacheEntry&& found) {
   if (state_ != State::kLocalGet) return internal_error("a cache entry out of kLocalGet");
   if (!found.entry) return claim_guard();
   const std::string& entry = *found.entry;
@@ -144,7 +144,7 @@ void CallPlan::take(CacheEntry found) {
                        split == std::string::npos ? std::string() : entry.substr(split + 1)));
 }
 
-void CallPlan::take(ClaimResult claim) {
+void CallPlan::take(ClaimResult&& claim) {
   if (state_ != State::kGuardClaim && state_ != State::kProbeClaim) {
     return internal_error("a claim out of kGuardClaim");
   }
@@ -158,7 +158,7 @@ void CallPlan::take(Completed completed) {
   end_completion();
 }
 
-void CallPlan::take(SinkClaim claim) {
+void CallPlan::take(SinkClaim&& claim) {
   if (state_ == State::kStoreClaim) {
     return go(claim.status == SinkStatus::kClaimed ? State::kStoreComplete : State::kStoreRollback);
   }
@@ -166,7 +166,7 @@ void CallPlan::take(SinkClaim claim) {
   sink_claimed(std::move(claim));
 }
 
-void CallPlan::take(Response response) {
+void CallPlan::take(Response&& response) {
   if (state_ != State::kRunHandler) return internal_error("a response out of kRunHandler");
   handler_returned_ = true;
   renewing_ = false;
@@ -187,12 +187,12 @@ void CallPlan::take(BusinessDuplicate) {
   go(State::kRollback);
 }
 
-void CallPlan::take(FailureDecision decision) {
+void CallPlan::take(FailureDecision&& decision) {
   if (state_ != State::kDecideFailure) return internal_error("a decision out of kDecideFailure");
   apply(std::move(decision));
 }
 
-void CallPlan::take(StepError error) {
+void CallPlan::take(StepError&& error) {
   const bool interrupted = stopped_ || past_deadline() || error.kind == ErrorKind::kCancelled ||
                            error.kind == ErrorKind::kAborted;
   if (before_handler() && interrupted) {

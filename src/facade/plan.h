@@ -203,7 +203,7 @@ class CallPlan {
 
   /// Takes the result of the step last returned (Started{} the first time) and returns the
   /// step to perform now.
-  [[nodiscard]] Step resume(Input input);
+  [[nodiscard]] Step resume(Input&& input);
 
   // ---- the end -----------------------------------------------------------------------------
   /// kReturn: the outcome (moved out).
@@ -271,14 +271,14 @@ class CallPlan {
   // Taking each result (plan.cc, "results").
   void take(Started);
   void take(Done);
-  void take(CacheEntry entry);
-  void take(ClaimResult claim);
+  void take(CacheEntry&& entry);
+  void take(ClaimResult&& claim);
   void take(Completed completed);
-  void take(SinkClaim claim);
-  void take(Response response);
+  void take(SinkClaim&& claim);
+  void take(Response&& response);
   void take(BusinessDuplicate);
-  void take(FailureDecision decision);
-  void take(StepError error);
+  void take(FailureDecision&& decision);
+  void take(StepError&& error);
   void claim_failed(StepError error);
   void cleanup_failed(const StepError& error);
   // The stop and the deadline before a step of the handler's side (plan.cc, "interruptions").
