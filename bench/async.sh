@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/dev bench async [--report-json PATH] [--runs N] [--seconds S] [--redis-url redis://host:port]
+# scripts/dev bench async [--report-json PATH] [--report-md PATH] [--runs N] [--seconds S] [--redis-url redis://host:port]
 #
 # Claims through the async Redis client (src/redis/async_client.h) from ONE loop thread with
 # 1 000 calls in flight, against redis-benchmark -c 50 -P 16 (800 in flight) on the same server

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/dev bench e2e [--report-json PATH] [--seconds N] [--runs N]
+# scripts/dev bench e2e [--report-json PATH] [--report-md PATH] [--seconds N] [--runs N]
 #
 # What idem costs a business transaction. In one run, on the services of scripts/dev, at 1 and 8
 # clients, with interleaved one-second slices (the tables emptied before each):
@@ -45,7 +45,7 @@ cleanup() {
   psql -q "$url" -c "DROP SCHEMA IF EXISTS \"$schema\" CASCADE" >/dev/null 2>&1 || true
   rm -rf "$work"
 }
-trap cleanup EXIT
+at_exit cleanup
 psql -q "$url" -c "CREATE SCHEMA \"$schema\"" >/dev/null
 "$harness" --pg-url "$url" --schema "$schema" --setup
 

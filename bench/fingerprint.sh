@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/dev bench fingerprint [--report-json PATH] [--payloads FILE]... [--runs N]
+# scripts/dev bench fingerprint [--report-json PATH] [--report-md PATH] [--payloads FILE]... [--runs N]
 #
 # idem's payload fingerprint (RFC 8785 canonical form + domain-separated SHA-256, default
 # options) against, in the same run and on the same payloads:
@@ -25,20 +25,19 @@
 # keyed by each payload file's name without extension.
 set -euo pipefail
 
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 report=""
 runs=3
 payloads=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --report-json) report="$2"; shift 2 ;;
+    --report-md) report_md="$2"; shift 2 ;;
     --payloads) payloads+=("$2"); shift 2 ;;
     --runs) runs="$2"; shift 2 ;;
     *) echo "bench/fingerprint.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
-
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-build="${IDEM_BUILD_DIR:-$root/build}"
 if [[ ${#payloads[@]} -eq 0 ]]; then
   payloads=("$root/../shared/baselines/payloads_1k.jsonl" "$root/../shared/baselines/payloads_64k.jsonl")
 fi
@@ -76,8 +75,9 @@ sha256_mb_per_s() {
     awk -F: '/^\+F:/ { printf "%.1f\n", $4 / 1e6 }'
 }
 
+record_results
 results="$(mktemp)"
-trap 'rm -f "$results"' EXIT
+at_exit 'rm -f "$results"'
 for file in "${payloads[@]}"; do
   name="$(basename "$file" .jsonl)"
   average="$(LC_ALL=C awk 'length($0) > 0 { n++; bytes += length($0) } END { printf "%d", bytes / n }' "$file")"

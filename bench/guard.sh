@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/dev bench guard [--report-json PATH] [--runs N] [--redis-url redis://host:port]
+# scripts/dev bench guard [--report-json PATH] [--report-md PATH] [--runs N] [--redis-url redis://host:port]
 #
 # The Redis guard's claim against redis-benchmark on the same server in the same run:
 #   clients_1   idem claim() from 1 thread      vs redis-benchmark -c 1

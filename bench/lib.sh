@@ -1,21 +1,31 @@
-# Sourced by bench/*.sh: the repository and build paths, option parsing, medians and the JSON
-# report, so that every benchmark script reads and reports alike.
+# Sourced by bench/*.sh: the repository and build paths, option parsing, medians, the JSON
+# report and the results file, so that every benchmark script reads and reports alike.
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${IDEM_BUILD_DIR:-$root/build}"
 
-# parse_bench_args "$@": sets report (--report-json PATH), seconds (--seconds S), runs (--runs N)
-# and redis_url (--redis-url URL); the caller sets their defaults first. Exits 2 on anything else.
+# The benchmark's name (bench/NAME.sh; request-id.sh is request_id.sh) and its results file:
+# what the script prints, with the machine and the date, written when it ends successfully
+# (docs/performance.md). --report-md PATH writes it elsewhere; --report-md '' writes none.
+bench_name="$(basename "$(readlink -f "$0")" .sh)"
+report_md="$root/bench/results/$bench_name.md"
+bench_args=("$@")
+
+# parse_bench_args "$@": sets report (--report-json PATH), report_md (--report-md PATH), seconds
+# (--seconds S), runs (--runs N) and redis_url (--redis-url URL); the caller sets their defaults
+# first. Exits 2 on anything else. Then starts recording the results file (record_results).
 parse_bench_args() {
   while [[ $# -gt 0 ]]; do
     case "$1" in
       --report-json) report="$2"; shift 2 ;;
+      --report-md) report_md="$2"; shift 2 ;;
       --seconds) seconds="$2"; shift 2 ;;
       --runs) runs="$2"; shift 2 ;;
       --redis-url) redis_url="$2"; shift 2 ;;
       *) echo "$(basename "$0"): unknown argument $1" >&2; exit 2 ;;
     esac
   done
+  record_results
 }
 
 # require_tools TOOL...: exits 2 unless every TOOL is on PATH.
@@ -47,10 +57,72 @@ write_report() {
 }
 
 # at_exit COMMAND: evaluates COMMAND when the script exits, before those registered earlier.
+# exit_status holds the script's exit status meanwhile.
 exit_commands=()
 at_exit() {
   exit_commands=("$1" "${exit_commands[@]}")
-  trap 'for c in "${exit_commands[@]}"; do eval "$c" || true; done' EXIT
+  trap 'exit_status=$?; for c in "${exit_commands[@]}"; do eval "$c" || true; done' EXIT
+}
+
+# record_results: from here on, a copy of stdout goes to a scratch file; when the script exits
+# with status 0, write_results turns it into $report_md. Nothing is recorded when report_md is
+# empty. Called by parse_bench_args (scripts that parse their own flags call it themselves).
+record_results() {
+  [[ -n "${report_md:-}" && -z "${results_scratch:-}" ]] || return 0
+  results_scratch="$(mktemp)"
+  results_started="$(date -u '+%Y-%m-%d %H:%M UTC')"
+  results_load_start="$(cut -d' ' -f1-3 /proc/loadavg)"
+  exec {results_stdout}>&1
+  exec > >(tee "$results_scratch")
+  results_tee=$!
+  at_exit 'write_results'
+}
+
+# write_results: ends the copy of stdout and, when the script succeeded, writes $report_md:
+# the date, the machine, the servers, the build and the command, then what the script printed.
+write_results() {
+  exec 1>&"$results_stdout" {results_stdout}>&-
+  wait "$results_tee" 2>/dev/null || true
+  if [[ "${exit_status:-1}" -ne 0 ]]; then
+    rm -f "$results_scratch"
+    return 0
+  fi
+  local cpu cores mem kernel build_type code redis_version pg_version command=() i
+  for ((i = 0; i < ${#bench_args[@]}; i++)); do  # the command as run, less where it was written
+    if [[ "${bench_args[i]}" == --report-md ]]; then ((++i)); else command+=("${bench_args[i]}"); fi
+  done
+  cpu="$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n1)"
+  cores="$(nproc)"
+  mem="$(awk '/^MemTotal:/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo)"
+  kernel="$(uname -sr)"
+  build_type="$(sed -n 's/^CMAKE_BUILD_TYPE:[A-Z]*=//p' "$build/CMakeCache.txt" 2>/dev/null)"
+  code="$(git -C "$root" describe --always --dirty 2>/dev/null || echo unknown)"
+  redis_version="$(redis-server --version 2>/dev/null | sed -n 's/.* v=\([^ ]*\).*/\1/p')"
+  pg_version="$(psql "${IDEM_TEST_PG_URL:-}" -tAc 'SHOW server_version' 2>/dev/null | cut -d' ' -f1)"
+  mkdir -p "$(dirname "$report_md")"
+  {
+    echo "# \`scripts/dev bench $bench_name\`: results"
+    echo
+    echo "Written by \`bench/$bench_name.sh\`; what each figure means, the floor that bounds it and"
+    echo "how to reproduce it: [docs/performance.md](../../docs/performance.md#$bench_name)."
+    echo
+    echo "| | |"
+    echo "| --- | --- |"
+    echo "| measured | $results_started |"
+    echo "| command | \`scripts/dev bench $bench_name${command[*]:+ ${command[*]}}\` |"
+    echo "| machine | ${cpu:-unknown CPU}, $cores cores, $mem, $kernel |"
+    echo "| load average (1, 5, 15 min) | $results_load_start at the start, $(cut -d' ' -f1-3 /proc/loadavg) at the end |"
+    echo "| servers | redis-server ${redis_version:-?}, PostgreSQL ${pg_version:-?} |"
+    echo "| build | ${build_type:-default} (${build#"$root"/}/) |"
+    echo "| code | $code |"
+    echo
+    echo '```text'
+    cat "$results_scratch"
+    echo '```'
+  } >"$report_md.tmp"
+  mv "$report_md.tmp" "$report_md"
+  rm -f "$results_scratch"
+  echo "results: $report_md" >&2
 }
 
 # start_bench_redis: unless --redis-url was given, starts a private redis-server on a free port

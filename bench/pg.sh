@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/dev bench pg [--report-json PATH] [--seconds N] [--runs N]
+# scripts/dev bench pg [--report-json PATH] [--report-md PATH] [--seconds N] [--runs N]
 #
 # The Postgres sink against pgbench running the same SQL, on the same server in the same run:
 #   claim              the claim INSERT … ON CONFLICT DO NOTHING RETURNING (autocommit: idem's
@@ -36,7 +36,7 @@ cleanup() {
   psql -q "$url" -c "DROP SCHEMA IF EXISTS \"$schema\" CASCADE" >/dev/null 2>&1 || true
   rm -rf "$work"
 }
-trap cleanup EXIT
+at_exit cleanup
 
 "$harness" --url "$url" --schema "$schema" --setup
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/dev bench request_id (or request-id) [--report-json PATH] [--seconds S] [--runs N]
+# scripts/dev bench request_id (or request-id) [--report-json PATH] [--report-md PATH] [--seconds S] [--runs N]
 #
 # Request-ID layer throughput (bench/request_id_bench.cc), each number the median of --runs
 # runs (default 5) of --seconds seconds (default 1) per measurement:
@@ -28,7 +28,7 @@ cmake --build "$build" --target idem-bench-request-id >/dev/null
 harness="$build/bench/idem-bench-request-id"
 
 work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
+at_exit 'rm -rf "$work"'
 for ((r = 0; r < runs; r++)); do
   "$harness" --seconds "$seconds" >"$work/run$r.txt"
 done
