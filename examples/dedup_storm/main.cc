@@ -347,8 +347,8 @@ std::string own_transaction(WorkerConnection& conn, const Ledger& ledger,
 }
 
 // --configs redis-floor: not idem, the least that a Redis guard and a record in the business
-// transaction cost together, the floor of `all`'s deliveries/s (issue #17 holds `all` to 0.6x
-// none). Per delivery: a claim (SET NX PX) and a completion (SET XX PX) as raw commands on one
+// transaction cost together, the floor of `all`'s deliveries/s (docs/performance.md, "storm").
+// Per delivery: a claim (SET NX PX) and a completion (SET XX PX) as raw commands on one
 // connection per worker, and the bare transaction with one row of idem's record table
 // (PgSink's own migration, table floor_records) sent with COMMIT, in the round trips the bare
 // transaction has anyway: no Lua, no claim statement at BEGIN, no fingerprint, no local cache.
@@ -708,7 +708,7 @@ ConfigResult run_config(const Settings& s, const std::string& config,
   return result;
 }
 
-// Each configuration's deliveries/s as a ratio of none's in this run (issue #17: `all` >= 0.6).
+// Each configuration's deliveries/s as a ratio of none's in this run.
 void print_throughput_against_none(const storm::Results& results) {
   const auto none = std::find_if(results.begin(), results.end(),
                                  [](const auto& entry) { return entry.first == "none"; });

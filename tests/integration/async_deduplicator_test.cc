@@ -139,8 +139,8 @@ TEST_F(AsyncDeduplicatorTest, FirstExecutionThenDuplicateReplayedSharedWithTheBl
   EXPECT_EQ(row.response, "refunded");
 }
 
-// Regression: an unmigrated records table read like an outage (only the server's "relation ...
-// does not exist"); the outcome now says to migrate, as the blocking driver's does.
+// An unmigrated records table must not read like an outage (only the server's "relation ...
+// does not exist"): the outcome says to migrate, as the blocking driver's does.
 TEST_F(AsyncDeduplicatorTest, AnUnmigratedSinkIsUnavailableAndSaysToMigrate) {
   asio::io_context io;
   AsyncDeduplicatorOptions o = options();

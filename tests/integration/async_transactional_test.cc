@@ -409,11 +409,10 @@ TEST_F(AsyncTransactionalTest, ConcurrentDeliveriesOfOneKeyOnOneLoopRunOneHandle
   EXPECT_EQ(balance(), 5);
 }
 
-// Regression: each connection given back woke every transaction waiting for one, so with 1 000
-// in flight on 8 connections each give-back woke about 1 000 coroutines to hand out one
-// connection (bench async --transactional: 969 calls/s, 323 us of the loop's CPU per call).
-// One transaction is woken per connection now: the loop's work grows with the calls, not with
-// their square, which the count of handlers io_context::run() executed shows.
+// A connection given back wakes one waiting transaction, not all of them: with 1 000 in flight
+// on 8 connections, waking every waiter would run about 1 000 coroutines to hand out one
+// connection. The loop's work must grow with the calls, not with their square, which the count of
+// handlers io_context::run() executed shows.
 TEST_F(AsyncTransactionalTest, TransactionsWaitingForAConnectionAreWokenOnePerConnection) {
   AsyncDeduplicatorOptions o = options(false);
   o.postgres->pool_size = 1;
@@ -444,10 +443,9 @@ TEST_F(AsyncTransactionalTest, TransactionsWaitingForAConnectionAreWokenOnePerCo
   EXPECT_LT(many / few, 20.0) << few << " handlers for 50 calls, " << many << " for 400";
 }
 
-// Regression: with every connection held, a waiting run() statement and a waiting transaction
-// were woken one at a time, so when a transaction gave its connection back only the run()
-// statement (which takes none for itself) woke, and the transaction behind it waited beside a
-// free connection until its deadline.
+// With every connection held, a connection given back must wake both a waiting run() statement
+// (which takes none for itself) and a waiting transaction: woken one at a time, the transaction
+// behind the statement would wait beside a free connection until its deadline.
 TEST_F(AsyncTransactionalTest, CallsWaitingForAHeldConnectionAllGoOnWhenItIsGivenBack) {
   AsyncDeduplicatorOptions o = options(false);
   o.postgres->pool_size = 1;

@@ -468,8 +468,9 @@ TEST_F(DeduplicatorTest, ManualRenewalReportsALostClaim) {
   EXPECT_TRUE(o.lease_lost);
 }
 
-// Regression: a Redis-only handler that outlived its lease, while a redelivery took the key and
-// ran too, got a plain kExecuted: nothing told the caller that the effect may have doubled.
+// A Redis-only handler that outlived its lease, while a redelivery took the key and ran too, is
+// told so in its outcome (lease_lost): a plain kExecuted would hide that the effect may have
+// doubled.
 TEST_F(DeduplicatorTest, RedisOnlyHandlerThatOutlivesItsLeaseIsToldInItsOutcome) {
   Setup s = setup();
   s.with_sink = false;
@@ -547,8 +548,8 @@ TEST_F(DeduplicatorTest, MetricsAndDecisionEventsSeeEveryCall) {
   EXPECT_EQ(events[1], "r2|u1:refund:e1|redis_guard|duplicate|1");
 }
 
-// Regression: the sink kept a payload-keyed (fallback key) record for its 24 h retention, not
-// fallback_retention, so the same body sent again later was a duplicate for a whole day.
+// The sink keeps a payload-keyed (fallback key) record for fallback_retention, not for its own
+// 24 h retention, so the same body sent again later is not a duplicate for a whole day.
 TEST_F(DeduplicatorTest, APayloadKeyedRecordLivesOnlyTheFallbackRetentionInTheSinkToo) {
   for (const bool transactional : {true, false}) {
     Setup s = setup();
@@ -574,8 +575,8 @@ TEST_F(DeduplicatorTest, APayloadKeyedRecordLivesOnlyTheFallbackRetentionInTheSi
   }
 }
 
-// Regression: a sink whose records table was never migrated answered kUnavailable with only the
-// server's "relation ... does not exist", which reads like an outage; it now says to migrate.
+// A sink whose records table was never migrated answers kUnavailable with a pointer to
+// migrate(): the server's "relation ... does not exist" alone reads like an outage.
 TEST_F(DeduplicatorTest, AnUnmigratedSinkIsUnavailableAndSaysToMigrate) {
   Setup s = setup();
   s.sink.schema = schema_ + "_never_migrated";  // the fixture migrated its own schema
@@ -598,8 +599,8 @@ TEST_F(DeduplicatorTest, AnUnmigratedSinkIsUnavailableAndSaysToMigrate) {
   EXPECT_EQ(ledger_rows(), 0);
 }
 
-// Regression: a handler's own SQL error counted as a backend error of the sink, which fires the
-// "backend errors" alert for what is a business failure.
+// A handler's own SQL error is a handler failure, not a backend error of the sink: counted as
+// one, it would fire the "backend errors" alert for what is a business failure.
 TEST_F(DeduplicatorTest, AHandlersOwnSqlErrorIsAHandlerFailureNotABackendError) {
   Setup s = setup();
   auto metrics = std::make_shared<InProcessMetrics>();
@@ -620,9 +621,9 @@ TEST_F(DeduplicatorTest, AHandlersOwnSqlErrorIsAHandlerFailureNotABackendError) 
             Outcome::Kind::kExecuted);  // released: the retry runs
 }
 
-// Regression: a COMMIT the server refused (here a deferred unique constraint) was taken for an
-// unknown outcome, so the claim was kept and every retry answered kInProgress until the lease
-// ended, although nothing had committed.
+// A COMMIT the server refused (here a deferred unique constraint) committed nothing, so the claim
+// is released: taken for an unknown outcome, it would be kept and every retry would answer
+// kInProgress until the lease ended.
 TEST_F(DeduplicatorTest, ACommitTheServerRefusedReleasesTheClaimSoTheRetryRuns) {
   {
     pqxx::connection conn(pg_url_);
@@ -688,8 +689,8 @@ TEST_F(DeduplicatorTest, AnotherConstraintsViolationInTheHandlerIsABusinessError
   EXPECT_EQ(ledger_rows(), 1);
 }
 
-// Regression: a Request::stop already requested when the call started still claimed, ran and
-// committed the handler (a user's trial: `s.request_stop(); r.stop = s.get_token();` → executed).
+// A Request::stop already requested when the call starts claims nothing and runs nothing
+// (`s.request_stop(); r.stop = s.get_token();` → idem::Cancelled, not kExecuted).
 TEST_F(DeduplicatorTest, ARequestStoppedBeforeItIsClaimedIsCancelledAndNothingCommits) {
   std::stop_source stop;
   stop.request_stop();

@@ -177,8 +177,8 @@ TEST_F(FcRuntimeTest, SameIdWithAnotherEventIsAMismatchAndInvalidEventsFail) {
   EXPECT_EQ(grants("o-5"), 1);
 }
 
-// Regression: an event whose user is too long for a key component answered errorType
-// "UnhandledError"; it is the event's fault, and says so.
+// An event whose user is too long for a key component is the event's fault, and the answer says
+// so (errorType InvalidKey, not UnhandledError).
 TEST_F(FcRuntimeTest, AnOversizeUserIsAnInvalidKeyError) {
   const std::string user(600, 'u');
   const Answer oversize =

@@ -206,8 +206,8 @@ TEST_F(HttpWebhookTest, MissingOrInvalidKeyIs400) {
   EXPECT_EQ(refunds("o-2"), 1);
 }
 
-// Regression: an amount that overflowed the balance column answered 503 + Retry-After (a retry
-// can never succeed) with PostgreSQL's own error text in the body.
+// An amount that would overflow the balance column is a 400: not a 503 + Retry-After (a retry
+// can never succeed), and no PostgreSQL error text in the body.
 TEST_F(HttpWebhookTest, AnAmountBeyondTheLimitIs400AndNoDatabaseTextReachesTheClient) {
   const Reply huge = refund("key-huge", "o-9", 1, std::numeric_limits<std::int64_t>::max());
   EXPECT_EQ(huge.status, 400) << huge.body;
@@ -239,8 +239,8 @@ TEST_F(HttpWebhookTest, RepeatWhileTheFirstRunsIs409) {
   EXPECT_EQ(refunds("o-4"), 1);
 }
 
-// Regression: a double-click that sent a fresh Idempotency-Key booked the same order's refund
-// again (the order was not the business key).
+// A double-click that sent a fresh Idempotency-Key is the same order's refund (the order is the
+// business key): replayed, not booked again.
 TEST_F(HttpWebhookTest, DoubleClickWithAFreshKeyReplaysTheOrdersFirstRefund) {
   const Reply first = refund("dc-1", "o-7", 7, 100);
   ASSERT_EQ(first.status, 200);
@@ -263,8 +263,8 @@ TEST_F(HttpWebhookTest, OversizeClientIdIs400NotUnavailable) {
   EXPECT_EQ(refunds("o-8"), 0);
 }
 
-// Regression: with a wrong Redis password the service started and ran on the Postgres sink
-// alone (the facade fails open), saying nothing; it now refuses to start.
+// With a wrong Redis password the service refuses to start: since the facade fails open, it
+// would otherwise run on the Postgres sink alone, saying nothing.
 TEST_F(HttpWebhookTest, AWrongRedisPasswordStopsTheServiceAtStartUp) {
   const std::string host_port = redis_url_.substr(redis_url_.find("//") + 2);
   ChildProcess wrong({IDEM_HTTP_WEBHOOK_BIN, "--port", "0", "--redis-url",

@@ -168,9 +168,8 @@ TEST_F(MqConsumerTest, ThreeAsyncConsumersOneKilledMidBatchEveryPaymentHasExactl
   std::cout << "async consumers: " << took << " s\n";
 }
 
-// Regression (the test support, examples_child.cc): wait_exit() returned once the child was
-// reaped, before the reader had drained the pipe, so a service's last line (AsyncHttpWebhookTest
-// saw its start-up error without the "AUTH" it checks for, under TSan) could be missing.
+// The test support (examples_child.cc): wait_exit() returns only after the reader has drained
+// the pipe, so a service's last line (a start-up error the tests check for) is never missing.
 TEST(ChildProcessTest, WaitExitReturnsAfterTheLastLinesWereRead) {
   ChildProcess child(
       {"/bin/sh", "-c", "head -c 60000 /dev/zero | tr '\\0' x; echo; echo last; exit 3"});

@@ -436,7 +436,7 @@ TEST_F(IdemctlTest, BadInputAndUnreachableBackendsHaveTheirExitCodesAndHidePassw
   EXPECT_EQ(bad_url.code, kUsage) << bad_url.describe();
   EXPECT_FALSE(contains(bad_url.err + bad_url.out, "hunter2")) << bad_url.describe();
   EXPECT_EQ(idemctl({"migrate", "--pg", "not a url"}).code, kUsage);
-  // Malformed URLs and passwords holding '/' are hidden too (they used to be echoed).
+  // Malformed URLs and passwords holding '/' are hidden too.
   for (const std::vector<std::string>& args :
        {std::vector<std::string>{"inspect", "u:i:k", "--redis", "redis:/:hunter2@127.0.0.1:1/0"},
         std::vector<std::string>{"inspect", "u:i:k", "--redis", "redis://:a/hunter2@127.0.0.1:1/0"},
@@ -461,8 +461,8 @@ TEST_F(IdemctlTest, BadInputAndUnreachableBackendsHaveTheirExitCodesAndHidePassw
       idemctl({"migrate", "--pg", "postgresql://idem:pgs3cret@127.0.0.1:1/idem?connect_timeout=5"});
   EXPECT_EQ(pg_down.code, kUnavailable) << pg_down.describe();
   EXPECT_FALSE(contains(pg_down.err + pg_down.out, "pgs3cret")) << pg_down.describe();
-  // Regression: a URL with a user name and no password had that name masked everywhere, so
-  // `postgres` turned the scheme into "***ql://" and idem's prefix into "idem: ***:".
+  // A URL with a user name and no password masks nothing: masking the name everywhere would
+  // turn `postgres` in the scheme into "***ql://" and idem's prefix into "idem: ***:".
   const CtlRun user_only = idemctl(
       {"inspect", "u:i:k", "--pg", "postgresql://postgres@127.0.0.1:1/idem?connect_timeout=5"});
   EXPECT_EQ(user_only.code, kUnavailable) << user_only.describe();
@@ -531,7 +531,7 @@ TEST(IdemctlStats, ReadsTheDuplicateRateAndPerLayerCounts) {
   const CtlRun json = idemctl({"stats", "--url", server.url(), "--json"});
   ASSERT_EQ(json.code, kOk) << json.describe();
   EXPECT_DOUBLE_EQ(json.json()["duplicate_rate"].get<double>(), 4.0 / 12);
-  // Regression: a replay or a mismatch left the printed rate at 0; the repeat rate counts all.
+  // The repeat rate counts replays and mismatches too, not only the guard and sink rejects.
   EXPECT_DOUBLE_EQ(json.json()["repeat_rate"].get<double>(), 0.5);
   EXPECT_EQ(json.json()["total_decisions"], 12);
   EXPECT_EQ(json.json()["decisions"]["handler"]["executed"], 6);

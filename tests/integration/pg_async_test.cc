@@ -141,9 +141,9 @@ TEST(PgAsync, ConcurrentStatementsArePipelinedAndAnsweredInOrder) {
   EXPECT_EQ(connection->connects(), 1u);
 }
 
-// Regression: libpq 15's PQpipelineSync writes to the socket at once, so statements issued in
-// one turn of the loop left one TCP segment each (and woke the server once each: 10 % of the
-// loop's CPU per call in bench async). They leave corked together now.
+// libpq 15's PQpipelineSync writes to the socket at once, so statements issued in one turn of
+// the loop would leave one TCP segment each (and wake the server once each); the connection
+// corks them so that they leave together.
 TEST(PgAsync, StatementsIssuedInOneTurnLeaveTogetherNotOneSegmentEach) {
   IDEM_REQUIRE_SERVICE(url, "IDEM_TEST_PG_URL");
   if (url.find("host=/") != std::string::npos) GTEST_SKIP() << "a Unix socket has no segments";

@@ -136,8 +136,9 @@ TEST(PgRestart, TypedErrorNothingCompletedAndThePoolRecovers) {
   EXPECT_EQ(ok.load(), static_cast<int>(kPoolSize));
 }
 
-// Regression: after a restart, the first call on each stale pooled connection failed ("Could
-// not obtain client encoding: not connected") although the server was back.
+// After a restart the first calls succeed: a stale pooled connection is dropped before it is
+// handed out, rather than failing a call ("Could not obtain client encoding: not connected")
+// although the server is back.
 TEST(PgRestart, TheFirstCallsAfterARestartSucceedOnFreshConnections) {
   test::PgServer server;
   PgSink sink(restart_options(server));

@@ -34,8 +34,8 @@ PgSinkOptions stall_options(const test::PgServer& server) {
   return options;
 }
 
-// Regression: a stopped server used to hold every sink call for as long as it stayed stopped
-// (measured: a 25 s SIGSTOP held one run_transactional for 25 s).
+// A stopped server holds a sink call for response_timeout at most, not for as long as it stays
+// stopped.
 TEST(PgStall, AClaimOnAStoppedServerEndsAfterTheResponseTimeoutAndTheSinkRecovers) {
   test::PgServer server;
   PgSink sink(stall_options(server));
@@ -93,9 +93,9 @@ TEST(PgStall, ACommitOnAStoppedServerEndsAfterTheResponseTimeoutWithItsOutcomeUn
   server.resume();
 }
 
-// Regression: run_transactional() prepares the record's INSERT on a connection's first record,
-// a round trip that ran outside the response-timeout watchdog: a server stopped while the handler
-// ran held the call for as long as it stayed stopped.
+// run_transactional() prepares the record's INSERT on a connection's first record: that round
+// trip is bounded by the response timeout too, so a server stopped while the handler runs holds
+// the call for response_timeout at most.
 TEST(PgStall, ARecordPreparedOnAStoppedServerEndsAfterTheResponseTimeout) {
   test::PgServer server;
   auto sink = std::make_shared<PgSink>(stall_options(server));
@@ -125,8 +125,7 @@ TEST(PgStall, ARecordPreparedOnAStoppedServerEndsAfterTheResponseTimeout) {
   EXPECT_GE(steady_clock::now() - start, kResponseTimeout);
 }
 
-// Regression: a transaction begun after the server stopped waited in BEGIN, unwatched, for as
-// long as the server stayed stopped.
+// A transaction begun after the server stopped waits in BEGIN for response_timeout at most.
 TEST(PgStall, ATransactionBegunOnAStoppedServerEndsAfterTheResponseTimeout) {
   test::PgServer server;
   PgSink sink(stall_options(server));
@@ -148,8 +147,8 @@ TEST(PgStall, ATransactionBegunOnAStoppedServerEndsAfterTheResponseTimeout) {
   server.resume();
 }
 
-// Regression: with no connect_timeout in the connection string, opening a connection to a
-// stopped server (its kernel still accepts the TCP connection) waited without limit.
+// With no connect_timeout in the connection string, opening a connection to a stopped server
+// (its kernel still accepts the TCP connection) is bounded all the same.
 TEST(PgStall, ConnectingToAStoppedServerIsBoundedWithoutAConnectTimeoutSetting) {
   test::PgServer server;
   PgSinkOptions options = stall_options(server);
@@ -186,7 +185,8 @@ TEST(PgStall, AResponseTimeoutNotAboveTheServerTimeoutsIsAConfigError) {
   options.lock_timeout = milliseconds(1000);
   options.response_timeout = milliseconds::max();  // saturates: never fires
   EXPECT_NO_THROW(PgSink{options});
-  // Regression: PostgreSQL takes these as an int of ms; a larger value failed every call.
+  // PostgreSQL takes these as an int of ms: a larger value must be refused up front, or it would
+  // fail every call.
   options.statement_timeout = milliseconds(3'000'000'000);
   EXPECT_THROW(PgSink{options}, ConfigError);
 }

@@ -40,8 +40,8 @@ say "static library: the installed idemctl runs"
 say "static library: find_package(idem)"
 build_consumer static -DCMAKE_PREFIX_PATH="$WORK/static"
 say "static library: pkg-config"
-# The Asio defines idem is built with reach pkg-config users too (regression: only CMake's
-# target carried them, so a pkg-config user allocated Asio's handler memory unlike idem).
+# The Asio defines idem is built with reach pkg-config users too, not only CMake's target, so a
+# pkg-config user allocates Asio's handler memory as idem does.
 pkg-config --cflags "$(pc_libdir static)/idem.pc" | grep -q -- '-DASIO_DISABLE_STD_ALIGNED_ALLOC' || {
   say "idem.pc's Cflags lack ASIO_STANDALONE / ASIO_DISABLE_STD_ALIGNED_ALLOC"
   exit 1

@@ -35,12 +35,12 @@ namespace idem::test {
 #endif
 
 /// The longest gap the async tests allow between two firings of a 1 ms timer, run-queue waits
-/// left out (LoopProbe). An optimized build is held to #15's 10 ms. Others run every handler
-/// several times slower: a turn that handles 1 000 replies at once took 12-16 ms at -O0 (2-5.5 ms
-/// in the RelWithDebInfo build), and fits in 50 ms under ASan; under TSan 1 000 calls ending
-/// together took 70 and 140 ms of the loop's own CPU in one turn (1 run in 5 on this 2-core VM,
-/// .ci/run of 2026-12-01), so TSan gets 250 ms. A loop that blocked on the stopped server would
-/// stall until the server resumed, 700 ms after the probe began.
+/// left out (LoopProbe). An optimized build is held to 10 ms. Others run every handler several
+/// times slower: a turn that handles 1 000 replies at once takes 12-16 ms at -O0 (2-5.5 ms in the
+/// RelWithDebInfo build), and fits in 50 ms under ASan; under TSan 1 000 calls ending together
+/// can take 70 to 140 ms of the loop's own CPU in one turn on a 2-core machine, so TSan gets
+/// 250 ms. A loop that blocked on the stopped server would stall until the server resumed, 700 ms
+/// after the probe began.
 #if defined(IDEM_TEST_TSAN)
 inline constexpr std::chrono::milliseconds kMaxLoopGap{250};
 #elif defined(IDEM_TEST_ASAN) || !defined(__OPTIMIZE__)
@@ -158,7 +158,7 @@ class LoopProbe {
   std::vector<std::pair<Clock::time_point, Clock::duration>> gaps_;  // firing, its own gap
 };
 
-/// What the "loop never blocks" tests check (#15): while calls wait on a stopped server (the
+/// What the "loop never blocks" tests check: while calls wait on a stopped server (the
 /// firings before `deadline`, when they are due to end) the loop keeps every gap under
 /// kMaxLoopGap, and the turn in which they end together stays under kMaxDeadlineTurn.
 inline void expect_loop_never_blocked(const LoopProbe& probe,

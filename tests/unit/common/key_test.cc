@@ -78,8 +78,9 @@ TEST(IdempotencyKey, UnescapeNamesTheComponentAndOffset) {
   }
 }
 
-// Regression: an 8,000-byte business key reached PostgreSQL, whose B-tree refused the row, and
-// came back as "backend unavailable" (a 503 any client could cause, redelivered forever).
+// An oversize key component is an InvalidKey up front: an 8,000-byte business key reaching
+// PostgreSQL, whose B-tree refuses the row, would come back as "backend unavailable" (a 503 any
+// client could cause, redelivered forever).
 TEST(KeyComponentLimit, OversizeComponentsAreInvalidKeysUpFront) {
   EXPECT_EQ(escape_key_component(std::string(kMaxKeyComponentBytes, 'a'), "biz_key").size(),
             kMaxKeyComponentBytes);

@@ -55,8 +55,8 @@ TEST(ValidateKeyText, RejectsHashTagsControlBytesAndMalformedEscapes) {
   }
 }
 
-// Regression: guard->claim("{x}:i:b", ...) wrote idem:ns:{x}:i:b, in the Redis Cluster slot of
-// "x" (the guard only rejected an empty text). Every guard and sink now checks the grammar.
+// Every guard and sink checks the key text's grammar: guard->claim("{x}:i:b", ...) would write
+// idem:ns:{x}:i:b, in the Redis Cluster slot of "x".
 TEST(ValidateKeyText, GuardsAndSinksRejectARawTextThatCarriesAHashTag) {
   InMemoryGuard guard;
   EXPECT_THROW((void)guard.claim("{x}:i:b", "r1", ""), InvalidKey);

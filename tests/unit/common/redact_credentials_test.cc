@@ -18,8 +18,8 @@ TEST(RedactCredentials, HidesTheUserinfoOfUrls) {
             "postgresql://***@h/db?password=***&sslmode=require");
 }
 
-// Regression: a malformed URL ("redis:/", no "//") or a password holding '/' kept the password
-// in the message, because the redaction looked for "://" and stopped at the first '/'.
+// A malformed URL ("redis:/", no "//") or a password holding '/' loses its password too: a
+// redaction that looks for "://" and stops at the first '/' would keep it.
 TEST(RedactCredentials, MalformedUrlsAndPasswordsWithSlashesAreHiddenToo) {
   EXPECT_EQ(redact_credentials("redis:/:S3cretPW@127.0.0.1:1/0"), "redis:***@127.0.0.1:1/0");
   EXPECT_EQ(redact_credentials("redis://:pa/ssS3cret@127.0.0.1:1/0"), "redis://***@127.0.0.1:1/0");

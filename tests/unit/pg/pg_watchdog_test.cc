@@ -82,8 +82,8 @@ TEST(PgWatchdog, AnAnswerInTimeLeavesTheSocketUsableAndOtherErrorsPassThrough) {
   EXPECT_EQ(wait_for_answer(pair.fds[0]), 'y');
 }
 
-// Regression: milliseconds::max() overflowed the deadline into the past, so every call was
-// cut off at once.
+// milliseconds::max() means no deadline: computed naively it overflows into the past and cuts
+// every call off at once.
 TEST(PgWatchdog, ATimeoutBeyondTheClocksRangeNeverFires) {
   PgWatchdog watchdog(milliseconds::max());
   SocketPair pair;
