@@ -114,8 +114,8 @@ class AsyncPgSink final : public AsyncSink {
 };
 
 /// One run_transactional() call's transaction on the async sink (docs/pg_sink.md, "What a call
-/// costs", the same statements as PgCall): BEGIN goes with the claim's advisory lock and read in
-/// one round trip (pipelined), the record INSERT with COMMIT. Holds one of the sink's
+/// costs", the same statements as PgTransaction): BEGIN goes with the claim's advisory lock and
+/// read in one round trip (pipelined), the record INSERT with COMMIT. Holds one of the sink's
 /// connections from open() until commit(), rollback() or its destruction; a connection lost
 /// meanwhile fails every later statement (retryable, SQLSTATE 08006) instead of running it
 /// outside the transaction. Not thread-safe; on the sink's executor. The sink must outlive it.
@@ -130,14 +130,14 @@ class AsyncPgTransaction {
   /// coroutine's cancellation ends the wait: idem::Cancelled). `begin_now`: sends BEGIN at once
   /// (nothing is claimed in this transaction), else BEGIN goes with claim().
   asio::awaitable<void> open(bool begin_now);
-  /// As PgCall::claim(): BEGIN, the key's advisory lock and its record's read, in one round
+  /// As PgTransaction::claim(): BEGIN, the key's advisory lock and its record's read, in one round
   /// trip. An expired record is deleted (one more); 55P03 on the lock: kInProgress (the
   /// transaction is aborted: roll it back). Cancellable.
   asio::awaitable<SinkClaim> claim(std::string_view key, std::string_view request_id,
                                    std::string_view fingerprint);
   /// A statement of the handler's own, cancellable (a running one is cancelled on the server).
   asio::awaitable<PgResultPtr> exec(std::string sql, PgParams params);
-  /// As PgCall::record(): stages the completed record, inserted with COMMIT.
+  /// As PgTransaction::record(): stages the completed record, inserted with COMMIT.
   void record(std::string_view key, std::string_view request_id, std::string_view fingerprint,
               std::string_view response, std::chrono::milliseconds retention);
   /// The staged record and COMMIT in one round trip, not cancellable. A staged INSERT that
