@@ -55,9 +55,9 @@ PayloadError payload_error_of(Call call) {
   return PayloadError("none");
 }
 
-// Regression: a malformed payload was reported without an offset and with another message
-// ("invalid JSON payload: ...") than the facade's PayloadError for the same body, so a consumer
-// that read the request ID first logged one error and the facade another.
+// A malformed payload is reported as the facade's PayloadError reports the same body (the same
+// message, with the byte offset), so a consumer that reads the request ID first logs the same
+// error as the facade.
 TEST(RequestIdFromJson, MalformedJsonIsReportedAsTheFacadeReportsIt) {
   Deduplicator facade([] {
     DeduplicatorOptions options;
