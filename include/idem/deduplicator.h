@@ -229,12 +229,12 @@ struct DeduplicatorOptions {
 /// between commit and the Redis complete is safe: the Postgres row decides the next attempt.
 ///
 /// Throws idem::InvalidRequestId, idem::InvalidKey, idem::PayloadError, idem::MissingKey for
-/// bad input (before anything is claimed); idem::PostgresError when the commit itself failed (the connection lost during
-/// COMMIT: outcome unknown, the claim is kept; the server refused the COMMIT, e.g. a deferred
-/// constraint: rolled back, the claim is released); idem::Cancelled after shutdown() or when
-/// Request::stop is requested before the handler starts (the handler never runs, nothing
-/// commits, the claims taken are released; a claim waiting on the sink's lock is cancelled on
-/// the server); and whatever the handler throws, unchanged (a release that failed after it is
+/// bad input (before anything is claimed); idem::PostgresError when the commit itself failed (the
+/// connection lost during COMMIT: outcome unknown, the claim is kept; the server refused the
+/// COMMIT, e.g. a deferred constraint: rolled back, the claim is released); idem::Cancelled after
+/// shutdown() or when Request::stop is requested before the handler starts (the handler never runs,
+/// nothing commits, the claims taken are released; a claim waiting on the sink's lock is cancelled
+/// on the server); and whatever the handler throws, unchanged (a release that failed after it is
 /// told in DecisionEvent::release_error). An unreachable backend is not an exception: it is
 /// Outcome::Kind::kUnavailable with Outcome::error. A completion that failed after the handler
 /// ran is not one either: Outcome::save_error.
