@@ -14,6 +14,7 @@
 #include <stop_token>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -47,7 +48,12 @@ struct Fault {
   int call = 0;
   Op op = Op::kGuardClaim;
   int nth = 1;
-  bool stop = false;      ///< Request the call's stop (Request::stop) first.
+  bool stop = false;              ///< Request the call's stop (Request::stop) first.
+  bool stop_from_thread = false;  ///< The same, from another thread (joined before the step).
+  /// Another thread requests the stop a millisecond later, while the step goes on (a handler
+  /// that waits until stopped); joined when the call has ended.
+  bool stop_later = false;
+  bool shutdown = false;  ///< Shut the deduplicator down (TestDriver::shutdown()) first.
   bool deadline = false;  ///< Make the call's deadline pass first (drivers with a deadline).
   /// Then fail the step with this exception: before it reaches the backend, or with `after`
   /// once the backend applied it (its answer lost, as on a timeout).
@@ -182,6 +188,8 @@ class World {
   void begin_call(int index);
   [[nodiscard]] std::stop_token stop_token() const { return stop_.get_token(); }
   void request_stop() { stop_.request_stop(); }
+  /// The deduplicator's shutdown(), between calls.
+  void shutdown() { driver_->shutdown(); }
   /// A step `op` of the running call begins (`claim`: a guard claim's answer, after it).
   void before(Op op);
   void after(Op op);
@@ -217,6 +225,7 @@ class World {
   int call_ = 0;
   std::stop_source stop_;
   std::map<Op, int> counts_;
+  std::jthread stopper_;  // stop_later's thread
   int deadlines_passed_ = 0;
   bool deadline_late_ = false;
   bool quiet_ = false;

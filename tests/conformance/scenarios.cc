@@ -138,6 +138,38 @@ constexpr const char* kStatementTimeoutThrown =
     "PostgresError(57014)\", events {}, \"releases=1\"), where docs/semantics.md answers "
     "kUnavailable for a backend that is down or does not answer";
 
+// Fallback keys in day-long time buckets (a boundary never falls inside a run); the local cache
+// off, so every repeat reaches the guard.
+constexpr auto kDay = std::chrono::hours(24);
+const std::string kPayload = R"({"amount":10})";
+
+std::function<void(DeduplicatorOptions&)> bucketed() {
+  return [](DeduplicatorOptions& o) {
+    o.fingerprint = FingerprintOptions{.time_bucket = kDay};
+    o.request_id_fields = {};
+    o.local_cache_capacity = 0;
+  };
+}
+
+// The fallback key of kPayload in this bucket, or in the one before, as the facade makes it.
+std::string bucket_key(bool previous) {
+  const Fingerprinter fingerprinter(FingerprintOptions{.time_bucket = kDay});
+  const Fingerprinter::Window window =
+      fingerprinter.fingerprint_window(kPayload, "u", std::chrono::system_clock::now());
+  return fallback_key("u", "refund", previous ? window.previous : window.current);
+}
+std::string current_bucket_key() { return bucket_key(false); }
+std::string previous_bucket_key() { return bucket_key(true); }
+
+constexpr const char* kShutdownSeenLate =
+    "AsyncDeduplicator::shutdown() only posts to the executor: a call whose steps complete "
+    "without suspending (backends that answer at once, as the in-memory ones through "
+    "ImmediateGuard) is not told before its next suspension, so a shutdown requested during "
+    "its guard claim lets it run the handler (got \"executed handler response=done\", the "
+    "handler run once, the record completed), where the blocking driver and the plan's table "
+    "(call_plan.md: a stop before the handler starts, shutdown() included) answer Cancelled "
+    "and release the claim";
+
 constexpr const char* kNoSizeCap =
     "SimPostgres keeps every response verbatim: it has no response size cap";
 
@@ -658,6 +690,118 @@ void stops(std::vector<Scenario>& t) {
                .held = {{.guard = "completed(done)", .local = "hit(done)"}},
                .events = {"#0 executed handler"},
                .metrics = "decisions=1"});
+  t.push_back({.name = "AStopFromAnotherThreadDuringTheGuardClaimReleasesIt",
+               .area = area,
+               .row = kStopBefore,
+               .calls = {{.request = order("r1"), .ending = "throws Cancelled"}},
+               .faults = {{.op = Op::kGuardClaim, .stop_from_thread = true}},
+               .held = {{.guard = "absent", .local = "miss"}},
+               .events = {},
+               .metrics = "releases=1"});
+  t.push_back({.name = "AStopDuringASecondPollForTheFirstIsCancelled",
+               .area = area,
+               .row = kStopBefore,
+               .options = wait_for_result(milliseconds(5000), milliseconds(2)),
+               .calls = {{.request = order("r1"),
+                          .before = held_elsewhere(),
+                          .ending = "throws Cancelled"}},
+               .faults = {stop_at(Op::kGuardClaim, 2)},
+               .held = {{.guard = "in_progress"}},
+               .events = {},
+               .metrics = "none"});
+  t.push_back({.name = "AStopDuringTheProbeOfThePreviousBucketReleasesTheClaim",
+               .area = area,
+               .row = kStopBefore,
+               .options = bucketed(),
+               .calls = {{.request = unkeyed(kPayload), .ending = "throws Cancelled"}},
+               .faults = {stop_at(Op::kGuardClaim, 2)},
+               .held = {{.key = current_bucket_key(), .guard = "absent"},
+                        {.key = previous_bucket_key(), .guard = "absent"}},
+               .events = {},
+               .metrics = "releases=1"});
+  t.push_back(
+      {.name = "AStopFromAnotherThreadWhileTheHandlerWaitsKeepsTheClaims",
+       .area = area,
+       .row = kHandlerCancelled,
+       .sink = true,
+       .calls =
+           {{.request = order("r1"), .handler = waits(), .ending = "throws Cancelled", .runs = 1}},
+       .faults = {{.op = Op::kHandler, .stop_later = true}},
+       .held = {{.guard = "in_progress", .sink = "in_progress", .local = "miss"}},
+       .events = {},
+       .metrics = "none",
+       .not_on = {{"sim", "one thread: its handler cannot wait for another"}}});
+  t.push_back(
+      {.name = "AShutdownBeforeTheCallIsCancelled",
+       .area = area,
+       .row = kStopBefore,
+       .calls = {{.request = order("r1"), .ending = "executed handler response=done"},
+                 {.request = order("r2"),
+                  .before = [](World& w) { w.shutdown(); },
+                  .ending = "throws Cancelled"},
+                 {.request = order("r3", R"({"amount":99})"), .ending = "throws Cancelled"}},
+       .held = {{.guard = "completed(done)"}},
+       .events = {"#0 executed handler"},
+       .metrics = "decisions=1"});
+  t.push_back({.name = "AShutdownDuringTheGuardClaimReleasesIt",
+               .area = area,
+               .row = kStopBefore,
+               .calls = {{.request = order("r1"), .ending = "throws Cancelled"}},
+               .faults = {{.op = Op::kGuardClaim, .shutdown = true}},
+               .held = {{.guard = "absent"}},
+               .events = {},
+               .metrics = "releases=1",
+               .known_divergence = {{"async", kShutdownSeenLate}}});
+  t.push_back(
+      {.name = "AShutdownWhileTheHandlerWaitsKeepsTheClaim",
+       .area = area,
+       .row = kHandlerCancelled,
+       .calls =
+           {{.request = order("r1"), .handler = waits(), .ending = "throws Cancelled", .runs = 1}},
+       .faults = {{.op = Op::kHandler, .shutdown = true}},
+       .held = {{.guard = "in_progress"}},
+       .events = {},
+       .metrics = "none"});
+  t.push_back({.name = "AStopDuringTheGuardLearningFromTheSinkCutsNothingShort",
+               .area = area,
+               .row = kRepeatCompleted,
+               .sink = true,
+               .options = no_cache,
+               .calls = {{.request = order("r1"), .ending = "executed handler response=done"},
+                         {.request = order("r2"),
+                          .before = [](World& w) { w.advance_guard(std::chrono::hours(25)); },
+                          .ending = "duplicate pg_sink replayed response=done"}},
+               .faults = {{.call = 1, .op = Op::kGuardComplete, .stop = true}},
+               .held = {{.guard = "completed(done)", .sink = "completed(done)"}},
+               .events = {"#0 executed handler", "#1 duplicate pg_sink"},
+               .metrics = "decisions=2"});
+  t.push_back({.name = "AStopWhileAFailureIsStoredCutsNothingShort",
+               .area = area,
+               .row = kBusinessError,
+               .sink = true,
+               .options = on_failure(FailureAction::kStoreAsResponse, "stored refusal"),
+               .calls = {{.request = order("r1"),
+                          .handler = fails(),
+                          .ending = "throws BusinessError(refused)",
+                          .runs = 1}},
+               .faults = {stop_at(Op::kSinkComplete)},
+               .held = {{.guard = "completed(stored refusal)",
+                         .sink = "completed(stored refusal)",
+                         .local = "hit(stored refusal)"}},
+               .events = {"#0 failed(refused)"},
+               .metrics = "handler_failures=1"});
+  t.push_back({.name = "AStopDuringTheSinkReleaseAfterAHandlerErrorCutsNothingShort",
+               .area = area,
+               .row = kBusinessError,
+               .sink = true,
+               .calls = {{.request = order("r1"),
+                          .handler = fails(),
+                          .ending = "throws BusinessError(refused)",
+                          .runs = 1}},
+               .faults = {stop_at(Op::kSinkRelease)},
+               .held = {{.guard = "absent", .sink = "absent", .local = "miss"}},
+               .events = {"#0 failed(refused)"},
+               .metrics = "handler_failures=1 releases=1"});
   t.push_back({.name = "AStopDuringTheReleaseAfterAHandlerErrorCutsNothingShort",
                .area = area,
                .row = kBusinessError,
@@ -741,6 +885,69 @@ void deadlines(std::vector<Scenario>& t) {
                .held = {{.guard = "in_progress", .sink = "in_progress", .local = "miss"}},
                .events = {},
                .metrics = "none",
+               .needs_deadline = true});
+  t.push_back({.name = "AStopAndADeadlineAtOneStepAreAStop",
+               .area = area,
+               .row = kStopBefore,
+               .calls = {{.request = order("r1"), .ending = "throws Cancelled"}},
+               .faults = {{.op = Op::kGuardClaim, .stop = true, .deadline = true}},
+               .held = {{.guard = "absent", .local = "miss"}},
+               .events = {},
+               .metrics = "releases=1",
+               .needs_deadline = true});
+  t.push_back({.name = "ADeadlineDuringASecondPollAnswersInProgress",
+               .area = area,
+               .row = kInProgress,
+               .options = wait_for_result(milliseconds(5000), milliseconds(2)),
+               .calls = {{.request = order("r1"),
+                          .before = held_elsewhere(),
+                          .ending = "in_progress redis_guard"}},
+               .faults = {deadline_at(Op::kGuardClaim, 2)},
+               .held = {{.guard = "in_progress"}},
+               .events = {"#0 in_progress redis_guard"},
+               .metrics = "decisions=1",
+               .needs_deadline = true});
+  t.push_back({.name = "ADeadlineDuringTheProbeOfThePreviousBucketEndsTheCall",
+               .area = area,
+               .row = kStopBefore,
+               .options = bucketed(),
+               .calls = {{.request = unkeyed(kPayload), .ending = "throws DeadlineExceeded"}},
+               .faults = {deadline_at(Op::kGuardClaim, 2)},
+               .held = {{.key = current_bucket_key(), .guard = "absent"},
+                        {.key = previous_bucket_key(), .guard = "absent"}},
+               .events = {},
+               .metrics = "releases=1",
+               .needs_deadline = true});
+  t.push_back({.name = "AHandlerThatReturnsPastItsDeadlineIsExecuted",
+               .area = area,
+               .row = kFirstTime,
+               .calls = {{.request = order("r1"), .ending = "executed handler response=done"}},
+               .faults = {deadline_at(Op::kHandler)},
+               .held = {{.guard = "completed(done)", .local = "hit(done)"}},
+               .events = {"#0 executed handler"},
+               .metrics = "decisions=1",
+               .needs_deadline = true});
+  t.push_back({.name = "ADeadlineDuringTheGuardCompletionCutsNothingShort",
+               .area = area,
+               .row = kFirstTime,
+               .calls = {{.request = order("r1"), .ending = "executed handler response=done"}},
+               .faults = {deadline_at(Op::kGuardComplete)},
+               .held = {{.guard = "completed(done)", .local = "hit(done)"}},
+               .events = {"#0 executed handler"},
+               .metrics = "decisions=1",
+               .needs_deadline = true});
+  t.push_back({.name = "ADeadlineDuringTheReleaseAfterAHandlerErrorCutsNothingShort",
+               .area = area,
+               .row = kBusinessError,
+               .sink = true,
+               .calls = {{.request = order("r1"),
+                          .handler = fails(),
+                          .ending = "throws BusinessError(refused)",
+                          .runs = 1}},
+               .faults = {deadline_at(Op::kSinkRelease)},
+               .held = {{.guard = "absent", .sink = "absent", .local = "miss"}},
+               .events = {"#0 failed(refused)"},
+               .metrics = "handler_failures=1 releases=1",
                .needs_deadline = true});
   t.push_back(
       {.name = "ADeadlineAfterTheHandlerReturnedCutsNothingShort",
@@ -915,6 +1122,26 @@ void failed_writes(std::vector<Scenario>& t) {
                .held = {{.guard = "absent", .local = "miss"}},
                .events = {"#0 failed(refused) release_error=redis_guard: idem: redis: timeout"},
                .metrics = "handler_failures=1 guard_errors=1 releases=1 failed_releases=1"});
+  t.push_back({.name = "AGuardClaimTimeoutFailsOpenToTheSink",
+               .area = area,
+               .row = kBackendDown,
+               .sink = true,
+               .calls = {{.request = order("r1"), .ending = "executed handler response=done"}},
+               .faults = {fail_at(Op::kGuardClaim, redis_timeout())},
+               .held = {{.guard = "absent", .sink = "completed(done)", .local = "hit(done)"}},
+               .events = {"#0 executed handler"},
+               .metrics = "decisions=1 guard_errors=1"});
+  t.push_back({.name = "ARenewalThatTimesOutFailsTheHandlerThatLetsItThrough",
+               .area = area,
+               .row = kBusinessError,
+               .calls = {{.request = order("r1"),
+                          .handler = {.renew = true},
+                          .ending = "throws RedisError",
+                          .runs = 1}},
+               .faults = {fail_at(Op::kGuardRenew, redis_timeout())},
+               .held = {{.guard = "absent", .local = "miss"}},
+               .events = {"#0 failed(idem: redis: timeout)"},
+               .metrics = "handler_failures=1 releases=1 renewals_failed=1"});
   t.push_back({.name = "ASinkClaimTimeoutIsUnavailable",
                .area = area,
                .row = kBackendDown,
@@ -1171,26 +1398,31 @@ void keys(std::vector<Scenario>& t) {
        .metrics = "decisions=1"});
 
   area = "fallback keys";
-  constexpr auto kDay = std::chrono::hours(24);
-  const auto bucketed = [](DeduplicatorOptions& o) {
-    o.fingerprint = FingerprintOptions{.time_bucket = kDay};
-    o.request_id_fields = {};
-    o.local_cache_capacity = 0;
-  };
-  const std::string payload = R"({"amount":10})";
-  // The previous bucket's fallback key of `payload`, as the facade makes it.
-  const auto previous_key = [payload] {
-    const Fingerprinter fingerprinter(FingerprintOptions{.time_bucket = kDay});
-    return fallback_key(
-        "u", "refund",
-        fingerprinter.fingerprint_window(payload, "u", std::chrono::system_clock::now()).previous);
-  };
+  t.push_back({.name = "AFallbackKeyIsKeptOnlyTheFallbackRetention",
+               .area = area,
+               .row = kRepeatCompleted,
+               .options =
+                   [](DeduplicatorOptions& o) {
+                     o.fallback_retention = std::chrono::seconds(10);
+                     o.local_cache_capacity = 0;
+                   },
+               .calls = {{.request = unkeyed(kPayload), .ending = "executed handler response=done"},
+                         {.request = unkeyed(kPayload),
+                          .before = [](World& w) { w.advance_guard(milliseconds(9'999)); },
+                          .ending = "duplicate redis_guard replayed response=done"},
+                         {.request = unkeyed(kPayload),
+                          .handler = returns("again"),
+                          .before = [](World& w) { w.advance_guard(milliseconds(2)); },
+                          .ending = "executed handler response=again"}},
+               .held = {{.call = 0, .guard = "completed(again)"}},
+               .events = {"#0 executed handler", "#1 duplicate redis_guard", "#2 executed handler"},
+               .metrics = "decisions=3"});
   t.push_back({.name = "AFallbackKeyInATimeBucketIsADuplicateInTheSameBucket",
                .area = area,
                .row = kRepeatCompleted,
-               .options = bucketed,
-               .calls = {{.request = unkeyed(payload), .ending = "executed handler response=done"},
-                         {.request = unkeyed(payload),
+               .options = bucketed(),
+               .calls = {{.request = unkeyed(kPayload), .ending = "executed handler response=done"},
+                         {.request = unkeyed(kPayload),
                           .ending = "duplicate redis_guard replayed response=done"}},
                .held = {{.call = 0, .guard = "completed(done)"}},
                .events = {"#0 executed handler", "#1 duplicate redis_guard"},
@@ -1199,12 +1431,13 @@ void keys(std::vector<Scenario>& t) {
       {.name = "ARepeatAcrossTheBucketBoundaryIsCaughtByTheSlidingWindow",
        .area = area,
        .row = kRepeatCompleted,
-       .options = bucketed,
-       .calls = {{.request = unkeyed(payload),
-                  .before = [previous_key](
-                                World& w) { w.completed_elsewhere(previous_key(), "yesterday"); },
+       .options = bucketed(),
+       .calls = {{.request = unkeyed(kPayload),
+                  .before =
+                      [](World& w) { w.completed_elsewhere(previous_bucket_key(), "yesterday"); },
                   .ending = "duplicate redis_guard replayed response=yesterday"}},
-       .held = {{.call = 0, .guard = "absent"}},
+       .held = {{.key = current_bucket_key(), .guard = "absent"},
+                {.key = previous_bucket_key(), .guard = "completed(yesterday)"}},
        .events = {"#0 duplicate redis_guard"},
        .metrics = "decisions=1 releases=1"});
 }
@@ -1287,6 +1520,89 @@ void transactions(std::vector<Scenario>& t) {
        .events = {},
        .metrics = "releases=1",
        .needs_transactions = true});
+  t.push_back(
+      {.name = "TransactionalSinkClaimFailureIsUnavailable",
+       .area = area,
+       .row = kBackendDown,
+       .sink = true,
+       .calls = {{.request = order("r1"),
+                  .transactional = true,
+                  .ending = "unavailable pg_sink error=idem: postgres: connection refused"}},
+       .faults = {fail_at(Op::kSinkClaim, pg_down())},
+       .held = {{.guard = "absent", .sink = "absent", .local = "miss"}},
+       .events = {"#0 unavailable pg_sink"},
+       .metrics = "decisions=1 sink_errors=1 releases=1",
+       .needs_transactions = true});
+  t.push_back(
+      {.name = "TransactionalStopAtTheCommitCutsNothingShort",
+       .area = area,
+       .row = kFirstTime,
+       .sink = true,
+       .calls = {{.request = order("r1"),
+                  .transactional = true,
+                  .ending = "executed handler response=done"}},
+       .faults = {stop_at(Op::kCommit)},
+       .held = {{.guard = "completed(done)", .sink = "completed(done)", .local = "hit(done)"}},
+       .events = {"#0 executed handler"},
+       .metrics = "decisions=1",
+       .needs_transactions = true});
+  t.push_back(
+      {.name = "TransactionalDeadlineAtTheCommitCutsNothingShort",
+       .area = area,
+       .row = kFirstTime,
+       .sink = true,
+       .calls = {{.request = order("r1"),
+                  .transactional = true,
+                  .ending = "executed handler response=done"}},
+       .faults = {deadline_at(Op::kCommit)},
+       .held = {{.guard = "completed(done)", .sink = "completed(done)", .local = "hit(done)"}},
+       .events = {"#0 executed handler"},
+       .metrics = "decisions=1",
+       .needs_deadline = true,
+       .needs_transactions = true});
+  t.push_back({.name = "TransactionalDeadlineDuringTheSinkClaimRollsBackAndReleases",
+               .area = area,
+               .row = kStopBefore,
+               .sink = true,
+               .calls = {{.request = order("r1"),
+                          .transactional = true,
+                          .ending = "throws DeadlineExceeded"}},
+               .faults = {deadline_at(Op::kSinkClaim)},
+               .held = {{.guard = "absent", .sink = "absent", .local = "miss"}},
+               .events = {},
+               .metrics = "releases=1",
+               .needs_deadline = true,
+               .needs_transactions = true});
+  t.push_back({.name = "TransactionalGuardCompletionThatFailsIsASaveError",
+               .area = area,
+               .row = kNotSaved,
+               .sink = true,
+               .calls = {{.request = order("r1"),
+                          .transactional = true,
+                          .ending = "executed handler response=done "
+                                    "save_error=redis_guard: idem: redis: connection refused"}},
+               .faults = {fail_at(Op::kGuardComplete, redis_down())},
+               .held = {{.guard = "in_progress", .sink = "completed(done)", .local = "hit(done)"}},
+               .events = {"#0 executed handler "
+                          "save_error=redis_guard: idem: redis: connection refused"},
+               .metrics = "decisions=1 guard_errors=1 unsaved=1",
+               .needs_transactions = true});
+  t.push_back({.name = "TransactionalStoreAsResponseCommitsTheStoredFailure",
+               .area = area,
+               .row = kBusinessError,
+               .sink = true,
+               .options = on_failure(FailureAction::kStoreAsResponse, "stored refusal"),
+               .calls = {{.request = order("r1"),
+                          .handler = fails(),
+                          .transactional = true,
+                          .ending = "throws BusinessError(refused)",
+                          .runs = 1}},
+               .held = {{.guard = "completed(stored refusal)",
+                         .sink = "completed(stored refusal)",
+                         .local = "hit(stored refusal)"}},
+               .events = {"#0 failed(refused)"},
+               .metrics = "handler_failures=1",
+               .needs_transactions = true});
   t.push_back({.name = "TransactionalCommitRefusedRollsBackAndReleases",
                .area = area,
                .row = kCommitRefused,

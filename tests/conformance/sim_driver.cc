@@ -161,7 +161,7 @@ StepResult SimTestDriver::run_handler(detail::CallPlan& plan) {
     if (behaviour.renew) saw.renewed = renew(plan);
     if (behaviour.act != test::Behaviour::Act::kWaitUntilStopped) {
       result = detail::Response{test::detail_drivers::act(behaviour)};
-    } else if (plan.request().stop.stop_requested()) {
+    } else if (stopped(plan.request())) {
       throw Cancelled("the handler saw its stop");
     } else if (now() >= plan.deadline()) {
       // The driver cuts the handler short at its deadline.

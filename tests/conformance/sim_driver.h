@@ -34,6 +34,7 @@ class SimTestDriver final : public test::TestDriver {
   test::Ending call(const Request& request, const test::Behaviour& behaviour, test::Saw& saw,
                     bool transactional) override;
   bool pass_deadline() override;
+  void shutdown() override { shut_down_ = true; }
 
  private:
   [[nodiscard]] detail::PlanTime now() const {
@@ -46,7 +47,7 @@ class SimTestDriver final : public test::TestDriver {
   bool renew(detail::CallPlan& plan);
 
   [[nodiscard]] bool stopped(const Request& request) const {
-    return plant_ != Plant::kIgnoresStop && request.stop.stop_requested();
+    return plant_ != Plant::kIgnoresStop && (shut_down_ || request.stop.stop_requested());
   }
 
   World& world_;
@@ -56,6 +57,7 @@ class SimTestDriver final : public test::TestDriver {
   detail::InProcess in_process_;
   std::int64_t now_ms_ = 3'600'000;
   int attempts_ = 0;
+  bool shut_down_ = false;
   sim::SimPostgres::TxId tx_ = 0;  // the open transaction of a run_transactional() call
   detail::CallPlan* plan_ = nullptr;
   const test::Behaviour* behaviour_ = nullptr;

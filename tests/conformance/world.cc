@@ -245,6 +245,7 @@ void World::completed_elsewhere(const std::string& key, const std::string& respo
 }
 
 void World::begin_call(int index) {
+  if (stopper_.joinable()) stopper_.join();
   call_ = index;
   stop_ = std::stop_source();
   counts_.clear();
@@ -267,6 +268,14 @@ void World::before(Op op) {
   if (fault == nullptr) return;
   if (fault->act) fault->act(*this);
   if (fault->stop) stop_.request_stop();
+  if (fault->stop_from_thread) std::thread([this] { stop_.request_stop(); }).join();
+  if (fault->stop_later) {
+    stopper_ = std::jthread([this] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      stop_.request_stop();
+    });
+  }
+  if (fault->shutdown && driver_ != nullptr) driver_->shutdown();
   if (fault->deadline) {
     if (driver_ != nullptr && driver_->pass_deadline()) {
       ++deadlines_passed_;

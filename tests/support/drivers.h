@@ -14,6 +14,7 @@
 //   run_transactional() over its backends; scenarios that need one run only where it exists.
 // - TestDriver::pass_deadline(): called from inside a backend call or the handler of the running
 //   call, makes the call's deadline pass before that step returns.
+// - TestDriver::shutdown(): the deduplicator's shutdown(), as its callers see it.
 #pragma once
 
 #include <asio/awaitable.hpp>
@@ -107,6 +108,9 @@ class TestDriver {
   /// False when it had passed already (the step came later than the scenario meant) or the
   /// driver has no deadline.
   virtual bool pass_deadline() { return false; }
+  /// Shuts the deduplicator down (Deduplicator::shutdown()): running calls are stopped, later
+  /// ones throw idem::Cancelled. Thread-safe.
+  virtual void shutdown() = 0;
 };
 
 namespace detail_drivers {
@@ -145,6 +149,7 @@ class BlockingTestDriver final : public TestDriver {
   explicit BlockingTestDriver(DriverSetup setup) : dedup_(std::move(setup.options)) {}
 
   [[nodiscard]] Abilities abilities() const override { return {}; }
+  void shutdown() override { dedup_.shutdown(); }
 
   Ending call(const Request& request, const Behaviour& behaviour, Saw& saw,
               bool transactional) override {
@@ -195,6 +200,7 @@ class AsyncTestDriver final : public TestDriver {
                                                             .deadline = setup.deadline}) {}
 
   [[nodiscard]] Abilities abilities() const override { return {.deadline = true}; }
+  void shutdown() override { dedup_.shutdown(); }
 
   Ending call(const Request& request, const Behaviour& behaviour, Saw& saw,
               bool transactional) override {
