@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -277,6 +279,24 @@ TEST(ConformanceTable, EveryScenarioStatesTheStateOfEachLayerItConfigures) {
     EXPECT_FALSE(s.metrics.empty()) << s.name << ": the metrics";
     EXPECT_FALSE(s.area.empty()) << s.name << ": the area";
     for (const Call& call : s.calls) EXPECT_FALSE(call.ending.empty()) << s.name;
+  }
+}
+
+// docs/semantics.md names each scenario on the line of the row of the outcome table it proves.
+TEST(ConformanceTable, DocsSemanticsNamesEachScenarioUnderItsRow) {
+  std::ifstream doc(std::string(IDEM_SOURCE_DIR) + "/docs/semantics.md");
+  ASSERT_TRUE(doc) << "docs/semantics.md";
+  std::map<std::string, std::string> lines;  // a table row's first cell -> its lines
+  for (std::string line; std::getline(doc, line);) {
+    if (!line.starts_with("| ")) continue;
+    lines[line.substr(2, line.find(" |", 2) - 2)] += line;
+  }
+  for (const Scenario& s : scenarios()) {
+    if (s.row.empty()) continue;
+    const auto found = lines.find(s.row);
+    ASSERT_NE(found, lines.end()) << "docs/semantics.md has no row \"" << s.row << "\"";
+    EXPECT_NE(found->second.find("`" + s.name + "`"), std::string::npos)
+        << "docs/semantics.md does not name " << s.name << " under \"" << s.row << "\"";
   }
 }
 
