@@ -55,6 +55,9 @@ struct Fault {
   bool stop_later = false;
   bool shutdown = false;  ///< Shut the deduplicator down (TestDriver::shutdown()) first.
   bool deadline = false;  ///< Make the call's deadline pass first (drivers with a deadline).
+  /// The call's deadline is still ahead here: it passes later, while the step goes on (a handler
+  /// that waits until stopped is cut short by it).
+  bool deadline_later = false;
   /// Then fail the step with this exception: before it reaches the backend, or with `after`
   /// once the backend applied it (its answer lost, as on a timeout).
   std::function<std::exception_ptr()> error{};

@@ -879,6 +879,18 @@ void deadlines(std::vector<Scenario>& t) {
                .events = {},
                .metrics = "none",
                .needs_deadline = true});
+  t.push_back({.name = "ADeadlineCutsAWaitingHandlerShortAndKeepsTheClaim",
+               .area = area,
+               .row = kHandlerCancelled,
+               .calls = {{.request = order("r1"),
+                          .handler = waits(),
+                          .ending = "throws DeadlineExceeded",
+                          .runs = 1}},
+               .faults = {{.op = Op::kHandler, .deadline_later = true}},
+               .held = {{.guard = "in_progress", .local = "miss"}},
+               .events = {},
+               .metrics = "none",
+               .needs_deadline = true});
   t.push_back({.name = "AStopAndADeadlineAtOneStepAreAStop",
                .area = area,
                .row = kStopBefore,

@@ -163,8 +163,11 @@ StepResult SimTestDriver::run_handler(detail::CallPlan& plan) {
       result = detail::Response{test::detail_drivers::act(behaviour)};
     } else if (stopped(plan.request())) {
       throw Cancelled("the handler saw its stop");
-    } else if (now() >= plan.deadline()) {
-      // The driver cuts the handler short at its deadline.
+    } else if (plan.deadline() != detail::PlanTime::max()) {
+      // It waits until its deadline, where the driver cuts it short.
+      now_ms_ = std::max(now_ms_, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                      plan.deadline().time_since_epoch())
+                                      .count());
       result = detail::classify(std::make_exception_ptr(Cancelled("cut short at the deadline")));
     } else {
       result = detail::Response{"not stopped"};

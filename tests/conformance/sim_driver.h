@@ -4,7 +4,7 @@
 // call, with the in-process steps of detail::InProcess: no threads, no timers. A wait jumps its
 // clock to the wake-up time (or to the deadline, which cuts it short); the deadline passes when a
 // scenario says (pass_deadline() moves the clock to it); a handler that waits until stopped is
-// cut short at the deadline, as the async driver cuts it.
+// cut short at its deadline (the clock jumps to it), as the async driver cuts it.
 #pragma once
 
 #include <chrono>
@@ -34,6 +34,10 @@ class SimTestDriver final : public test::TestDriver {
   test::Ending call(const Request& request, const test::Behaviour& behaviour, test::Saw& saw,
                     bool transactional) override;
   bool pass_deadline() override;
+  [[nodiscard]] bool deadline_ahead() const override {
+    return plan_ != nullptr && plan_->deadline() != detail::PlanTime::max() &&
+           now() < plan_->deadline();
+  }
   void shutdown() override { shut_down_ = true; }
 
  private:

@@ -283,6 +283,13 @@ void World::before(Op op) {
       deadline_late_ = true;
     }
   }
+  if (fault->deadline_later) {
+    if (driver_ != nullptr && driver_->deadline_ahead()) {
+      ++deadlines_passed_;
+    } else {
+      deadline_late_ = true;
+    }
+  }
   if (fault->error) std::rethrow_exception(fault->error());
 }
 
@@ -304,8 +311,9 @@ void World::claimed(ClaimResult& claim) {
 }
 
 bool World::late() const {
-  const auto deadlines = std::count_if(scenario_.faults.begin(), scenario_.faults.end(),
-                                       [](const Fault& f) { return f.deadline; });
+  const auto deadlines =
+      std::count_if(scenario_.faults.begin(), scenario_.faults.end(),
+                    [](const Fault& f) { return f.deadline || f.deadline_later; });
   return deadline_late_ || deadlines_passed_ < deadlines;
 }
 

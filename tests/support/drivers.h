@@ -13,7 +13,8 @@
 // - TestDriver::abilities(): whether the driver has a deadline per call and runs
 //   run_transactional() over its backends; scenarios that need one run only where it exists.
 // - TestDriver::pass_deadline(): called from inside a backend call or the handler of the running
-//   call, makes the call's deadline pass before that step returns.
+//   call, makes the call's deadline pass before that step returns; deadline_ahead() says whether
+//   it is still to pass (a handler that waits is cut short by it later).
 // - TestDriver::shutdown(): the deduplicator's shutdown(), as its callers see it.
 #pragma once
 
@@ -108,6 +109,9 @@ class TestDriver {
   /// False when it had passed already (the step came later than the scenario meant) or the
   /// driver has no deadline.
   virtual bool pass_deadline() { return false; }
+  /// From inside a step of the running call: whether its deadline is still ahead (it is to pass
+  /// later, while the step goes on: a handler that waits). False without a deadline.
+  [[nodiscard]] virtual bool deadline_ahead() const { return false; }
   /// Shuts the deduplicator down (Deduplicator::shutdown()): running calls are stopped, later
   /// ones throw idem::Cancelled. Thread-safe.
   virtual void shutdown() = 0;
@@ -230,6 +234,11 @@ class AsyncTestDriver final : public TestDriver {
     if (deadline_.count() == 0 || entered >= started_ + deadline_) return false;
     std::this_thread::sleep_until(entered + deadline_ + std::chrono::milliseconds(1));
     return true;
+  }
+
+  [[nodiscard]] bool deadline_ahead() const override {
+    // started_ is before the plan's start: the plan's deadline is no earlier than this one.
+    return deadline_.count() > 0 && std::chrono::steady_clock::now() < started_ + deadline_;
   }
 
  private:
