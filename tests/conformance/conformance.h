@@ -39,8 +39,11 @@ enum class Op {
   kSinkComplete,
   kSinkRelease,
   kSinkRenew,
-  kCommit,   ///< COMMIT of a run_transactional() call (drivers with transactions).
-  kHandler,  ///< The handler, when it starts (before Behaviour::on_start).
+  kSinkBegin,      ///< BEGIN of a run_transactional() call (drivers with transactions).
+  kCommit,         ///< COMMIT of a run_transactional() call (drivers with transactions).
+  kHandler,        ///< The handler, when it starts (before Behaviour::on_start).
+  kDecideFailure,  ///< DeduplicatorOptions::on_handler_failure, when the scenario sets one.
+  kEmit,           ///< DeduplicatorOptions::on_decision, with each decision event.
 };
 
 /// What happens at the `nth` step `op` of call `call` (counted from 1, per call).
@@ -199,6 +202,9 @@ class World {
   void claimed(ClaimResult& claim);
   /// A deadline fault found the deadline passed already, or never ran: the run is inconclusive.
   [[nodiscard]] bool late() const;
+  /// The faults that never came to their step ("call 0 GuardClaim #2"): a scenario whose fault
+  /// does not fire tests nothing of it.
+  [[nodiscard]] std::vector<std::string> unfired() const;
   /// No more faults or recording: the probes run.
   void quiet() { quiet_ = true; }
 
@@ -228,6 +234,7 @@ class World {
   int call_ = 0;
   std::stop_source stop_;
   std::map<Op, int> counts_;
+  std::vector<bool> fired_ = std::vector<bool>(scenario_.faults.size());
   std::jthread stopper_;  // stop_later's thread
   int deadlines_passed_ = 0;
   bool deadline_late_ = false;

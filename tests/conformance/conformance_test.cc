@@ -46,6 +46,7 @@ struct Result {
   std::vector<std::string> held;  // per Held: "guard=... sink=... local=..."
   std::vector<std::string> events;
   std::string metrics;
+  std::vector<std::string> unfired;
   bool late = false;
 };
 
@@ -98,6 +99,7 @@ Result run(const Scenario& scenario, const DriverSpec& spec, std::chrono::millis
     run.saw.push_back(render_saw(saws[i], world.key_of_call(static_cast<int>(i), seen_keys[i])));
   }
   run.late = world.late();
+  run.unfired = world.unfired();
   run.events = world.events();
   run.metrics = world.metrics();
   std::vector<std::string> keys;
@@ -140,6 +142,7 @@ std::vector<std::string> differences(const Scenario& scenario, const Result& got
       found.push_back(what + ": expected \"" + expected + "\", got \"" + actual + "\"");
   };
   if (got.late) found.emplace_back("the deadline always passed before the step it was meant for");
+  for (const std::string& fault : got.unfired) found.push_back("a fault never fired: " + fault);
   for (std::size_t i = 0; i < scenario.calls.size(); ++i) {
     const Call& call = scenario.calls[i];
     const int runs = call.runs >= 0 ? call.runs : (call.ending.starts_with("executed") ? 1 : 0);
@@ -229,7 +232,7 @@ const Scenario& scenario_named(const std::string& name) {
 // Each part of a scenario's expectation, made wrong, fails it on every driver.
 TEST(ConformanceSuite, AWrongExpectationFailsOnEveryDriver) {
   const Scenario& right = scenario_named("FirstTimeExecutes");
-  std::vector<std::pair<std::string, Scenario>> wrong(7, {std::string(), right});
+  std::vector<std::pair<std::string, Scenario>> wrong(8, {std::string(), right});
   wrong[0].first = "ending";
   wrong[0].second.calls[0].ending = "executed handler response=other";
   wrong[1].first = "runs";
@@ -244,6 +247,8 @@ TEST(ConformanceSuite, AWrongExpectationFailsOnEveryDriver) {
   wrong[5].second.metrics = "decisions=1 releases=1";
   wrong[6].first = "saw";
   wrong[6].second.calls[0].saw = "key=ok request_id=r2 fingerprint=yes attempt=1";
+  wrong[7].first = "fault (at a step the call never takes)";
+  wrong[7].second.faults = {Fault{.op = Op::kSinkClaim, .stop = true}};
   for (const DriverSpec& spec : drivers()) {
     EXPECT_TRUE(differences(right, run(right, spec)).empty()) << spec.name;
     for (const auto& [what, scenario] : wrong) {

@@ -116,6 +116,7 @@ StepResult SimTestDriver::in_transaction(const detail::Step& step) {
   sim::SimPostgres& pg = *world_.sim_postgres();
   switch (step.kind) {
     case StepKind::kSinkBegin:
+      world_.before(Op::kSinkBegin);
       tx_ = pg.begin();
       return detail::Done{};
     case StepKind::kSinkClaim: {

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <array>
 #include <stdexcept>
 #include <string>
 
@@ -8,6 +9,14 @@
 
 namespace idem::conformance {
 namespace {
+
+std::string_view op_name(Op op) {
+  static constexpr std::array<std::string_view, 13> kNames = {
+      "GuardClaim",   "GuardComplete", "GuardRelease", "GuardRenew", "SinkClaim",
+      "SinkComplete", "SinkRelease",   "SinkRenew",    "SinkBegin",  "Commit",
+      "Handler",      "DecideFailure", "Emit"};
+  return kNames.at(static_cast<std::size_t>(op));
+}
 
 // The most derived of the exception types a call may throw.
 std::string type_of(const std::exception_ptr& error) {
@@ -204,6 +213,14 @@ test::DriverSetup World::setup(std::chrono::milliseconds deadline) const {
     self->on_decision(e);
   };
   if (scenario_.options) scenario_.options(o);
+  // The in-process steps that call user code run the world's hooks too.
+  if (o.on_handler_failure) {
+    o.on_handler_failure = [self = const_cast<World*>(this),
+                            decide = o.on_handler_failure](std::exception_ptr error) {
+      self->before(Op::kDecideFailure);
+      return decide(std::move(error));
+    };
+  }
   setup.deadline = deadline;
   return setup;
 }
@@ -254,9 +271,11 @@ void World::begin_call(int index) {
 const Fault* World::fault_at(Op op, bool after_step) {
   if (quiet_) return nullptr;
   if (!after_step) ++counts_[op];
-  for (const Fault& fault : scenario_.faults) {
+  for (std::size_t i = 0; i < scenario_.faults.size(); ++i) {
+    const Fault& fault = scenario_.faults[i];
     if (fault.call == call_ && fault.op == op && fault.nth == counts_[op] &&
         fault.after == after_step) {
+      fired_[i] = true;
       return &fault;
     }
   }
@@ -301,13 +320,27 @@ void World::after(Op op) {
 
 void World::claimed(ClaimResult& claim) {
   if (quiet_) return;
-  for (const Fault& fault : scenario_.faults) {
+  for (std::size_t i = 0; i < scenario_.faults.size(); ++i) {
+    const Fault& fault = scenario_.faults[i];
     if (fault.call == call_ && fault.op == Op::kGuardClaim &&
         fault.nth == counts_[Op::kGuardClaim] && fault.unreplicated) {
+      fired_[i] = true;
       claim.replicated = false;
     }
   }
   after(Op::kGuardClaim);
+}
+
+std::vector<std::string> World::unfired() const {
+  std::vector<std::string> never;
+  for (std::size_t i = 0; i < scenario_.faults.size(); ++i) {
+    const Fault& f = scenario_.faults[i];
+    if (!fired_[i]) {
+      never.push_back("call " + std::to_string(f.call) + " " + std::string(op_name(f.op)) + " #" +
+                      std::to_string(f.nth));
+    }
+  }
+  return never;
 }
 
 bool World::late() const {
@@ -319,6 +352,7 @@ bool World::late() const {
 
 void World::on_decision(const DecisionEvent& e) {
   if (quiet_) return;
+  before(Op::kEmit);
   std::string text = "#" + std::to_string(call_) + " ";
   if (e.handler_failed) {
     text += "failed(" + std::string(e.error) + ")";
