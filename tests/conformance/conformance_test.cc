@@ -8,6 +8,7 @@
 
 #include <fstream>
 #include <map>
+#include <ostream>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -171,6 +172,11 @@ struct Param {
   const Scenario* scenario;
   const DriverSpec* driver;
 };
+
+// How gtest and ctest show a run.
+[[maybe_unused]] void PrintTo(const Param& param, std::ostream* os) {
+  *os << param.scenario->name << " through the " << param.driver->name << " driver";
+}
 
 std::vector<Param> params() {
   std::vector<Param> all;
