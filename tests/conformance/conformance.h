@@ -192,6 +192,10 @@ class World {
   // ---- the calls -----------------------------------------------------------------------------
   /// Starts call `index`: its stop, its counts of steps.
   void begin_call(int index);
+  /// The call has ended: a thread that was to stop it is joined.
+  void end_call() {
+    if (stopper_.joinable()) stopper_.join();
+  }
   [[nodiscard]] std::stop_token stop_token() const { return stop_.get_token(); }
   void request_stop() { stop_.request_stop(); }
   /// The deduplicator's shutdown(), between calls.

@@ -91,6 +91,7 @@ Result run(const Scenario& scenario, const DriverSpec& spec, std::chrono::millis
     };
     test::Saw saw;
     run.endings.push_back(render_ending(driver->call(request, behaviour, saw, call.transactional)));
+    world.end_call();
     run.runs.push_back(saw.runs);
     seen_keys.push_back(saw.key);
     saws.push_back(saw);
@@ -103,13 +104,11 @@ Result run(const Scenario& scenario, const DriverSpec& spec, std::chrono::millis
   run.unfired = world.unfired();
   run.events = world.events();
   run.metrics = world.metrics();
-  std::vector<std::string> keys;
   for (const Held& held : scenario.held) {
     const std::string key =
         held.key.empty()
             ? world.key_of_call(held.call, seen_keys.at(static_cast<std::size_t>(held.call)))
             : held.key;
-    keys.push_back(key);
     run.held.push_back(held_text(held.guard.empty() ? "" : probe_guard(world.guard(), key),
                                  held.sink.empty() ? "" : probe_sink(world.sink(), key), ""));
   }

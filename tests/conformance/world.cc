@@ -262,7 +262,6 @@ void World::completed_elsewhere(const std::string& key, const std::string& respo
 }
 
 void World::begin_call(int index) {
-  if (stopper_.joinable()) stopper_.join();
   call_ = index;
   stop_ = std::stop_source();
   counts_.clear();
