@@ -1109,6 +1109,20 @@ void failed_writes(std::vector<Scenario>& t) {
        .held = {{.guard = "in_progress", .local = "hit(done)"}},
        .events = {"#0 executed handler"},
        .metrics = "decisions=1"});
+  t.push_back({.name = "AnAttemptWhoseSinkRowWasTakenOverLeavesItToItsNewOwner",
+               .area = area,
+               .row = kFirstTime,
+               .sink = true,
+               .calls = {{.request = order("r1"), .ending = "executed handler response=done"}},
+               .faults = {{.op = Op::kSinkComplete,
+                           .act =
+                               [](World& w) {
+                                 w.advance_sink(milliseconds(30'001));
+                                 w.sink_claim_elsewhere(kKey, "r9");
+                               }}},
+               .held = {{.guard = "completed(done)", .sink = "in_progress", .local = "hit(done)"}},
+               .events = {"#0 executed handler"},
+               .metrics = "decisions=1"});
   t.push_back({.name = "AHandlerThatRenewsALostLeaseIsTold",
                .area = area,
                .row = kFirstTime,
