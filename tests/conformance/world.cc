@@ -358,13 +358,16 @@ void World::on_decision(const DecisionEvent& e) {
   } else {
     text += std::string(to_string(e.outcome)) + " " + std::string(to_string(e.layer));
   }
-  const std::string expected =
-      named_key(scenario_.calls.at(static_cast<std::size_t>(call_)).request);
+  const Request& request = scenario_.calls.at(static_cast<std::size_t>(call_)).request;
+  const std::string expected = named_key(request);
   if (e.key.empty()) {
     text += " nokey";
   } else if (expected.empty() ? !e.key.starts_with("fp:") : e.key != expected) {
     text += " key=" + std::string(e.key);
   }
+  // The call's request ID and attempt, told only when the event says otherwise.
+  if (e.request_id != request.request_id) text += " request_id=" + std::string(e.request_id);
+  if (e.attempt != request.attempt) text += " attempt=" + std::to_string(e.attempt);
   if (!e.save_error.empty()) text += " save_error=" + std::string(e.save_error);
   if (!e.release_error.empty()) text += " release_error=" + std::string(e.release_error);
   if (!e.unkeyed.empty()) text += " unkeyed=" + unkeyed_reason(e.unkeyed);
