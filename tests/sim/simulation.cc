@@ -2280,6 +2280,17 @@ void Simulation::check_saved(const Call& c, const Outcome& outcome) {
             who + " answered kExecuted, saved, lease held, but its guard record was not completed");
     return;
   }
+  // The sink keeps every claimed execution's response: its row commits with the effect
+  // (run_transactional(), TransactionalClaim::kRecord), or is claimed before the handler and
+  // completed after it (run()).
+  const bool row_kept = c.mode == CallMode::kTransactional
+                            ? config_.business_key || c.sink_kept_until != kNever
+                            : c.sink_row_at_start;
+  if (config_.sink && !row_kept) {
+    violate("unsaved-results-are-told", c.logical,
+            who + " answered kExecuted, saved, but the sink keeps no record of it");
+    return;
+  }
   if (sink_row_lost_untold(c, outcome) && !options_.tolerate_known_gaps) {
     violate("lease-lost-is-told", c.logical,
             who +
