@@ -531,6 +531,7 @@ class Simulation {
   void sink_step(Call& c, const Step& step);
   void run_sink_step(Call& c, const Step& step);
   void lock_wait(Call& c, const Step& step);
+  void sink_claimed(Call& c, const Step& step, SinkClaim claim);
   void commit(Call& c, const Step& step);
   void start_handler(Call& c);
   void handler_tick(Call& c);
@@ -580,8 +581,8 @@ class Simulation {
   void tally(Tally what) { ++result_.tallies.at(static_cast<std::size_t>(what)); }
   void note_deadline(Call& c);
   void violate(std::string invariant, int logical, std::string detail);
-  void check_claim(const Call& c, std::string_view key);
-  void check_row_claim(const Call& c, std::string_view key);
+  enum class Held { kClaim, kSinkRow };  // what a call holds its key by
+  void check_claim(const Call& c, std::string_view key, Held held);
   void check_handler_start(Call& c);
   void check_effect(const Call& c);
   void check_outcome(const Call& c, const Outcome& outcome);
@@ -1372,7 +1373,7 @@ void Simulation::guard_step(Call& c, const Step& step) {
           [&] {
             flight.previous_free = !redis_->record(key);
             ClaimResult answer = redis_->claim(step.key, step.request_id, step.fingerprint);
-            if (answer.status == ClaimStatus::kFirst && !probe) check_claim(c, key);
+            if (answer.status == ClaimStatus::kFirst && !probe) check_claim(c, key, Held::kClaim);
             if (answer.status != ClaimStatus::kFirst) {
               const std::optional<SimRedis::View> found = redis_->record(key);
               flight.repeat_same_request = found && found->request_id == step.request_id &&
@@ -1427,9 +1428,10 @@ void Simulation::guard_step(Call& c, const Step& step) {
       return;
     }
     case StepKind::kGuardRelease: {
-      if (options_.bug == Bug::kDeadlineSkipsRelease && past_deadline(c) && !c.handler_started &&
-          step.owner_token == c.owner_token) {
-        // Planted: past its deadline the driver reports the release done without sending it.
+      if (options_.bug == Bug::kInterruptedCallSkipsRelease && !c.handler_started &&
+          (stopped(c) || past_deadline(c)) && step.owner_token == c.owner_token) {
+        // Planted: stopped or past its deadline, the driver reports the release done without
+        // sending it.
         c.holds = false;
         if (tracing()) trace(c, "GuardRelease " + key + " (planted bug: not sent, told done)");
         reply(c, step, Done{}, now_);
@@ -1535,13 +1537,7 @@ void Simulation::sink_step(Call& c, const Step& step) {
         }
         return;
       }
-      if (tracing()) {
-        trace(c, "SinkClaim " + std::string(step.key) + " -> " +
-                     (claim->status == SinkStatus::kClaimed
-                          ? "claimed"
-                          : "duplicate " + std::string(state_name(claim->state))));
-      }
-      reply(c, step, *std::move(claim), now_ + latency());
+      sink_claimed(c, step, *std::move(claim));
       return;
     }
     case StepKind::kSinkComplete:
@@ -1573,6 +1569,17 @@ void Simulation::sink_step(Call& c, const Step& step) {
   }
 }
 
+// The transaction's claim answered.
+void Simulation::sink_claimed(Call& c, const Step& step, SinkClaim claim) {
+  if (tracing()) {
+    trace(c, "SinkClaim " + std::string(step.key) + " -> " +
+                 (claim.status == SinkStatus::kClaimed
+                      ? "claimed"
+                      : "duplicate " + std::string(state_name(claim.state))));
+  }
+  reply(c, step, std::move(claim), now_ + latency());
+}
+
 // The claim waits on the key's lock: it ends when the lock is free, at lock_timeout, or when the
 // call is stopped or past its deadline (the driver cancels the statement on the server).
 void Simulation::lock_wait(Call& c, const Step& step) {
@@ -1590,13 +1597,7 @@ void Simulation::lock_wait(Call& c, const Step& step) {
   c.phase = Call::Phase::kPlan;
   c.blocked_by = 0;
   if (claim) {
-    if (tracing()) {
-      trace(c, "SinkClaim " + std::string(step.key) + " -> " +
-                   (claim->status == SinkStatus::kClaimed
-                        ? "claimed"
-                        : "duplicate " + std::string(state_name(claim->state))));
-    }
-    reply(c, step, *std::move(claim), now_ + latency());
+    sink_claimed(c, step, *std::move(claim));
     return;
   }
   if (!pg_->is_open(c.tx)) {
@@ -1631,7 +1632,7 @@ void Simulation::run_sink_step(Call& c, const Step& step) {
       SinkClaim claim = pg_->claim(step.key, step.request_id, step.fingerprint, step.owner_token);
       Call::Flight flight;
       if (claim.status == SinkStatus::kClaimed) {
-        check_row_claim(c, key);
+        check_claim(c, key, Held::kSinkRow);
         flight.grant = Call::Flight::Grant::kSinkRow;
         flight.expires = pg_->row(key) ? pg_->row(key)->expires : now_;
       } else if (options_.bug == Bug::kSinkBusyReportedClaimed &&
@@ -2021,26 +2022,16 @@ void Simulation::trace_world(std::string text) {
 
 // ---- the invariants ----------------------------------------------------------------------------
 
-// claim-kept-after-unclean-end: the claim of an execution that ended without a clean answer keeps
-// its key until its lease ends (unless Redis itself lost the record).
-void Simulation::check_claim(const Call& c, std::string_view key) {
-  const auto found = protected_.find(key);
-  if (found == protected_.end() || found->second.until <= now_) return;
+// claim-kept-after-unclean-end: the claim of an execution that ended without a clean answer (and
+// in run() its sink row) keeps its key until its lease ends (unless Redis itself lost the record).
+void Simulation::check_claim(const Call& c, std::string_view key, Held held) {
+  const auto& kept = held == Held::kClaim ? protected_ : protected_rows_;
+  const auto found = kept.find(key);
+  if (found == kept.end() || found->second.until <= now_) return;
+  const std::string what = held == Held::kClaim ? "claim" : "sink row";
   violate("claim-kept-after-unclean-end", c.logical,
-          "c" + std::to_string(c.id) + " claimed " + std::string(key) + " FIRST at " +
-              std::to_string(now_) + " ms, while the claim of c" +
-              std::to_string(found->second.call) +
-              " (which ended without a clean answer) was leased until " +
-              std::to_string(found->second.until) + " ms");
-}
-
-// ... and so does the sink row of a run() call.
-void Simulation::check_row_claim(const Call& c, std::string_view key) {
-  const auto found = protected_rows_.find(key);
-  if (found == protected_rows_.end() || found->second.until <= now_) return;
-  violate("claim-kept-after-unclean-end", c.logical,
-          "c" + std::to_string(c.id) + " claimed the sink row of " + std::string(key) + " at " +
-              std::to_string(now_) + " ms, while the row of c" +
+          "c" + std::to_string(c.id) + " took the " + what + " of " + std::string(key) + " at " +
+              std::to_string(now_) + " ms, while the " + what + " of c" +
               std::to_string(found->second.call) +
               " (which ended without a clean answer) was leased until " +
               std::to_string(found->second.until) + " ms");
@@ -2048,27 +2039,26 @@ void Simulation::check_row_claim(const Call& c, std::string_view key) {
 
 void Simulation::protect_if_half_done(const Call& c, std::string_view how) {
   if (!c.handler_started) return;
+  auto protect = [&](Held held, const std::string& key, Time until) {
+    Protection& p = (held == Held::kClaim ? protected_ : protected_rows_)[key];
+    if (p.until < until) p = Protection{until, c.id};
+    if (tracing()) {
+      trace(c, "ended without a clean answer (" + std::string(how) + "): its " +
+                   (held == Held::kClaim ? "claim" : "sink row") + " is leased until " +
+                   std::to_string(until) + " ms");
+    }
+  };
   if (c.holds) {
     if (const std::optional<Time> until = redis_->expiry(c.key, c.owner_token);
         until && *until > now_) {
-      Protection& p = protected_[c.key];
-      if (p.until < *until) p = Protection{*until, c.id};
-      if (tracing()) {
-        trace(c, "ended without a clean answer (" + std::string(how) +
-                     "): its claim is leased until " + std::to_string(*until) + " ms");
-      }
+      protect(Held::kClaim, c.key, *until);
     }
   }
   if (c.sink_row) {
     const std::string key(c.plan->key());
     if (const std::optional<SimPostgres::View> row = pg_->row(key);
         row && row->owner == c.attempt && row->state == RecordState::kInProgress) {
-      Protection& p = protected_rows_[key];
-      if (p.until < row->expires) p = Protection{row->expires, c.id};
-      if (tracing()) {
-        trace(c, "ended without a clean answer (" + std::string(how) +
-                     "): its sink row is leased until " + std::to_string(row->expires) + " ms");
-      }
+      protect(Held::kSinkRow, key, row->expires);
     }
   }
 }
@@ -2351,10 +2341,10 @@ void Simulation::check_end(const Call& c, const std::exception_ptr& error) {
                 " instead of idem::MissingKey");
     return;
   }
-  // failed-releases-are-told, for a call with no event: one that ends by an exception before
-  // its handler ran (a stop, the deadline, a failed statement) emits none. A known gap.
+  // failed-releases-are-told, for a call with no event: one stopped or past its deadline before
+  // its handler ran ends by idem::Cancelled and emits none. A known gap.
   if (c.release_failed && !c.emitted && (config_.emit || config_.metrics)) {
-    if (!options_.tolerate_known_gaps || c.handler_started) {
+    if (!options_.tolerate_known_gaps || c.handler_started || !is<Cancelled>(error)) {
       violate("failed-releases-are-told", c.logical,
               who + " ended (" + (error ? what(error) : std::string("an outcome")) +
                   ") after a release of its claim failed, with no decision event to tell it");
@@ -2447,7 +2437,7 @@ constexpr std::array<std::string_view, kBugs> kBugNames = {
     "repeat-reported-as-same-request",
     "bucket-probe-skipped",
     "interrupt-after-handler",
-    "deadline-skips-release",
+    "interrupted-call-skips-release",
     "sink-busy-reported-claimed",
     "guard-forgets-early",
 };

@@ -40,12 +40,13 @@ enum class Bug {
   kGuardIgnoresFingerprint,        ///< The guard answers every repeat as the same payload.
   kGuardKeepsOverCapBody,          ///< The guard keeps a response over its size cap.
   kRepeatReportedAsSameRequest,    ///< The guard answers REPEAT_SAME whatever the request ID.
-  kBucketProbeSkipped,       ///< The driver answers the previous time bucket's probe FIRST unasked.
-  kInterruptAfterHandler,    ///< The driver cuts steps short after the handler returned too.
-  kDeadlineSkipsRelease,     ///< Past its deadline, before its handler, the driver reports the
-                             ///< release of the call's claim done without sending it.
-  kSinkBusyReportedClaimed,  ///< The driver reports a run() sink row another attempt holds
-                             ///< as claimed.
+  kBucketProbeSkipped,     ///< The driver answers the previous time bucket's probe FIRST unasked.
+  kInterruptAfterHandler,  ///< The driver cuts steps short after the handler returned too.
+  kInterruptedCallSkipsRelease,  ///< Stopped or past its deadline before its handler, the driver
+                                 ///< reports the release of the call's claim done without sending
+                                 ///< it.
+  kSinkBusyReportedClaimed,      ///< The driver reports a run() sink row another attempt holds
+                                 ///< as claimed.
   kGuardForgetsEarly,  ///< The guard keeps a completed record for the lease, not the retention.
 };
 inline constexpr std::size_t kBugs = static_cast<std::size_t>(Bug::kGuardForgetsEarly) + 1;
@@ -114,9 +115,8 @@ enum class Tally {
   // Known gaps of the plan, tolerated (RunOptions::tolerate_known_gaps).
   kSinkRowLostUntold,    ///< run(): a sink row lost mid-handler, told neither lease_lost nor
                          ///< save_error (the row's completion cannot say "not owned").
-  kReleaseFailedUntold,  ///< A release that failed, of a call that ended by an exception before
-                         ///< its handler ran (a stop, the deadline, a failed statement): no
-                         ///< decision event tells it.
+  kReleaseFailedUntold,  ///< A release that failed, of a call stopped or past its deadline
+                         ///< before its handler ran: no decision event tells it.
 };
 inline constexpr std::size_t kTallies = static_cast<std::size_t>(Tally::kReleaseFailedUntold) + 1;
 /// A short name ("transactional", "stopped-in-lock-wait", ...).
