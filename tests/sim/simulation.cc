@@ -423,8 +423,9 @@ struct Call {
   // step is cut short when the call is stopped or past its deadline before its answer arrives.
   struct Flight {
     StepKind kind = StepKind::kReturn;
-    std::string key;          // the step's key
-    std::string owner_token;  // ... and owner token
+    // The step's key and owner token: views into the plan, valid until its next resume().
+    std::string_view key;
+    std::string_view owner_token;
     bool interruptible = false;
     Time sent = 0;
     Time arrives = 0;
