@@ -1,5 +1,6 @@
 #include "backends.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <utility>
 
@@ -42,12 +43,19 @@ ClaimResult SimRedis::claim(std::string_view key, std::string_view request_id,
   validate_key_text(key);
   ClaimResult result;
   if (const Record* record = live(key)) {
-    result.status = !request_id.empty() && record->request_id == request_id
-                        ? ClaimStatus::kRepeatSame
-                        : ClaimStatus::kRepeatOther;
+    const bool same =
+        !request_id.empty() && (record->request_id == request_id || !options_.tells_requests_apart);
+    result.status = same ? ClaimStatus::kRepeatSame : ClaimStatus::kRepeatOther;
     result.state = record->state;
-    result.fingerprint_matches = fingerprints_match(record->fingerprint, fingerprint);
-    if (record->state == RecordState::kCompleted) result.response = record->response;
+    result.fingerprint_matches =
+        !options_.compares_fingerprints || fingerprints_match(record->fingerprint, fingerprint);
+    if (record->state == RecordState::kCompleted) {
+      if (record->capped) {
+        result.response_sha256 = "sha256-of-a-response-over-the-cap";
+      } else {
+        result.response = record->response;
+      }
+    }
     return result;
   }
   char token[33];
@@ -58,6 +66,7 @@ ClaimResult SimRedis::claim(std::string_view key, std::string_view request_id,
                     std::string(fingerprint),
                     RecordState::kInProgress,
                     {},
+                    false,
                     now_ + options_.lease.count()});
   return result;
 }
@@ -66,11 +75,13 @@ bool SimRedis::complete(std::string_view key, std::string_view owner_token,
                         std::string_view response, std::chrono::milliseconds retention) {
   if (retention.count() < 0) throw ConfigError("idem: complete: retention must be >= 0");
   if (retention.count() == 0) retention = options_.retention;
+  if (!options_.keeps_retention) retention = options_.lease;
   const Record* record = options_.complete_checks_owner ? owned(key, owner_token) : live(key);
   if (record == nullptr) return false;
   Record done = *record;
   done.state = RecordState::kCompleted;
-  done.response = response;
+  done.capped = options_.caps_responses && response.size() > options_.max_response_bytes;
+  done.response = done.capped ? std::string() : std::string(response);
   done.expires = now_ + retention.count();
   write(key, std::move(done));
   return true;
@@ -137,6 +148,12 @@ bool SimRedis::holds(std::string_view key, std::string_view owner_token) const {
   return record != nullptr && record->owner_token == owner_token;
 }
 
+std::optional<SimRedis::View> SimRedis::record(std::string_view key) const {
+  const Record* found = live(key);
+  if (found == nullptr) return std::nullopt;
+  return View{found->request_id, found->owner_token, found->state, found->expires};
+}
+
 bool SimRedis::held_at(std::string_view key, std::string_view owner_token, Time at) const {
   const auto found = history_.find(key);
   if (found == history_.end()) return false;
@@ -167,6 +184,9 @@ SinkClaim SimPostgres::duplicate(const Row& row, std::string_view request_id,
   answer.fingerprint_matches = fingerprints_match(row.fingerprint, fingerprint);
   answer.same_request = row.request_id == request_id;
   answer.response = row.response;
+  if (row.state == RecordState::kCompleted && !row.response) {
+    answer.response_sha256 = "sha256-of-a-response-over-the-cap";
+  }
   return answer;
 }
 
@@ -181,7 +201,8 @@ SinkClaim SimPostgres::claim(std::string_view key, std::string_view request_id,
   rows_.insert_or_assign(
       std::string(key),
       Row{std::string(request_id), std::string(owner_token.empty() ? request_id : owner_token),
-          std::string(fingerprint), RecordState::kInProgress, std::nullopt, now_ + lease_.count()});
+          std::string(fingerprint), RecordState::kInProgress, std::nullopt,
+          now_ + options_.lease.count()});
   return SinkClaim{};
 }
 
@@ -192,10 +213,15 @@ bool SimPostgres::complete(std::string_view key, std::string_view owner, std::st
       found->second.state != RecordState::kInProgress || found->second.owner != owner) {
     return false;
   }
-  found->second.state = RecordState::kCompleted;
-  found->second.response = std::string(response);
-  found->second.expires = now_ + (retention.count() > 0 ? retention : retention_).count();
+  finish(found->second, response, retention);
   return true;
+}
+
+void SimPostgres::finish(Row& row, std::string_view response, std::chrono::milliseconds ttl) const {
+  row.state = RecordState::kCompleted;
+  row.response.reset();
+  if (response.size() <= options_.max_response_bytes) row.response = std::string(response);
+  row.expires = now_ + (ttl.count() > 0 ? ttl : options_.retention).count();
 }
 
 bool SimPostgres::release(std::string_view key, std::string_view owner) {
@@ -206,6 +232,23 @@ bool SimPostgres::release(std::string_view key, std::string_view owner) {
   }
   rows_.erase(found);
   return true;
+}
+
+bool SimPostgres::renew(std::string_view key, std::string_view owner,
+                        std::chrono::milliseconds lease) {
+  const auto found = rows_.find(key);
+  if (found == rows_.end() || found->second.expires <= now_ ||
+      found->second.state != RecordState::kInProgress || found->second.owner != owner) {
+    return false;
+  }
+  const Time until = now_ + (lease.count() > 0 ? lease : options_.lease).count();
+  found->second.expires = std::max(found->second.expires, until);
+  return true;
+}
+
+void SimPostgres::write_effect_now(Effect effect) {
+  effect.committed_at = now_;
+  ledger_.push_back(std::move(effect));
 }
 
 SimPostgres::TxId SimPostgres::begin() {
@@ -228,7 +271,7 @@ std::optional<SinkClaim> SimPostgres::claim(TxId tx, std::string_view key,
   staged.rows.insert_or_assign(
       std::string(key),
       Row{std::string(request_id), std::string(request_id), std::string(fingerprint),
-          RecordState::kInProgress, std::nullopt, now_ + lease_.count()});
+          RecordState::kInProgress, std::nullopt, now_ + options_.lease.count()});
   locks_.insert_or_assign(std::string(key), tx);
   return SinkClaim{};
 }
@@ -238,9 +281,7 @@ void SimPostgres::complete(TxId tx, std::string_view key, std::string_view respo
   Tx& staged = open_.at(tx);
   const auto found = staged.rows.find(key);
   if (found == staged.rows.end()) return;  // PgSink's UPDATE finds no row of this transaction
-  found->second.state = RecordState::kCompleted;
-  found->second.response = std::string(response);
-  found->second.expires = now_ + (ttl.count() > 0 ? ttl : retention_).count();
+  finish(found->second, response, ttl);
 }
 
 void SimPostgres::write_effect(TxId tx, Effect effect) {
@@ -278,11 +319,14 @@ void SimPostgres::commit(TxId tx) {
   Tx staged = std::move(found->second);
   open_.erase(found);
   unlock(tx, staged);
-  for (auto& [key, row] : staged.rows) rows_.insert_or_assign(key, std::move(row));
   for (Effect& effect : staged.effects) {
     effect.committed_at = now_;
+    if (const auto row = staged.rows.find(effect.key); row != staged.rows.end()) {
+      effect.row_expires = row->second.expires;
+    }
     ledger_.push_back(std::move(effect));
   }
+  for (auto& [key, row] : staged.rows) rows_.insert_or_assign(key, std::move(row));
 }
 
 void SimPostgres::rollback(TxId tx) {
@@ -298,6 +342,12 @@ std::size_t SimPostgres::abort_all() {
   locks_.clear();
   effect_locks_.clear();
   return aborted;
+}
+
+std::optional<SimPostgres::View> SimPostgres::row(std::string_view key) const {
+  const Row* found = live(key);
+  if (found == nullptr) return std::nullopt;
+  return View{found->owner, found->state, found->response, found->expires};
 }
 
 std::vector<const Effect*> SimPostgres::effects_of(int logical) const {

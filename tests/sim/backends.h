@@ -33,8 +33,29 @@ class SimRedis final : public Guard {
     /// The longest replication lag a failover can have (writes older than this are on the
     /// replica).
     Time max_lag = 500;
-    /// false plants a bug: complete() marks the key's live record COMPLETED whoever owns it.
+    /// A completed response longer than this keeps only its SHA-256 (RedisGuardOptions::
+    /// max_response_bytes): a claim then answers no response, and response_sha256.
+    std::size_t max_response_bytes = 64 * 1024;
+    // Planted bugs (false plants one):
+    /// complete() marks the key's live record COMPLETED whoever owns it.
     bool complete_checks_owner = true;
+    /// claim() compares fingerprints (else every repeat matches).
+    bool compares_fingerprints = true;
+    /// claim() tells REPEAT_SAME from REPEAT_OTHER by the request ID (else every repeat of a
+    /// request with an ID is REPEAT_SAME).
+    bool tells_requests_apart = true;
+    /// complete() keeps only the SHA-256 of a response over max_response_bytes (else all of it).
+    bool caps_responses = true;
+    /// complete() keeps the record for the retention asked (else only for the lease).
+    bool keeps_retention = true;
+  };
+
+  /// A live record, as the invariants see it.
+  struct View {
+    std::string request_id;
+    std::string owner_token;
+    RecordState state = RecordState::kInProgress;
+    Time expires = 0;
   };
 
   SimRedis(const Time& now, Options options) : now_(now), options_(options) {}
@@ -62,6 +83,8 @@ class SimRedis final : public Guard {
   // ---- the truth, for the invariants ---------------------------------------------------------
   /// Whether the live record of `key` is owned by `owner_token` now.
   [[nodiscard]] bool holds(std::string_view key, std::string_view owner_token) const;
+  /// The live record of `key`, if any.
+  [[nodiscard]] std::optional<View> record(std::string_view key) const;
   /// When the live record of `key` owned by `owner_token` expires; nullopt when there is none.
   [[nodiscard]] std::optional<Time> expiry(std::string_view key,
                                            std::string_view owner_token) const;
@@ -76,6 +99,7 @@ class SimRedis final : public Guard {
     std::string fingerprint;
     RecordState state = RecordState::kInProgress;
     std::string response;
+    bool capped = false;  // over max_response_bytes: only its digest is kept
     Time expires = 0;
   };
   struct Write {
@@ -105,12 +129,21 @@ class SimRedis final : public Guard {
   std::uint64_t tokens_ = 0;
 };
 
-/// A business effect in the ledger table: committed with the sink's row, in one transaction.
+/// A business effect in the ledger table: committed with the sink's row in one transaction
+/// (run_transactional()), or on its own by the handler (run()).
 struct Effect {
   int logical = 0;         ///< The logical request whose effect it is.
   int call = 0;            ///< The call that wrote it.
   std::string response{};  ///< What that call's handler answered.
   Time committed_at = 0;
+  int variant = 0;  ///< Which payload of the request (1: its key reused with another payload).
+  /// Written by an execution that held the key (a claim, a sink row, the business constraint);
+  /// false for unclaimed runs (a reentrant retry, a pass-through, a run unguarded).
+  bool claimed = true;
+  std::string key{};  ///< The idempotency key its call claimed (empty when it had none).
+  /// Until when the sink's row committed with it answers repeats of its key (kNever when no row
+  /// of idem's was committed with it: the business constraint keeps the key for good).
+  Time row_expires = INT64_MAX;
 };
 
 /// The simulated PostgreSQL: the sink's table (a unique index on the key), a ledger table, and
@@ -119,8 +152,22 @@ class SimPostgres final : public Sink {
  public:
   using TxId = int;
 
-  SimPostgres(const Time& now, std::chrono::milliseconds lease, std::chrono::milliseconds retention)
-      : now_(now), lease_(lease), retention_(retention) {}
+  struct Options {
+    std::chrono::milliseconds lease{1000};  ///< A run() claim's row lease (PgSinkOptions::lease).
+    std::chrono::milliseconds retention{5000};  ///< How long a completed row is kept.
+    /// A response longer than this keeps only its SHA-256 (PgSinkOptions::max_response_bytes).
+    std::size_t max_response_bytes = 64 * 1024;
+  };
+
+  /// A live row, as the invariants see it.
+  struct View {
+    std::string owner;
+    RecordState state = RecordState::kInProgress;
+    std::optional<std::string> response;
+    Time expires = 0;
+  };
+
+  SimPostgres(const Time& now, Options options) : now_(now), options_(options) {}
 
   // ---- idem::Sink: each call commits on its own (run()) -------------------------------------
   [[nodiscard]] SinkClaim claim(std::string_view key, std::string_view request_id,
@@ -129,6 +176,10 @@ class SimPostgres final : public Sink {
   bool complete(std::string_view key, std::string_view owner, std::string_view response,
                 std::chrono::milliseconds retention) override;
   bool release(std::string_view key, std::string_view owner) override;
+  bool renew(std::string_view key, std::string_view owner,
+             std::chrono::milliseconds lease) override;
+  /// run(): the handler's business write, committed on its own.
+  void write_effect_now(Effect effect);
 
   // ---- transactions (run_transactional) -------------------------------------------------------
   [[nodiscard]] TxId begin();
@@ -166,6 +217,8 @@ class SimPostgres final : public Sink {
   [[nodiscard]] const std::vector<Effect>& ledger() const noexcept { return ledger_; }
   /// The committed effects of `logical`.
   [[nodiscard]] std::vector<const Effect*> effects_of(int logical) const;
+  /// The live committed row of `key`, if any.
+  [[nodiscard]] std::optional<View> row(std::string_view key) const;
 
  private:
   struct Row {
@@ -173,7 +226,7 @@ class SimPostgres final : public Sink {
     std::string owner;  // the claim's owner token (its request ID without one)
     std::string fingerprint;
     RecordState state = RecordState::kInProgress;
-    std::optional<std::string> response;
+    std::optional<std::string> response;  // nullopt: none yet, or over the cap
     Time expires = 0;
   };
   struct Tx {
@@ -185,10 +238,12 @@ class SimPostgres final : public Sink {
   [[nodiscard]] static SinkClaim duplicate(const Row& row, std::string_view request_id,
                                            std::string_view fingerprint);
   void unlock(TxId tx, const Tx& staged);
+  // Marks `row` COMPLETED with `response` (its digest alone when over the cap), kept `ttl` (0:
+  // the retention).
+  void finish(Row& row, std::string_view response, std::chrono::milliseconds ttl) const;
 
   const Time& now_;
-  std::chrono::milliseconds lease_;
-  std::chrono::milliseconds retention_;
+  Options options_;
   std::map<std::string, Row, std::less<>> rows_;
   std::map<std::string, TxId, std::less<>> locks_;  // key -> the open transaction claiming it
   std::map<int, TxId> effect_locks_;  // logical request -> the open transaction that wrote it

@@ -21,13 +21,14 @@ namespace {
 using idem::sim::Bug;
 
 constexpr std::string_view kUsage =
-    "usage: idem-sim [--seeds N] [--from S] [--seed S] [--bug NAME] [--trace] "
+    "usage: idem-sim [--seeds N] [--from S] [--seed S] [--bug NAME] [--trace] [--strict] "
     "[--expect-violation]\n"
     "  --seeds N           run N seeds (default 1000), from --from (default 1)\n"
     "  --seed S            run seed S alone; a failing one is minimized, --trace prints its\n"
     "                      whole trace even when it passes\n"
-    "  --bug NAME          plant a bug: release-on-cancel, complete-without-owner-check,\n"
-    "                      ack-before-commit\n"
+    "  --bug NAME          plant a bug (docs/simulation.md, \"Planted bugs\"), e.g.\n"
+    "                      release-on-cancel, stop-ignored-before-handler\n"
+    "  --strict            fail on the plan's known gaps too (docs/simulation.md)\n"
     "  --expect-violation  succeed only when a seed breaks an invariant (a planted bug)\n";
 
 [[noreturn]] void usage(const std::string& error) {
@@ -58,6 +59,7 @@ int main(int argc, char** argv) {
   bool single = false;
   bool trace = false;
   bool expect_violation = false;
+  bool strict = false;
   Bug bug = Bug::kNone;
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
@@ -80,6 +82,8 @@ int main(int argc, char** argv) {
       bug = *parsed;
     } else if (arg == "--trace") {
       trace = true;
+    } else if (arg == "--strict") {
+      strict = true;
     } else if (arg == "--expect-violation") {
       expect_violation = true;
     } else if (arg == "-h" || arg == "--help") {
@@ -98,15 +102,18 @@ int main(int argc, char** argv) {
   std::array<std::size_t, idem::sim::kFaultKinds> faults{};
   std::array<std::size_t, idem::detail::kStepKinds> plan_steps{};
   std::array<std::size_t, 6> endings{};
+  std::array<std::size_t, idem::sim::kTallies> tallies{};
   std::vector<std::uint64_t> failing;
   for (std::uint64_t seed = from; seed < from + seeds; ++seed) {
-    const idem::sim::RunResult r = idem::sim::run({.seed = seed, .bug = bug, .trace = trace});
+    const idem::sim::RunResult r =
+        idem::sim::run({.seed = seed, .bug = bug, .trace = trace, .tolerate_known_gaps = !strict});
     steps += r.steps;
     calls += r.calls;
     messages += r.messages;
     for (std::size_t k = 0; k < faults.size(); ++k) faults[k] += r.faults[k];
     for (std::size_t k = 0; k < plan_steps.size(); ++k) plan_steps[k] += r.plan_steps[k];
     for (std::size_t k = 0; k < endings.size(); ++k) endings[k] += r.endings[k];
+    for (std::size_t k = 0; k < tallies.size(); ++k) tallies[k] += r.tallies[k];
     if (single && trace) {
       std::cout << "seed " << seed << ": " << r.config << "\n";
       print_trace(r);
@@ -148,15 +155,30 @@ int main(int argc, char** argv) {
   for (std::size_t k = 0; k < endings.size(); ++k) {
     std::cout << (k == 0 ? " " : ", ") << kEndings[k] << " " << endings[k];
   }
+  // Coverage: how calls ran and were keyed, where stops and deadlines found them, what failed.
+  using idem::sim::Tally;
+  const auto print = [&](std::string_view label, Tally first, Tally last) {
+    std::cout << "\n" << label << ":";
+    for (auto k = static_cast<std::size_t>(first); k <= static_cast<std::size_t>(last); ++k) {
+      std::cout << (k == static_cast<std::size_t>(first) ? " " : ", ")
+                << to_string(static_cast<Tally>(k)) << " " << tallies[k];
+    }
+  };
+  print("calls", Tally::kTransactional, Tally::kOverCapReplay);
+  print("interruptions", Tally::kStoppedBeforeStart, Tally::kCutShort);
+  print("saves", Tally::kFailedCompletion, Tally::kReleaseFailedUntold);
   std::cout << "\n";
 
   if (!failing.empty()) {
     const std::uint64_t first = failing.front();
     std::cout << "first violation at seed " << first;
     if (!single) std::cout << " (the " << first - from + 1 << ". seed run)";
-    std::cout << "; minimized:\n"
-              << idem::sim::minimize(first, bug).text << "replay: scripts/dev sim --seed " << first
-              << (bug == Bug::kNone ? "" : " --bug " + std::string(to_string(bug))) << "\n";
+    std::cout
+        << "; minimized:\n"
+        << idem::sim::minimize({.seed = first, .bug = bug, .tolerate_known_gaps = !strict}).text
+        << "replay: scripts/dev sim --seed " << first
+        << (bug == Bug::kNone ? "" : " --bug " + std::string(to_string(bug)))
+        << (strict ? " --strict" : "") << "\n";
   }
   const bool violated = !failing.empty();
   return violated == expect_violation ? 0 : 1;

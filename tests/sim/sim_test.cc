@@ -3,6 +3,7 @@
 // invariant it breaks. (The 10 000-seed run is ctest's sim.seeds_* tests, idem-sim.)
 #include <gtest/gtest.h>
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <iostream>
@@ -49,9 +50,17 @@ TEST(Simulation, ARunInjectsFaultsAndDuplicates) {
 }
 
 TEST(Simulation, TheCallPlanKeepsEveryInvariant) {
+  std::array<std::size_t, kTallies> tallies{};
   for (std::uint64_t seed = 1; seed <= 500; ++seed) {
     const RunResult r = run({.seed = seed});
     ASSERT_FALSE(r.violation) << minimize(seed, Bug::kNone).text;
+    for (std::size_t k = 0; k < kTallies; ++k) tallies[k] += r.tallies[k];
+  }
+  // ... in every mode, with every kind of key, stopped and past its deadline at every step.
+  for (std::size_t k = 0; k < kTallies; ++k) {
+    const auto tally = static_cast<Tally>(k);
+    if (tally == Tally::kDeadlineInLockWait || tally == Tally::kSinkRowLostUntold) continue;
+    EXPECT_GT(tallies[k], 0u) << "no " << to_string(tally) << " in 500 seeds";
   }
 }
 
@@ -71,22 +80,97 @@ std::uint64_t first_caught(Bug bug, const std::string& invariant) {
   return 0;
 }
 
+// `bug` breaks `invariant` within 1 000 seeds.
+void expect_caught(Bug bug, const std::string& invariant) {
+  const std::uint64_t seed = first_caught(bug, invariant);
+  ASSERT_NE(seed, 0u) << to_string(bug) << " was not caught in 1 000 seeds";
+  ::testing::Test::RecordProperty("first_seed", static_cast<int>(seed));
+}
+
 TEST(PlantedBug, ReleaseOnCancellationIsCaughtWithin1000Seeds) {
-  const std::uint64_t seed = first_caught(Bug::kReleaseOnCancel, "claim-kept-after-unclean-end");
-  ASSERT_NE(seed, 0u);
-  RecordProperty("first_seed", static_cast<int>(seed));
+  expect_caught(Bug::kReleaseOnCancel, "claim-kept-after-unclean-end");
 }
 
 TEST(PlantedBug, CompleteWithoutTheOwnerCheckIsCaughtWithin1000Seeds) {
-  const std::uint64_t seed = first_caught(Bug::kCompleteWithoutOwnerCheck, "lease-lost-is-told");
-  ASSERT_NE(seed, 0u);
-  RecordProperty("first_seed", static_cast<int>(seed));
+  expect_caught(Bug::kCompleteWithoutOwnerCheck, "lease-lost-is-told");
 }
 
 TEST(PlantedBug, AckBeforeCommitIsCaughtWithin1000Seeds) {
-  const std::uint64_t seed = first_caught(Bug::kAckBeforeCommit, "eventually-exactly-once");
-  ASSERT_NE(seed, 0u);
-  RecordProperty("first_seed", static_cast<int>(seed));
+  expect_caught(Bug::kAckBeforeCommit, "eventually-exactly-once");
+}
+
+TEST(PlantedBug, AFallbackKeyFromAnEmptySelectionIsCaughtWithin1000Seeds) {
+  expect_caught(Bug::kKeyFromEmptySelection, "unkeyed-requests-are-not-deduplicated");
+}
+
+TEST(PlantedBug, AStopIgnoredBeforeTheHandlerIsCaughtWithin1000Seeds) {
+  expect_caught(Bug::kStopIgnoredBeforeHandler, "no-handler-after-stop-or-deadline");
+}
+
+TEST(PlantedBug, ADeadlineThatReleasesTheClaimOfAHandlerThatRanIsCaughtWithin1000Seeds) {
+  expect_caught(Bug::kReleaseOnDeadline, "claim-kept-after-unclean-end");
+}
+
+TEST(PlantedBug, AFailedCompletionReportedAsSavedIsCaughtWithin1000Seeds) {
+  expect_caught(Bug::kFailedCompletionReportedSaved, "unsaved-results-are-told");
+}
+
+TEST(PlantedBug, AFailedReleaseReportedAsDoneIsCaughtWithin1000Seeds) {
+  expect_caught(Bug::kFailedReleaseReportedDone, "failed-releases-are-told");
+}
+
+TEST(PlantedBug, AGuardThatIgnoresTheFingerprintIsCaughtWithin1000Seeds) {
+  expect_caught(Bug::kGuardIgnoresFingerprint, "no-foreign-response");
+}
+
+TEST(PlantedBug, AGuardThatKeepsAnOverCapBodyIsCaughtWithin1000Seeds) {
+  expect_caught(Bug::kGuardKeepsOverCapBody, "over-cap-replays-have-no-body");
+}
+
+TEST(PlantedBug, ARepeatReportedAsTheSameRequestIsCaughtWithin1000Seeds) {
+  expect_caught(Bug::kRepeatReportedAsSameRequest, "reentrant-only-for-same-request");
+}
+
+TEST(PlantedBug, ASkippedProbeOfThePreviousTimeBucketIsCaughtWithin1000Seeds) {
+  expect_caught(Bug::kBucketProbeSkipped, "bucket-window-is-probed");
+}
+
+TEST(PlantedBug, AStepCutShortAfterTheHandlerIsCaughtWithin1000Seeds) {
+  expect_caught(Bug::kInterruptAfterHandler, "the-shield");
+}
+
+TEST(PlantedBug, ADeadlineThatLeavesTheClaimHeldIsCaughtWithin1000Seeds) {
+  expect_caught(Bug::kInterruptedCallSkipsRelease, "no-claim-left-without-handler");
+}
+
+TEST(PlantedBug, ARunSinkRowHeldByAnotherReportedClaimedIsCaughtWithin1000Seeds) {
+  expect_caught(Bug::kSinkBusyReportedClaimed, "run-exclusive-while-leased");
+}
+
+TEST(PlantedBug, AGuardThatForgetsACompletedRecordEarlyIsCaughtWithin1000Seeds) {
+  expect_caught(Bug::kGuardForgetsEarly, "doubled-effects-are-told");
+}
+
+// ---- known gaps of the plan
+// ---------------------------------------------------------------------- Found by the simulator and
+// tolerated by default (RunOptions::tolerate_known_gaps, counted as known-gap-* by idem-sim): each
+// test fails until the plan closes its gap, then is enabled.
+
+// run() with a sink, Redis down at the claim (fail open): the call holds only its sink row; its
+// handler outlives the row's lease; the row's completion finds it no longer this attempt's, but
+// kSinkComplete answers Done, so the call answers kExecuted, saved, lease_lost false, and a later
+// delivery runs the handler again.
+TEST(KnownGap, DISABLED_ARunCallWhoseSinkRowRanOutIsToldLeaseLost) {
+  const RunOptions strict{.seed = 180, .tolerate_known_gaps = false};
+  EXPECT_FALSE(run(strict).violation) << minimize(strict).text;
+}
+
+// A call stopped or past its deadline before its handler ran, whose release failed, ends by
+// idem::Cancelled ("its claims were released") and emits no decision event, so the failed release
+// is told nowhere with its key.
+TEST(KnownGap, DISABLED_AFailedReleaseOfACallThatNeverRanItsHandlerIsTold) {
+  const RunOptions strict{.seed = 13, .tolerate_known_gaps = false};
+  EXPECT_FALSE(run(strict).violation) << minimize(strict).text;
 }
 
 TEST(Simulation, AFailingSeedIsMinimizedToTheFaultsItNeeds) {
@@ -162,7 +246,7 @@ TEST(SimRedis, ARestartLosesEveryRecordForGood) {
 
 TEST(SimPostgres, AnUncommittedClaimLocksItsKeyAndCommitsWithTheEffect) {
   Time now = 0;
-  SimPostgres pg(now, milliseconds(100), milliseconds(100000));
+  SimPostgres pg(now, {.lease = milliseconds(100), .retention = milliseconds(100000)});
   const SimPostgres::TxId a = pg.begin();
   const SimPostgres::TxId b = pg.begin();
   SimPostgres::TxId blocker = 0;

@@ -1,6 +1,7 @@
 #include "simulation.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <exception>
 #include <functional>
@@ -9,14 +10,17 @@
 #include <stdexcept>
 #include <stop_token>
 #include <string>
+#include <system_error>
 #include <utility>
 
+#include "facade/call_key.h"
 #include "facade/in_process.h"
 #include "facade/plan.h"
 #include "facade/step_error.h"
 #include "idem/clock.h"
 #include "idem/deduplicator.h"
 #include "idem/errors.h"
+#include "idem/fingerprint.h"
 #include "idem/local_cache.h"
 #include "idem/metrics.h"
 #include "rng.h"
@@ -41,10 +45,13 @@ using detail::StepResult;
 using std::chrono::milliseconds;
 
 constexpr Time kNever = INT64_MAX;
-constexpr Time kRedisTimeout = 50;  // a Redis command's timeout, ms
-constexpr Time kPgTimeout = 100;    // a statement's timeout (the connection is then closed)
-constexpr Time kLockTimeout = 200;  // PgSinkOptions::lock_timeout
-constexpr Time kHandlerCheck = 5;   // a running handler looks at its stop token this often
+constexpr Time kRedisTimeout = 50;        // a Redis command's timeout, ms
+constexpr Time kPgTimeout = 100;          // a statement's timeout (the connection is then closed)
+constexpr Time kLockTimeout = 200;        // PgSinkOptions::lock_timeout
+constexpr Time kHandlerCheck = 5;         // a running handler looks at its stop token this often
+constexpr Time kSinkRetention = 3600000;  // the sink keeps a completed row an hour
+constexpr std::size_t kResponseCap = 64;  // the guard's and the sink's max_response_bytes
+constexpr std::int64_t kEpochMs = 1700000000000;  // the wall clocks' origin (time buckets)
 constexpr std::size_t kMaxSteps = 300000;
 
 // Independent streams of one seed.
@@ -72,6 +79,35 @@ constexpr std::array<std::string_view, kFaultKinds> kFaultNames = {
     "slow-handler",
     "handler-failure",
     "ack-lost",
+};
+
+constexpr std::array<std::string_view, kTallies> kTallyNames = {
+    "transactional",
+    "run",
+    "run-without-sink",
+    "business-key",
+    "request-id",
+    "fallback-key",
+    "bucketed",
+    "missing-key",
+    "pass-through",
+    "mismatching-payload",
+    "reentrant-run",
+    "over-cap-replay",
+    "stopped-before-start",
+    "stopped-before-handler",
+    "stopped-in-lock-wait",
+    "stopped-mid-handler",
+    "stopped-after-handler",
+    "deadline-before-handler",
+    "deadline-in-lock-wait",
+    "deadline-mid-handler",
+    "deadline-after-handler",
+    "cut-short",
+    "failed-completion",
+    "failed-release",
+    "known-gap-sink-row-lost-untold",
+    "known-gap-failed-release-untold",
 };
 
 }  // namespace
@@ -113,6 +149,22 @@ bool is(const std::exception_ptr& error) {
   }
 }
 
+// The failures the simulated servers and the driver report.
+std::exception_ptr pg_error(const char* text, const char* sqlstate) {
+  return std::make_exception_ptr(
+      PostgresError(std::string("idem: postgres: ") + text, true, sqlstate));
+}
+std::exception_ptr connection_lost() { return pg_error("server closed the connection", "08006"); }
+// A statement cancelled on the server (a stop, the deadline): SQLSTATE 57014.
+std::exception_ptr statement_cancelled() {
+  return pg_error("canceling statement due to user request", "57014");
+}
+// An operation the driver cancelled, as Asio reports it (operation_aborted).
+std::exception_ptr operation_aborted() {
+  return std::make_exception_ptr(
+      std::system_error(std::error_code(ECANCELED, std::system_category()), "operation aborted"));
+}
+
 // ---- the seed's choices ------------------------------------------------------------------------
 
 struct Config {
@@ -145,11 +197,26 @@ struct Config {
   std::uint64_t step_faults = 20;   // per mille of backend steps that fail
   Time arrivals = 1000;             // messages first arrive within [0, arrivals)
   Time fault_end = 2000;            // no fault is injected from here on
+  // What the plan decides beyond run_transactional() with named keys.
+  bool sink = true;                  // DeduplicatorOptions::sink (else run() with the guard alone)
+  std::uint64_t run_share = 0;       // per mille of logical requests run with run()
+  std::uint64_t fallback_share = 0;  // per mille keyed by their payload (no ID, no business key)
+  std::uint64_t unkeyed_share = 0;   // per mille whose payload selects nothing: no key at all
+  bool select_fields = false;        // FingerprintOptions::include {"/order", "/amount"}
+  std::chrono::seconds time_bucket{0};
+  milliseconds fallback_retention{60000};
+  bool pass_through = false;         // MissingKeyPolicy::kPassThrough
+  bool reentrant = false;            // the intent "notify" is reentrant; some requests use it
+  std::uint64_t reused_share = 0;    // per mille whose key is reused with another payload
+  std::uint64_t over_cap_share = 0;  // per mille whose response is over the size cap
+  milliseconds deadline{0};          // DriverTraits::deadline (0: none)
 
   [[nodiscard]] std::string describe() const {
     std::string text = std::to_string(processes) + " processes, " + std::to_string(logicals) +
                        " logical requests, lease " + std::to_string(lease.count()) +
                        " ms, retention " + std::to_string(retention.count()) + " ms";
+    if (!sink) text += ", no sink";
+    if (sink && run_share > 0) text += ", run() " + std::to_string(run_share) + " per mille";
     if (local_cache) text += ", local cache";
     if (auto_renew) text += ", auto-renew";
     text += fail_closed ? ", redis fail-closed" : ", redis fail-open";
@@ -158,6 +225,20 @@ struct Config {
     if (store_declines) text += ", declines stored";
     if (batched) text += ", batched round trips";
     if (business_key) text += ", business-key claim";
+    if (fallback_share + unkeyed_share > 0) {
+      text += ", payload-keyed " + std::to_string(fallback_share) + " and unkeyed " +
+              std::to_string(unkeyed_share) + " per mille (" +
+              (pass_through ? "pass-through" : "rejected") + "), fallback retention " +
+              std::to_string(fallback_retention.count()) + " ms";
+    }
+    if (time_bucket.count() > 0)
+      text += ", time bucket " + std::to_string(time_bucket.count()) + " s";
+    if (reentrant) text += ", reentrant intents";
+    if (reused_share > 0) text += ", keys reused " + std::to_string(reused_share) + " per mille";
+    if (over_cap_share > 0) {
+      text += ", responses over the cap " + std::to_string(over_cap_share) + " per mille";
+    }
+    if (deadline.count() > 0) text += ", deadline " + std::to_string(deadline.count()) + " ms";
     text += ", faults " + std::to_string(world_faults) + "/" + std::to_string(step_faults) +
             " per mille until " + std::to_string(fault_end) + " ms";
     return text;
@@ -190,27 +271,64 @@ Config choose_config(Rng& rng) {
   c.step_faults = static_cast<std::uint64_t>(rng.between(5, 60));
   c.arrivals = rng.between(200, 2000);
   c.fault_end = c.arrivals + rng.between(500, 3000);
+  // Modes: a sink in most seeds, run_transactional(), run() or both.
+  c.sink = rng.chance(850);
+  static constexpr std::array<std::uint64_t, 4> kRunShares = {0, 0, 400, 1000};
+  c.run_share = c.sink ? kRunShares.at(rng.below(kRunShares.size())) : 1000;
+  if (!c.sink) c.business_key = false;
+  // Keys made of payloads, or of nothing.
+  if (rng.chance(500)) {
+    c.select_fields = true;
+    c.fallback_share = static_cast<std::uint64_t>(rng.between(100, 400));
+    c.unkeyed_share = static_cast<std::uint64_t>(rng.between(0, 200));
+    c.pass_through = rng.chance(500);
+    if (rng.chance(500)) c.time_bucket = std::chrono::seconds(rng.between(1, 3));
+    if (rng.chance(300)) c.fallback_retention = c.lease * rng.between(2, 6);
+  } else {
+    c.select_fields = rng.chance(300);
+  }
+  c.reentrant = rng.chance(250);
+  if (rng.chance(300)) c.reused_share = static_cast<std::uint64_t>(rng.between(100, 400));
+  if (rng.chance(300)) c.over_cap_share = static_cast<std::uint64_t>(rng.between(200, 600));
+  if (rng.chance(300))
+    c.deadline = milliseconds(rng.between(c.handler_ms / 2 + 5, 3 * c.lease.count()));
   return c;
 }
 
 // ---- the workload ------------------------------------------------------------------------------
 
-enum class Source { kOriginal, kDoubleClick, kRacingRetry, kRedelivery, kLateRedelivery };
+enum class Source { kOriginal, kDoubleClick, kRacingRetry, kRedelivery, kLateRedelivery, kReuse };
 
 std::string_view source_name(Source source) {
-  static constexpr std::array<std::string_view, 5> kNames = {
-      "original", "double-click", "racing-retry", "redelivery", "late-redelivery"};
+  static constexpr std::array<std::string_view, 6> kNames = {
+      "original",   "double-click",    "racing-retry",
+      "redelivery", "late-redelivery", "key reused with another payload"};
   return kNames.at(static_cast<std::size_t>(source));
 }
 
-// One user intent: a refund of one order. Keyed by its business key, or (id_keyed) by its
-// request ID alone, so a double click with a new ID would be another operation: it gets none.
+// How a logical request is keyed.
+enum class Keying {
+  kBusiness,   // (user, intent, business key)
+  kRequestId,  // its request ID alone: a double click with a new ID would be another operation
+  kFallback,   // neither: its payload's fingerprint
+  kUnkeyed,    // neither, and a payload whose selection holds nothing: no key at all
+};
+
+// One user intent: a refund (or, in seeds with reentrant intents, a notification) of one order.
 struct Logical {
-  bool declined = false;  // its handler always declines (a deterministic business error)
+  Keying keying = Keying::kBusiness;
+  bool transactional = true;  // run_transactional(); else run()
+  bool declined = false;      // its handler always declines (a deterministic business error)
+  bool reused = false;        // its key is reused with another payload (variant 1)
+  bool over_cap = false;      // its responses are over the guard's and the sink's cap
+  bool reentrant = false;     // its intent is reentrant
   std::string user;
+  std::string intent;
   std::string biz_key;
-  std::string payload;
   std::string request_id;
+  std::array<std::string, 2> payloads;  // [1]: the other payload its key is reused with
+
+  [[nodiscard]] bool fallback() const { return keying == Keying::kFallback; }
 };
 
 // One message of the queue (at-least-once): acked after a final outcome, else redelivered.
@@ -219,6 +337,7 @@ struct Message {
   Source source = Source::kOriginal;
   std::string request_id;
   Time visible_at = 0;
+  int variant = 0;
   bool acked = false;
   int call = 0;  // the call processing it, 0 when none
   int deliveries = 0;
@@ -259,6 +378,7 @@ struct ProcessClock {
 
 struct Process {
   ProcessClock clock;
+  std::int64_t wall_offset = 0;  // its wall clock's error (NTP), ms
   bool up = true;
   bool draining = false;  // shut down: takes no message, goes down when its calls end
   Time down_until = 0;
@@ -268,6 +388,9 @@ struct Process {
   std::unique_ptr<std::stop_source> shutdown = std::make_unique<std::stop_source>();
 
   [[nodiscard]] PlanTime plan_time(Time t) const { return PlanTime(milliseconds(clock.local(t))); }
+  [[nodiscard]] std::chrono::system_clock::time_point wall(Time t) const {
+    return std::chrono::system_clock::time_point(milliseconds(kEpochMs + t + wall_offset));
+  }
   LocalCache& local_cache(Time t) {
     cache_clock->set_ms(clock.local(t));
     return *cache;
@@ -285,12 +408,37 @@ struct Call {
   int process = 0;
   int message = 0;
   int logical = 0;
+  int variant = 0;
+  CallMode mode = CallMode::kTransactional;
   Request request;
+  std::string attempt;  // the attempt ID: its run() sink row's owner
   std::stop_source stop;
   std::unique_ptr<CallPlan> plan;
-  std::optional<Step> current;    // the step the plan asked for, until it is reported
+  bool started = false;           // the plan was resumed once
+  std::optional<Step> current;    // the step the plan asked for, until it is performed
   StepResult pending{Started{}};  // the last step's result, for the next resume()
   Time ready_at = 0;
+
+  // The step performed, until its result is delivered (at the next resume). An interruptible
+  // step is cut short when the call is stopped or past its deadline before its answer arrives.
+  struct Flight {
+    StepKind kind = StepKind::kReturn;
+    // The step's key and owner token: views into the plan, valid until its next resume().
+    std::string_view key;
+    std::string_view owner_token;
+    bool interruptible = false;
+    Time sent = 0;
+    Time arrives = 0;
+    // What its answer grants, should it arrive: a claim the call then owns.
+    enum class Grant { kNone, kGuard, kProbe, kSinkRow } grant = Grant::kNone;
+    std::string token;
+    Time expires = 0;
+    bool probe = false;                // a claim of the previous time bucket's key
+    bool repeat = false;               // a guard claim answered REPEAT_*
+    bool repeat_same_request = false;  // ... and by Redis the record is this request's
+    bool previous_free = false;        // a probe: by Redis the previous bucket's key was free
+  };
+  std::optional<Flight> flight;
 
   enum class Phase { kPlan, kHandler, kLockWait } phase = Phase::kPlan;
   SimPostgres::TxId tx = 0;
@@ -304,12 +452,34 @@ struct Call {
   };
   std::optional<Record> record_pending;  // the record goes with COMMIT
 
-  // The guard claim of the call's key, while the driver believes it holds it.
+  // The keys the seed expects (detail::CallKey of the request): the previous time bucket's.
+  std::string previous_key;
+
+  // The guard claim whose answer arrived (the call owns it until it completes or releases it).
   bool holds = false;
   std::string key;
   std::string owner_token;
+  Time claimed_at = 0;
+  Time guard_expires = 0;
+  std::string probe_token;  // the previous bucket's key, claimed by the probe
+  bool probed = false;      // a probe's answer arrived
+  bool probe_free = false;  // ... and by Redis the key was free then
+  bool probe_failed = false;
+  bool probe_release_failed = false;
+  // The last guard claim's answer was a repeat, and by Redis the record was this request's.
+  bool repeat = false;
+  bool repeat_same_request = false;
+  // run() with a sink: the row of this attempt, whose answer arrived.
+  bool sink_row = false;
+  Time sink_expires = 0;
+  bool sink_complete_owned = false;  // the sink's completion found the row still this attempt's
 
   bool handler_started = false;
+  bool handler_returned = false;
+  bool claimed_run = false;        // the handler ran holding the key (a claim, a row, a constraint)
+  bool guard_at_start = false;     // ... and a guard claim
+  bool sink_row_at_start = false;  // ... and a run() sink row
+  Time handler_started_at = 0;
   Time handler_end = 0;
   bool handler_fails = false;
   bool handler_checks_stop = true;
@@ -318,6 +488,14 @@ struct Call {
   // held when the handler returned.
   bool complete_answered = false;
   bool held_through_return = false;
+  bool guard_saved = false;  // a guard complete applied for this call's claim
+  // Until when the records its completions saved answer repeats: the guard's, the sink's.
+  Time guard_kept_until = 0;
+  Time sink_kept_until = 0;
+  bool completion_failed = false;  // a completion of the handler's response failed
+  bool release_failed = false;     // a release of this call's claim or row failed
+  bool deadline_noted = false;
+  bool emitted = false;  // a decision event was handed to on_decision / the metrics
   bool acked_early = false;
   std::string response;
 };
@@ -330,6 +508,9 @@ class Simulation {
   RunResult run();
 
  private:
+  void build_rules();
+  void build_workload();
+
   // Scheduling.
   void schedule_once();
   [[nodiscard]] bool finished() const;
@@ -342,44 +523,79 @@ class Simulation {
   void crash(int process, std::string_view why);
   void maybe_go_down(int process);
   void inject_world_fault();
+  void request_stop(Call& c);
 
   // The driver: one step of a call.
   void step(Call& c);
+  void arrive(Call& c);
   void guard_step(Call& c, const Step& step);
   void sink_step(Call& c, const Step& step);
-  void commit(Call& c);
+  void run_sink_step(Call& c, const Step& step);
+  void lock_wait(Call& c, const Step& step);
+  void sink_claimed(Call& c, const Step& step, SinkClaim claim);
+  void commit(Call& c, const Step& step);
   void start_handler(Call& c);
   void handler_tick(Call& c);
+  void handler_returns(Call& c);
   void renew(Call& c);
   void finish(Call& c, std::optional<Outcome> outcome, std::exception_ptr error);
-  void check_outcome(const Call& c, const Outcome& outcome);
-  void protect_if_half_done(const Call& c, std::string_view how);
-  void fail(Call& c, std::exception_ptr failure);
-  // The step of `c` under way was performed: `result` goes to the plan with the next resume().
-  static void report(Call& c, StepResult result) {
-    c.pending = std::move(result);
-    c.current.reset();
-  }
+  // The step `step` of `c` was performed: `result` goes to the plan with the next resume(),
+  // once it arrives at `at`.
+  void reply(Call& c, const Step& step, StepResult result, Time at);
+  // ... or it failed: `failure` is classified and goes to the plan.
+  void fail(Call& c, const Step& step, std::exception_ptr failure, Time at);
+  // What a failure of a step means for the invariants (a failed completion or release, a
+  // half-done execution whose claims must stay).
+  void failed(Call& c, StepKind kind, std::string_view key, std::string_view owner_token,
+              const std::exception_ptr& failure);
+  // Whether the call's stop is requested (Request::stop, its process's shutdown).
   [[nodiscard]] bool stopped(const Call& c) const {
     return c.stop.stop_requested() || processes_[c.process].shutdown->stop_requested();
   }
+  // What the driver believes of the stop (a planted bug may hide it).
+  [[nodiscard]] bool driver_stopped(const Call& c) const {
+    if (options_.bug == Bug::kStopIgnoredBeforeHandler && !c.handler_started) return false;
+    return stopped(c);
+  }
+  [[nodiscard]] bool past_deadline(const Call& c) const {
+    return processes_[c.process].plan_time(now_) >= c.plan->deadline();
+  }
+  // The simulated time at which the call's deadline passes (kNever without one).
+  [[nodiscard]] Time deadline_at(const Call& c) const;
   // The in-process steps of `c`, on its process's local cache.
   [[nodiscard]] detail::InProcess in_process(const Call& c) {
     return detail::InProcess(*rules_, &processes_[c.process].local_cache(now_));
   }
-  void check_claim(const Call& c, std::string_view key);
   template <class Op>
-  auto redis(Call& c, Op&& op, std::exception_ptr& failure) -> std::optional<decltype(op())>;
-  bool statement(Call& c);
+  auto redis(Call& c, Op&& op, std::exception_ptr& failure, Time& at)
+      -> std::optional<decltype(op())>;
+  bool statement(Call& c, const Step& step);
+  bool autocommit(Call& c, std::exception_ptr& failure, Time& at);
   void wake_waiters(SimPostgres::TxId tx);
   void ack(Message& m, const Call& c);
   void nack(Message& m);
 
-  // Faults and invariants.
+  // Faults, coverage and invariants.
   [[nodiscard]] bool in_fault_window() const { return now_ < config_.fault_end; }
   bool draw(std::uint64_t per_mille);
   void injected(Fault kind, int logical, std::string text);
+  void tally(Tally what) { ++result_.tallies.at(static_cast<std::size_t>(what)); }
+  void note_deadline(Call& c);
   void violate(std::string invariant, int logical, std::string detail);
+  enum class Held { kClaim, kSinkRow };  // what a call holds its key by
+  void check_claim(const Call& c, std::string_view key, Held held);
+  void check_handler_start(Call& c);
+  void check_effect(const Call& c);
+  void check_outcome(const Call& c, const Outcome& outcome);
+  void check_replay(const Call& c, const Outcome& outcome);
+  void check_saved(const Call& c, const Outcome& outcome);
+  [[nodiscard]] bool sink_row_lost_untold(const Call& c, const Outcome& outcome) const;
+  void check_clean(const Call& c, const Outcome& outcome);
+  void check_end(const Call& c, const std::exception_ptr& error);
+  void check_event(Call& c, const DecisionEvent& event);
+  void protect_if_half_done(const Call& c, std::string_view how);
+  // Whether Redis lost `key`'s records (restart, failover, eviction) at or after `since`.
+  [[nodiscard]] bool redis_lost(std::string_view key, Time since) const;
   void final_checks();
 
   // Tracing.
@@ -405,14 +621,27 @@ class Simulation {
   Time redis_down_until_ = 0;
   Time pg_down_until_ = 0;
   int fault_number_ = 0;
+  Time redis_lost_all_ = -1;                             // the last restart or failover
+  std::map<std::string, Time, std::less<>> redis_lost_;  // key -> its last eviction
 
   // Invariants' memory.
-  std::map<int, int> executed_;  // logical -> calls that answered kExecuted
   struct Protection {
     Time until = 0;
     int call = 0;
   };
-  std::map<std::string, Protection, std::less<>> protected_;  // key -> a half-done call's lease
+  // key -> a half-done call's lease: its guard claim, and its run() sink row.
+  std::map<std::string, Protection, std::less<>> protected_;
+  std::map<std::string, Protection, std::less<>> protected_rows_;
+  // (logical, key) -> the execution told clean (kExecuted, saved, lease held): until when its
+  // records answer repeats, and since when it ran.
+  struct Clean {
+    int call = 0;
+    Time guard_until = 0;
+    Time sink_until = 0;
+    Time since = 0;
+  };
+  std::map<std::pair<int, std::string>, Clean> clean_;
+  std::map<int, const Call*> running_;  // calls whose handler runs, by id
 
   RunResult result_;
   struct Candidate {
@@ -431,21 +660,50 @@ Simulation::Simulation(const RunOptions& options)
   config_ = choose_config(config_rng_);
   result_.seed = options.seed;
   result_.config = config_.describe();
-
+  const Bug bug = options.bug;
   redis_ = std::make_shared<SimRedis>(
-      now_,
-      SimRedis::Options{.lease = config_.lease,
-                        .retention = config_.retention,
-                        .max_lag = 300,
-                        .complete_checks_owner = options.bug != Bug::kCompleteWithoutOwnerCheck});
-  pg_ = std::make_shared<SimPostgres>(now_, config_.lease, milliseconds(std::chrono::hours(1)));
+      now_, SimRedis::Options{.lease = config_.lease,
+                              .retention = config_.retention,
+                              .max_lag = 300,
+                              .max_response_bytes = kResponseCap,
+                              .complete_checks_owner = bug != Bug::kCompleteWithoutOwnerCheck,
+                              .compares_fingerprints = bug != Bug::kGuardIgnoresFingerprint,
+                              .tells_requests_apart = bug != Bug::kRepeatReportedAsSameRequest,
+                              .caps_responses = bug != Bug::kGuardKeepsOverCapBody,
+                              .keeps_retention = bug != Bug::kGuardForgetsEarly});
+  pg_ = std::make_shared<SimPostgres>(
+      now_, SimPostgres::Options{.lease = config_.lease,
+                                 .retention = milliseconds(kSinkRetention),
+                                 .max_response_bytes = kResponseCap});
+  build_rules();
+  processes_.resize(static_cast<std::size_t>(config_.processes));
+  for (Process& p : processes_) {
+    p.clock.anchor_local = config_rng_.between(0, 1000000000);
+    p.clock.ppm = config_rng_.chance(300) ? config_rng_.between(-50000, 50000) : 0;
+    p.wall_offset = config_rng_.between(-300, 300);
+    p.cache =
+        std::make_unique<LocalCache>(LocalCacheOptions{.max_entries = 64,
+                                                       .ttl = rules_->options().local_cache_ttl,
+                                                       .shards = 1,
+                                                       .clock = p.cache_clock});
+  }
+  build_workload();
+}
 
+void Simulation::build_rules() {
   DeduplicatorOptions o;
   o.local_cache_capacity = config_.local_cache ? 64 : 0;
   o.local_cache_ttl = config_.retention / 2;
   o.guard = redis_;
-  o.sink = pg_;
-  o.fingerprint = FingerprintOptions{};
+  if (config_.sink) o.sink = pg_;
+  FingerprintOptions fingerprint;
+  if (config_.select_fields) fingerprint.include = {"/order", "/amount"};
+  fingerprint.time_bucket = config_.time_bucket;
+  o.fingerprint = fingerprint;
+  o.fallback_retention = config_.fallback_retention;
+  o.on_missing_key =
+      config_.pass_through ? MissingKeyPolicy::kPassThrough : MissingKeyPolicy::kReject;
+  if (config_.reentrant) o.reentrant_intents = {"notify"};
   o.on_redis_failure =
       config_.fail_closed ? RedisFailurePolicy::kFailClosed : RedisFailurePolicy::kFailOpen;
   if (config_.wait_for_result) {
@@ -468,35 +726,52 @@ Simulation::Simulation(const RunOptions& options)
   if (config_.business_key) o.transactional_claim = TransactionalClaim::kBusinessKey;
   if (config_.auto_renew) o.auto_renew_interval = config_.lease / 3;
   if (config_.emit) o.on_decision = [](const DecisionEvent&) {};
-  // The simulated PostgreSQL runs calls in transactions and has a business constraint.
+  // The simulated PostgreSQL runs calls in transactions and has a business constraint; a share
+  // of the seeds gives each call a deadline, as the async driver does.
   rules_ = std::make_unique<PlanRules>(
-      o, detail::DriverTraits{.transactions = true, .business_constraints = true});
+      o, detail::DriverTraits{
+             .transactions = true, .business_constraints = true, .deadline = config_.deadline});
+}
 
-  processes_.resize(static_cast<std::size_t>(config_.processes));
-  for (Process& p : processes_) {
-    p.clock.anchor_local = config_rng_.between(0, 1000000000);
-    p.clock.ppm = config_rng_.chance(300) ? config_rng_.between(-50000, 50000) : 0;
-    p.cache = std::make_unique<LocalCache>(LocalCacheOptions{
-        .max_entries = 64, .ttl = o.local_cache_ttl, .shards = 1, .clock = p.cache_clock});
-  }
-
-  // The workload: every logical request's original message, and its duplicates.
+void Simulation::build_workload() {
+  // Every logical request's original message, and its duplicates.
   for (int i = 0; i < config_.logicals; ++i) {
-    const bool id_keyed = workload_.chance(250);
     Logical l;
-    l.declined = config_.store_declines && workload_.chance(150);
+    const std::uint64_t roll = workload_.below(1000);
+    if (roll < config_.unkeyed_share) {
+      l.keying = Keying::kUnkeyed;
+    } else if (roll < config_.unkeyed_share + config_.fallback_share) {
+      l.keying = Keying::kFallback;
+    } else {
+      l.keying = workload_.chance(250) ? Keying::kRequestId : Keying::kBusiness;
+    }
+    const bool named = l.keying == Keying::kBusiness || l.keying == Keying::kRequestId;
+    l.transactional = config_.sink && !workload_.chance(config_.run_share);
+    l.reentrant = config_.reentrant && workload_.chance(400);
+    l.declined = config_.store_declines && l.keying != Keying::kUnkeyed && workload_.chance(150);
+    l.reused = named && workload_.chance(config_.reused_share);
+    l.over_cap = workload_.chance(config_.over_cap_share);
     l.user = "u" + std::to_string(i % 3);
-    l.biz_key = id_keyed ? "" : "order-" + std::to_string(i);
-    l.payload = R"({"order":)" + std::to_string(i) + R"(,"amount":)" +
-                std::to_string(workload_.between(1, 999)) + "}";
-    l.request_id = "req-" + std::to_string(i) + "-0";
+    l.intent = l.reentrant ? "notify" : "refund";
+    l.biz_key = l.keying == Keying::kBusiness ? "order-" + std::to_string(i) : "";
+    l.request_id = named ? "req-" + std::to_string(i) + "-0" : "";
+    const std::int64_t amount = workload_.between(1, 999);
+    l.payloads[0] =
+        l.keying == Keying::kUnkeyed
+            ? R"({"note":"refund of a lost order )" + std::to_string(i) + R"(","order":null})"
+            : R"({"order":)" + std::to_string(i) + R"(,"amount":)" + std::to_string(amount) + "}";
+    l.payloads[1] =
+        R"({"order":)" + std::to_string(i) + R"(,"amount":)" + std::to_string(amount + 1) + "}";
     const Time at = workload_.between(0, config_.arrivals - 1);
-    auto add = [&](Source source, std::string request_id, Time visible_at) {
-      messages_.push_back(Message{i, source, std::move(request_id), visible_at});
+    auto add = [&](Source source, std::string request_id, Time visible_at, int variant = 0) {
+      messages_.push_back(Message{i, source, std::move(request_id), visible_at, variant});
     };
     add(Source::kOriginal, l.request_id, at);
-    if (!id_keyed && workload_.chance(config_.double_clicks)) {
-      add(Source::kDoubleClick, "req-" + std::to_string(i) + "-1", at + workload_.between(0, 80));
+    // A double click: a new request ID for the same business key; the same body again when
+    // keyed by the payload. (Keyed by the request ID alone it would be a new operation.)
+    if (l.keying != Keying::kRequestId && workload_.chance(config_.double_clicks)) {
+      add(Source::kDoubleClick, named ? "req-" + std::to_string(i) + "-1" : "",
+          at + workload_.between(0, 80));
     }
     for (int r = 0; r < 3 && workload_.chance(config_.racing_retries); ++r) {
       add(Source::kRacingRetry, l.request_id, at + workload_.between(0, 30));
@@ -507,6 +782,13 @@ Simulation::Simulation(const RunOptions& options)
     if (workload_.chance(config_.late_redeliveries)) {
       add(Source::kLateRedelivery, l.request_id,
           config_.fault_end + config_.retention.count() + workload_.between(0, 1000));
+    }
+    // The key reused with another payload: the same request ID (an Idempotency-Key sent again
+    // with another body), or the same business key under a new request ID.
+    if (l.reused) {
+      add(Source::kReuse,
+          l.keying == Keying::kRequestId ? l.request_id : "req-" + std::to_string(i) + "-9",
+          at + workload_.between(0, 1500), 1);
     }
     logicals_.push_back(std::move(l));
   }
@@ -612,27 +894,55 @@ void Simulation::deliver(int message) {
   c.process = open[sched_.below(open.size())];
   c.message = message;
   c.logical = m.logical;
+  c.variant = m.variant;
+  c.mode = l.transactional ? CallMode::kTransactional : CallMode::kRun;
+  c.attempt = "attempt-" + std::to_string(c.id);
   c.response = "response-of-call-" + std::to_string(c.id);
+  if (l.over_cap) c.response += "-" + std::string(kResponseCap, 'x');
   c.request = Request{.request_id = m.request_id,
                       .user = l.user,
-                      .intent = "refund",
+                      .intent = l.intent,
                       .biz_key = l.biz_key,
-                      .payload = l.payload,
+                      .payload = l.payloads.at(static_cast<std::size_t>(m.variant)),
                       .attempt = ++m.deliveries,
                       .stop = c.stop.get_token()};
   Process& p = processes_[c.process];
-  c.plan = std::make_unique<CallPlan>(
-      *rules_, c.request, CallMode::kTransactional, p.plan_time(now_),
-      std::chrono::system_clock::time_point(milliseconds(p.clock.local(now_))),
-      "attempt-" + std::to_string(c.id));
+  if (options_.bug == Bug::kKeyFromEmptySelection && c.request.request_id.empty() &&
+      c.request.biz_key.empty()) {
+    // Planted: the driver keys a request without ID by its selection, even one of nothing.
+    const Fingerprinter selection(*rules_->options().fingerprint);
+    c.request.biz_key =
+        "fp-" + selection.fingerprint(c.request.payload, c.request.user, p.wall(now_));
+  }
+  if (l.fallback() && config_.time_bucket.count() > 0) {
+    c.previous_key = detail::CallKey::of(*rules_, c.request, p.wall(now_)).previous_bucket_key;
+  }
+  c.plan = std::make_unique<CallPlan>(*rules_, c.request, c.mode, p.plan_time(now_), p.wall(now_),
+                                      c.attempt);
   c.ready_at = now_;
   m.call = c.id;
   ++result_.calls;
+  tally(!l.transactional ? (config_.sink ? Tally::kRun : Tally::kRunWithoutSink)
+                         : Tally::kTransactional);
+  static constexpr std::array<Tally, 4> kKeyings = {Tally::kBusinessKey, Tally::kRequestId,
+                                                    Tally::kFallbackKey, Tally::kMissingKey};
+  Tally keying = kKeyings.at(static_cast<std::size_t>(l.keying));
+  if (keying == Tally::kMissingKey && config_.pass_through) keying = Tally::kPassThrough;
+  tally(keying);
+  if (!c.previous_key.empty()) tally(Tally::kBucketed);
+  if (c.variant == 1) tally(Tally::kMismatchingPayload);
   if (tracing()) {
-    trace(c, "delivered (" + std::string(source_name(m.source)) + ", request ID " + m.request_id +
-                 ", delivery " + std::to_string(m.deliveries) + ")");
+    trace(c, "delivered (" + std::string(source_name(m.source)) + ", request ID " +
+                 (m.request_id.empty() ? "none" : m.request_id) + ", delivery " +
+                 std::to_string(m.deliveries) + ", " +
+                 (c.mode == CallMode::kRun ? "run()" : "run_transactional()") + ")");
   }
   calls_.emplace(c.id, std::move(call));
+  // A request whose caller gave up before it was taken (a client that disconnected).
+  if (in_fault_window() && draw(config_.step_faults / 4)) {
+    injected(Fault::kCancel, c.logical, "c" + std::to_string(c.id) + ": stopped on arrival");
+    request_stop(c);
+  }
 }
 
 void Simulation::restart(int process) {
@@ -666,6 +976,7 @@ void Simulation::crash(int process, std::string_view why) {
     m.call = 0;
     if (!m.acked) m.visible_at = now_ + sched_.between(300, 1000);  // XAUTOCLAIM's idle time
     if (tracing()) trace(c, "vanished with p" + std::to_string(process));
+    running_.erase(c.id);
     it = calls_.erase(it);
   }
   p.up = false;
@@ -681,6 +992,23 @@ void Simulation::maybe_go_down(int process) {
     if (call->process == process) return;
   }
   crash(process, "shut down");
+}
+
+// A stop reaches `c` (its Request::stop, or its process's shutdown): the driver wakes a step it
+// can cut short.
+void Simulation::request_stop(Call& c) {
+  static constexpr std::array<Tally, 5> kWhere = {
+      Tally::kStoppedBeforeStart, Tally::kStoppedBeforeHandler, Tally::kStoppedInLockWait,
+      Tally::kStoppedMidHandler, Tally::kStoppedAfterHandler};
+  const std::size_t where = !c.started                          ? 0
+                            : c.handler_returned                ? 4
+                            : c.phase == Call::Phase::kHandler  ? 3
+                            : c.phase == Call::Phase::kLockWait ? 2
+                            : c.handler_started                 ? 4
+                                                                : 1;
+  tally(kWhere.at(where));
+  const bool interruptible = c.flight && c.flight->interruptible;
+  if (interruptible || c.phase != Call::Phase::kPlan) c.ready_at = std::min(c.ready_at, now_ + 1);
 }
 
 void Simulation::inject_world_fault() {
@@ -714,7 +1042,7 @@ void Simulation::inject_world_fault() {
       p.shutdown->request_stop();
       p.draining = true;
       for (auto& [id, call] : calls_) {
-        if (call->process == process) call->ready_at = std::min(call->ready_at, now_ + 1);
+        if (call->process == process) request_stop(*call);
       }
       maybe_go_down(process);
       return;
@@ -739,12 +1067,13 @@ void Simulation::inject_world_fault() {
       if (c.stop.stop_requested()) return;
       injected(fault, c.logical, "c" + std::to_string(c.id) + ": Request::stop requested");
       c.stop.request_stop();
-      if (c.phase == Call::Phase::kHandler) c.ready_at = std::min(c.ready_at, now_ + 1);
+      request_stop(c);
       return;
     }
     case Fault::kRedisRestart: {
       const std::size_t lost = redis_->restart();
       redis_down_until_ = now_ + faults_.between(0, 200);
+      redis_lost_all_ = now_;
       protected_.clear();  // the guard forgot: its leases protect nothing any more
       injected(fault, -1,
                "redis restarts, " + std::to_string(lost) + " records lost, down until " +
@@ -755,6 +1084,7 @@ void Simulation::inject_world_fault() {
       const Time lag = faults_.between(0, 300);
       const std::size_t undone = redis_->failover(lag);
       redis_down_until_ = now_ + faults_.between(0, 100);
+      redis_lost_all_ = now_;
       protected_.clear();
       injected(fault, -1,
                "redis fails over to a replica " + std::to_string(lag) + " ms behind, " +
@@ -769,6 +1099,7 @@ void Simulation::inject_world_fault() {
       const std::string key = redis_->evict(faults_.below(1000));
       if (key.empty()) return;
       protected_.erase(key);
+      redis_lost_[key] = now_;
       injected(fault, -1, "redis evicts " + key);
       return;
     }
@@ -791,15 +1122,32 @@ void Simulation::inject_world_fault() {
 
 // ---- the driver --------------------------------------------------------------------------------
 
+Time Simulation::deadline_at(const Call& c) const {
+  const PlanTime deadline = c.plan->deadline();
+  if (deadline == PlanTime::max()) return kNever;
+  return processes_[c.process].clock.when(reading(deadline));
+}
+
 void Simulation::step(Call& c) {
+  note_deadline(c);
   if (c.phase == Call::Phase::kHandler) {
     handler_tick(c);
     return;
   }
   Process& p = processes_[c.process];
   if (!c.current) {
-    c.current = c.plan->resume(Input{p.plan_time(now_), stopped(c), std::move(c.pending)});
+    arrive(c);
+    c.started = true;
+    c.current = c.plan->resume(Input{p.plan_time(now_), driver_stopped(c), std::move(c.pending)});
     ++result_.plan_steps.at(static_cast<std::size_t>(c.current->kind));
+    const bool claims =
+        c.current->kind == StepKind::kGuardClaim || c.current->kind == StepKind::kSinkClaim;
+    if (claims && logicals_[c.logical].keying == Keying::kUnkeyed) {
+      violate("unkeyed-requests-are-not-deduplicated", c.logical,
+              "c" + std::to_string(c.id) + " (a payload whose selection holds nothing) claims " +
+                  std::string(c.current->key));
+      return;
+    }
   }
   const Step step = *c.current;
   switch (step.kind) {
@@ -807,15 +1155,16 @@ void Simulation::step(Call& c) {
     case StepKind::kLocalPut:
     case StepKind::kDecideFailure:
     case StepKind::kEmit: {
+      if (step.kind == StepKind::kEmit) check_event(c, *step.event);
       StepResult result = *in_process(c).perform(step);
       if (tracing() && step.kind == StepKind::kLocalGet) {
         trace(c, "LocalGet " + std::string(step.key) +
                      (std::get<CacheEntry>(result).entry ? " -> hit" : " -> miss"));
       }
-      if (tracing() && step.kind == StepKind::kLocalPut)
+      if (tracing() && step.kind == StepKind::kLocalPut) {
         trace(c, "LocalPut " + std::string(step.key));
-      report(c, std::move(result));
-      c.ready_at = now_;
+      }
+      reply(c, step, std::move(result), now_);
       return;
     }
     case StepKind::kGuardClaim:
@@ -829,16 +1178,20 @@ void Simulation::step(Call& c) {
     case StepKind::kCommit:
     case StepKind::kRollback:
     case StepKind::kSinkRelease:
-      sink_step(c, step);
+      if (c.mode == CallMode::kRun) {
+        run_sink_step(c, step);
+      } else {
+        sink_step(c, step);
+      }
       return;
     case StepKind::kRunHandler:
       start_handler(c);
       return;
     case StepKind::kWait:
-      if (tracing())
+      if (tracing()) {
         trace(c, "Wait " + std::to_string(reading(step.at) - p.clock.local(now_)) + " ms");
-      report(c, Done{});
-      c.ready_at = std::max(now_ + 1, p.clock.when(reading(step.at)));
+      }
+      reply(c, step, Done{}, std::max(now_ + 1, p.clock.when(reading(step.at))));
       return;
     case StepKind::kReturn:
       finish(c, c.plan->outcome(), nullptr);
@@ -849,12 +1202,139 @@ void Simulation::step(Call& c) {
   }
 }
 
+void Simulation::reply(Call& c, const Step& step, StepResult result, Time at) {
+  c.pending = std::move(result);
+  c.current.reset();
+  Call::Flight flight = c.flight.value_or(Call::Flight{});
+  flight.kind = step.kind;
+  flight.key = step.key;
+  flight.owner_token = step.owner_token;
+  // A handler's result is final once reported; planted: the driver cuts every step short, the
+  // shielded ones after the handler too.
+  flight.interruptible = (step.interruptible && step.kind != StepKind::kRunHandler) ||
+                         (options_.bug == Bug::kInterruptAfterHandler && c.handler_returned);
+  flight.sent = now_;
+  flight.arrives = at;
+  c.flight = std::move(flight);
+  c.ready_at = at;
+  // An interruptible step is woken at the deadline, to be cut short then.
+  if (c.flight->interruptible) c.ready_at = std::min(at, std::max(now_, deadline_at(c)));
+}
+
+void Simulation::fail(Call& c, const Step& step, std::exception_ptr failure, Time at) {
+  if (tracing()) {
+    trace(c, std::string(detail::step_name(step.kind)) + " " + std::string(step.key) + " -> " +
+                 what(failure));
+  }
+  failed(c, step.kind, step.key, step.owner_token, failure);
+  reply(c, step, detail::classify(std::move(failure)), at);
+}
+
+void Simulation::failed(Call& c, StepKind kind, std::string_view key, std::string_view owner_token,
+                        const std::exception_ptr& failure) {
+  if (kind == StepKind::kGuardComplete ||
+      (kind == StepKind::kSinkComplete && c.mode == CallMode::kRun && c.handler_started)) {
+    tally(Tally::kFailedCompletion);
+    c.completion_failed = true;
+  }
+  if ((kind == StepKind::kGuardRelease && owner_token == c.owner_token) ||
+      kind == StepKind::kSinkRelease) {
+    tally(Tally::kFailedRelease);
+    c.release_failed = true;
+  }
+  if (kind == StepKind::kGuardRelease && owner_token == c.probe_token) {
+    c.probe_release_failed = true;  // best effort: the probe's lease ends it
+  }
+  if (kind == StepKind::kGuardClaim && !c.previous_key.empty() && key == c.previous_key) {
+    c.probe_failed = true;
+  }
+  // After the handler started, a cancellation, a commit whose outcome is unknown and any
+  // failure of the handler or its commit while the call is stopped or past its deadline leave
+  // the effect possibly half done: from here on its claims must keep the key until their leases
+  // end. (Once the plan chose to release, a later stop changes nothing.)
+  const bool execution = kind == StepKind::kRunHandler || kind == StepKind::kCommit ||
+                         (kind == StepKind::kSinkComplete && c.mode == CallMode::kTransactional);
+  if (c.handler_started && execution) {
+    if (is<Cancelled>(failure)) {
+      protect_if_half_done(c, "cancelled");
+    } else if (is<CommitOutcomeUnknown>(failure)) {
+      protect_if_half_done(c, "commit outcome unknown");
+    } else if (stopped(c) || past_deadline(c)) {
+      protect_if_half_done(c, "failed while stopped or past its deadline");
+    }
+  }
+}
+
+// The answer of the step performed arrives (or the step is cut short): what it grants is the
+// call's from now on.
+void Simulation::arrive(Call& c) {
+  if (!c.flight) return;
+  const Call::Flight flight = *std::exchange(c.flight, std::nullopt);
+  const bool arrived = now_ >= flight.arrives;
+  if (arrived) {
+    using Grant = Call::Flight::Grant;
+    switch (flight.grant) {
+      case Grant::kGuard:
+        c.holds = true;
+        c.owner_token = flight.token;
+        c.claimed_at = flight.sent;
+        c.guard_expires = flight.expires;
+        break;
+      case Grant::kProbe:
+        c.probe_token = flight.token;
+        break;
+      case Grant::kSinkRow:
+        c.sink_row = true;
+        c.sink_expires = flight.expires;
+        break;
+      case Grant::kNone:
+        break;
+    }
+    if (flight.kind == StepKind::kGuardClaim && flight.probe) {
+      c.probed = true;
+      c.probe_free = flight.previous_free;
+    } else if (flight.kind == StepKind::kGuardClaim) {
+      c.repeat = flight.repeat;
+      c.repeat_same_request = flight.repeat_same_request;
+    }
+  }
+  const bool interrupted = driver_stopped(c) || past_deadline(c);
+  const bool cut = flight.interruptible && interrupted && !arrived;
+  if (!cut || flight.kind == StepKind::kWait) return;  // a wait ends Done either way
+  tally(Tally::kCutShort);
+  std::exception_ptr failure;
+  switch (flight.kind) {
+    case StepKind::kSinkBegin:
+    case StepKind::kSinkClaim:
+      // The statement is cancelled on the server, which aborts its transaction.
+      if (c.tx != 0 && pg_->is_open(c.tx)) {
+        pg_->rollback(c.tx);
+        wake_waiters(c.tx);
+      }
+      failure = statement_cancelled();
+      break;
+    case StepKind::kGuardClaim:
+      failure = sched_.chance(500)
+                    ? operation_aborted()
+                    : std::make_exception_ptr(Cancelled("idem-sim: claim cut short"));
+      break;
+    default:  // only with a planted bug: a step after the handler
+      failure = std::make_exception_ptr(Cancelled("idem-sim: step cut short"));
+      break;
+  }
+  if (tracing()) {
+    trace(c, "cut short: " + std::string(detail::step_name(flight.kind)) + " -> " + what(failure));
+  }
+  failed(c, flight.kind, flight.key, flight.owner_token, failure);
+  c.pending = detail::classify(std::move(failure));
+}
+
 template <class Op>
-auto Simulation::redis(Call& c, Op&& op, std::exception_ptr& failure)
+auto Simulation::redis(Call& c, Op&& op, std::exception_ptr& failure, Time& at)
     -> std::optional<decltype(op())> {
   if (now_ < redis_down_until_) {
     failure = std::make_exception_ptr(RedisError("idem: redis: connection refused", true));
-    c.ready_at = now_ + 1;
+    at = now_ + 1;
     return std::nullopt;
   }
   if (in_fault_window() && draw(config_.step_faults)) {
@@ -864,96 +1344,160 @@ auto Simulation::redis(Call& c, Op&& op, std::exception_ptr& failure)
                  (applied ? " after it took effect" : ", not applied"));
     if (applied) (void)op();
     failure = std::make_exception_ptr(RedisError("idem: redis: timeout", true));
-    c.ready_at = now_ + kRedisTimeout;
+    at = now_ + kRedisTimeout;
     return std::nullopt;
   }
-  c.ready_at = now_ + latency();
+  at = now_ + latency();
   return op();
 }
 
 void Simulation::guard_step(Call& c, const Step& step) {
   std::exception_ptr failure;
+  Time at = now_;
   const std::string key(step.key);
+  const bool probe = !c.previous_key.empty() && key == c.previous_key;
   switch (step.kind) {
     case StepKind::kGuardClaim: {
+      Call::Flight flight;
+      if (probe && options_.bug == Bug::kBucketProbeSkipped) {
+        // Planted: the driver answers the probe FIRST without asking Redis.
+        flight.grant = Call::Flight::Grant::kProbe;
+        flight.probe = true;
+        flight.previous_free = !redis_->record(key);
+        c.flight = flight;
+        reply(c, step, ClaimResult{.owner_token = "0000000000000000000000000000ffff"}, now_);
+        return;
+      }
+      flight.probe = probe;
       std::optional<ClaimResult> claim = redis(
           c,
           [&] {
+            flight.previous_free = !redis_->record(key);
             ClaimResult answer = redis_->claim(step.key, step.request_id, step.fingerprint);
-            if (answer.status == ClaimStatus::kFirst) check_claim(c, key);
+            if (answer.status == ClaimStatus::kFirst && !probe) check_claim(c, key, Held::kClaim);
+            if (answer.status != ClaimStatus::kFirst) {
+              const std::optional<SimRedis::View> found = redis_->record(key);
+              flight.repeat_same_request = found && found->request_id == step.request_id &&
+                                           found->state == RecordState::kInProgress;
+            }
             return answer;
           },
-          failure);
+          failure, at);
       if (!claim) break;
       if (tracing()) {
-        trace(c, "GuardClaim " + key + " -> " + std::string(claim_name(claim->status)) +
+        trace(c, std::string(probe ? "GuardClaim (probe) " : "GuardClaim ") + key + " -> " +
+                     std::string(claim_name(claim->status)) +
                      (claim->status == ClaimStatus::kFirst
                           ? " (token " + claim->owner_token.substr(28) + ")"
                           : " " + std::string(state_name(claim->state))));
       }
       if (claim->status == ClaimStatus::kFirst) {
-        c.holds = true;
-        c.key = key;
-        c.owner_token = claim->owner_token;
+        flight.grant = probe ? Call::Flight::Grant::kProbe : Call::Flight::Grant::kGuard;
+        flight.token = claim->owner_token;
+        flight.expires = redis_->expiry(key, claim->owner_token).value_or(now_);
+        if (!probe) c.key = key;
+      } else {
+        flight.repeat = !probe;
       }
-      report(c, *std::move(claim));
+      c.flight = flight;
+      reply(c, step, *std::move(claim), at);
       return;
     }
     case StepKind::kGuardComplete: {
       std::optional<bool> owned = redis(
           c, [&] { return redis_->complete(step.key, step.owner_token, step.value, step.ttl); },
-          failure);
+          failure, at);
       if (step.owner_token == c.owner_token) c.holds = false;
-      if (!owned) break;
+      if (!owned) {
+        if (options_.bug != Bug::kFailedCompletionReportedSaved) break;
+        // Planted: the driver reports the failed completion as done.
+        c.completion_failed = true;
+        tally(Tally::kFailedCompletion);
+        if (tracing()) trace(c, "GuardComplete " + key + " -> " + what(failure) + " (told done)");
+        reply(c, step, Completed{true}, at);
+        return;
+      }
       if (tracing()) trace(c, "GuardComplete " + key + (*owned ? " -> owned" : " -> not owned"));
       c.complete_answered = true;
+      c.guard_saved = *owned;
+      // A completed record answers repeats for the retention asked (the guard's own for 0).
+      if (*owned)
+        c.guard_kept_until = now_ + (step.ttl.count() > 0 ? step.ttl : config_.retention).count();
       c.held_through_return =
           c.returned_at && redis_->held_at(c.key, c.owner_token, *c.returned_at);
-      report(c, Completed{*owned});
+      reply(c, step, Completed{*owned}, at);
       return;
     }
     case StepKind::kGuardRelease: {
+      if (options_.bug == Bug::kInterruptedCallSkipsRelease && !c.handler_started &&
+          (stopped(c) || past_deadline(c)) && step.owner_token == c.owner_token) {
+        // Planted: stopped or past its deadline, the driver reports the release done without
+        // sending it.
+        c.holds = false;
+        if (tracing()) trace(c, "GuardRelease " + key + " (planted bug: not sent, told done)");
+        reply(c, step, Done{}, now_);
+        return;
+      }
       std::optional<bool> released = redis(
-          c, [&] { return redis_->release(step.key, step.owner_token); }, failure);
+          c, [&] { return redis_->release(step.key, step.owner_token); }, failure, at);
       if (step.owner_token == c.owner_token) c.holds = false;
-      if (!released) break;
+      if (!released) {
+        if (options_.bug != Bug::kFailedReleaseReportedDone || probe) break;
+        // Planted: the driver reports the failed release as done.
+        c.release_failed = true;
+        tally(Tally::kFailedRelease);
+        if (tracing()) trace(c, "GuardRelease " + key + " -> " + what(failure) + " (told done)");
+        reply(c, step, Done{}, at);
+        return;
+      }
       if (tracing()) trace(c, "GuardRelease " + key + (*released ? " -> deleted" : " -> not ours"));
-      report(c, Done{});
+      reply(c, step, Done{}, at);
       return;
     }
     default:
       return;
   }
-  if (tracing())
-    trace(c, std::string(detail::step_name(step.kind)) + " " + key + " -> " + what(failure));
-  fail(c, failure);
+  fail(c, step, failure, at);
 }
 
 // A statement of the open transaction may run: PostgreSQL is up, the transaction alive, and the
-// seed lets the statement answer. Otherwise the failure is reported to the plan.
-bool Simulation::statement(Call& c) {
+// seed lets the statement answer. Otherwise the failure is reported to the plan (by the handler
+// itself while it runs).
+bool Simulation::statement(Call& c, const Step& step) {
   std::exception_ptr failure;
+  Time at = now_ + 1;
   if (now_ < pg_down_until_) {
-    failure =
-        std::make_exception_ptr(PostgresError("idem: postgres: connection refused", true, "08006"));
+    failure = pg_error("connection refused", "08006");
   } else if (c.tx == 0 || !pg_->is_open(c.tx)) {
-    failure = std::make_exception_ptr(
-        PostgresError("idem: postgres: server closed the connection", true, "08006"));
+    failure = connection_lost();
   } else if (in_fault_window() && draw(config_.step_faults)) {
     injected(Fault::kPgTimeout, c.logical,
              "c" + std::to_string(c.id) + ": statement times out, its connection is closed");
     pg_->rollback(c.tx);
     wake_waiters(c.tx);
-    failure =
-        std::make_exception_ptr(PostgresError("idem: postgres: statement timeout", true, "57014"));
-    c.ready_at = now_ + kPgTimeout;
+    failure = pg_error("statement timeout", "57014");
+    at = now_ + kPgTimeout;
   }
   if (!failure) return true;
-  if (c.ready_at <= now_) c.ready_at = now_ + 1;
   if (tracing()) trace(c, "statement fails: " + what(failure));
   if (c.phase == Call::Phase::kHandler) return false;  // the handler reports it itself
-  fail(c, failure);
+  fail(c, step, failure, at);
   return false;
+}
+
+// A statement on its own (run()): PostgreSQL is up and the seed lets it answer; else `failure`
+// (a timeout takes no effect).
+bool Simulation::autocommit(Call& c, std::exception_ptr& failure, Time& at) {
+  at = now_ + latency();
+  if (now_ < pg_down_until_) {
+    failure = pg_error("connection refused", "08006");
+    at = now_ + 1;
+  } else if (in_fault_window() && draw(config_.step_faults)) {
+    injected(Fault::kPgTimeout, c.logical, "c" + std::to_string(c.id) + ": statement times out");
+    failure = pg_error("statement timeout", "57014");
+    at = now_ + kPgTimeout;
+  }
+  return !failure;
 }
 
 void Simulation::sink_step(Call& c, const Step& step) {
@@ -962,79 +1506,55 @@ void Simulation::sink_step(Call& c, const Step& step) {
       if (config_.batched && step.with_next) {
         c.begin_pending = true;  // BEGIN goes with the claim: its failure is the claim's
         if (tracing()) trace(c, "SinkBegin (sent with the claim)");
-        c.ready_at = now_;
-        report(c, Done{});
+        reply(c, step, Done{}, now_);
         return;
       }
       if (now_ < pg_down_until_) {
-        if (tracing()) trace(c, "SinkBegin -> connection refused");
-        c.ready_at = now_ + 1;
-        fail(c, std::make_exception_ptr(
-                    PostgresError("idem: postgres: connection refused", true, "08006")));
+        fail(c, step, pg_error("connection refused", "08006"), now_ + 1);
         return;
       }
       c.tx = pg_->begin();
       if (tracing()) trace(c, "SinkBegin tx" + std::to_string(c.tx));
-      c.ready_at = now_ + latency();
-      report(c, Done{});
+      reply(c, step, Done{}, now_ + latency());
       return;
     case StepKind::kSinkClaim: {
-      if (std::exchange(c.begin_pending, false) && now_ >= pg_down_until_) c.tx = pg_->begin();
-      if (!statement(c)) {
-        c.phase = Call::Phase::kPlan;
+      if (c.phase == Call::Phase::kLockWait) {
+        lock_wait(c, step);
         return;
       }
+      if (std::exchange(c.begin_pending, false) && now_ >= pg_down_until_) c.tx = pg_->begin();
+      if (!statement(c, step)) return;
       SimPostgres::TxId blocker = 0;
       std::optional<SinkClaim> claim =
           pg_->claim(c.tx, step.key, step.request_id, step.fingerprint, step.ttl, &blocker);
       if (!claim) {
-        if (c.phase != Call::Phase::kLockWait) {
-          c.phase = Call::Phase::kLockWait;
-          c.lock_deadline = now_ + kLockTimeout;
-          if (tracing())
-            trace(c,
-                  "SinkClaim " + std::string(step.key) + " waits for tx" + std::to_string(blocker));
+        c.phase = Call::Phase::kLockWait;
+        c.lock_deadline = now_ + kLockTimeout;
+        c.blocked_by = blocker;
+        c.ready_at = std::min(c.lock_deadline, std::max(now_, deadline_at(c)));
+        if (tracing()) {
+          trace(c,
+                "SinkClaim " + std::string(step.key) + " waits for tx" + std::to_string(blocker));
         }
-        if (now_ < c.lock_deadline) {
-          c.blocked_by = blocker;
-          c.ready_at = c.lock_deadline;
-          return;
-        }
-        // lock_timeout: the wait is cancelled and the transaction aborted.
-        pg_->rollback(c.tx);
-        wake_waiters(c.tx);
-        claim = SinkClaim{};
-        claim->status = SinkStatus::kInProgress;
+        return;
       }
-      c.phase = Call::Phase::kPlan;
-      c.blocked_by = 0;
-      if (tracing()) {
-        trace(c, "SinkClaim " + std::string(step.key) + " -> " +
-                     (claim->status == SinkStatus::kClaimed ? "claimed"
-                      : claim->status == SinkStatus::kInProgress
-                          ? "in progress (lock timeout)"
-                          : "duplicate " + std::string(state_name(claim->state))));
-      }
-      c.ready_at = now_ + latency();
-      report(c, *std::move(claim));
+      sink_claimed(c, step, *std::move(claim));
       return;
     }
     case StepKind::kSinkComplete:
       if (config_.batched && step.with_next) {
         c.record_pending = Call::Record{std::string(step.key), std::string(step.value), step.ttl};
         if (tracing()) trace(c, "SinkComplete " + std::string(step.key) + " (sent with COMMIT)");
-        c.ready_at = now_;
-        report(c, Done{});
+        reply(c, step, Done{}, now_);
         return;
       }
-      if (!statement(c)) return;
+      if (!statement(c, step)) return;
       pg_->complete(c.tx, step.key, step.value, step.ttl);
       if (tracing()) trace(c, "SinkComplete " + std::string(step.key));
-      c.ready_at = now_ + latency();
-      report(c, Done{});
+      reply(c, step, Done{}, now_ + latency());
       return;
     case StepKind::kCommit:
-      commit(c);
+      commit(c, step);
       return;
     case StepKind::kRollback:
       if (c.tx != 0 && pg_->is_open(c.tx)) {
@@ -1043,30 +1563,133 @@ void Simulation::sink_step(Call& c, const Step& step) {
       }
       if (tracing()) trace(c, "Rollback tx" + std::to_string(c.tx));
       c.tx = 0;
-      c.ready_at = now_ + latency();
-      report(c, Done{});
+      reply(c, step, Done{}, now_ + latency());
       return;
-    case StepKind::kSinkRelease:
-      // run() only: the simulation drives run_transactional().
-      (void)pg_->release(step.key, step.owner_token);
-      report(c, Done{});
-      return;
-    default:
+    default:  // kSinkRelease: run() only
       return;
   }
 }
 
-void Simulation::commit(Call& c) {
+// The transaction's claim answered.
+void Simulation::sink_claimed(Call& c, const Step& step, SinkClaim claim) {
+  if (tracing()) {
+    trace(c, "SinkClaim " + std::string(step.key) + " -> " +
+                 (claim.status == SinkStatus::kClaimed
+                      ? "claimed"
+                      : "duplicate " + std::string(state_name(claim.state))));
+  }
+  reply(c, step, std::move(claim), now_ + latency());
+}
+
+// The claim waits on the key's lock: it ends when the lock is free, at lock_timeout, or when the
+// call is stopped or past its deadline (the driver cancels the statement on the server).
+void Simulation::lock_wait(Call& c, const Step& step) {
+  const bool interrupted = driver_stopped(c) || past_deadline(c);
+  SimPostgres::TxId blocker = 0;
+  std::optional<SinkClaim> claim;
+  if (!interrupted && pg_->is_open(c.tx)) {
+    claim = pg_->claim(c.tx, step.key, step.request_id, step.fingerprint, step.ttl, &blocker);
+  }
+  if (!claim && !interrupted && pg_->is_open(c.tx) && now_ < c.lock_deadline) {
+    c.blocked_by = blocker;
+    c.ready_at = std::min(c.lock_deadline, std::max(now_, deadline_at(c)));
+    return;
+  }
+  c.phase = Call::Phase::kPlan;
+  c.blocked_by = 0;
+  if (claim) {
+    sink_claimed(c, step, *std::move(claim));
+    return;
+  }
+  if (!pg_->is_open(c.tx)) {
+    fail(c, step, connection_lost(), now_ + 1);  // PostgreSQL restarted meanwhile
+    return;
+  }
+  pg_->rollback(c.tx);  // the wait is cancelled, which aborts the transaction
+  wake_waiters(c.tx);
+  if (interrupted) {
+    tally(Tally::kCutShort);
+    fail(c, step, statement_cancelled(), now_ + latency());
+    return;
+  }
+  // lock_timeout.
+  SinkClaim busy;
+  busy.status = SinkStatus::kInProgress;
+  if (tracing()) trace(c, "SinkClaim " + std::string(step.key) + " -> in progress (lock timeout)");
+  reply(c, step, busy, now_ + latency());
+}
+
+// run(): each sink step is a statement on its own.
+void Simulation::run_sink_step(Call& c, const Step& step) {
+  std::exception_ptr failure;
+  Time at = now_;
+  if (!autocommit(c, failure, at)) {
+    fail(c, step, failure, at);
+    return;
+  }
+  const std::string key(step.key);
+  switch (step.kind) {
+    case StepKind::kSinkClaim: {
+      SinkClaim claim = pg_->claim(step.key, step.request_id, step.fingerprint, step.owner_token);
+      Call::Flight flight;
+      if (claim.status == SinkStatus::kClaimed) {
+        check_claim(c, key, Held::kSinkRow);
+        flight.grant = Call::Flight::Grant::kSinkRow;
+        flight.expires = pg_->row(key) ? pg_->row(key)->expires : now_;
+      } else if (options_.bug == Bug::kSinkBusyReportedClaimed &&
+                 claim.status == SinkStatus::kDuplicate &&
+                 claim.state == RecordState::kInProgress && claim.fingerprint_matches) {
+        // Planted: the driver reports a row another attempt holds as claimed.
+        claim = SinkClaim{};
+        flight.grant = Call::Flight::Grant::kSinkRow;
+        flight.expires = now_ + config_.lease.count();
+        if (tracing()) trace(c, "SinkClaim " + key + " -> in progress, told claimed (planted bug)");
+      }
+      if (tracing()) {
+        trace(c, "SinkClaim " + key + " -> " +
+                     (claim.status == SinkStatus::kClaimed
+                          ? "claimed (row of " + std::string(step.owner_token) + ")"
+                          : "duplicate " + std::string(state_name(claim.state))));
+      }
+      c.flight = flight;
+      reply(c, step, claim, at);
+      return;
+    }
+    case StepKind::kSinkComplete: {
+      const bool owned = pg_->complete(step.key, step.owner_token, step.value, step.ttl);
+      if (c.handler_started) c.sink_complete_owned = owned;
+      if (owned) {
+        c.sink_kept_until = now_ + (step.ttl.count() > 0 ? step.ttl.count() : kSinkRetention);
+      }
+      c.sink_row = false;
+      if (tracing()) trace(c, "SinkComplete " + key + (owned ? " -> completed" : " -> not ours"));
+      reply(c, step, Done{}, at);
+      return;
+    }
+    case StepKind::kSinkRelease: {
+      const bool released = pg_->release(step.key, step.owner_token);
+      c.sink_row = false;
+      if (tracing()) trace(c, "SinkRelease " + key + (released ? " -> deleted" : " -> not ours"));
+      reply(c, step, Done{}, at);
+      return;
+    }
+    default:
+      fail(c, step, std::make_exception_ptr(Error("idem-sim: no such step in run()")), at);
+      return;
+  }
+}
+
+void Simulation::commit(Call& c, const Step& step) {
   const SimPostgres::TxId tx = std::exchange(c.tx, 0);
   if (const std::optional<Call::Record> record = std::exchange(c.record_pending, std::nullopt);
       record && now_ >= pg_down_until_ && pg_->is_open(tx)) {
     pg_->complete(tx, record->key, record->value, record->ttl);
   }
   std::exception_ptr failure;
+  Time at = now_ + latency();
   if (now_ < pg_down_until_ || !pg_->is_open(tx)) {
-    failure = std::make_exception_ptr(
-        PostgresError("idem: postgres: server closed the connection", true, "08006"));
-    c.ready_at = now_ + 1;
+    failure = connection_lost();
+    at = now_ + 1;
   } else if (in_fault_window() && draw(config_.step_faults)) {
     const std::uint64_t kind = faults_.below(3);
     if (kind == 0) {
@@ -1088,25 +1711,21 @@ void Simulation::commit(Call& c) {
           CommitOutcomeUnknown("idem: postgres: connection lost (commit outcome unknown)"));
     }
     wake_waiters(tx);
-    c.ready_at = now_ + kPgTimeout;
+    at = now_ + kPgTimeout;
   } else {
     pg_->commit(tx);
     wake_waiters(tx);
-    c.ready_at = now_ + latency();
+    for (const Effect* effect : pg_->effects_of(c.logical)) {
+      if (effect->call == c.id) c.sink_kept_until = effect->row_expires;
+    }
   }
-  const std::size_t effects = pg_->effects_of(c.logical).size();
-  if (effects > 1) {
-    violate("at-most-once", c.logical,
-            "the effect of logical request " + std::to_string(c.logical) + " committed " +
-                std::to_string(effects) + " times (last by c" + std::to_string(c.id) + ")");
-    return;
-  }
+  check_effect(c);
+  if (result_.violation) return;
   if (failure) {
-    if (tracing()) trace(c, "Commit tx" + std::to_string(tx) + " -> " + what(failure));
-    fail(c, failure);
+    fail(c, step, failure, at);
   } else {
     if (tracing()) trace(c, "Commit tx" + std::to_string(tx) + " -> committed");
-    report(c, Done{});
+    reply(c, step, Done{}, at);
   }
 }
 
@@ -1116,9 +1735,15 @@ void Simulation::wake_waiters(SimPostgres::TxId tx) {
   }
 }
 
+// ---- the handler -------------------------------------------------------------------------------
+
 void Simulation::start_handler(Call& c) {
+  check_handler_start(c);
+  if (result_.violation) return;
   c.phase = Call::Phase::kHandler;
   c.handler_started = true;
+  c.handler_started_at = now_;
+  running_[c.id] = &c;
   Time duration = sched_.between(1, config_.handler_ms);
   if (in_fault_window() && draw(config_.step_faults)) {
     duration = config_.lease.count() * sched_.between(10, 30) / 10;
@@ -1143,23 +1768,51 @@ void Simulation::handler_tick(Call& c) {
     renew(c);
     return;
   }
-  const bool stopped = c.stop.stop_requested() || p.shutdown->stop_requested();
+  const bool stopped = driver_stopped(c);
+  const bool late = past_deadline(c);
+  const bool transactional = c.mode == CallMode::kTransactional;
   std::exception_ptr failure;
-  if (stopped && c.handler_checks_stop) {
-    failure = std::make_exception_ptr(Cancelled("idem: handler cancelled (stop seen)"));
+  if (c.blocked_by != 0 && (stopped || late)) {
+    // The driver cancels the handler's waiting statement on the server.
+    pg_->rollback(c.tx);
+    wake_waiters(c.tx);
+    c.blocked_by = 0;
+    tally(Tally::kCutShort);
+    failure = statement_cancelled();
+  } else if (c.handler_checks_stop && (stopped || late)) {
+    // The handler sees its stop token, or the driver cancels what it awaits (its statement).
+    tally(Tally::kCutShort);
+    const std::uint64_t how = sched_.below(3);
+    failure = how == 0 && transactional ? statement_cancelled()
+              : how == 1
+                  ? operation_aborted()
+                  : std::make_exception_ptr(Cancelled("idem: handler cancelled (stop seen)"));
   } else if (now_ < c.handler_end) {
     c.ready_at = std::min(c.handler_end, now_ + kHandlerCheck);
     if (const auto due = c.plan->renewal_due()) {
       c.ready_at = std::max(now_ + 1, std::min(c.ready_at, p.clock.when(reading(*due))));
     }
+    if (const Time deadline = deadline_at(c); deadline > now_) {
+      c.ready_at = std::min(c.ready_at, deadline);
+    }
     return;
   } else if (c.handler_fails) {
     failure = std::make_exception_ptr(std::runtime_error("transient business error (simulated)"));
-  } else if (logicals_[c.logical].declined) {
+  } else if (logicals_[c.logical].declined && c.variant == 0) {
     failure = std::make_exception_ptr(Declined(c.logical));
-  } else if (statement(c)) {
+  } else if (!transactional) {
+    // run(): the handler writes its effect itself, on its own, outside any transaction.
+    Time at = now_;
+    if (autocommit(c, failure, at)) {
+      pg_->write_effect_now(Effect{c.logical, c.id, c.response, 0, c.variant, c.claimed_run,
+                                   std::string(c.plan->key())});
+      handler_returns(c);
+      return;
+    }
+  } else if (statement(c, *c.current)) {
     // The business write, in the sink's transaction.
-    Effect effect{c.logical, c.id, c.response, 0};
+    Effect effect{
+        c.logical, c.id, c.response, 0, c.variant, c.claimed_run, std::string(c.plan->key())};
     if (config_.business_key) {
       SimPostgres::TxId blocker = 0;
       const SimPostgres::BusinessWrite written = pg_->write_unique_effect(c.tx, effect, &blocker);
@@ -1170,7 +1823,7 @@ void Simulation::handler_tick(Call& c) {
         }
         if (now_ < c.lock_deadline) {
           c.blocked_by = blocker;
-          c.ready_at = c.lock_deadline;
+          c.ready_at = std::min(c.lock_deadline, std::max(now_, deadline_at(c)));
           return;
         }
         pg_->rollback(c.tx);  // lock_timeout: the statement fails, the transaction is aborted
@@ -1179,37 +1832,43 @@ void Simulation::handler_tick(Call& c) {
       c.blocked_by = 0;
       if (written == SimPostgres::BusinessWrite::kDuplicate) {
         c.phase = Call::Phase::kPlan;
-        c.ready_at = now_ + latency();
+        c.handler_returned = true;
+        running_.erase(c.id);
         if (tracing()) trace(c, "RunHandler: the business key exists (unique violation)");
-        report(c, BusinessDuplicate{});
+        reply(c, *c.current, BusinessDuplicate{}, now_ + latency());
         return;
       }
     } else {
       pg_->write_effect(c.tx, std::move(effect));
     }
     if (!pg_->is_open(c.tx)) {
-      failure = std::make_exception_ptr(
-          PostgresError("idem: postgres: canceling statement due to lock timeout", true, "55P03"));
+      failure = pg_error("canceling statement due to lock timeout", "55P03");
     } else {
-      if (c.holds) c.returned_at = now_;
-      c.phase = Call::Phase::kPlan;
-      c.ready_at = now_ + latency();
-      if (tracing()) trace(c, "RunHandler returns " + c.response);
-      report(c, Response{c.response});
-      if (options_.bug == Bug::kAckBeforeCommit) {
-        ack(messages_[c.message], c);  // planted: the consumer acks before the commit
-        c.acked_early = true;
-      }
+      handler_returns(c);
       return;
     }
   } else {
-    failure = std::make_exception_ptr(
-        PostgresError("idem: postgres: server closed the connection", true, "08006"));
+    failure = connection_lost();
   }
   c.phase = Call::Phase::kPlan;
-  if (c.ready_at <= now_) c.ready_at = now_ + latency();
+  running_.erase(c.id);
   if (tracing()) trace(c, "RunHandler throws: " + what(failure));
-  fail(c, failure);
+  const Step step = *c.current;
+  fail(c, step, failure, now_ + latency());
+}
+
+void Simulation::handler_returns(Call& c) {
+  if (c.holds) c.returned_at = now_;
+  c.phase = Call::Phase::kPlan;
+  c.handler_returned = true;
+  running_.erase(c.id);
+  if (tracing()) trace(c, "RunHandler returns " + c.response);
+  const Step step = *c.current;
+  reply(c, step, Response{c.response}, now_ + latency());
+  if (options_.bug == Bug::kAckBeforeCommit) {
+    ack(messages_[c.message], c);  // planted: the consumer acks before the commit
+    c.acked_early = true;
+  }
 }
 
 void Simulation::renew(Call& c) {
@@ -1219,59 +1878,31 @@ void Simulation::renew(Call& c) {
   const detail::RenewalStep& renewal = *step;
   const PlanTime sent = p.plan_time(now_);
   std::exception_ptr failure;
-  const std::optional<bool> owned = redis(
-      c, [&] { return redis_->renew(renewal.key, renewal.owner_token, renewal.lease); }, failure);
-  if (owned) {
-    if (tracing()) trace(c, std::string("renew -> ") + (*owned ? "extended" : "lost"));
-    in_process(c).renewed(*c.plan, sent, *owned);
-  } else {
-    if (tracing()) trace(c, "renew -> " + what(failure));
-    in_process(c).renewed(*c.plan, sent, std::nullopt);
+  Time at = now_;
+  // As the blocking driver: the Redis claim, then the run() call's sink row; both must hold.
+  std::optional<bool> owned = true;
+  if (!renewal.owner_token.empty()) {
+    owned = redis(
+        c, [&] { return redis_->renew(renewal.key, renewal.owner_token, renewal.lease); }, failure,
+        at);
+    if (owned && *owned) c.guard_expires = redis_->expiry(c.key, c.owner_token).value_or(now_);
   }
-}
-
-// Reports a failed step. After the handler started, a cancellation, a commit whose outcome is
-// unknown and any failure while a stop is requested leave the effect possibly half done: from
-// here on the call's claim must keep its key until its lease ends.
-void Simulation::fail(Call& c, std::exception_ptr failure) {
-  if (c.handler_started) {
-    const Process& p = processes_[c.process];
-    const bool stopped = c.stop.stop_requested() || p.shutdown->stop_requested();
-    if (is<Cancelled>(failure)) {
-      protect_if_half_done(c, "cancelled");
-    } else if (is<CommitOutcomeUnknown>(failure)) {
-      protect_if_half_done(c, "commit outcome unknown");
-    } else if (stopped) {
-      protect_if_half_done(c, "failed while its stop was requested");
+  if (owned && !renewal.sink_owner.empty()) {
+    if (autocommit(c, failure, at)) {
+      const bool row = pg_->renew(renewal.key, renewal.sink_owner, milliseconds(0));
+      if (row) c.sink_expires = pg_->row(renewal.key)->expires;
+      owned = row && *owned;
+    } else {
+      owned.reset();
     }
   }
-  report(c, detail::classify(std::move(failure)));
-}
-
-// Invariant: the claim of an execution that ended without a clean answer keeps its key until
-// its lease ends (unless Redis itself lost the record).
-void Simulation::check_claim(const Call& c, std::string_view key) {
-  const auto found = protected_.find(key);
-  if (found == protected_.end() || found->second.until <= now_) return;
-  violate("claim-kept-after-unclean-end", c.logical,
-          "c" + std::to_string(c.id) + " claimed " + std::string(key) + " FIRST at " +
-              std::to_string(now_) + " ms, while the claim of c" +
-              std::to_string(found->second.call) +
-              " (which ended without a clean answer) was leased until " +
-              std::to_string(found->second.until) + " ms");
-}
-
-void Simulation::protect_if_half_done(const Call& c, std::string_view how) {
-  if (!c.handler_started || !c.holds) return;
-  const std::optional<Time> until = redis_->expiry(c.key, c.owner_token);
-  if (!until || *until <= now_) return;
-  Protection& p = protected_[c.key];
-  if (p.until < *until) p = Protection{*until, c.id};
   if (tracing()) {
-    trace(c, "ended without a clean answer (" + std::string(how) + "): its claim is leased until " +
-                 std::to_string(*until) + " ms");
+    trace(c, "renew -> " + (owned ? std::string(*owned ? "extended" : "lost") : what(failure)));
   }
+  in_process(c).renewed(*c.plan, sent, owned);
 }
+
+// ---- the end of a call -------------------------------------------------------------------------
 
 void Simulation::finish(Call& c, std::optional<Outcome> outcome, std::exception_ptr error) {
   Message& m = messages_[c.message];
@@ -1280,8 +1911,9 @@ void Simulation::finish(Call& c, std::optional<Outcome> outcome, std::exception_
     if (tracing()) {
       trace(c, "returns " + std::string(to_string(outcome->kind)) + " (" +
                    std::string(to_string(outcome->layer)) + ")" +
-                   (outcome->response ? " " + *outcome->response : "") +
-                   (outcome->lease_lost ? " lease_lost" : ""));
+                   (outcome->response ? " " + *outcome->response : " (no response)") +
+                   (outcome->lease_lost ? " lease_lost" : "") +
+                   (outcome->save_error.empty() ? "" : " save_error: " + outcome->save_error));
     }
     check_outcome(c, *outcome);
   } else {
@@ -1291,13 +1923,20 @@ void Simulation::finish(Call& c, std::optional<Outcome> outcome, std::exception_
       (void)redis_->release(c.key, c.owner_token);  // planted: a cancellation releases the claim
       if (tracing()) trace(c, "(planted bug) released its claim on cancellation");
     }
+    if (options_.bug == Bug::kReleaseOnDeadline && is<DeadlineExceeded>(error) && c.holds &&
+        c.handler_started && now_ >= redis_down_until_) {
+      (void)redis_->release(c.key, c.owner_token);  // planted: the deadline releases the claim
+      if (tracing()) trace(c, "(planted bug) released its claim at the deadline");
+    }
   }
+  check_end(c, error);
   if (result_.violation) return;
-  // Final answers are acked (a decline too: retrying cannot change it); the rest is redelivered.
+  // Final answers are acked (a decline and a request without a key too: retrying cannot
+  // change them); the rest is redelivered.
   const bool decided = outcome ? outcome->kind == Outcome::Kind::kExecuted ||
                                      outcome->kind == Outcome::Kind::kDuplicate ||
                                      outcome->kind == Outcome::Kind::kMismatch
-                               : is<Declined>(error);
+                               : is<Declined>(error) || is<MissingKey>(error);
   m.call = 0;
   if (!c.acked_early) {
     if (decided) {
@@ -1307,62 +1946,9 @@ void Simulation::finish(Call& c, std::optional<Outcome> outcome, std::exception_
     }
   }
   const int process = c.process;
+  running_.erase(c.id);
   calls_.erase(c.id);  // `c` is gone from here on
   maybe_go_down(process);
-}
-
-void Simulation::check_outcome(const Call& c, const Outcome& outcome) {
-  const std::vector<const Effect*> effects = pg_->effects_of(c.logical);
-  const std::string who = "c" + std::to_string(c.id);
-  switch (outcome.kind) {
-    case Outcome::Kind::kExecuted: {
-      const bool own = std::any_of(effects.begin(), effects.end(),
-                                   [&](const Effect* e) { return e->call == c.id; });
-      if (!own) {
-        violate("outcomes-agree-with-the-ledger", c.logical,
-                who + " answered kExecuted, but its effect is not in the ledger");
-        return;
-      }
-      if (++executed_[c.logical] > 1) {
-        violate("outcomes-agree-with-the-ledger", c.logical,
-                who + " answered kExecuted for a logical request already executed");
-        return;
-      }
-      if (c.returned_at && c.complete_answered && !outcome.lease_lost && !c.held_through_return) {
-        violate("lease-lost-is-told", c.logical,
-                who +
-                    " answered kExecuted with lease_lost false, but its claim was gone (by "
-                    "Redis) before its handler returned");
-      }
-      return;
-    }
-    case Outcome::Kind::kDuplicate:
-      if (logicals_[c.logical].declined) {
-        // The stored decline is replayed; nothing of the request ever commits.
-        const std::string declined = Declined(c.logical).what();
-        if (!effects.empty() || (outcome.response && *outcome.response != declined)) {
-          violate("outcomes-agree-with-the-ledger", c.logical,
-                  who + " answered kDuplicate " + outcome.response.value_or("(no response)") +
-                      " for a declined request");
-        }
-      } else if (effects.empty()) {
-        violate("outcomes-agree-with-the-ledger", c.logical,
-                who + " answered kDuplicate (" + std::string(to_string(outcome.layer)) +
-                    "), but no effect of the request ever committed");
-      } else if (outcome.response && *outcome.response != effects.front()->response) {
-        violate("outcomes-agree-with-the-ledger", c.logical,
-                who + " replayed " + *outcome.response + ", but the committed effect answered " +
-                    effects.front()->response);
-      }
-      return;
-    case Outcome::Kind::kMismatch:
-      violate("outcomes-agree-with-the-ledger", c.logical,
-              who + " answered kMismatch, but every delivery carries the same payload");
-      return;
-    case Outcome::Kind::kInProgress:
-    case Outcome::Kind::kUnavailable:
-      return;
-  }
 }
 
 void Simulation::ack(Message& m, const Call& c) {
@@ -1376,7 +1962,7 @@ void Simulation::ack(Message& m, const Call& c) {
 
 void Simulation::nack(Message& m) { m.visible_at = now_ + sched_.between(20, 300); }
 
-// ---- faults and invariants ---------------------------------------------------------------------
+// ---- faults and coverage -----------------------------------------------------------------------
 
 bool Simulation::draw(std::uint64_t per_mille) {
   if (!faults_.chance(per_mille)) return false;
@@ -1394,21 +1980,33 @@ void Simulation::injected(Fault kind, int logical, std::string text) {
   }
 }
 
+// The first step of `c` past its deadline: where the deadline found it.
+void Simulation::note_deadline(Call& c) {
+  if (c.deadline_noted || !past_deadline(c)) return;
+  c.deadline_noted = true;
+  if (tracing()) trace(c, "its deadline passes");
+  if (c.handler_returned) {
+    tally(Tally::kDeadlineAfterHandler);
+  } else if (c.phase == Call::Phase::kHandler) {
+    tally(Tally::kDeadlineMidHandler);
+  } else if (c.phase == Call::Phase::kLockWait) {
+    tally(Tally::kDeadlineInLockWait);
+  } else if (!c.handler_started) {
+    tally(Tally::kDeadlineBeforeHandler);
+  } else {
+    tally(Tally::kDeadlineAfterHandler);
+  }
+}
+
+bool Simulation::redis_lost(std::string_view key, Time since) const {
+  if (redis_lost_all_ >= since) return true;
+  const auto found = redis_lost_.find(key);
+  return found != redis_lost_.end() && found->second >= since;
+}
+
 void Simulation::violate(std::string invariant, int logical, std::string detail) {
   if (result_.violation) return;
   result_.violation = Violation{std::move(invariant), logical, std::move(detail)};
-}
-
-void Simulation::final_checks() {
-  for (std::size_t l = 0; l < logicals_.size(); ++l) {
-    const std::size_t effects = pg_->effects_of(static_cast<int>(l)).size();
-    if (effects != (logicals_[l].declined ? 0u : 1u)) {
-      violate("eventually-exactly-once", static_cast<int>(l),
-              "logical request " + std::to_string(l) + " committed " + std::to_string(effects) +
-                  " times once every message was acked (a lost request)");
-      return;
-    }
-  }
 }
 
 void Simulation::trace(const Call& c, std::string text) {
@@ -1423,13 +2021,427 @@ void Simulation::trace_world(std::string text) {
   result_.trace.push_back(TraceLine{now_, -1, false, std::move(text)});
 }
 
+// ---- the invariants ----------------------------------------------------------------------------
+
+// claim-kept-after-unclean-end: the claim of an execution that ended without a clean answer (and
+// in run() its sink row) keeps its key until its lease ends (unless Redis itself lost the record).
+void Simulation::check_claim(const Call& c, std::string_view key, Held held) {
+  const auto& kept = held == Held::kClaim ? protected_ : protected_rows_;
+  const auto found = kept.find(key);
+  if (found == kept.end() || found->second.until <= now_) return;
+  const std::string what = held == Held::kClaim ? "claim" : "sink row";
+  violate("claim-kept-after-unclean-end", c.logical,
+          "c" + std::to_string(c.id) + " took the " + what + " of " + std::string(key) + " at " +
+              std::to_string(now_) + " ms, while the " + what + " of c" +
+              std::to_string(found->second.call) +
+              " (which ended without a clean answer) was leased until " +
+              std::to_string(found->second.until) + " ms");
+}
+
+void Simulation::protect_if_half_done(const Call& c, std::string_view how) {
+  if (!c.handler_started) return;
+  auto protect = [&](Held held, const std::string& key, Time until) {
+    Protection& p = (held == Held::kClaim ? protected_ : protected_rows_)[key];
+    if (p.until < until) p = Protection{until, c.id};
+    if (tracing()) {
+      trace(c, "ended without a clean answer (" + std::string(how) + "): its " +
+                   (held == Held::kClaim ? "claim" : "sink row") + " is leased until " +
+                   std::to_string(until) + " ms");
+    }
+  };
+  if (c.holds) {
+    if (const std::optional<Time> until = redis_->expiry(c.key, c.owner_token);
+        until && *until > now_) {
+      protect(Held::kClaim, c.key, *until);
+    }
+  }
+  if (c.sink_row) {
+    const std::string key(c.plan->key());
+    if (const std::optional<SimPostgres::View> row = pg_->row(key);
+        row && row->owner == c.attempt && row->state == RecordState::kInProgress) {
+      protect(Held::kSinkRow, key, row->expires);
+    }
+  }
+}
+
+// At the start of a handler: what may run, and what must not.
+void Simulation::check_handler_start(Call& c) {
+  const Logical& l = logicals_[c.logical];
+  const std::string who = "c" + std::to_string(c.id);
+  if (stopped(c) || past_deadline(c)) {
+    violate("no-handler-after-stop-or-deadline", c.logical,
+            who + " starts its handler although its " +
+                (stopped(c) ? "stop was requested" : "deadline passed") + " before");
+    return;
+  }
+  const bool keyed = !c.plan->key().empty();
+  c.guard_at_start = c.holds;
+  c.sink_row_at_start = c.sink_row;
+  c.claimed_run = c.mode == CallMode::kTransactional ? keyed && !c.repeat : c.holds || c.sink_row;
+  if (keyed && c.repeat) {
+    // The guard answered a repeat, yet the handler runs: a retry of a reentrant intent.
+    tally(Tally::kReentrantRun);
+    if (!l.reentrant || !c.repeat_same_request) {
+      violate("reentrant-only-for-same-request", c.logical,
+              who + " runs its handler unclaimed after a repeat, but " +
+                  (!l.reentrant ? "its intent is not reentrant"
+                                : "the record in progress is another request's"));
+      return;
+    }
+  }
+  if (!c.previous_key.empty() && c.holds && !c.probe_failed && !(c.probed && c.probe_free)) {
+    violate("bucket-window-is-probed", c.logical,
+            who + " runs its handler under " + c.key + ", but the previous time bucket's key " +
+                c.previous_key +
+                (c.probed ? " held a record when it was probed" : " was never probed"));
+    return;
+  }
+  // run(): no two executions at once while a lease holds (this one's included: one that starts
+  // on a claim that ran out or that Redis lost meanwhile is told so by lease_lost).
+  const bool own_held = config_.sink ? c.sink_row && c.sink_expires > now_
+                                     : c.holds && redis_->holds(c.key, c.owner_token);
+  if (c.mode != CallMode::kRun || !c.claimed_run || !own_held) return;
+  for (const auto& [id, other] : running_) {
+    if (other == &c || other->logical != c.logical || !other->claimed_run ||
+        other->plan->key() != c.plan->key()) {
+      continue;
+    }
+    const bool row_held = config_.sink && other->sink_row && other->sink_expires > now_;
+    const bool claim_held =
+        !config_.sink && other->holds && redis_->holds(other->key, other->owner_token);
+    if (row_held || claim_held) {
+      violate("run-exclusive-while-leased", c.logical,
+              who + " starts its handler while c" + std::to_string(id) + " runs under a " +
+                  (row_held ? "sink row" : "claim") + " leased until " +
+                  std::to_string(row_held ? other->sink_expires : other->guard_expires) + " ms");
+      return;
+    }
+  }
+}
+
+// at-most-once: a transaction's effect commits only when no earlier effect under the key is
+// still answered by its record (the sink's unique index, or the business constraint).
+void Simulation::check_effect(const Call& c) {
+  const std::vector<const Effect*> effects = pg_->effects_of(c.logical);
+  const auto mine = std::find_if(effects.begin(), effects.end(), [&](const Effect* e) {
+    return e->call == c.id && e->committed_at == now_;
+  });
+  if (mine == effects.end() || !(*mine)->claimed) return;
+  for (const Effect* e : effects) {
+    if (e == *mine || !e->claimed || e->key != (*mine)->key || e->row_expires <= now_) continue;
+    violate("at-most-once", c.logical,
+            "the effect of logical request " + std::to_string(c.logical) +
+                " committed twice, by c" + std::to_string(e->call) + " and c" +
+                std::to_string(c.id) + " under " + e->key);
+    return;
+  }
+}
+
+void Simulation::check_outcome(const Call& c, const Outcome& outcome) {
+  const Logical& l = logicals_[c.logical];
+  const std::vector<const Effect*> effects = pg_->effects_of(c.logical);
+  const std::string who = "c" + std::to_string(c.id);
+  const bool unkeyed = l.keying == Keying::kUnkeyed;
+  if (unkeyed && (!config_.pass_through || outcome.kind == Outcome::Kind::kInProgress ||
+                  outcome.kind == Outcome::Kind::kMismatch)) {
+    violate("unkeyed-requests-are-not-deduplicated", c.logical,
+            who + " (a payload whose selection holds nothing) answered " +
+                std::string(to_string(outcome.kind)) + " (" +
+                std::string(to_string(outcome.layer)) + ")" +
+                (config_.pass_through ? "" : " instead of idem::MissingKey"));
+    return;
+  }
+  switch (outcome.kind) {
+    case Outcome::Kind::kExecuted: {
+      const bool own = std::any_of(effects.begin(), effects.end(),
+                                   [&](const Effect* e) { return e->call == c.id; });
+      if (!own) {
+        violate("outcomes-agree-with-the-ledger", c.logical,
+                who + " answered kExecuted, but its effect is not in the ledger");
+        return;
+      }
+      if (outcome.response != c.response) {
+        violate("no-foreign-response", c.logical,
+                who + " answered kExecuted with " + outcome.response.value_or("(no response)") +
+                    ", not its handler's response");
+        return;
+      }
+      if (c.returned_at && c.complete_answered && !outcome.lease_lost && !c.held_through_return) {
+        violate("lease-lost-is-told", c.logical,
+                who +
+                    " answered kExecuted with lease_lost false, but its claim was gone (by "
+                    "Redis) before its handler returned");
+        return;
+      }
+      check_saved(c, outcome);
+      check_clean(c, outcome);
+      return;
+    }
+    case Outcome::Kind::kDuplicate:
+      check_replay(c, outcome);
+      return;
+    case Outcome::Kind::kMismatch:
+      if (!l.reused) {
+        violate("no-foreign-response", c.logical,
+                who + " answered kMismatch, but its key was never used with another payload");
+      }
+      return;
+    case Outcome::Kind::kInProgress:
+    case Outcome::Kind::kUnavailable:
+      return;
+  }
+}
+
+// no-foreign-response: a replay is of its own request's response (or a decline stored for it),
+// never of another's; over-cap-replays-have-no-body.
+void Simulation::check_replay(const Call& c, const Outcome& outcome) {
+  const Logical& l = logicals_[c.logical];
+  const std::vector<const Effect*> effects = pg_->effects_of(c.logical);
+  const std::string who = "c" + std::to_string(c.id);
+  const bool own_decline = l.declined && c.variant == 0;
+  auto answered = [&](std::string_view response, int variant) {
+    return std::any_of(effects.begin(), effects.end(), [&](const Effect* e) {
+      return e->variant == variant && e->response == response;
+    });
+  };
+  // TransactionalClaim::kBusinessKey: the caller's constraint said the effect exists; the sink
+  // sees no fingerprint and keeps no response.
+  const bool business_duplicate = config_.business_key && c.mode == CallMode::kTransactional &&
+                                  outcome.layer == Layer::kPgSink && !outcome.response;
+  if (business_duplicate) {
+    if (effects.empty()) {
+      violate("outcomes-agree-with-the-ledger", c.logical,
+              who + " answered kDuplicate by the business constraint, but nothing committed");
+    }
+    return;
+  }
+  if (!outcome.response) {
+    if (!l.over_cap) {
+      violate("outcomes-agree-with-the-ledger", c.logical,
+              who + " replayed no response (" + std::string(to_string(outcome.layer)) +
+                  "), but the request's responses are within the size cap");
+      return;
+    }
+    tally(Tally::kOverCapReplay);
+    if (!std::any_of(effects.begin(), effects.end(),
+                     [&](const Effect* e) { return e->variant == c.variant; })) {
+      violate("no-foreign-response", c.logical,
+              who + " answered kDuplicate (" + std::string(to_string(outcome.layer)) +
+                  ") for another payload's execution, or for none");
+    }
+    return;
+  }
+  const std::string& body = *outcome.response;
+  if (body.size() > kResponseCap && outcome.layer != Layer::kRequestId) {
+    violate("over-cap-replays-have-no-body", c.logical,
+            who + " replayed a response of " + std::to_string(body.size()) + " bytes from " +
+                std::string(to_string(outcome.layer)) + ", over its cap of " +
+                std::to_string(kResponseCap));
+    return;
+  }
+  if ((own_decline && body == Declined(c.logical).what()) || answered(body, c.variant)) return;
+  const bool foreign = answered(body, 1 - c.variant) || body == Declined(c.logical).what();
+  violate("no-foreign-response", c.logical,
+          who + " replayed " + body +
+              (foreign ? ", the response of the request that used its key with another payload"
+                       : ", which no execution of its request answered"));
+}
+
+// unsaved-results-are-told: kExecuted with save_error empty means every layer holding the claim
+// saved the response (by the simulated backends); a save_error, that a completion failed.
+void Simulation::check_saved(const Call& c, const Outcome& outcome) {
+  if (!c.claimed_run) return;  // an unclaimed run completes nothing
+  const std::string who = "c" + std::to_string(c.id);
+  if (!outcome.save_error.empty()) {
+    if (!c.completion_failed) {
+      violate("unsaved-results-are-told", c.logical,
+              who + " answered save_error '" + outcome.save_error + "', but no completion failed");
+    }
+    return;
+  }
+  if (c.completion_failed) {
+    violate("unsaved-results-are-told", c.logical,
+            who +
+                " answered kExecuted with save_error empty, but a completion of its response "
+                "failed");
+    return;
+  }
+  if (c.guard_at_start && !outcome.lease_lost && !c.guard_saved) {
+    violate("unsaved-results-are-told", c.logical,
+            who + " answered kExecuted, saved, lease held, but its guard record was not completed");
+    return;
+  }
+  // The sink keeps every claimed execution's response: its row commits with the effect
+  // (run_transactional(), TransactionalClaim::kRecord), or is claimed before the handler and
+  // completed after it (run()).
+  const bool row_kept = c.mode == CallMode::kTransactional
+                            ? config_.business_key || c.sink_kept_until != kNever
+                            : c.sink_row_at_start;
+  if (config_.sink && !row_kept) {
+    violate("unsaved-results-are-told", c.logical,
+            who + " answered kExecuted, saved, but the sink keeps no record of it");
+    return;
+  }
+  if (sink_row_lost_untold(c, outcome) && !options_.tolerate_known_gaps) {
+    violate("lease-lost-is-told", c.logical,
+            who +
+                " answered kExecuted with lease_lost false, but its sink row's lease had run "
+                "out when it completed it");
+  }
+}
+
+// run(): the call held a sink row when its handler started, the row's completion found it no
+// longer this attempt's (its lease ran out, another attempt may have taken it over), and the
+// call was told neither lease_lost nor save_error. A known gap of the plan: kSinkComplete
+// answers Done, with no way to say "not owned".
+bool Simulation::sink_row_lost_untold(const Call& c, const Outcome& outcome) const {
+  return c.mode == CallMode::kRun && c.sink_row_at_start && !c.sink_complete_owned &&
+         !c.completion_failed && !outcome.lease_lost && outcome.save_error.empty();
+}
+
+// doubled-effects-are-told: two executions under one key are never both told clean (kExecuted,
+// saved, lease held) while the first one's record was kept: a doubled effect is always told.
+void Simulation::check_clean(const Call& c, const Outcome& outcome) {
+  if (!c.claimed_run || !outcome.save_error.empty() || outcome.lease_lost) return;
+  if (sink_row_lost_untold(c, outcome) && options_.tolerate_known_gaps) {
+    tally(Tally::kSinkRowLostUntold);  // told clean, but it was not: see check_saved()
+    return;
+  }
+  const std::string key(c.plan->key());
+  const Clean mine{c.id, c.guard_kept_until, c.sink_kept_until, c.handler_started_at};
+  const auto [it, first] = clean_.try_emplace({c.logical, key}, mine);
+  if (first) return;
+  const Clean earlier = it->second;
+  // A new execution once every record of the earlier one was gone: its retention ended, or
+  // Redis lost it.
+  const Time guard_until = redis_lost(key, earlier.since) ? 0 : earlier.guard_until;
+  if (c.handler_started_at >= std::max(guard_until, earlier.sink_until)) {
+    it->second = mine;
+    return;
+  }
+  violate("doubled-effects-are-told", c.logical,
+          "c" + std::to_string(c.id) + " and c" + std::to_string(earlier.call) +
+              " both answered kExecuted, saved, lease held, for " + key);
+}
+
+// At the end of every call.
+void Simulation::check_end(const Call& c, const std::exception_ptr& error) {
+  const std::string who = "c" + std::to_string(c.id);
+  const Logical& l = logicals_[c.logical];
+  if (error && c.handler_returned && is<Cancelled>(error)) {
+    violate("the-shield", c.logical,
+            who + " threw " + what(error) +
+                " after its handler returned: nothing after the "
+                "handler is cut short");
+    return;
+  }
+  if (error && l.keying == Keying::kUnkeyed && !config_.pass_through && !is<MissingKey>(error) &&
+      !is<Cancelled>(error)) {
+    violate("unkeyed-requests-are-not-deduplicated", c.logical,
+            who + " (a payload whose selection holds nothing) threw " + what(error) +
+                " instead of idem::MissingKey");
+    return;
+  }
+  // failed-releases-are-told, for a call with no event: one stopped or past its deadline before
+  // its handler ran ends by idem::Cancelled and emits none. A known gap.
+  if (c.release_failed && !c.emitted && (config_.emit || config_.metrics)) {
+    if (!options_.tolerate_known_gaps || c.handler_started || !is<Cancelled>(error)) {
+      violate("failed-releases-are-told", c.logical,
+              who + " ended (" + (error ? what(error) : std::string("an outcome")) +
+                  ") after a release of its claim failed, with no decision event to tell it");
+      return;
+    }
+    tally(Tally::kReleaseFailedUntold);
+  }
+  if (c.handler_started) return;
+  // no-claim-left-without-handler: a call that never ran its handler releases what it claimed
+  // (a claim whose answer never arrived is the lease's to end).
+  const std::optional<SimRedis::View> record = redis_->record(c.key);
+  if (record && !c.owner_token.empty() && record->owner_token == c.owner_token &&
+      record->state == RecordState::kInProgress && !c.release_failed && !c.completion_failed &&
+      !redis_lost(c.key, c.claimed_at)) {
+    violate("no-claim-left-without-handler", c.logical,
+            who + " ended (" + (error ? what(error) : std::string("an outcome")) +
+                ") before its handler ran, still holding its claim of " + c.key);
+    return;
+  }
+  if (!c.probe_token.empty() && !c.probe_release_failed &&
+      redis_->holds(c.previous_key, c.probe_token) && !redis_lost(c.previous_key, c.claimed_at)) {
+    violate("no-claim-left-without-handler", c.logical,
+            who + " ended still holding its probe of " + c.previous_key);
+    return;
+  }
+  if (c.sink_row && !c.release_failed) {
+    const std::optional<SimPostgres::View> row = pg_->row(c.plan->key());
+    if (row && row->owner == c.attempt && row->state == RecordState::kInProgress) {
+      violate("no-claim-left-without-handler", c.logical,
+              who + " ended before its handler ran, still holding its sink row");
+    }
+  }
+}
+
+// failed-releases-are-told: a decision event carries release_error exactly when a release of
+// the call's claim failed.
+void Simulation::check_event(Call& c, const DecisionEvent& event) {
+  c.emitted = true;
+  if (event.release_error.empty() != c.release_failed) return;
+  violate("failed-releases-are-told", c.logical,
+          "c" + std::to_string(c.id) + "'s decision event says release_error '" +
+              std::string(event.release_error) + "', but " +
+              (c.release_failed ? "a release failed" : "no release failed"));
+}
+
+// eventually-exactly-once, once every message is acked: no request is lost, a declined one has
+// no effect, and one without a key has one only as the policy says. (At most once is checked at
+// each commit; run() promises no more than at least once, and that a doubled effect is told.)
+void Simulation::final_checks() {
+  for (std::size_t i = 0; i < logicals_.size(); ++i) {
+    const Logical& l = logicals_[i];
+    const std::size_t effects = pg_->effects_of(static_cast<int>(i)).size();
+    const bool rejected = l.keying == Keying::kUnkeyed && !config_.pass_through;
+    std::string wrong;
+    if (rejected && effects > 0) {
+      wrong = "it has no key and the policy rejects it, yet it has an effect";
+    } else if (l.declined && !l.reused && effects > 0) {
+      wrong = "it is declined every time, yet it has an effect";
+    } else if (!rejected && !l.declined && !l.reused && effects == 0) {
+      // (A key used with two payloads may end with neither run: each is a kMismatch of the
+      // other's record, dead-lettered, as "mismatch before state" says.)
+      wrong = "it has no effect (a lost request)";
+    }
+    if (!wrong.empty()) {
+      violate("eventually-exactly-once", static_cast<int>(i),
+              "logical request " + std::to_string(i) + " committed " + std::to_string(effects) +
+                  " times once every message was acked: " + wrong);
+      return;
+    }
+  }
+}
+
 }  // namespace
 
 // ---- the public face ---------------------------------------------------------------------------
 
 namespace {
-constexpr std::array<std::string_view, 4> kBugNames = {
-    "none", "release-on-cancel", "complete-without-owner-check", "ack-before-commit"};
+constexpr std::array<std::string_view, kBugs> kBugNames = {
+    "none",
+    "release-on-cancel",
+    "complete-without-owner-check",
+    "ack-before-commit",
+    "key-from-empty-selection",
+    "stop-ignored-before-handler",
+    "release-on-deadline",
+    "failed-completion-reported-saved",
+    "failed-release-reported-done",
+    "guard-ignores-fingerprint",
+    "guard-keeps-over-cap-body",
+    "repeat-reported-as-same-request",
+    "bucket-probe-skipped",
+    "interrupt-after-handler",
+    "interrupted-call-skips-release",
+    "sink-busy-reported-claimed",
+    "guard-forgets-early",
+};
 }  // namespace
 
 std::string_view to_string(Bug bug) noexcept { return kBugNames[static_cast<std::size_t>(bug)]; }
@@ -1445,6 +2457,10 @@ std::string_view to_string(Fault fault) noexcept {
   return kFaultNames.at(static_cast<std::size_t>(fault));
 }
 
+std::string_view to_string(Tally tally) noexcept {
+  return kTallyNames.at(static_cast<std::size_t>(tally));
+}
+
 std::size_t RunResult::fault_count() const noexcept {
   std::size_t total = 0;
   for (const std::size_t n : faults) total += n;
@@ -1454,7 +2470,14 @@ std::size_t RunResult::fault_count() const noexcept {
 RunResult run(const RunOptions& options) { return Simulation(options).run(); }
 
 Reproduction minimize(std::uint64_t seed, Bug bug) {
-  RunOptions options{.seed = seed, .bug = bug};
+  return minimize(RunOptions{.seed = seed, .bug = bug});
+}
+
+Reproduction minimize(RunOptions options) {
+  const std::uint64_t seed = options.seed;
+  const Bug bug = options.bug;
+  options.trace = false;
+  options.suppressed.clear();
   RunResult failing = run(options);
   // Take faults out while the run still fails, as delta debugging does: chunks of the injected
   // faults first (half of them, then quarters, ...), single ones last. A removal changes the

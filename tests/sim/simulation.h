@@ -1,10 +1,12 @@
 // The deterministic simulation of idem's call plan (docs/simulation.md): many concurrent calls
-// of detail::CallPlan (src/facade/plan.h) in run_transactional() mode, interleaved by one seeded
-// scheduler on one thread, against a simulated Redis guard, a simulated PostgreSQL (the sink's
-// rows and a business ledger, committed together) and simulated processes with local caches and
-// clocks of their own. The seed decides the configuration, the workload (duplicates from every
-// source of the storm demo), every interleaving and every fault, so a failing seed replays
-// exactly. After each run the invariants are checked; the first violation ends the run.
+// of detail::CallPlan (src/facade/plan.h), in run_transactional() and run() mode, with and
+// without a sink, interleaved by one seeded scheduler on one thread, against a simulated Redis
+// guard, a simulated PostgreSQL (the sink's rows and a business ledger) and simulated processes
+// with local caches and clocks of their own. The seed decides the configuration, the workload
+// (duplicates from every source of the storm demo, keys reused with another payload, requests
+// keyed by their payload or by nothing), every interleaving, every stop, deadline and fault, so
+// a failing seed replays exactly. The invariants are checked as the run goes and when it has
+// drained; the first violation ends the run.
 #pragma once
 
 #include <array>
@@ -25,12 +27,31 @@ namespace idem::sim {
 /// it (production code is never changed).
 enum class Bug {
   kNone,
-  kReleaseOnCancel,            ///< The driver releases the guard claim of a cancelled call.
-  kCompleteWithoutOwnerCheck,  ///< The guard's complete marks any live record COMPLETED.
-  kAckBeforeCommit,            ///< The consumer acks its message when the handler returns.
+  kReleaseOnCancel,                ///< The driver releases the guard claim of a cancelled call.
+  kCompleteWithoutOwnerCheck,      ///< The guard's complete marks any live record COMPLETED.
+  kAckBeforeCommit,                ///< The consumer acks its message when the handler returns.
+  kKeyFromEmptySelection,          ///< The driver keys a request without ID or business key by the
+                                   ///< fingerprint of its selection, even an empty one.
+  kStopIgnoredBeforeHandler,       ///< The driver tells the plan of no stop until the handler runs.
+  kReleaseOnDeadline,              ///< The driver releases the guard claim of a call whose deadline
+                                   ///< passed while its handler ran.
+  kFailedCompletionReportedSaved,  ///< The driver reports a guard complete that failed as done.
+  kFailedReleaseReportedDone,      ///< The driver reports a release that failed as done.
+  kGuardIgnoresFingerprint,        ///< The guard answers every repeat as the same payload.
+  kGuardKeepsOverCapBody,          ///< The guard keeps a response over its size cap.
+  kRepeatReportedAsSameRequest,    ///< The guard answers REPEAT_SAME whatever the request ID.
+  kBucketProbeSkipped,     ///< The driver answers the previous time bucket's probe FIRST unasked.
+  kInterruptAfterHandler,  ///< The driver cuts steps short after the handler returned too.
+  kInterruptedCallSkipsRelease,  ///< Stopped or past its deadline before its handler, the driver
+                                 ///< reports the release of the call's claim done without sending
+                                 ///< it.
+  kSinkBusyReportedClaimed,      ///< The driver reports a run() sink row another attempt holds
+                                 ///< as claimed.
+  kGuardForgetsEarly,  ///< The guard keeps a completed record for the lease, not the retention.
 };
+inline constexpr std::size_t kBugs = static_cast<std::size_t>(Bug::kGuardForgetsEarly) + 1;
 
-/// "none", "release-on-cancel", "complete-without-owner-check", "ack-before-commit".
+/// "none", "release-on-cancel", ..., as `--bug` takes them (docs/simulation.md).
 [[nodiscard]] std::string_view to_string(Bug bug) noexcept;
 /// The bug of a name of to_string(); nullopt for an unknown name.
 [[nodiscard]] std::optional<Bug> parse_bug(std::string_view name) noexcept;
@@ -61,6 +82,46 @@ inline constexpr std::size_t kFaultKinds = static_cast<std::size_t>(Fault::kAckL
 /// A short name ("crash", "redis-failover", ...).
 [[nodiscard]] std::string_view to_string(Fault fault) noexcept;
 
+/// What the calls of a run did and met, counted for coverage (idem-sim prints them).
+enum class Tally {
+  // How each call runs and how it is keyed.
+  kTransactional,       ///< run_transactional().
+  kRun,                 ///< run() with the sink.
+  kRunWithoutSink,      ///< run() with the guard alone.
+  kBusinessKey,         ///< Keyed by (user, intent, business key).
+  kRequestId,           ///< Keyed by its request ID alone.
+  kFallbackKey,         ///< No request ID, no business key: keyed by its payload's fingerprint.
+  kBucketed,            ///< ... in a time bucket (the previous bucket probed).
+  kMissingKey,          ///< No key at all (a selection that holds nothing): MissingKey.
+  kPassThrough,         ///< No key at all: run unguarded (MissingKeyPolicy::kPassThrough).
+  kMismatchingPayload,  ///< A key reused with another payload.
+  kReentrantRun,        ///< A retry of a reentrant intent run unclaimed beside the first.
+  kOverCapReplay,       ///< A replay of a response over the size cap.
+  // Stops, by where the call was when its stop was requested.
+  kStoppedBeforeStart,    ///< Before its first step.
+  kStoppedBeforeHandler,  ///< While it claimed or waited (not on a lock).
+  kStoppedInLockWait,     ///< While its sink claim waited on the key's lock.
+  kStoppedMidHandler,     ///< While its handler ran.
+  kStoppedAfterHandler,   ///< After its handler returned (completion, commit).
+  // Deadlines, by where the call was when its deadline passed.
+  kDeadlineBeforeHandler,
+  kDeadlineInLockWait,
+  kDeadlineMidHandler,
+  kDeadlineAfterHandler,
+  kCutShort,  ///< Interruptible steps the driver cut short (a stop, the deadline).
+  // Saves.
+  kFailedCompletion,  ///< Completions that failed after the handler ran.
+  kFailedRelease,     ///< Releases that failed.
+  // Known gaps of the plan, tolerated (RunOptions::tolerate_known_gaps).
+  kSinkRowLostUntold,    ///< run(): a sink row lost mid-handler, told neither lease_lost nor
+                         ///< save_error (the row's completion cannot say "not owned").
+  kReleaseFailedUntold,  ///< A release that failed, of a call stopped or past its deadline
+                         ///< before its handler ran: no decision event tells it.
+};
+inline constexpr std::size_t kTallies = static_cast<std::size_t>(Tally::kReleaseFailedUntold) + 1;
+/// A short name ("transactional", "stopped-in-lock-wait", ...).
+[[nodiscard]] std::string_view to_string(Tally tally) noexcept;
+
 /// What one run is asked to do.
 struct RunOptions {
   std::uint64_t seed = 1;
@@ -69,6 +130,9 @@ struct RunOptions {
   bool trace = false;
   /// Faults not to inject, by number (the order in which the run drew them): minimize() uses it.
   std::set<int> suppressed{};
+  /// Count the known gaps of the plan (docs/simulation.md, "What it found") instead of failing
+  /// on them; false checks them as the invariants say (their regression tests do).
+  bool tolerate_known_gaps = true;
 };
 
 /// A broken invariant.
@@ -99,6 +163,7 @@ struct RunResult {
   std::array<std::size_t, detail::kStepKinds> plan_steps{};
   /// How calls ended, by Outcome::Kind (kExecuted ... kUnavailable), then by an exception.
   std::array<std::size_t, 6> endings{};
+  std::array<std::size_t, kTallies> tallies{};  ///< Coverage, by Tally.
   std::vector<int> injected;  ///< Numbers of the faults injected (see RunOptions::suppressed).
   std::optional<Violation> violation;
   std::vector<TraceLine> trace;  ///< With RunOptions::trace.
@@ -124,5 +189,7 @@ struct Reproduction {
 
 /// Minimizes a failing seed (`run({seed, bug})` must break an invariant).
 [[nodiscard]] Reproduction minimize(std::uint64_t seed, Bug bug);
+/// The same for a run of `options` (its seed, bug and tolerate_known_gaps).
+[[nodiscard]] Reproduction minimize(RunOptions options);
 
 }  // namespace idem::sim
