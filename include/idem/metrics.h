@@ -35,7 +35,8 @@ struct DecisionEvent {
   /// handler's own (a business failure; its claim was released), or idem's completion or the
   /// commit after the handler returned. The exception still propagates to the caller; `outcome`
   /// is then kExecuted and `layer` kHandler. A cancellation (idem::Cancelled) and an error
-  /// before the handler (bad input, a ConfigError) emit no event.
+  /// before the handler (bad input, a ConfigError) emit no event, unless a release of a claim
+  /// the call took failed (see ended_before_handler).
   bool handler_failed = false;
   /// handler_failed: the exception's what() as thrown, or "unknown exception". It may hold line
   /// breaks (PostgreSQL's messages do) and any byte: escape it before a line-based log.
@@ -48,6 +49,12 @@ struct DecisionEvent {
   /// repeats get kInProgress meanwhile. Empty when every release succeeded. The handler's own
   /// exception still propagates unchanged.
   std::string_view release_error{};
+  /// The call ended by an exception before its handler ran (a stop, its deadline, bad input a
+  /// backend found) and a release of a claim it took failed (`release_error`): such a call
+  /// emits this one event so that the claim left until its lease ends is told with its key.
+  /// `error` is the exception's what(); `layer` and `outcome` mean nothing. Passed to
+  /// Metrics::record_failed_release(), not record_decision().
+  bool ended_before_handler = false;
   /// Set when the call had no idempotency key and ran unguarded (MissingKeyPolicy::
   /// kPassThrough): why it had none (e.g. the fingerprint's selection held nothing to key on).
   std::string_view unkeyed{};
@@ -62,6 +69,9 @@ class IDEM_EXPORT Metrics {
   /// One call whose handler failed (`event.handler_failed`; see DecisionEvent). Such a call
   /// produced no outcome and is not passed to record_decision(). Default: ignored.
   virtual void record_handler_failure(const DecisionEvent& event) noexcept { (void)event; }
+  /// One call that ended before its handler ran with a failed release
+  /// (DecisionEvent::ended_before_handler). Default: ignored.
+  virtual void record_failed_release(const DecisionEvent& event) noexcept { (void)event; }
   /// A backend call of `layer` failed (the facade then applied its failure policy).
   virtual void record_backend_error(Layer layer) noexcept = 0;
   /// This call released its Redis claim (business failure, or a later layer stopped it).
@@ -96,6 +106,9 @@ class IDEM_EXPORT InProcessMetrics final : public Metrics {
 
   void record_decision(const DecisionEvent& event) noexcept override;
   void record_handler_failure(const DecisionEvent& event) noexcept override;
+  void record_failed_release(const DecisionEvent& event) noexcept override {
+    count_failed_writes(event);
+  }
   void record_backend_error(Layer layer) noexcept override;
   void record_release() noexcept override;
   void record_renewal(bool ok) noexcept override;

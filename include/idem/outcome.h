@@ -40,12 +40,12 @@ struct Outcome {
   Layer layer = Layer::kHandler;          ///< Which layer decided.
   std::optional<std::string> response{};  ///< Handler's or replayed response.
   std::string error{};                    ///< kUnavailable: the backend's error message.
-  /// kExecuted: true when this call's Redis claim ended before the handler returned (its lease
-  /// ran out and another delivery took the key, or a renewal failed), so another delivery may
-  /// have run the handler too. With run_transactional() the sink's unique index still kept the
-  /// effect single. With run() the sink's row has a lease of its own (PgSinkOptions::lease),
-  /// which renewal does not extend; without a sink, or when that lease ran out too, treat the
-  /// effect as possibly doubled (alert, reconcile). Renew long handlers
+  /// kExecuted: true when this call's claim ended before the handler returned (its Redis lease
+  /// ran out and another delivery took the key, or a renewal failed; in run(), its sink row was
+  /// found taken over when it was completed), so another delivery may have run the handler too.
+  /// With run_transactional() the sink's unique index still kept the effect single. With run()
+  /// the sink's row has a lease of its own (PgSinkOptions::lease), renewed with the Redis lease;
+  /// when it is true there, treat the effect as possibly doubled (alert, reconcile). Renew long handlers
   /// (DeduplicatorOptions::auto_renew_interval, Context::renew()) to avoid it. Two limits: it is
   /// decided by the guard's answer to the completion and the local clock, so a completion that
   /// failed (Redis unreachable at that moment) leaves it false unless the lease had run out by

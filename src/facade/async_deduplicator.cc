@@ -14,6 +14,7 @@
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
+#include <atomic>
 #include <cstdlib>
 #include <stdexcept>
 #include <stop_token>
@@ -111,7 +112,10 @@ struct AsyncDeduplicator::Impl {
   detail::PlanRules rules;
   std::unique_ptr<LocalCache> cache;
   Uuid7Generator owner_ids;
-  bool shut_down = false;
+  // shutdown() was called: set at once from any thread, so that a call whose steps never
+  // suspend (in-memory backends) sees it at its next step; the calls under way are interrupted
+  // on the loop too.
+  std::atomic<bool> shut_down{false};
   // The running calls, for shutdown(); each knows its place (AsyncCall::running_at_), so adding
   // and removing one is O(1) and allocates nothing once the vector has grown.
   std::vector<detail::AsyncCall*> calls;
@@ -173,7 +177,7 @@ struct ForwardRequestStop {
 void AsyncCall::start() {
   const std::shared_ptr<AsyncCall> self = shared_from_this();
   dedup_->add_running(*this);
-  if (dedup_->shut_down) cancelled_ = true;
+  if (dedup_->shut_down.load(std::memory_order_relaxed)) cancelled_ = true;
   if (user_slot_.is_connected()) user_slot_.emplace<ForwardCancellation>(self);
   if (request_.stop.stop_possible()) {
     on_request_stop_.emplace(request_.stop, ForwardRequestStop{self, dedup_->executor});
@@ -204,7 +208,10 @@ void AsyncCall::finish(std::exception_ptr error, Outcome outcome) {
   completion->complete(error, std::move(outcome));
 }
 
-bool AsyncCall::stopped() const noexcept { return cancelled_ || request_.stop.stop_requested(); }
+bool AsyncCall::stopped() const noexcept {
+  return cancelled_ || request_.stop.stop_requested() ||
+         dedup_->shut_down.load(std::memory_order_relaxed);
+}
 
 asio::awaitable<AsyncCall::Ending> AsyncCall::drive(std::shared_ptr<AsyncCall> self) {
   // The driver reacts to cancellation itself: operations it awaits after one still run (the
@@ -214,6 +221,9 @@ asio::awaitable<AsyncCall::Ending> AsyncCall::drive(std::shared_ptr<AsyncCall> s
   Input input{SteadyClock::now(), call.stopped(), Started{}};
   for (;;) {
     const Step step = call.plan_.resume(std::move(input));
+    if (step.kind == StepKind::kReturn || step.kind == StepKind::kThrow) {
+      (void)InProcess(call.dedup_->rules, call.dedup_->cache.get()).perform(step);  // its notes
+    }
     if (step.kind == StepKind::kReturn) co_return Ending{nullptr, call.plan_.outcome()};
     if (step.kind == StepKind::kThrow) co_return Ending{call.plan_.error(), {}};
     call.interruptible_ = step.interruptible;
@@ -253,8 +263,8 @@ asio::awaitable<StepResult> AsyncCall::perform_io(const Step& step) {
                                              step.owner_token);
     case StepKind::kSinkComplete:
       if (tx_) co_return co_await perform_in_transaction(step);
-      (void)co_await dedup_->sink->complete(step.key, step.owner_token, step.value, step.ttl);
-      co_return Done{};
+      co_return Completed{
+          co_await dedup_->sink->complete(step.key, step.owner_token, step.value, step.ttl)};
     case StepKind::kSinkRelease:
       (void)co_await dedup_->sink->release(step.key, step.owner_token);
       co_return Done{};
@@ -382,7 +392,7 @@ AsyncDeduplicator::AsyncDeduplicator(executor_type executor, AsyncDeduplicatorOp
     : impl_(std::make_shared<Impl>(std::move(executor), options)) {}
 
 AsyncDeduplicator::~AsyncDeduplicator() {
-  impl_->shut_down = true;
+  impl_->shut_down.store(true, std::memory_order_relaxed);
   impl_->close();
 }
 
@@ -391,8 +401,8 @@ AsyncDeduplicator::executor_type AsyncDeduplicator::get_executor() const noexcep
 }
 
 void AsyncDeduplicator::shutdown() {
+  impl_->shut_down.store(true, std::memory_order_relaxed);
   asio::post(impl_->executor, [impl = impl_] {
-    impl->shut_down = true;
     const std::vector<detail::AsyncCall*> running = impl->calls;
     for (detail::AsyncCall* call : running) call->interrupt(false);
   });

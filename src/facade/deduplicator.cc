@@ -184,6 +184,9 @@ Outcome BlockingCall::drive(const Handler& handler) {
       std::lock_guard lock(mutex_);
       step = plan_.resume(std::move(input));
     }
+    if (step.kind == detail::StepKind::kReturn || step.kind == detail::StepKind::kThrow) {
+      (void)in_process_.perform(step);  // its notes
+    }
     if (step.kind == detail::StepKind::kReturn) return plan_.outcome();
     if (step.kind == detail::StepKind::kThrow) std::rethrow_exception(plan_.error());
     input.result = perform(step, handler);
@@ -231,7 +234,7 @@ detail::StepResult BlockingCall::perform_io(const detail::Step& step, const Hand
       if (tx_) {
         tx_->record(step.key, step.request_id, step.fingerprint, step.value, step.ttl);
       } else {
-        (void)sink->complete(step.key, step.owner_token, step.value, step.ttl);
+        return detail::Completed{sink->complete(step.key, step.owner_token, step.value, step.ttl)};
       }
       return detail::Done{};
     case StepKind::kCommit:

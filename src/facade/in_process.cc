@@ -37,7 +37,9 @@ std::optional<StepResult> InProcess::perform(const Step& step) const {
       }
     case StepKind::kEmit:
       if (Metrics* metrics = o.metrics.get()) {
-        if (step.event->handler_failed) {
+        if (step.event->ended_before_handler) {
+          metrics->record_failed_release(*step.event);
+        } else if (step.event->handler_failed) {
           metrics->record_handler_failure(*step.event);
         } else {
           metrics->record_decision(*step.event);

@@ -152,6 +152,11 @@ void CallPlan::take(ClaimResult&& claim) {
 }
 
 void CallPlan::take(Completed completed) {
+  if ((state_ == State::kSinkComplete || state_ == State::kStoreComplete) && !transactional()) {
+    // run(): the row was no longer this attempt's (its lease ran out and another took it over).
+    if (!completed.owned && state_ == State::kSinkComplete) sink_row_lost_ = true;
+    return take(Done{});
+  }
   if (state_ != State::kGuardComplete) return internal_error("a completion out of kGuardComplete");
   owned_ = completed.owned;
   owner_token_.clear();
@@ -223,7 +228,9 @@ void CallPlan::claim_failed(StepError error) {
     ++(guard ? notes_.guard_errors : notes_.sink_errors);
     return guard ? guard_failed(error.what) : sink_unavailable(error.what);
   }
-  error_ = std::move(error.error);  // bad input (InvalidKey, ...): thrown as is, claims released
+  // Bad input (InvalidKey, ...): thrown as is, claims released.
+  handler_error_.what = std::move(error.what);
+  error_ = std::move(error.error);
   if (transaction_open()) return go(State::kRollback);
   after_failure();
 }
@@ -297,9 +304,11 @@ void CallPlan::settle() {
 void CallPlan::stop_before_handler() {
   // Claimed but not started: nothing of the handler can have happened, so every claim of this
   // call goes (the transaction's with its rollback), whichever step the stop came in.
-  error_ = std::make_exception_ptr(
-      Cancelled("idem: the call was stopped (Request::stop, shutdown(), a cancellation) before "
-                "its handler ran; nothing ran and its claims were released"));
+  handler_error_.what =
+      "idem: the call was stopped (Request::stop, shutdown(), a cancellation) before "
+      "its handler ran; nothing ran, and the claims it took are released (a release "
+      "that fails is told in the decision event)";
+  error_ = std::make_exception_ptr(Cancelled(handler_error_.what));
   cancelled_ = true;
   if (transaction_open()) return go(State::kRollback);
   after_failure();
@@ -316,9 +325,10 @@ void CallPlan::deadline_before_handler() {
     case State::kSinkClaim:
       return sink_unavailable(kDeadlineText);
     default:  // the handler has not started: nothing ran, the claims go
-      error_ = std::make_exception_ptr(DeadlineExceeded(
-          "idem: the call's deadline passed before its handler ran; nothing ran and its claims "
-          "were released"));
+      handler_error_.what =
+          "idem: the call's deadline passed before its handler ran; nothing ran, and the claims "
+          "it took are released (a release that fails is told in the decision event)";
+      error_ = std::make_exception_ptr(DeadlineExceeded(handler_error_.what));
       cancelled_ = true;
       if (transaction_open()) return go(State::kRollback);
       return after_failure();
@@ -533,7 +543,8 @@ void CallPlan::begin_completion() {
 void CallPlan::end_completion() {
   // By the time the completion was sent (now_): a claim past its lease is lost by then.
   if (!completing_failure_ && outcome_.kind == Outcome::Kind::kExecuted) {
-    outcome_.lease_lost = !owned_ || lease_lost_ || (had_claim_ && now_ >= lease_deadline_);
+    outcome_.lease_lost =
+        !owned_ || lease_lost_ || sink_row_lost_ || (had_claim_ && now_ >= lease_deadline_);
     outcome_.save_error = save_error_;
   }
   emit_or_end();
@@ -552,7 +563,7 @@ void CallPlan::release_or(State next) {
 }
 
 void CallPlan::proceed(State next) {
-  if (next == State::kEmit) return emit_or_end();
+  if (next == State::kEmit || next == State::kThrow) return emit_or_end();
   go(next);
 }
 
@@ -560,8 +571,10 @@ void CallPlan::emit_or_end() {
   const DeduplicatorOptions& o = rules_.options_;
   const State end = error_ ? State::kThrow : State::kReturn;
   // A failed call reports only a handler that ran: errors before it decided nothing, and a
-  // cancellation is no decision either.
-  const bool report = !error_ || (handler_started_ && !cancelled_);
+  // cancellation is no decision either; but a call that ended before its handler ran and failed
+  // to release a claim it took is told, so that the claim left until its lease ends is seen.
+  const bool before_handler_ended = error_ && !handler_started_ && !release_error_.empty();
+  const bool report = !error_ || (handler_started_ && !cancelled_) || before_handler_ended;
   if (!report || (!o.metrics && !o.on_decision)) return go(end);
   event_ = DecisionEvent{};
   event_.request_id = request_.request_id;
@@ -571,7 +584,10 @@ void CallPlan::emit_or_end() {
   event_.latency = std::chrono::duration_cast<std::chrono::microseconds>(now_ - start_);
   if (!claim_rows_ && key_.missing_reason != nullptr) event_.unkeyed = key_.missing_reason;
   event_.release_error = release_error_;
-  if (error_) {
+  if (before_handler_ended) {
+    event_.ended_before_handler = true;
+    event_.error = handler_error_.what;
+  } else if (error_) {
     event_.handler_failed = true;
     event_.error = handler_error_.what;
   } else {

@@ -93,8 +93,9 @@ enum class StepKind {
   kRunHandler,     ///< Call the handler (in the open transaction when transactional) →
                    ///< Response, or BusinessDuplicate when a business constraint of the sink
                    ///< said the effect exists (transactional only).
-  kSinkComplete,   ///< Complete key with value, kept for ttl: in the open transaction, or on
-                   ///< its own for owner_token (kRun) → Done.
+  kSinkComplete,   ///< Complete key with value, kept for ttl: in the open transaction (staged
+                   ///< for COMMIT) → Done, or on its own for owner_token (kRun) → Completed
+                   ///< (false: the row was no longer this attempt's).
   kCommit,         ///< Commit the open transaction → Done.
   kRollback,       ///< Roll the open transaction back → Done (a failure changes nothing).
   kSinkRelease,    ///< Sink::release(key, owner_token) → Done.
@@ -361,6 +362,7 @@ class CallPlan {
   bool handler_returned_ = false;  // the handler returned (or failed): nothing cuts the rest short
   bool owned_ = true;              // the guard's complete found the claim still ours
   bool holds_sink_row_ = false;    // run(): the sink's row claimed by this attempt, not finished
+  bool sink_row_lost_ = false;     // run(): the sink's completion found the row taken over
 
   // The lease while the handler runs.
   PlanTime lease_deadline_{};

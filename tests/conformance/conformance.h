@@ -141,6 +141,9 @@ class RecordingMetrics final : public Metrics {
  public:
   void record_decision(const DecisionEvent& event) noexcept override;
   void record_handler_failure(const DecisionEvent& event) noexcept override;
+  void record_failed_release(const DecisionEvent& event) noexcept override {
+    library_.record_failed_release(event);
+  }
   void record_backend_error(Layer layer) noexcept override;
   void record_release() noexcept override { releases_.fetch_add(1); }
   void record_renewal(bool ok) noexcept override { (ok ? renewals_ok_ : renewals_failed_)++; }

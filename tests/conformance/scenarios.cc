@@ -118,19 +118,6 @@ std::function<void(World&)> held_elsewhere(const std::string& request_id = "r0")
   return [=](World& w) { w.claim_elsewhere(kKey, request_id); };
 }
 
-// ---- divergences: rules every driver breaks alike (the plan's), kept here until they are fixed --
-
-std::map<std::string, std::string> every_driver(const std::string& why) {
-  return {{"blocking", why}, {"async", why}, {"sim", why}};
-}
-
-constexpr const char* kUncountedRelease =
-    "the plan counts the failed release on the step after it (StepNotes), which is kThrow here; "
-    "no driver hands kThrow to InProcess, so the guard error is never recorded (got "
-    "\"releases=1\"), and a cancelled call emits no event: the failed release is seen nowhere, "
-    "though docs/semantics.md says a failed release is told (release_error, "
-    "idem_failed_releases_total)";
-
 // Fallback keys in day-long time buckets (a boundary never falls inside a run); the local cache
 // off, so every repeat reaches the guard.
 constexpr auto kDay = std::chrono::hours(24);
@@ -153,15 +140,6 @@ std::string bucket_key(bool previous) {
 }
 std::string current_bucket_key() { return bucket_key(false); }
 std::string previous_bucket_key() { return bucket_key(true); }
-
-constexpr const char* kShutdownSeenLate =
-    "AsyncDeduplicator::shutdown() only posts to the executor: a call whose steps complete "
-    "without suspending (backends that answer at once, as the in-memory ones through "
-    "ImmediateGuard) is not told before its next suspension, so a shutdown requested during "
-    "its guard claim lets it run the handler (got \"executed handler response=done\", the "
-    "handler run once, the record completed), where the blocking driver and the plan's table "
-    "(call_plan.md: a stop before the handler starts, shutdown() included) answer Cancelled "
-    "and release the claim";
 
 constexpr const char* kNoSizeCap =
     "SimPostgres keeps every response verbatim: it has no response size cap";
@@ -743,8 +721,7 @@ void stops(std::vector<Scenario>& t) {
                .faults = {{.op = Op::kGuardClaim, .shutdown = true}},
                .held = {{.guard = "absent"}},
                .events = {},
-               .metrics = "releases=1",
-               .known_divergence = {{"async", kShutdownSeenLate}}});
+               .metrics = "releases=1"});
   t.push_back(
       {.name = "AShutdownWhileTheHandlerWaitsKeepsTheClaim",
        .area = area,
@@ -1082,9 +1059,9 @@ void failed_writes(std::vector<Scenario>& t) {
                .calls = {{.request = order("r1"), .ending = "throws Cancelled"}},
                .faults = {stop_at(Op::kGuardClaim), fail_at(Op::kGuardRelease, redis_timeout())},
                .held = {{.guard = "in_progress", .local = "miss"}},
-               .events = {},
-               .metrics = "guard_errors=1 releases=1",
-               .known_divergence = every_driver(kUncountedRelease)});
+               .events = {"#0 ended-before-handler "
+                          "release_error=redis_guard: idem: redis: timeout"},
+               .metrics = "guard_errors=1 releases=1 failed_releases=1"});
   t.push_back({.name = "ASinkReleaseThatFailsAfterAStopKeepsTheRowUntilItsLeaseEnds",
                .area = area,
                .row = kStopBefore,
@@ -1092,9 +1069,9 @@ void failed_writes(std::vector<Scenario>& t) {
                .calls = {{.request = order("r1"), .ending = "throws Cancelled"}},
                .faults = {stop_at(Op::kSinkClaim), fail_at(Op::kSinkRelease, pg_down())},
                .held = {{.guard = "absent", .sink = "in_progress", .local = "miss"}},
-               .events = {},
-               .metrics = "sink_errors=1 releases=1",
-               .known_divergence = every_driver(kUncountedRelease)});
+               .events = {"#0 ended-before-handler "
+                          "release_error=pg_sink: idem: postgres: connection refused"},
+               .metrics = "sink_errors=1 releases=1 failed_releases=1"});
   t.push_back(
       {.name = "ACompletionThatFindsTheLeaseEndedIsLeaseLost",
        .area = area,
@@ -1109,20 +1086,21 @@ void failed_writes(std::vector<Scenario>& t) {
        .held = {{.guard = "in_progress", .local = "hit(done)"}},
        .events = {"#0 executed handler"},
        .metrics = "decisions=1"});
-  t.push_back({.name = "AnAttemptWhoseSinkRowWasTakenOverLeavesItToItsNewOwner",
-               .area = area,
-               .row = kFirstTime,
-               .sink = true,
-               .calls = {{.request = order("r1"), .ending = "executed handler response=done"}},
-               .faults = {{.op = Op::kSinkComplete,
-                           .act =
-                               [](World& w) {
-                                 w.advance_sink(milliseconds(30'001));
-                                 w.sink_claim_elsewhere(kKey, "r9");
-                               }}},
-               .held = {{.guard = "completed(done)", .sink = "in_progress", .local = "hit(done)"}},
-               .events = {"#0 executed handler"},
-               .metrics = "decisions=1"});
+  t.push_back(
+      {.name = "AnAttemptWhoseSinkRowWasTakenOverLeavesItToItsNewOwner",
+       .area = area,
+       .row = kFirstTime,
+       .sink = true,
+       .calls = {{.request = order("r1"), .ending = "executed handler response=done lease_lost"}},
+       .faults = {{.op = Op::kSinkComplete,
+                   .act =
+                       [](World& w) {
+                         w.advance_sink(milliseconds(30'001));
+                         w.sink_claim_elsewhere(kKey, "r9");
+                       }}},
+       .held = {{.guard = "completed(done)", .sink = "in_progress", .local = "hit(done)"}},
+       .events = {"#0 executed handler"},
+       .metrics = "decisions=1"});
   t.push_back({.name = "AHandlerThatRenewsALostLeaseIsTold",
                .area = area,
                .row = kFirstTime,

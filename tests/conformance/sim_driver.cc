@@ -35,6 +35,9 @@ test::Ending SimTestDriver::call(const Request& request, const test::Behaviour& 
   detail::Input input{now(), stopped(request), detail::Started{}};
   for (int steps = 0; steps < 100'000; ++steps) {
     const detail::Step step = plan.resume(std::move(input));
+    if (step.kind == StepKind::kReturn || step.kind == StepKind::kThrow) {
+      (void)in_process_.perform(step);  // its notes
+    }
     if (step.kind == StepKind::kReturn) return {plan.outcome(), nullptr};
     if (step.kind == StepKind::kThrow) return {std::nullopt, plan.error()};
     std::optional<StepResult> result = in_process_.perform(step);
@@ -87,8 +90,7 @@ StepResult SimTestDriver::perform_io(detail::CallPlan& plan, const detail::Step&
       return in_transaction(step);
     case StepKind::kSinkComplete:
       if (tx_ != 0) return in_transaction(step);
-      (void)sink->complete(step.key, step.owner_token, step.value, step.ttl);
-      return detail::Done{};
+      return detail::Completed{sink->complete(step.key, step.owner_token, step.value, step.ttl)};
     case StepKind::kSinkRelease:
       (void)sink->release(step.key, step.owner_token);
       return detail::Done{};

@@ -176,8 +176,9 @@ World::World(const Scenario& scenario, Backends backends) : scenario_(scenario) 
     inner_guard = std::make_shared<sim::SimRedis>(
         guard_now_,
         sim::SimRedis::Options{.lease = scenario.guard_lease, .retention = std::chrono::hours(24)});
-    sim_pg_ = std::make_shared<sim::SimPostgres>(sink_now_, std::chrono::seconds(30),
-                                                 std::chrono::hours(24));
+    sim_pg_ = std::make_shared<sim::SimPostgres>(
+        sink_now_, sim::SimPostgres::Options{.lease = std::chrono::seconds(30),
+                                             .retention = std::chrono::hours(24)});
     inner_sink = sim_pg_;
   } else {
     inner_guard = std::make_shared<InMemoryGuard>(
@@ -353,7 +354,9 @@ void World::on_decision(const DecisionEvent& e) {
   if (quiet_) return;
   before(Op::kEmit);
   std::string text = "#" + std::to_string(call_) + " ";
-  if (e.handler_failed) {
+  if (e.ended_before_handler) {
+    text += "ended-before-handler";
+  } else if (e.handler_failed) {
     text += "failed(" + std::string(e.error) + ")";
   } else {
     text += std::string(to_string(e.outcome)) + " " + std::string(to_string(e.layer));

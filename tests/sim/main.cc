@@ -21,14 +21,13 @@ namespace {
 using idem::sim::Bug;
 
 constexpr std::string_view kUsage =
-    "usage: idem-sim [--seeds N] [--from S] [--seed S] [--bug NAME] [--trace] [--strict] "
+    "usage: idem-sim [--seeds N] [--from S] [--seed S] [--bug NAME] [--trace] "
     "[--expect-violation]\n"
     "  --seeds N           run N seeds (default 1000), from --from (default 1)\n"
     "  --seed S            run seed S alone; a failing one is minimized, --trace prints its\n"
     "                      whole trace even when it passes\n"
     "  --bug NAME          plant a bug (docs/simulation.md, \"Planted bugs\"), e.g.\n"
     "                      release-on-cancel, stop-ignored-before-handler\n"
-    "  --strict            fail on the plan's known gaps too (docs/simulation.md)\n"
     "  --expect-violation  succeed only when a seed breaks an invariant (a planted bug)\n";
 
 [[noreturn]] void usage(const std::string& error) {
@@ -59,7 +58,6 @@ int main(int argc, char** argv) {
   bool single = false;
   bool trace = false;
   bool expect_violation = false;
-  bool strict = false;
   Bug bug = Bug::kNone;
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
@@ -82,8 +80,6 @@ int main(int argc, char** argv) {
       bug = *parsed;
     } else if (arg == "--trace") {
       trace = true;
-    } else if (arg == "--strict") {
-      strict = true;
     } else if (arg == "--expect-violation") {
       expect_violation = true;
     } else if (arg == "-h" || arg == "--help") {
@@ -105,8 +101,7 @@ int main(int argc, char** argv) {
   std::array<std::size_t, idem::sim::kTallies> tallies{};
   std::vector<std::uint64_t> failing;
   for (std::uint64_t seed = from; seed < from + seeds; ++seed) {
-    const idem::sim::RunResult r =
-        idem::sim::run({.seed = seed, .bug = bug, .trace = trace, .tolerate_known_gaps = !strict});
+    const idem::sim::RunResult r = idem::sim::run({.seed = seed, .bug = bug, .trace = trace});
     steps += r.steps;
     calls += r.calls;
     messages += r.messages;
@@ -166,19 +161,17 @@ int main(int argc, char** argv) {
   };
   print("calls", Tally::kTransactional, Tally::kOverCapReplay);
   print("interruptions", Tally::kStoppedBeforeStart, Tally::kCutShort);
-  print("saves", Tally::kFailedCompletion, Tally::kReleaseFailedUntold);
+  print("saves", Tally::kFailedCompletion, Tally::kFailedRelease);
   std::cout << "\n";
 
   if (!failing.empty()) {
     const std::uint64_t first = failing.front();
     std::cout << "first violation at seed " << first;
     if (!single) std::cout << " (the " << first - from + 1 << ". seed run)";
-    std::cout
-        << "; minimized:\n"
-        << idem::sim::minimize({.seed = first, .bug = bug, .tolerate_known_gaps = !strict}).text
-        << "replay: scripts/dev sim --seed " << first
-        << (bug == Bug::kNone ? "" : " --bug " + std::string(to_string(bug)))
-        << (strict ? " --strict" : "") << "\n";
+    std::cout << "; minimized:\n"
+              << idem::sim::minimize({.seed = first, .bug = bug}).text
+              << "replay: scripts/dev sim --seed " << first
+              << (bug == Bug::kNone ? "" : " --bug " + std::string(to_string(bug))) << "\n";
   }
   const bool violated = !failing.empty();
   return violated == expect_violation ? 0 : 1;

@@ -59,7 +59,7 @@ TEST(Simulation, TheCallPlanKeepsEveryInvariant) {
   // ... in every mode, with every kind of key, stopped and past its deadline at every step.
   for (std::size_t k = 0; k < kTallies; ++k) {
     const auto tally = static_cast<Tally>(k);
-    if (tally == Tally::kDeadlineInLockWait || tally == Tally::kSinkRowLostUntold) continue;
+    if (tally == Tally::kDeadlineInLockWait) continue;
     EXPECT_GT(tallies[k], 0u) << "no " << to_string(tally) << " in 500 seeds";
   }
 }
@@ -151,26 +151,20 @@ TEST(PlantedBug, AGuardThatForgetsACompletedRecordEarlyIsCaughtWithin1000Seeds) 
   expect_caught(Bug::kGuardForgetsEarly, "doubled-effects-are-told");
 }
 
-// ---- known gaps of the plan
-// ---------------------------------------------------------------------- Found by the simulator and
-// tolerated by default (RunOptions::tolerate_known_gaps, counted as known-gap-* by idem-sim): each
-// test fails until the plan closes its gap, then is enabled.
+// ---- found by the simulator
+// ----------------------------------------------------------------------
 
 // run() with a sink, Redis down at the claim (fail open): the call holds only its sink row; its
-// handler outlives the row's lease; the row's completion finds it no longer this attempt's, but
-// kSinkComplete answers Done, so the call answers kExecuted, saved, lease_lost false, and a later
-// delivery runs the handler again.
-TEST(KnownGap, DISABLED_ARunCallWhoseSinkRowRanOutIsToldLeaseLost) {
-  const RunOptions strict{.seed = 180, .tolerate_known_gaps = false};
-  EXPECT_FALSE(run(strict).violation) << minimize(strict).text;
+// handler outlives the row's lease; the row's completion finds it no longer this attempt's: the
+// call answers kExecuted with lease_lost, since a later delivery may run the handler again.
+TEST(Simulation, ARunCallWhoseSinkRowRanOutIsToldLeaseLost) {
+  EXPECT_FALSE(run({.seed = 180}).violation) << minimize(180, Bug::kNone).text;
 }
 
-// A call stopped or past its deadline before its handler ran, whose release failed, ends by
-// idem::Cancelled ("its claims were released") and emits no decision event, so the failed release
-// is told nowhere with its key.
-TEST(KnownGap, DISABLED_AFailedReleaseOfACallThatNeverRanItsHandlerIsTold) {
-  const RunOptions strict{.seed = 13, .tolerate_known_gaps = false};
-  EXPECT_FALSE(run(strict).violation) << minimize(strict).text;
+// A call stopped or past its deadline before its handler ran, whose release failed: its decision
+// event (ended_before_handler) tells the failed release with its key.
+TEST(Simulation, AFailedReleaseOfACallThatNeverRanItsHandlerIsTold) {
+  EXPECT_FALSE(run({.seed = 13}).violation) << minimize(13, Bug::kNone).text;
 }
 
 TEST(Simulation, AFailingSeedIsMinimizedToTheFaultsItNeeds) {

@@ -106,8 +106,6 @@ constexpr std::array<std::string_view, kTallies> kTallyNames = {
     "cut-short",
     "failed-completion",
     "failed-release",
-    "known-gap-sink-row-lost-untold",
-    "known-gap-failed-release-untold",
 };
 
 }  // namespace
@@ -1194,9 +1192,11 @@ void Simulation::step(Call& c) {
       reply(c, step, Done{}, std::max(now_ + 1, p.clock.when(reading(step.at))));
       return;
     case StepKind::kReturn:
+      (void)in_process(c).perform(step);  // its notes
       finish(c, c.plan->outcome(), nullptr);
       return;
     case StepKind::kThrow:
+      (void)in_process(c).perform(step);  // its notes
       finish(c, std::nullopt, c.plan->error());
       return;
   }
@@ -1663,7 +1663,7 @@ void Simulation::run_sink_step(Call& c, const Step& step) {
       }
       c.sink_row = false;
       if (tracing()) trace(c, "SinkComplete " + key + (owned ? " -> completed" : " -> not ours"));
-      reply(c, step, Done{}, at);
+      reply(c, step, Completed{owned}, at);
       return;
     }
     case StepKind::kSinkRelease: {
@@ -2282,7 +2282,7 @@ void Simulation::check_saved(const Call& c, const Outcome& outcome) {
             who + " answered kExecuted, saved, but the sink keeps no record of it");
     return;
   }
-  if (sink_row_lost_untold(c, outcome) && !options_.tolerate_known_gaps) {
+  if (sink_row_lost_untold(c, outcome)) {
     violate("lease-lost-is-told", c.logical,
             who +
                 " answered kExecuted with lease_lost false, but its sink row's lease had run "
@@ -2292,8 +2292,7 @@ void Simulation::check_saved(const Call& c, const Outcome& outcome) {
 
 // run(): the call held a sink row when its handler started, the row's completion found it no
 // longer this attempt's (its lease ran out, another attempt may have taken it over), and the
-// call was told neither lease_lost nor save_error. A known gap of the plan: kSinkComplete
-// answers Done, with no way to say "not owned".
+// call was told neither lease_lost nor save_error.
 bool Simulation::sink_row_lost_untold(const Call& c, const Outcome& outcome) const {
   return c.mode == CallMode::kRun && c.sink_row_at_start && !c.sink_complete_owned &&
          !c.completion_failed && !outcome.lease_lost && outcome.save_error.empty();
@@ -2303,10 +2302,6 @@ bool Simulation::sink_row_lost_untold(const Call& c, const Outcome& outcome) con
 // saved, lease held) while the first one's record was kept: a doubled effect is always told.
 void Simulation::check_clean(const Call& c, const Outcome& outcome) {
   if (!c.claimed_run || !outcome.save_error.empty() || outcome.lease_lost) return;
-  if (sink_row_lost_untold(c, outcome) && options_.tolerate_known_gaps) {
-    tally(Tally::kSinkRowLostUntold);  // told clean, but it was not: see check_saved()
-    return;
-  }
   const std::string key(c.plan->key());
   const Clean mine{c.id, c.guard_kept_until, c.sink_kept_until, c.handler_started_at};
   const auto [it, first] = clean_.try_emplace({c.logical, key}, mine);
@@ -2342,16 +2337,13 @@ void Simulation::check_end(const Call& c, const std::exception_ptr& error) {
                 " instead of idem::MissingKey");
     return;
   }
-  // failed-releases-are-told, for a call with no event: one stopped or past its deadline before
-  // its handler ran ends by idem::Cancelled and emits none. A known gap.
+  // failed-releases-are-told, for a call with no event (a call stopped or past its deadline
+  // before its handler ran emits one only when a release failed).
   if (c.release_failed && !c.emitted && (config_.emit || config_.metrics)) {
-    if (!options_.tolerate_known_gaps || c.handler_started || !is<Cancelled>(error)) {
-      violate("failed-releases-are-told", c.logical,
-              who + " ended (" + (error ? what(error) : std::string("an outcome")) +
-                  ") after a release of its claim failed, with no decision event to tell it");
-      return;
-    }
-    tally(Tally::kReleaseFailedUntold);
+    violate("failed-releases-are-told", c.logical,
+            who + " ended (" + (error ? what(error) : std::string("an outcome")) +
+                ") after a release of its claim failed, with no decision event to tell it");
+    return;
   }
   if (c.handler_started) return;
   // no-claim-left-without-handler: a call that never ran its handler releases what it claimed

@@ -112,13 +112,8 @@ enum class Tally {
   // Saves.
   kFailedCompletion,  ///< Completions that failed after the handler ran.
   kFailedRelease,     ///< Releases that failed.
-  // Known gaps of the plan, tolerated (RunOptions::tolerate_known_gaps).
-  kSinkRowLostUntold,    ///< run(): a sink row lost mid-handler, told neither lease_lost nor
-                         ///< save_error (the row's completion cannot say "not owned").
-  kReleaseFailedUntold,  ///< A release that failed, of a call stopped or past its deadline
-                         ///< before its handler ran: no decision event tells it.
 };
-inline constexpr std::size_t kTallies = static_cast<std::size_t>(Tally::kReleaseFailedUntold) + 1;
+inline constexpr std::size_t kTallies = static_cast<std::size_t>(Tally::kFailedRelease) + 1;
 /// A short name ("transactional", "stopped-in-lock-wait", ...).
 [[nodiscard]] std::string_view to_string(Tally tally) noexcept;
 
@@ -130,9 +125,6 @@ struct RunOptions {
   bool trace = false;
   /// Faults not to inject, by number (the order in which the run drew them): minimize() uses it.
   std::set<int> suppressed{};
-  /// Count the known gaps of the plan (docs/simulation.md, "What it found") instead of failing
-  /// on them; false checks them as the invariants say (their regression tests do).
-  bool tolerate_known_gaps = true;
 };
 
 /// A broken invariant.
@@ -189,7 +181,7 @@ struct Reproduction {
 
 /// Minimizes a failing seed (`run({seed, bug})` must break an invariant).
 [[nodiscard]] Reproduction minimize(std::uint64_t seed, Bug bug);
-/// The same for a run of `options` (its seed, bug and tolerate_known_gaps).
+/// The same for a run of `options` (its seed and bug).
 [[nodiscard]] Reproduction minimize(RunOptions options);
 
 }  // namespace idem::sim

@@ -101,6 +101,7 @@ class ScriptedDriver {
       trace.push_back(step.kind);
       if (step.with_next) with_next.push_back(step.kind);
       if (before_step) before_step(step);
+      if (step.kind == K::kReturn || step.kind == K::kThrow) (void)in_process.perform(step);
       if (step.kind == K::kReturn) return plan.outcome();
       if (step.kind == K::kThrow) std::rethrow_exception(plan.error());
       if (const auto fault = faults.find(step.kind); fault != faults.end()) {
@@ -168,7 +169,7 @@ class ScriptedDriver {
         }
       case K::kSinkComplete:
         if (plan.mode() == CallMode::kRun) {
-          (void)sink->complete(step.key, step.owner_token, step.value, step.ttl);
+          return Completed{sink->complete(step.key, step.owner_token, step.value, step.ttl)};
         } else {
           completed_fingerprints.emplace_back(step.fingerprint);
           staged_[std::string(step.key)].state = RecordState::kCompleted;
