@@ -82,31 +82,64 @@ std::shared_ptr<AsyncConnection> AsyncClient::connection_for_slot(int slot) {
     if (const auto& node = slots_[static_cast<std::size_t>(slot)]) return node;
   }
   // Unknown slot (map loading or incomplete): the seed answers or redirects with MOVED.
+  return connection_for_seed();
+}
+
+std::shared_ptr<AsyncConnection> AsyncClient::connection_for_seed() {
   return connection_for(settings_.connection.endpoint.host, settings_.connection.endpoint.port);
 }
 
-void AsyncClient::load_slot_map() {
+void AsyncClient::load_slot_map(const std::shared_ptr<AsyncConnection>& avoid) {
   if (slot_map_loading_) return;
   slot_map_loading_ = true;
-  const auto seed = connection_for_slot(-1);
-  seed->exec(std::array<std::string_view, 2>{"CLUSTER", "SLOTS"},
-             [self = shared_from_this(), seed](std::exception_ptr error, ReplyPtr reply) {
+  last_reload_ = std::chrono::steady_clock::now();
+  // The seed first, then every node known, the one that just failed last.
+  std::vector<std::shared_ptr<AsyncConnection>> candidates{connection_for_seed()};
+  for (const auto& [address, node] : nodes_) {
+    if (node != candidates.front()) candidates.push_back(node);
+  }
+  std::stable_partition(candidates.begin(), candidates.end(),
+                        [&](const auto& node) { return node != avoid; });
+  ask_for_slots(std::move(candidates), 0);
+}
+
+void AsyncClient::ask_for_slots(std::vector<std::shared_ptr<AsyncConnection>> candidates,
+                                std::size_t next) {
+  if (next == candidates.size()) {
+    slot_map_loading_ = false;  // nobody answered: a later call asks again
+    return;
+  }
+  const std::shared_ptr<AsyncConnection> node = candidates[next];
+  node->exec(std::array<std::string_view, 2>{"CLUSTER", "SLOTS"},
+             [self = shared_from_this(), node, candidates = std::move(candidates), next](
+                 std::exception_ptr error, ReplyPtr reply) mutable {
+               if (error != nullptr || reply->type != REDIS_REPLY_ARRAY) {
+                 self->ask_for_slots(std::move(candidates), next + 1);
+                 return;
+               }
                self->slot_map_loading_ = false;
-               if (error != nullptr || reply->type != REDIS_REPLY_ARRAY) return;  // retried later
                for (std::size_t i = 0; i < reply->elements; ++i) {
                  std::optional<SlotRange> range = slot_range(*reply->element[i]);
                  if (!range) continue;
                  // A node that does not know its own address reports "" or "?".
                  if (range->host.empty() || range->host == "?")
-                   range->host = seed->settings().endpoint.host;
-                 const auto node = self->connection_for(range->host, range->port);
+                   range->host = node->settings().endpoint.host;
+                 const auto owner = self->connection_for(range->host, range->port);
                  for (int s = std::max(0, range->first); s <= range->last && s < kClusterSlots;
                       ++s) {
-                   self->slots_[static_cast<std::size_t>(s)] = node;
+                   self->slots_[static_cast<std::size_t>(s)] = owner;
                  }
                }
                self->slot_map_loaded_ = true;
              });
+}
+
+void AsyncClient::after_failure(const std::shared_ptr<AsyncConnection>& failed) {
+  if (!settings_.cluster || slot_map_loading_ ||
+      std::chrono::steady_clock::now() - last_reload_ < kReloadInterval) {
+    return;
+  }
+  load_slot_map(failed);
 }
 
 void AsyncClient::close() {
@@ -116,6 +149,10 @@ void AsyncClient::close() {
 
 AsyncClient::Step AsyncClient::next_step(CallOp& op, const redisReply& reply) {
   if (reply.type != REDIS_REPLY_ERROR) return Step::kDone;
+  if (reply_error_is(reply, "CLUSTERDOWN") || reply_error_is(reply, "TRYAGAIN")) {
+    after_failure(op.target);
+    return Step::kDone;
+  }
   if (op.script && !op.reloaded && reply_error_is(reply, "NOSCRIPT")) {
     op.reloaded = true;    // once: a second NOSCRIPT is the caller's error to see
     return Step::kResend;  // to the same node, with ASKING again after an ASK

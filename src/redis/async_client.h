@@ -1,13 +1,16 @@
 // The asynchronous Redis client the async driver calls: one pipelined AsyncConnection per node
 // (a single node, the current master of a Sentinel-monitored set, or each master of a Redis
-// Cluster), EVALSHA with NOSCRIPT reload, and cluster routing with MOVED/ASK. Completion tokens:
-// `co_await client->exec(args, asio::use_awaitable)`, a callback, or asio::use_future.
+// Cluster), EVALSHA with NOSCRIPT reload, and cluster routing with MOVED/ASK (the slot map
+// loaded again after a call failed, so that a failover is followed with no MOVED from the dead
+// master). Completion tokens: `co_await client->exec(args, asio::use_awaitable)`, a callback, or
+// asio::use_future.
 //
 // Thread safety: like AsyncConnection, not thread-safe: use it from its executor's thread.
 #pragma once
 
 #include <asio/any_io_executor.hpp>
 #include <asio/compose.hpp>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <optional>
@@ -105,7 +108,10 @@ class AsyncClient : public std::enable_shared_from_this<AsyncClient> {
         target = client->connection_for_slot(slot);
         return send(self);
       }
-      if (error != nullptr) return self.complete(error, nullptr);
+      if (error != nullptr) {
+        client->after_failure(target);
+        return self.complete(error, nullptr);
+      }
       switch (client->next_step(*this, *reply)) {
         case Step::kDone:
           return self.complete(nullptr, std::move(reply));
@@ -149,7 +155,16 @@ class AsyncClient : public std::enable_shared_from_this<AsyncClient> {
   Step next_step(CallOp& op, const redisReply& reply);
   std::exception_ptr too_many_redirects(const redisReply& reply) const;
   std::shared_ptr<AsyncConnection> connection_for(const std::string& host, int port);
-  void load_slot_map();
+  std::shared_ptr<AsyncConnection> connection_for_seed();
+  // Loads the slot map (CLUSTER SLOTS), asking the known nodes in turn, `avoid` last.
+  void load_slot_map(const std::shared_ptr<AsyncConnection>& avoid = nullptr);
+  void ask_for_slots(std::vector<std::shared_ptr<AsyncConnection>> candidates, std::size_t next);
+  // Cluster: a call on `failed` failed without a reply (refused, lost, timed out) or with
+  // CLUSTERDOWN/TRYAGAIN: the slot map is loaded again (one load at a time, at most one per
+  // kReloadInterval), so that a slot whose master died goes to its promoted replica. The failed
+  // call is not sent again.
+  void after_failure(const std::shared_ptr<AsyncConnection>& failed);
+  static constexpr std::chrono::milliseconds kReloadInterval{100};
 
   asio::any_io_executor executor_;
   const AsyncClientSettings settings_;
@@ -158,6 +173,7 @@ class AsyncClient : public std::enable_shared_from_this<AsyncClient> {
   std::vector<std::shared_ptr<AsyncConnection>> slots_;  // cluster: kClusterSlots entries
   bool slot_map_loading_ = false;
   bool slot_map_loaded_ = false;
+  std::chrono::steady_clock::time_point last_reload_{};
 };
 
 }  // namespace idem::detail
