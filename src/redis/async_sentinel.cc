@@ -97,11 +97,103 @@ std::shared_ptr<AsyncSentinel> AsyncSentinel::create(asio::any_io_executor execu
   return std::shared_ptr<AsyncSentinel>(new AsyncSentinel(std::move(executor), std::move(master)));
 }
 
+struct SentinelWatch::Subscription {
+  Subscription(const asio::any_io_executor& executor, HostPort at)
+      : sentinel(std::move(at)), timer(executor) {}
+  HostPort sentinel;
+  std::shared_ptr<AsyncConnection> connection;
+  asio::steady_timer timer;  // the PING period, then the backoff
+  bool confirmed = false;
+};
+
+std::shared_ptr<SentinelWatch> SentinelWatch::create(
+    asio::any_io_executor executor, const AsyncConnectionSettings& master,
+    std::function<void(const redisReply&)> on_message) {
+  return std::shared_ptr<SentinelWatch>(
+      new SentinelWatch(std::move(executor), master, std::move(on_message)));
+}
+
+SentinelWatch::SentinelWatch(asio::any_io_executor executor, const AsyncConnectionSettings& master,
+                             std::function<void(const redisReply&)> on_message)
+    : executor_(std::move(executor)),
+      connect_timeout_(master.connect_timeout),
+      command_timeout_(master.command_timeout),
+      on_message_(std::move(on_message)) {}
+
+void SentinelWatch::start(const std::vector<HostPort>& sentinels) {
+  if (started_ || closed_) return;
+  started_ = true;
+  for (const HostPort& sentinel : sentinels) {
+    subscriptions_.push_back(std::make_shared<Subscription>(executor_, sentinel));
+    asio::co_spawn(executor_, watch(subscriptions_.back()), asio::detached);
+  }
+}
+
+void SentinelWatch::close() {
+  closed_ = true;
+  for (const auto& subscription : subscriptions_) {
+    subscription->timer.cancel();
+    if (subscription->connection != nullptr) subscription->connection->close();
+  }
+}
+
+asio::awaitable<void> SentinelWatch::watch(std::shared_ptr<Subscription> subscription) {
+  const std::shared_ptr<SentinelWatch> self = shared_from_this();
+  constexpr std::chrono::milliseconds kFirstBackoff{100};
+  constexpr std::chrono::milliseconds kMaxBackoff{2000};
+  constexpr std::array<std::string_view, 1> kPingCommand{"PING"};
+  std::chrono::milliseconds backoff = kFirstBackoff;
+  AsyncConnectionSettings settings;
+  settings.endpoint.host = subscription->sentinel.host;
+  settings.endpoint.port = subscription->sentinel.port;
+  settings.connect_timeout = connect_timeout_;
+  settings.command_timeout = command_timeout_;
+  // Messages come with no command waiting for them; a message that comes while a PING waits is
+  // taken as its answer, and the PING's answer then comes as a message: both go to on_message_.
+  settings.on_push = [weak = weak_from_this()](ReplyPtr message) {
+    if (const auto watch = weak.lock(); watch != nullptr && !watch->closed_) {
+      watch->on_message_(*message);
+    }
+  };
+  while (!closed_) {
+    subscription->connection = AsyncConnection::create(executor_, settings);
+    try {
+      const ReplyPtr confirmed =
+          co_await subscription->connection->exec(kSentinelSubscribe, asio::use_awaitable);
+      if (confirmed->type == REDIS_REPLY_ERROR) throw reply_error(*confirmed, "SUBSCRIBE");
+      subscription->confirmed = true;
+      ++subscribed_;
+      backoff = kFirstBackoff;
+      while (!closed_) {
+        std::error_code ignored;
+        subscription->timer.expires_after(kPing);
+        co_await subscription->timer.async_wait(asio::redirect_error(asio::use_awaitable, ignored));
+        if (closed_) break;
+        const ReplyPtr answer =
+            co_await subscription->connection->exec(kPingCommand, asio::use_awaitable);
+        if (!closed_) on_message_(*answer);
+      }
+    } catch (const RedisError&) {
+      // Refused, closed, timed out: this Sentinel again after the backoff.
+    }
+    if (subscription->confirmed) {
+      subscription->confirmed = false;
+      --subscribed_;
+    }
+    subscription->connection->close();
+    if (closed_) break;
+    std::error_code ignored;
+    subscription->timer.expires_after(backoff);
+    co_await subscription->timer.async_wait(asio::redirect_error(asio::use_awaitable, ignored));
+    backoff = std::min(backoff * 2, kMaxBackoff);
+  }
+  subscription->connection.reset();
+}
+
 AsyncSentinel::AsyncSentinel(asio::any_io_executor executor, AsyncConnectionSettings master)
     : executor_(std::move(executor)),
       settings_(std::move(master)),
-      order_(settings_.endpoint.sentinels),
-      watch_timer_(executor_) {}
+      order_(settings_.endpoint.sentinels) {}
 
 void AsyncSentinel::locate(Found found) {
   if (master_ && (!stale_ || Clock::now() < next_round_)) {
@@ -124,8 +216,12 @@ void AsyncSentinel::follow(std::weak_ptr<AsyncConnection> connection) {
 
 void AsyncSentinel::close() {
   closed_ = true;
-  watch_timer_.cancel();
-  if (watch_connection_ != nullptr) watch_connection_->close();
+  if (watch_ != nullptr) watch_->close();
+}
+
+std::optional<RedisError> AsyncSentinel::failing_over() const {
+  if (!master_) return std::nullopt;
+  return hold_.refusal(*master_, Clock::now());
 }
 
 void AsyncSentinel::start_round() {
@@ -164,9 +260,12 @@ void AsyncSentinel::round_ended(const std::exception_ptr& error, const Discovere
         }
       }
     }
-    if (!watching_ && !closed_) {
-      watching_ = true;
-      asio::co_spawn(executor_, watch(), asio::detached);
+    if (watch_ == nullptr && !closed_) {
+      watch_ = SentinelWatch::create(executor_, settings_,
+                                     [weak = weak_from_this()](const redisReply& message) {
+                                       if (const auto self = weak.lock()) self->on_message(message);
+                                     });
+      watch_->start(settings_.endpoint.sentinels);
     }
   }
   std::vector<Found> waiting;
@@ -185,49 +284,12 @@ void AsyncSentinel::round_ended(const std::exception_ptr& error, const Discovere
   }
 }
 
-asio::awaitable<void> AsyncSentinel::watch() {
-  const std::shared_ptr<AsyncSentinel> self = shared_from_this();
-  constexpr std::chrono::milliseconds kFirstBackoff{100};
-  constexpr std::chrono::milliseconds kMaxBackoff{2000};
-  constexpr std::array<std::string_view, 2> kSubscribe{"SUBSCRIBE", "+switch-master"};
-  constexpr std::array<std::string_view, 1> kPing{"PING"};
-  std::chrono::milliseconds backoff = kFirstBackoff;
-  for (std::size_t next = 0; !closed_;) {
-    AsyncConnectionSettings settings = sentinel_settings(settings_, order_.cycle(next++));
-    settings.on_push = [weak = weak_from_this()](ReplyPtr message) {
-      if (const auto sentinel = weak.lock()) sentinel->on_message(*message);
-    };
-    const auto connection = AsyncConnection::create(executor_, std::move(settings));
-    watch_connection_ = connection;
-    try {
-      const ReplyPtr confirmed = co_await connection->exec(kSubscribe, asio::use_awaitable);
-      if (confirmed->type == REDIS_REPLY_ERROR) throw reply_error(*confirmed, "SUBSCRIBE");
-      backoff = kFirstBackoff;
-      next = 0;  // a working Sentinel: start from the first again after it fails
-      while (!closed_) {
-        std::error_code ignored;
-        watch_timer_.expires_after(kWatchPing);
-        co_await watch_timer_.async_wait(asio::redirect_error(asio::use_awaitable, ignored));
-        if (closed_) break;
-        // ["pong", ""], or a message that came first (replies are matched in order).
-        const ReplyPtr answer = co_await connection->exec(kPing, asio::use_awaitable);
-        on_message(*answer);
-      }
-    } catch (const RedisError&) {
-      // Refused, closed, timed out: the next Sentinel.
-    }
-    connection->close();
-    if (closed_) break;
-    std::error_code ignored;
-    watch_timer_.expires_after(backoff);
-    co_await watch_timer_.async_wait(asio::redirect_error(asio::use_awaitable, ignored));
-    backoff = std::min(backoff * 2, kMaxBackoff);
-  }
-  watch_connection_.reset();
-}
-
 void AsyncSentinel::on_message(const redisReply& message) {
-  if (!switched_master(message, settings_.endpoint.sentinel_master)) return;
+  const std::optional<SentinelNews> news =
+      sentinel_news(message, settings_.endpoint.sentinel_master);
+  if (!news) return;
+  hold_.heard(*news, Clock::now());
+  if (news->kind != SentinelNews::Kind::kSwitched) return;
   ++switches_seen_;
   stale_ = true;  // a hint: the round asks the Sentinels and checks ROLE
   start_round();

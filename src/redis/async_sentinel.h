@@ -9,9 +9,11 @@
 #include <asio/any_io_executor.hpp>
 #include <asio/awaitable.hpp>
 #include <asio/steady_timer.hpp>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -37,18 +39,56 @@ struct DiscoveredMaster {
 [[nodiscard]] asio::awaitable<DiscoveredMaster> discover_master(std::vector<HostPort> sentinels,
                                                                 AsyncConnectionSettings master);
 
+/// Subscriptions to kSentinelSubscribe's channels on every Sentinel of a set at once: the events
+/// of a failover before +switch-master come from the one Sentinel leading it, which may be any.
+/// Each subscription is PINGed every kPing (a Sentinel that died silently is noticed) and made
+/// again after a backoff (100 ms doubling to 2 s) when it fails. Every message goes to
+/// `on_message`, on the executor. Used by AsyncSentinel on its loop and by the blocking Sentinel
+/// on its helper thread. Not thread-safe: use it from its executor's thread.
+class SentinelWatch : public std::enable_shared_from_this<SentinelWatch> {
+ public:
+  /// How often each subscription's Sentinel is PINGed.
+  static constexpr std::chrono::seconds kPing{5};
+
+  /// `master`: the master's connection settings, whose timeouts the Sentinels are asked with.
+  [[nodiscard]] static std::shared_ptr<SentinelWatch> create(
+      asio::any_io_executor executor, const AsyncConnectionSettings& master,
+      std::function<void(const redisReply&)> on_message);
+  /// Subscribes on each of `sentinels` (once; later calls do nothing).
+  void start(const std::vector<HostPort>& sentinels);
+  /// Ends every subscription (an open one keeps io_context::run() going).
+  void close();
+  /// Subscriptions confirmed and open now; may be read from any thread (for tests).
+  [[nodiscard]] std::size_t subscribed() const noexcept { return subscribed_; }
+
+ private:
+  struct Subscription;
+  SentinelWatch(asio::any_io_executor executor, const AsyncConnectionSettings& master,
+                std::function<void(const redisReply&)> on_message);
+  asio::awaitable<void> watch(std::shared_ptr<Subscription> subscription);
+
+  asio::any_io_executor executor_;
+  std::chrono::milliseconds connect_timeout_;
+  std::chrono::milliseconds command_timeout_;
+  std::function<void(const redisReply&)> on_message_;
+  std::vector<std::shared_ptr<Subscription>> subscriptions_;
+  std::atomic<std::size_t> subscribed_{0};
+  bool started_ = false;
+  bool closed_ = false;
+};
+
 /// The current master of one Sentinel-monitored set, for the AsyncConnections it locates. From
-/// the first discovery on, a subscription to `+switch-master` on one Sentinel (PING every
-/// kWatchPing, so that a dead Sentinel is noticed; then the next one) starts a new round at
-/// once, and the connections that follow() this sentinel and are connected elsewhere than the
-/// new master are closed: a manual failover, or a partition, leaves the old master writable
-/// until the Sentinels demote it.
+/// the first discovery on, a SentinelWatch follows every Sentinel: `+switch-master` starts a new
+/// round at once, and the connections that follow() this sentinel and are connected elsewhere
+/// than the new master are closed (a manual failover, or a partition, leaves the old master
+/// writable until the Sentinels demote it); the events that begin a failover hold new claims
+/// back (failing_over(), FailoverHold) until it ends.
 class AsyncSentinel final : public AsyncLocator,
                             public std::enable_shared_from_this<AsyncSentinel> {
  public:
   using Clock = std::chrono::steady_clock;
-  /// How often the subscription's Sentinel is PINGed.
-  static constexpr std::chrono::seconds kWatchPing{5};
+  /// How often each subscription's Sentinel is PINGed.
+  static constexpr std::chrono::seconds kWatchPing = SentinelWatch::kPing;
 
   /// `master`: the settings of the master's connections; its endpoint names the Sentinels and
   /// the master's name. Asks no one until the first locate().
@@ -74,16 +114,19 @@ class AsyncSentinel final : public AsyncLocator,
   [[nodiscard]] std::uint64_t rounds() const noexcept { return rounds_; }
   /// Times a round named another master than the one known (the first discovery included).
   [[nodiscard]] std::uint64_t moves() const noexcept { return moves_; }
-  /// `+switch-master` messages of this set received so far, for tests.
+  /// `+switch-master` messages of this set received so far (one per Sentinel), for tests.
   [[nodiscard]] std::uint64_t switches_seen() const noexcept { return switches_seen_; }
+  /// The retryable idem::RedisError a new claim gets while the Sentinels are failing the known
+  /// master over (FailoverHold); nullopt otherwise.
+  [[nodiscard]] std::optional<RedisError> failing_over() const;
+  /// The subscriptions, for tests; null before the first round found a master.
+  [[nodiscard]] const std::shared_ptr<SentinelWatch>& watch() const noexcept { return watch_; }
 
  private:
   AsyncSentinel(asio::any_io_executor executor, AsyncConnectionSettings master);
   // Starts a round unless one runs (then another follows it).
   void start_round();
   void round_ended(const std::exception_ptr& error, const DiscoveredMaster& found);
-  // The subscription, Sentinel after Sentinel, until close().
-  asio::awaitable<void> watch();
   void on_message(const redisReply& message);
 
   asio::any_io_executor executor_;
@@ -96,10 +139,9 @@ class AsyncSentinel final : public AsyncLocator,
   bool ask_again_ = false;      // a +switch-master came while it ran
   std::vector<Found> waiting_;  // locate() calls waiting for the round
   std::vector<std::weak_ptr<AsyncConnection>> followers_;
-  bool watching_ = false;
   bool closed_ = false;
-  std::shared_ptr<AsyncConnection> watch_connection_;
-  asio::steady_timer watch_timer_;
+  std::shared_ptr<SentinelWatch> watch_;  // from the first round that found a master
+  FailoverHold hold_;
   std::uint64_t rounds_ = 0;
   std::uint64_t moves_ = 0;
   std::uint64_t switches_seen_ = 0;

@@ -19,18 +19,28 @@
 
 namespace idem::detail {
 
+namespace {
+
+// The timeouts the Sentinels are asked with: the master's.
+AsyncConnectionSettings watch_settings(const ConnectionSettings& master) {
+  AsyncConnectionSettings settings;
+  settings.connect_timeout = master.connect_timeout;
+  settings.command_timeout = master.command_timeout;
+  return settings;
+}
+
+}  // namespace
+
 Sentinel::Sentinel(PoolSettings master, CircuitBreakerOptions breaker)
     : settings_(std::move(master)),
       breaker_(breaker),
-      order_(settings_.connection.endpoint.sentinels) {}
+      order_(settings_.connection.endpoint.sentinels),
+      watch_(SentinelWatch::create(watch_io_.get_executor(), watch_settings(settings_.connection),
+                                   [this](const redisReply& message) { on_message(message); })) {}
 
 Sentinel::~Sentinel() {
-  {
-    std::lock_guard lock(watch_mutex_);
-    stopping_ = true;
-    if (watching_ != nullptr) watching_->shutdown();
-  }
-  stop_requested_.notify_all();
+  // Stops the helper thread's loop at once; its subscriptions are closed with the io_context.
+  watch_io_.stop();
   if (watcher_.joinable()) watcher_.join();
 }
 
@@ -84,58 +94,33 @@ std::shared_ptr<Node> Sentinel::rediscover_locked() {
   return master_;
 }
 
-bool Sentinel::pause(std::chrono::milliseconds duration) {
-  std::unique_lock lock(watch_mutex_);
-  return !stop_requested_.wait_for(lock, duration, [this] { return stopping_.load(); });
+void Sentinel::watch() {
+  watch_->start(settings_.connection.endpoint.sentinels);
+  watch_io_.run();
 }
 
-void Sentinel::watch() {
-  const std::string& name = settings_.connection.endpoint.sentinel_master;
-  auto backoff = std::chrono::milliseconds(100);
-  for (std::size_t next = 0; !stopping_;) {
-    HostPort sentinel;
-    {
-      std::lock_guard lock(mutex_);
-      sentinel = order_.cycle(next++);
-    }
-    try {
-      ConnectionSettings settings;
-      settings.endpoint.host = sentinel.host;
-      settings.endpoint.port = sentinel.port;
-      settings.connect_timeout = settings_.connection.connect_timeout;
-      settings.command_timeout = kWatchReconnect;
-      Connection connection(settings);
-      {
-        std::lock_guard lock(watch_mutex_);
-        if (stopping_) return;
-        watching_ = &connection;
-      }
-      try {
-        connection.append(std::array<std::string_view, 2>{"SUBSCRIBE", "+switch-master"});
-        (void)connection.read_reply();  // the subscription's confirmation
-        backoff = std::chrono::milliseconds(100);
-        next = 0;  // a working Sentinel: start from the first again after it fails
-        while (!stopping_) {
-          const ReplyPtr message = connection.read_reply();
-          if (!switched_master(*message, name)) continue;
-          std::lock_guard discovery(discovery_mutex_);
-          try {
-            (void)rediscover_locked();
-          } catch (const RedisError&) {
-            std::lock_guard lock(mutex_);
-            stale_ = true;  // the callers ask again
-          }
-        }
-      } catch (const RedisError&) {
-        // Closed, timed out (kWatchReconnect without a message) or shut down: reconnect.
-      }
-      std::lock_guard lock(watch_mutex_);
-      watching_ = nullptr;
-    } catch (const RedisError&) {
-      if (!pause(backoff)) return;
-      backoff = std::min(backoff * 2, std::chrono::milliseconds(2000));
-    }
+void Sentinel::on_message(const redisReply& message) {
+  const std::optional<SentinelNews> news =
+      sentinel_news(message, settings_.connection.endpoint.sentinel_master);
+  if (!news) return;
+  {
+    std::lock_guard lock(mutex_);
+    hold_.heard(*news, Clock::now());
   }
+  if (news->kind != SentinelNews::Kind::kSwitched) return;
+  std::lock_guard discovery(discovery_mutex_);
+  try {
+    (void)rediscover_locked();
+  } catch (const RedisError&) {
+    std::lock_guard lock(mutex_);
+    stale_ = true;  // the callers ask again
+  }
+}
+
+std::optional<RedisError> Sentinel::failing_over() {
+  std::lock_guard lock(mutex_);
+  if (master_ == nullptr) return std::nullopt;
+  return hold_.refusal(master_->address(), Clock::now());
 }
 
 std::shared_ptr<Node> Sentinel::known_master() {

@@ -6,29 +6,32 @@
 // io_context; the rules are sentinel_rules.h's.
 #pragma once
 
+#include <asio/io_context.hpp>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
 #include "idem/redis_guard.h"
+#include "redis/async_sentinel.h"
 #include "redis/node.h"
 #include "redis/pool.h"
 #include "redis/sentinel_rules.h"
 #include "redis/url.h"
 
+struct redisReply;
+
 namespace idem::detail {
 
-class Connection;
-
 /// The current master of one Sentinel-monitored set, as a Node. Thread-safe. From the first
-/// discovery on, one helper thread keeps a subscription to `+switch-master` on a Sentinel, so
-/// that a failover is followed at once, also when the old master lives on (a manual failover,
-/// a partition): its connections would otherwise keep writing there until the Sentinels
-/// demote it, up to their 10 s INFO period later.
+/// discovery on, one helper thread keeps a subscription on every Sentinel (SentinelWatch, on a
+/// private io_context), so that a failover is followed at once, also when the old master lives
+/// on (a manual failover, a partition): its connections would otherwise keep writing there
+/// until the Sentinels demote it, up to their 10 s INFO period later. The events that begin a
+/// failover hold new claims back until it ends (failing_over(), FailoverHold).
 class Sentinel {
  public:
   using Clock = std::chrono::steady_clock;
@@ -60,19 +63,22 @@ class Sentinel {
   /// timeout, READONLY, ROLE not master, its breaker open): ask the Sentinels again.
   void invalidate(const Node& node);
 
-  /// How long the helper thread waits on its subscription before it reconnects (a Sentinel
-  /// that died silently is noticed then).
-  static constexpr std::chrono::seconds kWatchReconnect{5};
+  /// The retryable idem::RedisError a new claim gets while the Sentinels are failing the known
+  /// master over (FailoverHold); nullopt otherwise (also before the first discovery).
+  [[nodiscard]] std::optional<RedisError> failing_over();
+
+  /// Subscriptions confirmed and open now (one per Sentinel at most), for tests.
+  [[nodiscard]] std::size_t subscribed() const noexcept { return watch_->subscribed(); }
 
  private:
   // The master's address by the Sentinels, checked with ROLE; throws idem::RedisError.
   HostPort discover();
   // Discovers now and installs the answer; throws idem::RedisError.
   std::shared_ptr<Node> rediscover_locked();  // requires discovery_mutex_
-  // The helper thread: subscribes to +switch-master on the Sentinels in turn.
+  // The helper thread: the subscriptions on every Sentinel, until the destructor.
   void watch();
-  // Sleeps up to `duration` unless stopping; false when stopping.
-  bool pause(std::chrono::milliseconds duration);
+  // A message of a subscription, on the helper thread.
+  void on_message(const redisReply& message);
 
   const PoolSettings settings_;
   const CircuitBreakerOptions breaker_;
@@ -83,10 +89,10 @@ class Sentinel {
   bool stale_ = false;
   Clock::time_point next_discovery_{};
 
-  std::mutex watch_mutex_;  // guards watching_ and wakes pause()
-  std::condition_variable stop_requested_;
-  std::atomic<bool> stopping_{false};
-  Connection* watching_ = nullptr;  // the subscription, while one is open
+  FailoverHold hold_;  // guarded by mutex_
+
+  asio::io_context watch_io_{1};          // the helper thread's; stopped by the destructor
+  std::shared_ptr<SentinelWatch> watch_;  // used on the helper thread (subscribed(): any)
   std::once_flag watch_once_;
   std::thread watcher_;  // started by the first discovery; joined by the destructor
 };

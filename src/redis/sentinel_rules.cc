@@ -83,7 +83,73 @@ std::optional<HostPort> switched_master(const redisReply& message, std::string_v
 
 bool failover_reply(const redisReply& reply) {
   return reply.type == REDIS_REPLY_ERROR &&
-         (reply_error_is(reply, "READONLY") || reply_error_is(reply, "MASTERDOWN"));
+         (reply_error_is(reply, "READONLY") || reply_error_is(reply, "MASTERDOWN") ||
+          string_of(reply).starts_with("ERR WAIT cannot be used with replica instances"));
+}
+
+std::optional<SentinelNews> sentinel_news(const redisReply& message, std::string_view name) {
+  if (message.type != REDIS_REPLY_ARRAY || message.elements != 3 ||
+      message.element[0]->type != REDIS_REPLY_STRING ||
+      string_of(*message.element[0]) != "message" ||
+      message.element[1]->type != REDIS_REPLY_STRING) {
+    return std::nullopt;
+  }
+  const std::string_view channel = string_of(*message.element[1]);
+  if (channel == "+switch-master") {
+    std::optional<HostPort> now = switched_master(message, name);
+    if (!now) return std::nullopt;
+    return SentinelNews{SentinelNews::Kind::kSwitched, std::move(*now), std::string(channel)};
+  }
+  const auto listed = std::find(kSentinelSubscribe.begin() + 1, kSentinelSubscribe.end(), channel);
+  if (listed == kSentinelSubscribe.end() || channel == "-failover-abort-not-elected" ||
+      message.element[2]->type != REDIS_REPLY_STRING) {
+    return std::nullopt;
+  }
+  // "master <name> <ip> <port> [...]", or "slave <id> <ip> <port> @ <name> <ip> <port>".
+  std::vector<std::string_view> words;
+  for (std::string_view rest = string_of(*message.element[2]); !rest.empty();) {
+    const auto space = rest.find(' ');
+    words.push_back(rest.substr(0, space));
+    rest = space == std::string_view::npos ? std::string_view() : rest.substr(space + 1);
+  }
+  std::size_t at = 1;  // where the master's name is
+  if (words.empty() || words[0] != "master") {
+    const auto mark = std::find(words.begin(), words.end(), "@");
+    at = static_cast<std::size_t>(mark - words.begin()) + 1;
+  }
+  if (at + 2 >= words.size()) return std::nullopt;
+  const int port = port_of(words[at + 2]);
+  if (words[at] != name || words[at + 1].empty() || port == 0) return std::nullopt;
+  const bool settled = channel.starts_with("-");
+  return SentinelNews{settled ? SentinelNews::Kind::kSettled : SentinelNews::Kind::kFailing,
+                      HostPort{std::string(words[at + 1]), port}, std::string(channel)};
+}
+
+void FailoverHold::heard(const SentinelNews& news, Clock::time_point now) {
+  switch (news.kind) {
+    case SentinelNews::Kind::kFailing:
+      if (failing_ != news.master) {
+        failing_ = news.master;
+        event_ = news.event;
+      }
+      until_ = now + kFailoverHoldLimit;
+      return;
+    case SentinelNews::Kind::kSwitched:
+      failing_.reset();
+      return;
+    case SentinelNews::Kind::kSettled:
+      if (failing_ == news.master) failing_.reset();
+      return;
+  }
+}
+
+std::optional<RedisError> FailoverHold::refusal(const HostPort& master,
+                                                Clock::time_point now) const {
+  if (failing_ != master || now >= until_) return std::nullopt;
+  return RedisError("idem: redis sentinel: the Sentinels are failing the master " + text(master) +
+                        " over (" + event_ +
+                        "): no new claim goes there until they name the new master",
+                    true);
 }
 
 void DiscoveryFailure::no_answer(const RedisError& error) {

@@ -66,6 +66,77 @@ inline constexpr std::array<std::string_view, 1> kRoleCommand{"ROLE"};
 [[nodiscard]] std::optional<HostPort> switched_master(const redisReply& message,
                                                       std::string_view name);
 
+/// `SUBSCRIBE` to the channels a guard follows on every Sentinel. `+switch-master` names the new
+/// master.
+/// The others tell a failover of a master under way before it, from the Sentinels' events on
+/// Redis 7.0 (docs/redis_guard.md has the order measured): `+odown` (a quorum agrees the master
+/// is down; each Sentinel), then, from the one Sentinel that leads the failover only,
+/// `+try-failover` (the first event of a SENTINEL FAILOVER), `+elected-leader`,
+/// `+failover-state-select-slave`, `+selected-slave`, `+failover-state-send-slaveof-noone` (the
+/// replica is told to become master), `+failover-state-wait-promotion`, `+promoted-slave`,
+/// `+failover-state-reconf-slaves`. `-odown`, `-failover-abort-no-good-slave` and
+/// `-failover-abort-slave-timeout` say the failover ended without a switch. `+sdown` (one
+/// Sentinel's own view) is not among them: alone it says nothing a quorum agrees with.
+inline constexpr std::array<std::string_view, 15> kSentinelSubscribe{
+    "SUBSCRIBE",
+    "+switch-master",
+    "+odown",
+    "+try-failover",
+    "+elected-leader",
+    "+failover-state-select-slave",
+    "+selected-slave",
+    "+failover-state-send-slaveof-noone",
+    "+failover-state-wait-promotion",
+    "+promoted-slave",
+    "+failover-state-reconf-slaves",
+    "-odown",
+    "-failover-abort-no-good-slave",
+    "-failover-abort-slave-timeout",
+    "-failover-abort-not-elected"};
+
+/// What a message of the subscription (kSentinelSubscribe) says of the master of a set.
+struct SentinelNews {
+  enum class Kind {
+    kFailing,   ///< A failover of `master` is under way (or a quorum finds it down).
+    kSwitched,  ///< +switch-master: `master` is the new master.
+    kSettled,   ///< The failover of `master` ended without a switch (or it is up again).
+  };
+  Kind kind = Kind::kFailing;
+  HostPort master;    ///< The master the event is about (kSwitched: the new one).
+  std::string event;  ///< The channel, e.g. "+try-failover".
+};
+
+/// The news in `message` (`["message", channel, payload]`) for the set `name`; nullopt for
+/// another set, another channel, a subscription's confirmation, a PING's answer and anything
+/// malformed. `-failover-abort-not-elected` is no news: the Sentinel that was not elected gave
+/// up, another one may lead the failover.
+[[nodiscard]] std::optional<SentinelNews> sentinel_news(const redisReply& message,
+                                                        std::string_view name);
+
+/// How long a failover the Sentinels began holds new claims back at most, when neither
+/// +switch-master nor an event ending it comes (a failover stuck, a lost message): then claims go
+/// to the known master again (its ROLE checked on every new connection).
+inline constexpr std::chrono::milliseconds kFailoverHoldLimit{10000};
+
+/// Whether new claims are held back because the Sentinels are failing the master over: from a
+/// kFailing news about the master until +switch-master, a kSettled news about it, or
+/// kFailoverHoldLimit after the last kFailing news. Pure; not thread-safe (the owner locks).
+class FailoverHold {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  /// Takes in one news heard at `now`.
+  void heard(const SentinelNews& news, Clock::time_point now);
+  /// The retryable idem::RedisError a new claim to `master` gets at `now`, or nullopt.
+  [[nodiscard]] std::optional<RedisError> refusal(const HostPort& master,
+                                                  Clock::time_point now) const;
+
+ private:
+  std::optional<HostPort> failing_;  // the master being failed over
+  std::string event_;                // the first news of it
+  Clock::time_point until_{};
+};
+
 /// Whether a failed call on the master calls for asking the Sentinels again: a retryable
 /// idem::RedisError (connection lost or refused, a timeout, READONLY, a ROLE not master, the
 /// breaker open). A non-retryable one (WRONGPASS, a script error) says nothing of a failover.
@@ -74,7 +145,8 @@ inline constexpr std::array<std::string_view, 1> kRoleCommand{"ROLE"};
 }
 
 /// Whether an error reply of the master says it is no longer the master: READONLY (a demoted
-/// master, now a replica) or MASTERDOWN (a replica cut off from its master).
+/// master, now a replica), MASTERDOWN (a replica cut off from its master), or WAIT's refusal on
+/// a replica ("ERR WAIT cannot be used with replica instances").
 [[nodiscard]] bool failover_reply(const redisReply& reply);
 
 /// Why one round of questions to the Sentinels found no master, and its error.

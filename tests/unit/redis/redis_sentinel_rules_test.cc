@@ -5,6 +5,8 @@
 
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "redis/reply.h"
 #include "redis/sentinel_rules.h"
@@ -78,9 +80,98 @@ TEST(SentinelRules, SwitchMasterNamesTheNewMasterOfItsSet) {
   EXPECT_EQ(switched_master(*parse("*2\r\n$4\r\npong\r\n$0\r\n\r\n"), "orders"), std::nullopt);
 }
 
+// A Sentinel's message on `channel` with `payload`, as the subscription delivers it.
+ReplyPtr event(std::string_view channel, std::string_view payload) {
+  return parse("*3\r\n$7\r\nmessage\r\n$" + std::to_string(channel.size()) + "\r\n" +
+               std::string(channel) + "\r\n$" + std::to_string(payload.size()) + "\r\n" +
+               std::string(payload) + "\r\n");
+}
+
+// The payloads as Redis 7.0's Sentinels publish them (measured: docs/redis_guard.md).
+TEST(SentinelRules, TheEventsBeforeASwitchSayTheMasterIsFailing) {
+  const HostPort master{"127.0.0.1", 37151};
+  for (const auto& [channel, payload] : std::vector<std::pair<std::string, std::string>>{
+           {"+odown", "master orders 127.0.0.1 37151 #quorum 2/2"},
+           {"+try-failover", "master orders 127.0.0.1 37151"},
+           {"+elected-leader", "master orders 127.0.0.1 37151"},
+           {"+failover-state-select-slave", "master orders 127.0.0.1 37151"},
+           {"+selected-slave", "slave 127.0.0.1:51843 127.0.0.1 51843 @ orders 127.0.0.1 37151"},
+           {"+failover-state-send-slaveof-noone",
+            "slave 127.0.0.1:51843 127.0.0.1 51843 @ orders 127.0.0.1 37151"},
+           {"+promoted-slave", "slave 127.0.0.1:51843 127.0.0.1 51843 @ orders 127.0.0.1 37151"},
+           {"+failover-state-reconf-slaves", "master orders 127.0.0.1 37151"}}) {
+    const std::optional<SentinelNews> news = sentinel_news(*event(channel, payload), "orders");
+    ASSERT_TRUE(news.has_value()) << channel;
+    EXPECT_EQ(news->kind, SentinelNews::Kind::kFailing) << channel;
+    EXPECT_EQ(news->master, master) << channel;
+    EXPECT_EQ(news->event, channel);
+    EXPECT_EQ(sentinel_news(*event(channel, payload), "orders-eu"), std::nullopt) << channel;
+  }
+  const auto switched =
+      sentinel_news(*event("+switch-master", "orders 127.0.0.1 37151 127.0.0.1 51843"), "orders");
+  ASSERT_TRUE(switched.has_value());
+  EXPECT_EQ(switched->kind, SentinelNews::Kind::kSwitched);
+  EXPECT_EQ(switched->master, (HostPort{"127.0.0.1", 51843}));
+  for (const char* channel : {"-odown", "-failover-abort-no-good-slave"}) {
+    const auto settled = sentinel_news(*event(channel, "master orders 127.0.0.1 37151"), "orders");
+    ASSERT_TRUE(settled.has_value()) << channel;
+    EXPECT_EQ(settled->kind, SentinelNews::Kind::kSettled) << channel;
+  }
+  // No news: a candidate that lost the vote (another may lead), a Sentinel's own +sdown, a
+  // subscription's confirmation, a PING's answer, a malformed payload.
+  EXPECT_EQ(sentinel_news(*event("-failover-abort-not-elected", "master orders 127.0.0.1 37151"),
+                          "orders"),
+            std::nullopt);
+  EXPECT_EQ(sentinel_news(*event("+sdown", "master orders 127.0.0.1 37151"), "orders"),
+            std::nullopt);
+  EXPECT_EQ(sentinel_news(*parse("*3\r\n$9\r\nsubscribe\r\n$6\r\n+odown\r\n:2\r\n"), "orders"),
+            std::nullopt);
+  EXPECT_EQ(sentinel_news(*parse("*2\r\n$4\r\npong\r\n$0\r\n\r\n"), "orders"), std::nullopt);
+  EXPECT_EQ(sentinel_news(*event("+try-failover", "master orders 127.0.0.1"), "orders"),
+            std::nullopt);
+  EXPECT_EQ(
+      sentinel_news(*event("+selected-slave", "slave 127.0.0.1:51843 127.0.0.1 51843"), "orders"),
+      std::nullopt);
+}
+
+TEST(SentinelRules, AFailoverHoldsNewClaimsUntilTheSwitchOrItsEnd) {
+  using Clock = FailoverHold::Clock;
+  const HostPort master{"10.0.0.1", 6379};
+  const HostPort other{"10.0.0.9", 6379};
+  const Clock::time_point t0 = Clock::now();
+  const SentinelNews failing{SentinelNews::Kind::kFailing, master, "+try-failover"};
+  FailoverHold hold;
+  EXPECT_EQ(hold.refusal(master, t0), std::nullopt);
+  hold.heard(failing, t0);
+  const std::optional<RedisError> refused = hold.refusal(master, t0);
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_TRUE(refused->retryable());
+  EXPECT_NE(std::string(refused->what()).find("+try-failover"), std::string::npos);
+  EXPECT_EQ(hold.refusal(other, t0), std::nullopt);  // another master: not this failover's
+  // Until +switch-master...
+  hold.heard({SentinelNews::Kind::kSwitched, other, "+switch-master"}, t0);
+  EXPECT_EQ(hold.refusal(master, t0), std::nullopt);
+  // ... or an end without a switch about this master (not another's) ...
+  hold.heard(failing, t0);
+  hold.heard({SentinelNews::Kind::kSettled, other, "-odown"}, t0);
+  EXPECT_TRUE(hold.refusal(master, t0).has_value());
+  hold.heard({SentinelNews::Kind::kSettled, master, "-odown"}, t0);
+  EXPECT_EQ(hold.refusal(master, t0), std::nullopt);
+  // ... or kFailoverHoldLimit after the last news of it.
+  hold.heard(failing, t0);
+  hold.heard(failing, t0 + kFailoverHoldLimit / 2);
+  EXPECT_TRUE(hold.refusal(master, t0 + kFailoverHoldLimit).has_value());
+  EXPECT_EQ(hold.refusal(master, t0 + kFailoverHoldLimit / 2 + kFailoverHoldLimit), std::nullopt);
+}
+
 TEST(SentinelRules, ReadonlyAndMasterdownAreFailovers) {
   EXPECT_TRUE(failover_reply(*parse("-READONLY You can't write against a read only replica.\r\n")));
   EXPECT_TRUE(failover_reply(*parse("-MASTERDOWN Link with MASTER is down\r\n")));
+  // A master demoted to a replica refuses the WAIT of a durable guard.
+  EXPECT_TRUE(failover_reply(*parse(
+      "-ERR WAIT cannot be used with replica instances. Please also note that since Redis 4.0 "
+      "if a replica is configured to be writable (which is not the default) writes to replicas "
+      "are just local and are not propagated.\r\n")));
   EXPECT_FALSE(failover_reply(*parse("-NOSCRIPT No matching script\r\n")));
   EXPECT_FALSE(failover_reply(*parse("+OK\r\n")));
   EXPECT_TRUE(failover_suspected(RedisError("timed out", true)));
