@@ -115,6 +115,37 @@ struct RedisGuardOptions {
   /// throughput when Redis' CPU is the limit, equal otherwise (docs/redis_guard.md,
   /// bench/guard.sh); needs Redis ≥ 7.0, else use kLuaScript.
   ClaimMethod claim_method = ClaimMethod::kSetNxGet;
+
+  /// Durability of the guard's writes: how many replicas must hold a claim, a completion or a
+  /// renewal before the guard answers. 0 (the default) waits for none: Redis replicates
+  /// asynchronously, so a failover (Sentinel or Cluster promoting a replica, or the old master
+  /// demoted after SENTINEL FAILOVER) may lose the writes of its last moments, and a guard-only
+  /// deployment then runs those requests again. With N > 0, every claim, complete() and renew()
+  /// is followed by `WAIT N replication_timeout` in the same write (one round trip: the client
+  /// adds none; the write's reply comes once N replicas acknowledged it, or the timeout passed):
+  /// - claim() (and each key of claim_batch(), one WAIT after the batch): a kFirst claim that
+  ///   fewer than N replicas acknowledged answers ClaimResult::replicated = false, with its owner
+  ///   token (the caller owns it, on the master only; the facade releases it and answers
+  ///   Unavailable when failing closed). Repeats are unaffected.
+  /// - complete() and renew(): fewer than N acknowledgements throw a retryable idem::RedisError
+  ///   ("not acknowledged by N replicas within T ms"); the write was made on the master and may
+  ///   or may not survive a failover.
+  /// - release() waits for none: a release lost in a failover only leaves the claim until its
+  ///   lease ends. inspect() and force_release() wait for none either.
+  /// What it guarantees: a write answered as acknowledged is in the memory of N replicas. A
+  /// failover that promotes one of them keeps it; Sentinel and Cluster promote, among the
+  /// replicas they can reach, the one with the largest replication offset, which holds every
+  /// write any replica acknowledged. Set N to the number of replicas of each master to keep
+  /// that true when an acknowledging replica is itself down during the failover. WAIT is not
+  /// consensus: a replica restarted without persistence forgets. What it costs: each write
+  /// waits for a master-to-replica round trip; with fewer than N replicas connected every claim
+  /// waits the whole replication_timeout and is answered not replicated. docs/operations.md has
+  /// the measurements. In a cluster the WAIT goes to the master of the key's slot, on the
+  /// connection of the write (WAIT counts that connection's writes).
+  std::uint32_t min_replicas = 0;
+  /// With min_replicas > 0: the longest a write waits for its replicas' acknowledgement, in ms,
+  /// > 0 and < redis.command_timeout (the reply of the write comes after it).
+  std::chrono::milliseconds replication_timeout{100};
 };
 
 /// One key of RedisGuard::claim_batch().

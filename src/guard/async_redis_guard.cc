@@ -5,6 +5,7 @@
 #include <asio/cancellation_signal.hpp>
 #include <asio/use_awaitable.hpp>
 #include <limits>
+#include <optional>
 #include <utility>
 
 #include "guard/record.h"
@@ -14,7 +15,8 @@
 namespace idem::detail {
 namespace {
 
-AsyncClientSettings client_settings(const RedisOptions& redis) {
+AsyncClientSettings client_settings(const RedisGuardOptions& options) {
+  const RedisOptions& redis = options.redis;
   constexpr std::chrono::milliseconds kMaxTimeout{std::numeric_limits<int>::max()};
   require_guard_option(redis.connect_timeout.count() > 0 && redis.connect_timeout <= kMaxTimeout,
                        "redis.connect_timeout must be in 1..2147483647 ms");
@@ -28,7 +30,9 @@ AsyncClientSettings client_settings(const RedisOptions& redis) {
   }
   return AsyncClientSettings{.connection = {.endpoint = std::move(endpoint),
                                             .connect_timeout = redis.connect_timeout,
-                                            .command_timeout = redis.command_timeout},
+                                            .command_timeout = redis.command_timeout,
+                                            .wait_replicas = static_cast<int>(options.min_replicas),
+                                            .wait_timeout = options.replication_timeout},
                              .cluster = redis.cluster};
 }
 
@@ -43,7 +47,7 @@ AsyncRedisGuard::AsyncRedisGuard(const asio::any_io_executor& executor,
                                  const RedisGuardOptions& options)
     : options_(options),
       protocol_(options_),
-      client_(AsyncClient::create(executor, client_settings(options_.redis))),
+      client_(AsyncClient::create(executor, client_settings(options_))),
       breaker_(options_.breaker) {}
 
 AsyncRedisGuard::~AsyncRedisGuard() { client_->close(); }
@@ -81,23 +85,28 @@ asio::awaitable<ReplyPtr> AsyncRedisGuard::guarded(Send send) {
   co_return reply;
 }
 
-asio::awaitable<ReplyPtr> AsyncRedisGuard::eval(const GuardScript& script, std::string_view key,
-                                                std::span<const std::string_view> args,
-                                                bool cancellable) {
+asio::awaitable<Written> AsyncRedisGuard::eval(const GuardScript& script, std::string_view key,
+                                               std::span<const std::string_view> args,
+                                               bool cancellable, bool durable) {
   const LuaScript lua{script.body, script.sha};
   const std::array<std::string_view, 1> keys{key};
-  ReplyPtr reply = co_await guarded([&] {
-    return cancellable ? client_->evalsha(lua, keys, args, asio::use_awaitable)
-                       : client_->evalsha(lua, keys, args, shielded());
-  });
-  co_return checked(std::move(reply), "EVALSHA");
+  durable = durable && protocol_.durable();
+  Written written = split_durable(co_await guarded([&] {
+    return cancellable ? client_->evalsha(lua, keys, args, durable, asio::use_awaitable)
+                       : client_->evalsha(lua, keys, args, durable, shielded());
+  }));
+  written.reply = checked(std::move(written.reply), "EVALSHA");
+  co_return written;
 }
 
 asio::awaitable<bool> AsyncRedisGuard::eval_flag(const GuardScript& script, std::string_view key,
-                                                 std::span<const std::string_view> args) {
+                                                 std::span<const std::string_view> args,
+                                                 bool durable, std::string_view during) {
   try {
-    const ReplyPtr reply = co_await eval(script, key, args, false);
-    co_return integer_flag(*reply, "EVALSHA");
+    const Written written = co_await eval(script, key, args, false, durable);
+    const bool done = integer_flag(*written.reply, "EVALSHA");
+    if (done) protocol_.require_acknowledged(written.acks.get(), during);
+    co_return done;
   } catch (const ForeignRecord&) {
     if (options_.metrics) options_.metrics->record_foreign_record(Layer::kRedisGuard);
     throw;
@@ -108,19 +117,26 @@ asio::awaitable<ClaimResult> AsyncRedisGuard::claim(std::string_view key,
                                                     std::string_view request_id,
                                                     std::string_view fingerprint) {
   const std::string redis_key = protocol_.redis_key(key);
+  // The Sentinels began failing the master over: a claim written there now may be lost.
+  if (const auto& sentinel = client_->sentinel(); sentinel != nullptr) {
+    if (std::optional<RedisError> refused = sentinel->failing_over()) throw *refused;
+  }
   std::string owner_token = new_owner_token();
   const std::string record = encode_claim(owner_token, request_id, fingerprint);
   try {
-    ReplyPtr reply;
+    Written written;
     if (protocol_.claim_method() == ClaimMethod::kSetNxGet) {
       const auto args = protocol_.set_nx_get(redis_key, record);
-      reply = co_await guarded([&] { return client_->exec(redis_key, args, asio::use_awaitable); });
+      written = split_durable(co_await guarded([&] {
+        return client_->exec(redis_key, args, protocol_.durable(), asio::use_awaitable);
+      }));
     } else {
       const std::array<std::string_view, 2> args{record, protocol_.lease_ms()};
-      reply = co_await eval(scripts_.claim, redis_key, args, true);
+      written = co_await eval(scripts_.claim, redis_key, args, true, true);
     }
-    co_return protocol_.claim_answer(std::move(reply), std::move(owner_token), request_id,
-                                     fingerprint);
+    const bool replicated = protocol_.acknowledged(written.acks.get());
+    co_return protocol_.claim_answer(std::move(written.reply), std::move(owner_token), request_id,
+                                     fingerprint, replicated);
   } catch (const ForeignRecord&) {
     if (options_.metrics) options_.metrics->record_foreign_record(Layer::kRedisGuard);
     throw;
@@ -134,13 +150,14 @@ asio::awaitable<bool> AsyncRedisGuard::complete(std::string_view key, std::strin
   const std::string redis_key = protocol_.redis_key(key);
   const std::string response_field = protocol_.response_field(response);
   const std::array<std::string_view, 3> args{owner_token, response_field, retention_text};
-  co_return co_await eval_flag(scripts_.complete, redis_key, args);
+  co_return co_await eval_flag(scripts_.complete, redis_key, args, true, "complete");
 }
 
 asio::awaitable<bool> AsyncRedisGuard::release(std::string_view key, std::string_view owner_token) {
   const std::string redis_key = protocol_.redis_key(key);
   const std::array<std::string_view, 1> args{owner_token};
-  co_return co_await eval_flag(scripts_.release, redis_key, args);
+  // No WAIT: a release a failover loses only leaves the claim until its lease ends.
+  co_return co_await eval_flag(scripts_.release, redis_key, args, false, "release");
 }
 
 asio::awaitable<bool> AsyncRedisGuard::renew(std::string_view key, std::string_view owner_token,
@@ -149,7 +166,7 @@ asio::awaitable<bool> AsyncRedisGuard::renew(std::string_view key, std::string_v
   const std::string redis_key = protocol_.redis_key(key);
   const std::string lease_text = milliseconds_text(lease);
   const std::array<std::string_view, 2> args{owner_token, lease_text};
-  co_return co_await eval_flag(scripts_.renew, redis_key, args);
+  co_return co_await eval_flag(scripts_.renew, redis_key, args, true, "renew");
 }
 
 }  // namespace idem::detail

@@ -4,6 +4,11 @@
 // connection per node, shared by every call (automatic pipelining), Redis Cluster through
 // MOVED/ASK, Redis Sentinel (the master found and followed on the loop: AsyncSentinel).
 //
+// Durability (RedisGuardOptions::min_replicas): claims, completions and renewals are durable
+// commands of the connection (AsyncConnection: one WAIT after each write's durable commands, so
+// the pipelined calls of one loop turn share one replica acknowledgement); the replies are read
+// as the blocking guard reads them (redis_protocol.h).
+//
 // Cancellation: claim() honours the awaiting coroutine's cancellation (the command completes at
 // once with idem::Cancelled; it may still run on the server, so a claim may be made and kept
 // until its lease ends). complete(), release() and renew() ignore it: what follows a handler
@@ -65,12 +70,16 @@ class AsyncRedisGuard final : public AsyncGuard {
 
  private:
   // EVALSHA `script` with `key` and `args` under the breaker; the reply checked. `cancellable`:
-  // whether the awaiting coroutine's cancellation reaches the command.
-  asio::awaitable<ReplyPtr> eval(const GuardScript& script, std::string_view key,
-                                 std::span<const std::string_view> args, bool cancellable);
-  // eval() of a script answering 1/0 (never cancelled), a foreign value counted.
+  // whether the awaiting coroutine's cancellation reaches the command; `durable`: a write the
+  // replicas must acknowledge (WAIT after it when min_replicas > 0).
+  asio::awaitable<Written> eval(const GuardScript& script, std::string_view key,
+                                std::span<const std::string_view> args, bool cancellable,
+                                bool durable);
+  // eval() of a script answering 1/0 (never cancelled), a foreign value counted; a true answer
+  // of a `durable` write the replicas did not acknowledge throws (`during` names it).
   asio::awaitable<bool> eval_flag(const GuardScript& script, std::string_view key,
-                                  std::span<const std::string_view> args);
+                                  std::span<const std::string_view> args, bool durable,
+                                  std::string_view during);
   // `reply` of a call through the breaker: a retryable failure counts against it.
   template <typename Send>
   asio::awaitable<ReplyPtr> guarded(Send send);

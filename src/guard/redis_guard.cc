@@ -3,6 +3,8 @@
 #include <array>
 #include <limits>
 #include <map>
+#include <optional>
+#include <span>
 #include <utility>
 
 #include "guard/record.h"
@@ -243,26 +245,47 @@ struct RedisGuard::Impl {
     }
   }
 
-  // EVALSHA of `script` with one key; on NOSCRIPT, loads it and retries exactly once.
-  template <std::size_t N>
-  static ReplyPtr eval(Connection& connection, const GuardScript& script,
-                       const std::array<std::string_view, N>& key_and_args) {
-    std::array<std::string_view, N + 3> args{"EVALSHA", script.sha, "1"};
-    std::copy(key_and_args.begin(), key_and_args.end(), args.begin() + 3);
-    ReplyPtr reply = connection.command(args);
-    if (reply->type == REDIS_REPLY_ERROR && detail::reply_error_is(*reply, "NOSCRIPT")) {
-      load(connection, script);
-      reply = connection.command(args);
-    }
-    return checked(std::move(reply), "EVALSHA");
+  // Sends `args`, then (when `durable` and RedisGuardOptions::min_replicas > 0) WAIT, in one
+  // write, and reads both replies: always both, so that the connection stays in step.
+  detail::Written write(Connection& connection, std::span<const std::string_view> args,
+                        bool durable) const {
+    connection.append(args);
+    const bool wait = durable && protocol.durable();
+    if (wait) connection.append(protocol.wait_command());
+    detail::Written written{connection.read_reply(), nullptr};
+    if (wait) written.acks = connection.read_reply();
+    return written;
   }
 
+  // EVALSHA of `script` with one key (WAIT after it when `durable`); on NOSCRIPT, loads it and
+  // retries exactly once.
   template <std::size_t N>
-  bool eval_flag(const GuardScript& script, const std::array<std::string_view, N>& key_and_args) {
+  detail::Written eval(Connection& connection, const GuardScript& script,
+                       const std::array<std::string_view, N>& key_and_args, bool durable) const {
+    std::array<std::string_view, N + 3> args{"EVALSHA", script.sha, "1"};
+    std::copy(key_and_args.begin(), key_and_args.end(), args.begin() + 3);
+    detail::Written written = write(connection, args, durable);
+    if (written.reply->type == REDIS_REPLY_ERROR &&
+        detail::reply_error_is(*written.reply, "NOSCRIPT")) {
+      load(connection, script);
+      written = write(connection, args, durable);
+    }
+    written.reply = checked(std::move(written.reply), "EVALSHA");
+    return written;
+  }
+
+  // A script answering 1/0; `durable`: a write the replicas must acknowledge (a true answer
+  // they did not throws, see RedisGuardOptions::min_replicas), `during` naming it.
+  template <std::size_t N>
+  bool eval_flag(const GuardScript& script, const std::array<std::string_view, N>& key_and_args,
+                 bool durable, std::string_view during) {
     return reporting([&] {
-      return with_connection(key_and_args[0], [&](Connection& connection) {
-        return integer_flag(*eval(connection, script, key_and_args), "EVALSHA");
+      const detail::Written written = with_connection(key_and_args[0], [&](Connection& connection) {
+        return eval(connection, script, key_and_args, durable);
       });
+      const bool done = integer_flag(*written.reply, "EVALSHA");
+      if (done) protocol.require_acknowledged(written.acks.get(), during);
+      return done;
     });
   }
 
@@ -277,6 +300,14 @@ struct RedisGuard::Impl {
     }
   }
 
+  // A redis-sentinel:// guard whose Sentinels began failing the master over (Sentinel::
+  // failing_over()) takes no new claim until they name the new master: a claim written to the
+  // old master now is one the failover may lose.
+  void refuse_claims_during_failover() const {
+    if (sentinel == nullptr) return;
+    if (std::optional<RedisError> refused = sentinel->failing_over()) throw *refused;
+  }
+
   // Appends the claim of `key` with `record` (EVALSHA or SET NX GET) to the pipeline.
   void append_claim(Connection& connection, std::string_view key, std::string_view record) const {
     if (options.claim_method == ClaimMethod::kSetNxGet) {
@@ -287,53 +318,49 @@ struct RedisGuard::Impl {
     }
   }
 
-  // One claim, routed and checked: nil (first) or the existing record.
-  ReplyPtr claim_one(std::string_view key, std::string_view record) {
+  // One claim, routed and checked: nil (first) or the existing record, and the WAIT's reply
+  // after it when the guard is durable.
+  detail::Written claim_one(std::string_view key, std::string_view record) {
     return with_connection(key, [&](Connection& connection) {
       if (options.claim_method == ClaimMethod::kLuaScript) {
         return eval(connection, scripts.claim,
-                    std::array<std::string_view, 3>{key, record, protocol.lease_ms()});
+                    std::array<std::string_view, 3>{key, record, protocol.lease_ms()}, true);
       }
-      ReplyPtr reply = connection.command(protocol.set_nx_get(key, record));
-      protocol.require_set_nx_get_support(*reply);
-      return checked(std::move(reply), "SET NX GET");
+      detail::Written written = write(connection, protocol.set_nx_get(key, record), true);
+      protocol.require_set_nx_get_support(*written.reply);
+      written.reply = checked(std::move(written.reply), "SET NX GET");
+      return written;
     });
   }
 
-  // Before Redis 7.0, SET rejects NX together with GET: say what to do instead.
-  void require_set_nx_get_support(const redisReply& reply) const {
-    if (options.claim_method == ClaimMethod::kSetNxGet && reply.type == REDIS_REPLY_ERROR &&
-        std::string_view(reply.str, reply.len).starts_with("ERR syntax error")) {
-      throw RedisError(
-          "idem: redis rejected SET ... NX ... GET (needs Redis >= 7.0); use "
-          "ClaimMethod::kLuaScript",
-          false);
-    }
-  }
-
-  // The claims `indices` of `keys`/`records`, pipelined on `connection`: their replies, in
-  // order, unchecked except for NOSCRIPT (answered by one SCRIPT LOAD and one re-send of the
-  // claims that got it).
-  std::vector<ReplyPtr> pipeline_claims(Connection& connection,
-                                        const std::vector<std::string>& keys,
-                                        const std::vector<std::string>& records,
-                                        const std::vector<std::size_t>& indices) const {
+  // The claims `indices` of `keys`/`records`, pipelined on `connection` with one WAIT after them
+  // when the guard is durable: their replies, in order, unchecked except for NOSCRIPT (answered
+  // by one SCRIPT LOAD and one re-send of the claims that got it, with a WAIT again), and
+  // whether the replicas acknowledged them all (the last WAIT counts every write before it on
+  // this connection).
+  std::pair<std::vector<ReplyPtr>, bool> pipeline_claims(
+      Connection& connection, const std::vector<std::string>& keys,
+      const std::vector<std::string>& records, const std::vector<std::size_t>& indices) const {
     std::vector<ReplyPtr> out(indices.size());
     for (const std::size_t i : indices) append_claim(connection, keys[i], records[i]);
+    if (protocol.durable()) connection.append(protocol.wait_command());
     std::vector<std::size_t> noscript;
     for (std::size_t j = 0; j < indices.size(); ++j) {
       out[j] = connection.read_reply();
       if (out[j]->type == REDIS_REPLY_ERROR && detail::reply_error_is(*out[j], "NOSCRIPT"))
         noscript.push_back(j);
     }
+    ReplyPtr acks = protocol.durable() ? connection.read_reply() : nullptr;
     if (!noscript.empty()) {
       load(connection, scripts.claim);
       for (const std::size_t j : noscript)
         append_claim(connection, keys[indices[j]], records[indices[j]]);
+      if (protocol.durable()) connection.append(protocol.wait_command());
       for (const std::size_t j : noscript) out[j] = connection.read_reply();
+      if (protocol.durable()) acks = connection.read_reply();
     }
     for (const ReplyPtr& reply : out) protocol.require_set_nx_get_support(*reply);
-    return out;
+    return {std::move(out), protocol.acknowledged(acks.get())};
   }
 
   RedisGuardOptions options;
@@ -358,9 +385,12 @@ ClaimResult RedisGuard::claim(std::string_view key, std::string_view request_id,
   const std::string redis_key_text = redis_key(key);
   std::string owner_token = detail::new_owner_token();
   const std::string record = detail::encode_claim(owner_token, request_id, fingerprint);
+  impl_->refuse_claims_during_failover();
   return impl_->reporting([&] {
-    return impl_->protocol.claim_answer(impl_->claim_one(redis_key_text, record),
-                                        std::move(owner_token), request_id, fingerprint);
+    detail::Written written = impl_->claim_one(redis_key_text, record);
+    const bool replicated = impl_->protocol.acknowledged(written.acks.get());
+    return impl_->protocol.claim_answer(std::move(written.reply), std::move(owner_token),
+                                        request_id, fingerprint, replicated);
   });
 }
 
@@ -385,15 +415,20 @@ std::vector<ClaimResult> RedisGuard::claim_batch(const std::vector<ClaimRequest>
                                      : nullptr]
         .push_back(i);
   }
+  impl_->refuse_claims_during_failover();
   std::vector<ReplyPtr> replies(count);
+  std::vector<char> replicated(count, 1);
   for (const auto& entry : groups) {
     const std::vector<std::size_t>& indices =
         entry.second;  // clang 14 cannot capture a structured binding
-    std::vector<ReplyPtr> group =
+    auto [group, acknowledged] =
         impl_->with_connection(keys[indices.front()], [&](Connection& connection) {
           return impl_->pipeline_claims(connection, keys, records, indices);
         });
-    for (std::size_t j = 0; j < indices.size(); ++j) replies[indices[j]] = std::move(group[j]);
+    for (std::size_t j = 0; j < indices.size(); ++j) {
+      replies[indices[j]] = std::move(group[j]);
+      replicated[indices[j]] = acknowledged ? 1 : 0;
+    }
   }
   // Per key: a redirected claim is re-sent on its own; an error reply or a foreign value fails
   // the batch, but only after the claims it did make are released, so none stays held.
@@ -401,10 +436,15 @@ std::vector<ClaimResult> RedisGuard::claim_batch(const std::vector<ClaimRequest>
   results.reserve(count);
   try {
     for (std::size_t i = 0; i < count; ++i) {
-      ReplyPtr reply = detail::parse_redirect(*replies[i]) ? impl_->claim_one(keys[i], records[i])
-                                                           : std::move(replies[i]);
-      results.push_back(impl_->protocol.claim_answer(
-          std::move(reply), owners[i], requests[i].request_id, requests[i].fingerprint));
+      ReplyPtr reply = std::move(replies[i]);
+      if (detail::parse_redirect(*reply)) {
+        detail::Written written = impl_->claim_one(keys[i], records[i]);
+        reply = std::move(written.reply);
+        replicated[i] = impl_->protocol.acknowledged(written.acks.get()) ? 1 : 0;
+      }
+      results.push_back(impl_->protocol.claim_answer(std::move(reply), owners[i],
+                                                     requests[i].request_id,
+                                                     requests[i].fingerprint, replicated[i] != 0));
     }
   } catch (const RedisError& error) {
     for (std::size_t i = 0; i < count; ++i) {
@@ -430,7 +470,8 @@ bool RedisGuard::complete(std::string_view key, std::string_view owner_token,
   const std::string response_field = impl_->protocol.response_field(response);
   return impl_->eval_flag(
       impl_->scripts.complete,
-      std::array<std::string_view, 4>{redis_key_text, owner_token, response_field, retention_text});
+      std::array<std::string_view, 4>{redis_key_text, owner_token, response_field, retention_text},
+      true, "complete");
 }
 
 bool RedisGuard::complete(std::string_view key, std::string_view owner_token,
@@ -440,8 +481,10 @@ bool RedisGuard::complete(std::string_view key, std::string_view owner_token,
 
 bool RedisGuard::release(std::string_view key, std::string_view owner_token) {
   const std::string redis_key_text = redis_key(key);
+  // No WAIT: a release a failover loses only leaves the claim until its lease ends.
   return impl_->eval_flag(impl_->scripts.release,
-                          std::array<std::string_view, 2>{redis_key_text, owner_token});
+                          std::array<std::string_view, 2>{redis_key_text, owner_token}, false,
+                          "release");
 }
 
 bool RedisGuard::renew(std::string_view key, std::string_view owner_token,
@@ -450,7 +493,8 @@ bool RedisGuard::renew(std::string_view key, std::string_view owner_token,
   const std::string redis_key_text = redis_key(key);
   const std::string lease_text = detail::milliseconds_text(lease);
   return impl_->eval_flag(impl_->scripts.renew,
-                          std::array<std::string_view, 3>{redis_key_text, owner_token, lease_text});
+                          std::array<std::string_view, 3>{redis_key_text, owner_token, lease_text},
+                          true, "renew");
 }
 
 bool RedisGuard::renew(std::string_view key, std::string_view owner_token) {
@@ -461,8 +505,10 @@ std::optional<RecordInfo> RedisGuard::inspect(std::string_view key) {
   const std::string redis_key_text = redis_key(key);
   return impl_->reporting([&]() -> std::optional<RecordInfo> {
     const ReplyPtr reply = impl_->with_connection(redis_key_text, [&](Connection& connection) {
-      return Impl::eval(connection, impl_->scripts.inspect,
-                        std::array<std::string_view, 1>{redis_key_text});
+      return impl_
+          ->eval(connection, impl_->scripts.inspect,
+                 std::array<std::string_view, 1>{redis_key_text}, false)
+          .reply;
     });
     if (reply->type == REDIS_REPLY_NIL) return std::nullopt;
     if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 2 ||
@@ -490,8 +536,10 @@ ForceReleaseStatus RedisGuard::force_release(std::string_view key, ForceReleaseS
   const std::string redis_key_text = redis_key(key);
   const std::string_view any_state = scope == ForceReleaseScope::kAnyState ? "1" : "0";
   const ReplyPtr reply = impl_->with_connection(redis_key_text, [&](Connection& connection) {
-    return Impl::eval(connection, impl_->scripts.evict,
-                      std::array<std::string_view, 2>{redis_key_text, any_state});
+    return impl_
+        ->eval(connection, impl_->scripts.evict,
+               std::array<std::string_view, 2>{redis_key_text, any_state}, false)
+        .reply;
   });
   if (reply->type == REDIS_REPLY_INTEGER && reply->integer >= 0 && reply->integer <= 2) {
     constexpr ForceReleaseStatus kByCode[] = {ForceReleaseStatus::kNotFound,

@@ -2,6 +2,8 @@
 
 #include <openssl/evp.h>
 
+#include <cstdint>
+#include <limits>
 #include <utility>
 
 #include "guard/record.h"
@@ -35,6 +37,15 @@ const RedisGuardOptions& validated(const RedisGuardOptions& options) {
   require_guard_option(
       options.breaker.failure_threshold == 0 || options.breaker.open_for.count() > 0,
       "breaker.open_for must be > 0");
+  require_guard_option(
+      options.min_replicas <= static_cast<std::uint32_t>(std::numeric_limits<std::int32_t>::max()),
+      "min_replicas must be <= 2147483647");
+  // The write's reply comes after its WAIT: within the command timeout, or the connection is
+  // dropped as timed out.
+  require_guard_option(
+      options.min_replicas == 0 || (options.replication_timeout.count() > 0 &&
+                                    options.replication_timeout < options.redis.command_timeout),
+      "replication_timeout must be > 0 and < redis.command_timeout");
   return options;
 }
 
@@ -89,13 +100,43 @@ bool integer_flag(const redisReply& reply, std::string_view during) {
   return reply.integer == 1;
 }
 
+Written split_durable(ReplyPtr reply) {
+  if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 2) return {std::move(reply), nullptr};
+  Written written{ReplyPtr(reply->element[0]), ReplyPtr(reply->element[1])};
+  reply->element[0] = nullptr;  // owned by `written` now; freeReplyObject skips null elements
+  reply->element[1] = nullptr;
+  return written;
+}
+
 GuardProtocol::GuardProtocol(const RedisGuardOptions& options)
     : key_prefix_(escaped_option(validated(options).prefix, "prefix") + ':' +
                   escaped_option(options.ns, "ns") + ':'),
       lease_ms_(milliseconds_text(options.lease)),
       retention_ms_(milliseconds_text(options.retention)),
       max_response_bytes_(options.max_response_bytes),
-      claim_method_(options.claim_method) {}
+      claim_method_(options.claim_method),
+      min_replicas_(options.min_replicas),
+      replication_timeout_(options.replication_timeout),
+      min_replicas_text_(std::to_string(options.min_replicas)),
+      replication_timeout_text_(milliseconds_text(options.replication_timeout)) {}
+
+bool GuardProtocol::acknowledged(const redisReply* acks) const {
+  if (acks == nullptr) return true;
+  if (acks->type == REDIS_REPLY_ERROR) {
+    // "ERR WAIT cannot be used with replica instances": the master was demoted by a failover.
+    throw RedisError("idem: redis WAIT: " + std::string(acks->str, acks->len), true);
+  }
+  if (acks->type != REDIS_REPLY_INTEGER) throw unexpected_reply(*acks, "WAIT");
+  return acks->integer >= static_cast<long long>(min_replicas_);
+}
+
+void GuardProtocol::require_acknowledged(const redisReply* acks, std::string_view during) const {
+  if (acknowledged(acks)) return;
+  throw RedisError("idem: redis " + std::string(during) + ": the write was not acknowledged by " +
+                       min_replicas_text_ + " replica(s) within " + replication_timeout_text_ +
+                       " ms (" + std::to_string(acks->integer) + " did); a failover may lose it",
+                   true);
+}
 
 std::string GuardProtocol::redis_key(std::string_view key) const {
   validate_key_text(key);  // no hash tag, control byte or forged separator reaches Redis
@@ -122,13 +163,14 @@ void GuardProtocol::require_set_nx_get_support(const redisReply& reply) const {
 }
 
 ClaimResult GuardProtocol::claim_answer(ReplyPtr reply, std::string owner_token,
-                                        std::string_view request_id,
-                                        std::string_view fingerprint) const {
+                                        std::string_view request_id, std::string_view fingerprint,
+                                        bool replicated) const {
   require_set_nx_get_support(*reply);
   reply = checked(std::move(reply), "claim");
   ClaimResult result;
   if (reply->type == REDIS_REPLY_NIL) {
     result.owner_token = std::move(owner_token);
+    result.replicated = replicated;
     return result;
   }
   if (reply->type != REDIS_REPLY_STRING) throw unexpected_reply(*reply, "claim");
@@ -137,6 +179,7 @@ ClaimResult GuardProtocol::claim_answer(ReplyPtr reply, std::string owner_token,
     // Our own record: an earlier send of this same attempt was executed before its connection
     // failed, and this is the retry.
     result.owner_token = std::move(owner_token);
+    result.replicated = replicated;
     return result;
   }
   result.status = !request_id.empty() && record.request_id == request_id

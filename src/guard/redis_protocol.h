@@ -9,6 +9,7 @@
 
 #include <array>
 #include <chrono>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -51,6 +52,19 @@ ReplyPtr checked(ReplyPtr reply, std::string_view during);
 /// throws idem::ForeignRecord, any other type unexpected_reply().
 [[nodiscard]] bool integer_flag(const redisReply& reply, std::string_view during);
 
+/// A durable write's replies: the command's, and the `WAIT` sent after it in the same write
+/// (null when none was sent: RedisGuardOptions::min_replicas 0, or a command that waits for no
+/// replica).
+struct Written {
+  ReplyPtr reply;
+  ReplyPtr acks;
+};
+
+/// The async transport's answer to a durable command, split: an array [reply, WAIT's reply]
+/// as AsyncConnection completes a durable command whose reply is not an error; any other reply
+/// (an error) is the command's alone.
+[[nodiscard]] Written split_durable(ReplyPtr reply);
+
 /// The guard's options, validated (ConfigError), and what every command is built from.
 class GuardProtocol {
  public:
@@ -77,13 +91,34 @@ class GuardProtocol {
     return {"SET", key, record, "NX", "PX", lease_ms_, "GET"};
   }
 
+  /// Whether claims, completions and renewals wait for replicas (min_replicas > 0).
+  [[nodiscard]] bool durable() const noexcept { return min_replicas_ > 0; }
+  /// RedisGuardOptions::min_replicas.
+  [[nodiscard]] std::uint32_t min_replicas() const noexcept { return min_replicas_; }
+  /// RedisGuardOptions::replication_timeout.
+  [[nodiscard]] std::chrono::milliseconds replication_timeout() const noexcept {
+    return replication_timeout_;
+  }
+  /// `WAIT min_replicas replication_timeout`, sent after a durable write on its connection.
+  [[nodiscard]] std::array<std::string_view, 3> wait_command() const noexcept {
+    return {"WAIT", min_replicas_text_, replication_timeout_text_};
+  }
+  /// Whether the WAIT reply `acks` counts at least min_replicas replicas (true when `acks` is
+  /// null: no WAIT was asked for). An error reply throws a retryable idem::RedisError: a master
+  /// demoted to a replica answers WAIT with an error.
+  [[nodiscard]] bool acknowledged(const redisReply* acks) const;
+  /// Throws the retryable idem::RedisError of a `during` write that fewer than min_replicas
+  /// replicas acknowledged within replication_timeout (nothing when `acks` is null).
+  void require_acknowledged(const redisReply* acks, std::string_view during) const;
+
   /// The answer to a claim of `record` (made for `owner_token`, `request_id`, `fingerprint`)
   /// whose reply is `reply`: nil = first, a string = the existing record; an error reply throws
   /// (see checked(); before Redis 7.0 SET NX GET is refused: a RedisError says to use the
-  /// script).
+  /// script). `replicated`: whether the WAIT after it counted enough replicas (acknowledged());
+  /// it sets ClaimResult::replicated of a kFirst answer only.
   [[nodiscard]] ClaimResult claim_answer(ReplyPtr reply, std::string owner_token,
-                                         std::string_view request_id,
-                                         std::string_view fingerprint) const;
+                                         std::string_view request_id, std::string_view fingerprint,
+                                         bool replicated = true) const;
   /// Before Redis 7.0, SET rejects NX together with GET: throws a RedisError saying what to do.
   void require_set_nx_get_support(const redisReply& reply) const;
 
@@ -93,6 +128,10 @@ class GuardProtocol {
   std::string retention_ms_;
   std::size_t max_response_bytes_;
   ClaimMethod claim_method_;
+  std::uint32_t min_replicas_;
+  std::chrono::milliseconds replication_timeout_;
+  std::string min_replicas_text_;
+  std::string replication_timeout_text_;
 };
 
 }  // namespace idem::detail

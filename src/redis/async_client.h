@@ -52,13 +52,23 @@ class AsyncClient : public std::enable_shared_from_this<AsyncClient> {
   /// Completes with ReplySignature; error replies other than MOVED/ASK are the reply.
   template <typename Token>
   auto exec(std::string_view key, std::span<const std::string_view> args, Token&& token) {
-    return start(key_slot(key), RespCommand(args), std::nullopt, std::forward<Token>(token));
+    return start(key_slot(key), RespCommand(args), std::nullopt, false, std::forward<Token>(token));
+  }
+
+  /// As exec(key, args, token); with `durable` the command completes after the WAIT its
+  /// connection sends after it (AsyncConnectionSettings::wait_replicas), with [its reply, WAIT's
+  /// reply] unless its reply is an error. After a redirection or a NOSCRIPT it is re-sent durable.
+  template <typename Token>
+  auto exec(std::string_view key, std::span<const std::string_view> args, bool durable,
+            Token&& token) {
+    return start(key_slot(key), RespCommand(args), std::nullopt, durable,
+                 std::forward<Token>(token));
   }
 
   /// A command about no key (the single node, or the cluster's seed node).
   template <typename Token>
   auto exec(std::span<const std::string_view> args, Token&& token) {
-    return start(-1, RespCommand(args), std::nullopt, std::forward<Token>(token));
+    return start(-1, RespCommand(args), std::nullopt, false, std::forward<Token>(token));
   }
 
   /// `EVALSHA sha1 numkeys keys... args...`, routed by the first key; on NOSCRIPT the script is
@@ -66,13 +76,20 @@ class AsyncClient : public std::enable_shared_from_this<AsyncClient> {
   template <typename Token>
   auto evalsha(const LuaScript& script, std::span<const std::string_view> keys,
                std::span<const std::string_view> args, Token&& token) {
+    return evalsha(script, keys, args, false, std::forward<Token>(token));
+  }
+
+  /// As evalsha(script, keys, args, token), durable as exec(key, args, durable, token).
+  template <typename Token>
+  auto evalsha(const LuaScript& script, std::span<const std::string_view> keys,
+               std::span<const std::string_view> args, bool durable, Token&& token) {
     std::vector<std::string_view> argv;
     argv.reserve(3 + keys.size() + args.size());
     const std::string numkeys = std::to_string(keys.size());
     argv.insert(argv.end(), {"EVALSHA", script.sha1, numkeys});
     argv.insert(argv.end(), keys.begin(), keys.end());
     argv.insert(argv.end(), args.begin(), args.end());
-    return start(keys.empty() ? -1 : key_slot(keys.front()), RespCommand(argv), script,
+    return start(keys.empty() ? -1 : key_slot(keys.front()), RespCommand(argv), script, durable,
                  std::forward<Token>(token));
   }
 
@@ -95,6 +112,7 @@ class AsyncClient : public std::enable_shared_from_this<AsyncClient> {
     int slot;
     RespCommand command;
     std::optional<LuaScript> script;  // EVALSHA's, loaded after a NOSCRIPT
+    bool durable = false;             // completes after the WAIT that follows it
     std::shared_ptr<AsyncConnection> target{};
     bool ask = false;
     bool reloaded = false;
@@ -126,7 +144,7 @@ class AsyncClient : public std::enable_shared_from_this<AsyncClient> {
       const std::chrono::milliseconds timeout = client->settings_.connection.command_timeout;
       if (!ask && !reloaded) {
         // The usual case: the command's own bytes, which a move of this op leaves in place.
-        return target->send(command.bytes(), 1, timeout, std::move(self));
+        return target->send(command.bytes(), 1, timeout, durable, std::move(self));
       }
       std::string bytes;
       int count = 1;
@@ -138,7 +156,7 @@ class AsyncClient : public std::enable_shared_from_this<AsyncClient> {
         if (ask) bytes += kAsking.bytes(), ++count;
       }
       bytes += command.bytes();
-      target->send(bytes, count, timeout, std::move(self));
+      target->send(bytes, count, timeout, durable, std::move(self));
     }
   };
   enum class Step { kDone, kResend, kFail };
@@ -147,9 +165,10 @@ class AsyncClient : public std::enable_shared_from_this<AsyncClient> {
   AsyncClient(asio::any_io_executor executor, AsyncClientSettings settings);
 
   template <typename Token>
-  auto start(int slot, RespCommand command, std::optional<LuaScript> script, Token&& token) {
+  auto start(int slot, RespCommand command, std::optional<LuaScript> script, bool durable,
+             Token&& token) {
     return asio::async_compose<Token, ReplySignature>(
-        CallOp{shared_from_this(), slot, std::move(command), script}, token, executor_);
+        CallOp{shared_from_this(), slot, std::move(command), script, durable}, token, executor_);
   }
   // What to do after `reply` to `op`'s last send; updates op (target, ask, reloaded).
   Step next_step(CallOp& op, const redisReply& reply);

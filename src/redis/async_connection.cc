@@ -1,5 +1,6 @@
 #include "redis/async_connection.h"
 
+#include <hiredis/alloc.h>
 #include <hiredis/hiredis.h>
 
 #include <algorithm>
@@ -10,6 +11,8 @@
 #include <asio/ssl/stream.hpp>
 #include <asio/write.hpp>
 #include <cstdlib>
+#include <cstring>
+#include <new>
 #include <vector>
 
 #include "idem/errors.h"
@@ -18,6 +21,42 @@
 #include "redis/tls.h"
 
 namespace idem::detail {
+namespace {
+
+// Replies made here, of hiredis' allocator, so that freeReplyObject frees them like parsed ones.
+
+// A copy of `reply`, a scalar (an integer, a status, an error, a string or nil).
+ReplyPtr copy_scalar(const redisReply& reply) {
+  auto* copy = static_cast<redisReply*>(hi_calloc(1, sizeof(redisReply)));
+  if (copy == nullptr) throw std::bad_alloc();
+  ReplyPtr owned(copy);
+  copy->type = reply.type;
+  copy->integer = reply.integer;
+  if (reply.str != nullptr) {
+    copy->str = static_cast<char*>(hi_malloc(reply.len + 1));
+    if (copy->str == nullptr) throw std::bad_alloc();
+    std::memcpy(copy->str, reply.str, reply.len);
+    copy->str[reply.len] = '\0';
+    copy->len = reply.len;
+  }
+  return owned;
+}
+
+// The array [first, second].
+ReplyPtr pair_of(ReplyPtr first, ReplyPtr second) {
+  auto* array = static_cast<redisReply*>(hi_calloc(1, sizeof(redisReply)));
+  if (array == nullptr) throw std::bad_alloc();
+  ReplyPtr owned(array);
+  array->type = REDIS_REPLY_ARRAY;
+  array->element = static_cast<redisReply**>(hi_calloc(2, sizeof(redisReply*)));
+  if (array->element == nullptr) throw std::bad_alloc();
+  array->elements = 2;
+  array->element[0] = first.release();
+  array->element[1] = second.release();
+  return owned;
+}
+
+}  // namespace
 
 RespCommand::RespCommand(std::span<const std::string_view> args) {
   // Claims have at most 7 arguments: no heap for the argv arrays then.
@@ -109,6 +148,11 @@ std::shared_ptr<AsyncConnection> AsyncConnection::create(executor_type executor,
 AsyncConnection::AsyncConnection(executor_type executor, AsyncConnectionSettings settings)
     : executor_(std::move(executor)), settings_(std::move(settings)), deadline_(executor_) {
   if (settings_.endpoint.tls) tls_ = make_tls_context(settings_.endpoint);
+  if (settings_.wait_replicas > 0) {
+    const std::string replicas = std::to_string(settings_.wait_replicas);
+    const std::string timeout = std::to_string(settings_.wait_timeout.count());
+    wait_.emplace(std::array<std::string_view, 3>{"WAIT", replicas, timeout});
+  }
 }
 
 AsyncConnection::~AsyncConnection() {
@@ -126,13 +170,18 @@ void AsyncConnection::on_cancel(Op& op) {
 }
 
 void AsyncConnection::enqueue(std::unique_ptr<Op> op, std::string_view bytes, int replies,
-                              std::chrono::milliseconds timeout) {
+                              std::chrono::milliseconds timeout, bool durable) {
   Pending& entry = pending_.emplace_back();
   entry.replies_left = replies;
   entry.timeout = timeout;
   entry.deadline = Clock::now() + timeout;
   entry.op = std::move(op);
   entry.op->entry = &entry;
+  entry.durable = durable && wait_.has_value();
+  if (entry.durable) {
+    barrier_due_ = true;
+    barrier_deadline_ = std::max(barrier_deadline_, entry.deadline);
+  }
   out_.append(bytes);
   arm_deadline(entry.deadline);
   if (link_ == nullptr) {
@@ -155,6 +204,16 @@ void AsyncConnection::schedule_write() {
 void AsyncConnection::start_write() {
   const std::shared_ptr<Link> link = link_;
   if (link == nullptr || !ready_ || link->write_active || out_.empty()) return;
+  if (barrier_due_) {
+    // One WAIT after the write's last durable command covers them all.
+    out_.append(wait_->bytes());
+    Pending& barrier = pending_.emplace_back();
+    barrier.barrier = true;
+    barrier.timeout = settings_.command_timeout;
+    barrier.deadline = barrier_deadline_;
+    barrier_due_ = false;
+    barrier_deadline_ = {};
+  }
   link->write_active = true;
   link->writing.swap(out_);
   ++writes_;
@@ -216,6 +275,12 @@ void AsyncConnection::on_reply(ReplyPtr reply) {
     return;
   }
   Pending& entry = pending_.front();
+  if (entry.barrier) {
+    pending_.pop_front();
+    if (pending_.empty()) deadline_.disarm();
+    on_barrier(reply);
+    return;
+  }
   if (entry.role_check) {
     if (std::optional<RedisError> refused = not_master(*reply, link_->peer)) {
       fail(std::make_exception_ptr(*refused));
@@ -232,6 +297,7 @@ void AsyncConnection::on_reply(ReplyPtr reply) {
   if (--entry.replies_left > 0) return;
   ReplyPtr result = entry.first_error != nullptr ? std::move(entry.first_error) : std::move(reply);
   std::unique_ptr<Op> op = std::move(entry.op);
+  const bool durable = entry.durable;
   pending_.pop_front();
   if (pending_.empty()) deadline_.disarm();  // an idle connection holds no timer (nor run())
   if (settings_.locator != nullptr && failover_reply(*result)) {
@@ -242,9 +308,36 @@ void AsyncConnection::on_reply(ReplyPtr reply) {
                        " is no longer the master: " + std::string(result->str, result->len),
                    true)));
   }
-  if (op != nullptr) {
+  if (op == nullptr) return;
+  if (durable && result->type != REDIS_REPLY_ERROR) {
+    // Answered; it completes when the WAIT after it answers.
+    Pending& held = held_.emplace_back();
+    held.op = std::move(op);
+    held.op->entry = &held;
+    held.reply = std::move(result);
+    return;
+  }
+  op->entry = nullptr;
+  finish(std::move(op), nullptr, std::move(result));
+}
+
+void AsyncConnection::on_barrier(const ReplyPtr& acks) {
+  // The durable commands answered before this WAIT are those of its write: a later write's
+  // replies come after it.
+  std::deque<Pending> held;
+  held.swap(held_);
+  if (settings_.locator != nullptr && failover_reply(*acks)) {
+    // A demoted master refuses WAIT: as after READONLY, the commands behind fail.
+    fail(std::make_exception_ptr(
+        RedisError("idem: redis " + link_->peer.host + ":" + std::to_string(link_->peer.port) +
+                       " is no longer the master: " + std::string(acks->str, acks->len),
+                   true)));
+  }
+  for (Pending& entry : held) {
+    if (entry.op == nullptr) continue;  // cancelled while it waited
+    std::unique_ptr<Op> op = std::move(entry.op);
     op->entry = nullptr;
-    finish(std::move(op), nullptr, std::move(result));
+    finish(std::move(op), nullptr, pair_of(std::move(entry.reply), copy_scalar(*acks)));
   }
 }
 
@@ -385,8 +478,11 @@ void AsyncConnection::fail(const std::exception_ptr& error) {
   link_.reset();
   ready_ = false;
   out_.clear();
+  barrier_due_ = false;
+  barrier_deadline_ = {};
   deadline_.disarm();
   fail_all(pending_, error);
+  fail_all(held_, error);
 }
 
 }  // namespace idem::detail

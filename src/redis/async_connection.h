@@ -14,6 +14,13 @@
 // completes at once with idem::Cancelled; the command itself may still run on the server (it may
 // already be sent), and its reply, when it comes, is read and dropped.
 //
+// Durable commands (send() with `durable`): with `wait_replicas` > 0 the connection appends one
+// `WAIT wait_replicas wait_timeout` after the last durable command of each write (WAIT counts
+// every write the connection made before it, so one covers them all), and each durable command
+// completes when that WAIT answers, with the array [its reply, WAIT's reply]; a durable command
+// whose reply is an error completes at once with the error. A blocked WAIT holds the commands
+// behind it on the server: the cost is one replica acknowledgement per write, not per command.
+//
 // Redis Sentinel: with a locator (AsyncSentinel) the address is asked of it before each connect,
 // ROLE is checked after AUTH and SELECT, and a failure a failover explains (connection lost or
 // refused, a timeout, a ROLE not master, a READONLY or MASTERDOWN reply) closes the connection
@@ -102,6 +109,11 @@ struct AsyncConnectionSettings {
   /// Replies that come with no command waiting for them (a subscription's messages) go here;
   /// null: such a reply is a protocol error that fails the connection.
   std::function<void(ReplyPtr)> on_push{};
+  /// Replicas a durable command waits for (see the file comment); 0: durable is ignored.
+  int wait_replicas = 0;
+  /// The WAIT's timeout, in ms (> 0 with wait_replicas); a durable command's own timeout
+  /// covers its WAIT too.
+  std::chrono::milliseconds wait_timeout{0};
 };
 
 /// The completion signature of every command: the reply (error replies are replies, not
@@ -145,13 +157,21 @@ class AsyncConnection : public std::enable_shared_from_this<AsyncConnection> {
   template <typename Token>
   auto send(std::string_view commands, int count, std::chrono::milliseconds timeout,
             Token&& token) {
+    return send(commands, count, timeout, false, std::forward<Token>(token));
+  }
+
+  /// As send(); with `durable` (and settings().wait_replicas > 0), the group completes after the
+  /// WAIT that follows it, with [its reply, WAIT's reply] (see the file comment).
+  template <typename Token>
+  auto send(std::string_view commands, int count, std::chrono::milliseconds timeout, bool durable,
+            Token&& token) {
     return asio::async_initiate<Token, ReplySignature>(
         [self = shared_from_this()](auto handler, std::string_view bytes, int replies,
-                                    std::chrono::milliseconds limit) {
+                                    std::chrono::milliseconds limit, bool wait) {
           self->enqueue(make_pending_op<ReplyPtr>(std::move(handler), self->executor_, &on_cancel),
-                        bytes, replies, limit);
+                        bytes, replies, limit, wait);
         },
-        token, commands, count, timeout);
+        token, commands, count, timeout, durable);
   }
 
   /// Closes the connection; pending commands fail with a retryable idem::RedisError. A later
@@ -179,7 +199,10 @@ class AsyncConnection : public std::enable_shared_from_this<AsyncConnection> {
     int replies_left = 1;
     bool handshake = false;   // an error reply fails the connection (AUTH, SELECT, ROLE)
     bool role_check = false;  // handshake: ROLE, which must say master
+    bool durable = false;     // completes after the next barrier, with its reply
+    bool barrier = false;     // the WAIT after a write's durable commands
     ReplyPtr first_error;
+    ReplyPtr reply;  // a durable command's reply, while it waits for its barrier
     std::chrono::milliseconds timeout{0};
     Clock::time_point deadline;
   };
@@ -191,7 +214,9 @@ class AsyncConnection : public std::enable_shared_from_this<AsyncConnection> {
   static void on_cancel(Op& op);
 
   void enqueue(std::unique_ptr<Op> op, std::string_view bytes, int replies,
-               std::chrono::milliseconds timeout);
+               std::chrono::milliseconds timeout, bool durable = false);
+  // The WAIT's reply came: completes the durable commands waiting for it.
+  void on_barrier(const ReplyPtr& acks);
   void schedule_write();
   void start_write();
   void start_read(const std::shared_ptr<Link>& link);
@@ -215,6 +240,10 @@ class AsyncConnection : public std::enable_shared_from_this<AsyncConnection> {
   std::string out_;                          // commands not yet handed to a write
   bool write_scheduled_ = false;
   std::deque<Pending> pending_;
+  std::deque<Pending> held_;         // durable commands answered, waiting for their barrier's reply
+  std::optional<RespCommand> wait_;  // WAIT wait_replicas wait_timeout; null: none
+  bool barrier_due_ = false;         // out_ holds durable commands with no WAIT after them yet
+  Clock::time_point barrier_deadline_{};  // the latest deadline among them
   QueueDeadline deadline_;
   std::uint64_t connects_ = 0;
   std::uint64_t writes_ = 0;

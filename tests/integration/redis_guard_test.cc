@@ -311,6 +311,19 @@ TEST(RedisGuardOptions, InvalidOptionsAreConfigErrors) {
   EXPECT_THROW(make([&](RedisGuardOptions& o) { o.redis.command_timeout = kMax; }), ConfigError);
   EXPECT_THROW(make([&](RedisGuardOptions& o) { o.lease = kMax; }), ConfigError);
   EXPECT_THROW(make([&](RedisGuardOptions& o) { o.retention = kMax; }), ConfigError);
+  // A durable write's reply comes after its WAIT: within the command timeout, or the connection
+  // is dropped as timed out.
+  EXPECT_THROW(make([](RedisGuardOptions& o) {
+                 o.min_replicas = 1;
+                 o.replication_timeout = std::chrono::milliseconds(0);
+               }),
+               ConfigError);
+  EXPECT_THROW(make([](RedisGuardOptions& o) {
+                 o.min_replicas = 1;
+                 o.replication_timeout = o.redis.command_timeout;
+               }),
+               ConfigError);
+  EXPECT_NO_THROW(make([](RedisGuardOptions& o) { o.min_replicas = 1; }));
   EXPECT_NO_THROW(make([](RedisGuardOptions&) {}));
 }
 
