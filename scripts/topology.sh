@@ -3,8 +3,10 @@
 #
 #   single            the base services: one redis-server, one PostgreSQL
 #   sentinel          a Redis master, its replica and three Sentinels (quorum 2) naming it
-#                     "idem-master"; chaos: SIGKILL of the master
+#                     "idem-master"; chaos: SIGKILL of the master (the replica first made to lag
+#                     IDEM_REDIS_REPLICA_LAG_MS, default 0: what that loses is measured)
 #   cluster           a Redis Cluster of 3 masters with a replica each; chaos: SIGKILL of a master
+#                     (its replica made to lag IDEM_REDIS_REPLICA_LAG_MS first, as above)
 #   pg-replica        a PostgreSQL primary with a synchronous streaming standby, reached by a
 #                     multi-host URL with target_session_attrs=read-write; chaos: the primary
 #                     crashes (pg_ctl stop -m immediate) and the standby is promoted
@@ -40,6 +42,29 @@ kill_redis_pidfile() {
 }
 
 replica_synced() { cli "$1" info replication | grep -q '^master_link_status:up'; }
+
+# A Redis replica lags its master by microseconds on loopback, so what asynchronous replication
+# loses in a failover shows only with a slow link. With IDEM_REDIS_REPLICA_LAG_MS > 0 the
+# replica whose pid file is $2 is cut off from its master on port $1 for that long before the
+# master is SIGKILLed: it is stopped (SIGSTOP), its replication connection closed by the master
+# (CLIENT KILL TYPE replica: what was still in the master's output buffer never reaches it), and
+# every write the master acknowledges meanwhile is one the failover loses, unless the guard
+# waits for a replica (RedisGuardOptions::min_replicas). redis_replica_resume continues it.
+redis_replica_lag() {
+  local master=$1 pidfile=$2 lag_ms="${IDEM_REDIS_REPLICA_LAG_MS:-0}" pid
+  [[ "$lag_ms" -gt 0 ]] || return 0
+  pid="$(cat "$pidfile" 2>/dev/null || true)"
+  [[ -n "$pid" ]] || return 0
+  kill -STOP "$pid"
+  cli "$master" client kill type replica >/dev/null
+  sleep "$(awk "BEGIN { print $lag_ms / 1000 }")"
+}
+redis_replica_resume() {
+  local pid
+  pid="$(cat "$1" 2>/dev/null || true)"
+  [[ -n "$pid" ]] && kill -CONT "$pid"
+  return 0
+}
 
 # --- Sentinel ---------------------------------------------------------------------------------
 
@@ -106,8 +131,12 @@ topology_failover_sentinel() {
   local dir=$IDEM_SERVICES_DIR/topology/sentinel first old new start
   first="$(cut -d' ' -f1 "$dir/sentinel_ports")"
   old="$(sentinel_master_port "$first")"
+  local replica_dir d
+  for d in "$dir"/redis-*; do [[ "$d" != "$dir/redis-$old" ]] && replica_dir=$d; done
+  redis_replica_lag "$old" "$replica_dir/redis.pid"
   start="$(now_ms)"
   kill_redis_pidfile "$dir/redis-$old/redis.pid"
+  redis_replica_resume "$replica_dir/redis.pid"
   wait_for 60 sentinel_switched "$dir" "$old" || die "the Sentinels never promoted the replica"
   echo "IDEM_FAILOVER_MS=$(($(now_ms) - start))"
   new="$(sentinel_master_port "$first")"
@@ -175,8 +204,12 @@ topology_failover_cluster() {
   for p in "${ports[@]}"; do [[ -f "$dir/node-$p/redis.pid" ]] && { live=$p; break; }; done
   victim="$(cluster_slot0_master "$live")"
   [[ -n "$victim" ]] || die "no master serves slot 0"
+  local replica
+  replica="$(cli "${victim##*:}" info replication | sed -n 's/^slave0:.*port=\([0-9]*\),.*/\1/p')"
+  redis_replica_lag "${victim##*:}" "$dir/node-$replica/redis.pid"
   start="$(now_ms)"
   kill_redis_pidfile "$dir/node-${victim##*:}/redis.pid"
+  redis_replica_resume "$dir/node-$replica/redis.pid"
   wait_for 60 cluster_moved "$dir" "$victim" || die "the cluster never promoted a replica"
   echo "IDEM_FAILOVER_MS=$(($(now_ms) - start))"
   log "Cluster failover: master $victim SIGKILLed, slot 0 served again after $(($(now_ms) - start)) ms"

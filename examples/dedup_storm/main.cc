@@ -79,8 +79,17 @@ struct Settings {
   std::string report_html;
   std::vector<std::string> configs = {"none", "request-id", "redis", "all"};
   std::string schema = "idem_storm";
-  Ledger ledger{schema};  // of `schema`, set once it is parsed
+  Ledger ledger{schema};           // of `schema`, set once it is parsed
+  std::uint32_t min_replicas = 0;  // --min-replicas; a run's guard uses `guard_min_replicas`
+  std::uint32_t guard_min_replicas = 0;
 };
+
+// The name of a configuration run with the guard's durability setting on (--min-replicas N).
+std::string durable_name(const std::string& config, std::uint32_t min_replicas) {
+  return config + "+wait" + std::to_string(min_replicas);
+}
+
+bool has_guard(const std::string& config) { return config == "redis" || config == "all"; }
 
 Settings parse_settings(int argc, char** argv) {
   Settings s;
@@ -151,6 +160,17 @@ Settings parse_settings(int argc, char** argv) {
             !(name[0] >= '0' && name[0] <= '9');
         return ok ? "" : "a lowercase SQL identifier: [a-z_][a-z0-9_]*, at most 63 bytes";
       })
+      ->capture_default_str();
+  app.add_option("--min-replicas", s.min_replicas,
+                 "The Redis guard's durability setting (RedisGuardOptions::min_replicas: each "
+                 "claim, completion and renewal acknowledged by N replicas, WAIT in the same "
+                 "write). With N > 0 every configuration with a guard runs twice, one beside the "
+                 "other: as named (the setting off) and as NAME+waitN (on). A guard-only "
+                 "redis+waitN must then lose no request and let no duplicate effect through but "
+                 "those of the late redeliveries (after the retention: no guard remembers them), "
+                 "as `all` must let none; with --chaos give a --retention-ms longer than the "
+                 "failover stalls the deliveries (10000), since a duplicate delayed past the "
+                 "retention finds no record, durable or not")
       ->capture_default_str();
   app.add_option("--report-json", s.report_json, "Also write the results as JSON to this file");
   app.add_option("--report-html", s.report_html,
@@ -254,6 +274,7 @@ Layers layers_for(const Settings& s, const std::string& config,
                std::to_string(Clock::now().time_since_epoch().count());
     guard.retention = s.retention;
     guard.lease = s.lease;
+    guard.min_replicas = s.guard_min_replicas;
     layers.guard = guard;
   }
   if (config == "all") {
@@ -623,7 +644,31 @@ double percentile(std::vector<double>& values, double p) {
   return values[n];
 }
 
-ConfigResult run_config(const Settings& s, const std::string& config,
+// The refunds booked so far and the orders they are for.
+struct LedgerCounts {
+  std::int64_t effects = 0;
+  std::int64_t orders = 0;
+};
+
+// Counted from the ledger; asked again (up to 30 s) while PostgreSQL restarts (--chaos).
+LedgerCounts ledger_counts(const Settings& s) {
+  const auto give_up = Clock::now() + std::chrono::seconds(30);
+  for (;;) {
+    try {
+      pqxx::connection conn(s.pg_url);
+      pqxx::work tx(conn);
+      const pqxx::row ledger =
+          tx.exec1(std::string("SELECT count(*), count(DISTINCT order_id) FROM ") + s.schema +
+                   ".refund_records");
+      return {ledger[0].as<std::int64_t>(), ledger[1].as<std::int64_t>()};
+    } catch (const pqxx::broken_connection&) {
+      if (Clock::now() > give_up) throw;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+}
+
+ConfigResult run_config(const Settings& s, const std::string& config, const std::string& label,
                         const storm::Workload& workload) {
   reset_business_tables(s);
   const auto log = std::make_shared<storm::FailureLog>();
@@ -655,10 +700,10 @@ ConfigResult run_config(const Settings& s, const std::string& config,
     auto next_line = Clock::now() + std::chrono::seconds(5);
     while (!done) {
       if (terminal) {
-        std::cerr << "\r[" << config << "] " << delivered << "/" << result.deliveries
+        std::cerr << "\r[" << label << "] " << delivered << "/" << result.deliveries
                   << " deliveries" << std::flush;
       } else if (Clock::now() >= next_line) {
-        std::cerr << "[" << config << "] " << delivered << "/" << result.deliveries
+        std::cerr << "[" << label << "] " << delivered << "/" << result.deliveries
                   << " deliveries\n";
         next_line += std::chrono::seconds(5);
       }
@@ -674,7 +719,7 @@ ConfigResult run_config(const Settings& s, const std::string& config,
       const std::size_t at = workload.deliveries.size() * static_cast<std::size_t>(thirds) / 3;
       while (!done && delivered < at) std::this_thread::sleep_for(std::chrono::milliseconds(5));
       if (done) return;
-      std::cerr << "\n[" << config << "] chaos at delivery " << delivered << ": "
+      std::cerr << "\n[" << label << "] chaos at delivery " << delivered << ": "
                 << std::getenv(variable) << "\n";
       result.chaos.push_back(storm::run_chaos(backend, std::getenv(variable), delivered));
     }
@@ -683,6 +728,7 @@ ConfigResult run_config(const Settings& s, const std::string& config,
   deliver_all(workload.deliveries);
   const auto main_end = Clock::now();
   const double main_seconds = std::chrono::duration<double>(main_end - start).count();
+  const LedgerCounts main_phase = ledger_counts(s);
   // Late redeliveries arrive after every record of the main phase has outlived its retention.
   std::this_thread::sleep_for(s.retention + std::chrono::milliseconds(500));
   deliver_all(workload.late_deliveries);
@@ -690,21 +736,18 @@ ConfigResult run_config(const Settings& s, const std::string& config,
   progress.join();
   chaos.join();
   log->attribute(result.chaos, main_end);
-  std::cerr << "\r[" << config << "] " << result.deliveries << " deliveries in " << main_seconds
+  std::cerr << "\r[" << label << "] " << result.deliveries << " deliveries in " << main_seconds
             << " s (+ late redeliveries after the retention)\n";
 
   result.deliveries_per_s = static_cast<double>(workload.deliveries.size()) / main_seconds;
   result.p50_us = percentile(latencies_us, 0.50);
   result.p99_us = percentile(latencies_us, 0.99);
 
-  pqxx::connection conn(s.pg_url);
-  pqxx::work tx(conn);
-  const pqxx::row ledger = tx.exec1(std::string("SELECT count(*), count(DISTINCT order_id) FROM ") +
-                                    s.schema + ".refund_records");
-  const auto effects = ledger[0].as<std::int64_t>();
-  const auto distinct = ledger[1].as<std::int64_t>();
-  result.duplicate_effects = effects - distinct;
-  result.lost_requests = static_cast<std::int64_t>(workload.logical_requests) - distinct;
+  const LedgerCounts all = ledger_counts(s);
+  result.duplicate_effects = all.effects - all.orders;
+  result.late_duplicate_effects =
+      result.duplicate_effects - (main_phase.effects - main_phase.orders);
+  result.lost_requests = static_cast<std::int64_t>(workload.logical_requests) - all.orders;
   return result;
 }
 
@@ -742,6 +785,32 @@ void print_chaos(const Settings& s, const storm::Results& results) {
   }
 }
 
+// --min-replicas N: each configuration with a guard beside its durable twin, the same storm.
+void print_durability(const Settings& s, const storm::Results& results) {
+  if (s.min_replicas == 0) return;
+  for (const auto& [config, plain] : results) {
+    const auto durable =
+        std::find_if(results.begin(), results.end(), [&, &name = config](const auto& entry) {
+          return entry.first == durable_name(name, s.min_replicas);
+        });
+    if (durable == results.end()) continue;
+    const ConfigResult& on = durable->second;
+    std::printf(
+        "min_replicas %u against 0 (%s, %s): duplicate effects %lld vs %lld (and %lld vs %lld of "
+        "late redeliveries, after the retention), lost requests %lld vs %lld, calls failed after "
+        "chaos for %.0f ms vs %.0f ms, deliveries/s %.0f vs %.0f (%.2fx)\n",
+        s.min_replicas, config.c_str(), s.topology.c_str(),
+        static_cast<long long>(on.main_duplicate_effects()),
+        static_cast<long long>(plain.main_duplicate_effects()),
+        static_cast<long long>(on.late_duplicate_effects),
+        static_cast<long long>(plain.late_duplicate_effects),
+        static_cast<long long>(on.lost_requests), static_cast<long long>(plain.lost_requests),
+        storm::max_unavailable_ms(on.chaos), storm::max_unavailable_ms(plain.chaos),
+        on.deliveries_per_s, plain.deliveries_per_s,
+        plain.deliveries_per_s > 0 ? on.deliveries_per_s / plain.deliveries_per_s : 0.0);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -759,14 +828,22 @@ int main(int argc, char** argv) {
               << workload.duplicates << " duplicates), " << how << ", seed " << settings.seed
               << "\n";
     storm::Results results;
-    for (const auto& config : settings.configs)
-      results.emplace_back(config, run_config(settings, config, workload));
+    for (const auto& config : settings.configs) {
+      results.emplace_back(config, run_config(settings, config, config, workload));
+      if (settings.min_replicas > 0 && has_guard(config)) {
+        Settings durable = settings;
+        durable.guard_min_replicas = settings.min_replicas;
+        const std::string name = durable_name(config, settings.min_replicas);
+        results.emplace_back(name, run_config(durable, config, name, workload));
+      }
+    }
     std::printf("\n%s", storm::format_table(results).c_str());
     std::printf(
         "\ndup_rate_%%: duplicate effects / deliveries; seed_%%: the seed's production with the "
         "same layers\n");
     print_throughput_against_none(results);
     print_chaos(settings, results);
+    print_durability(settings, results);
     if (!settings.report_json.empty()) {
       storm::write_json_report(settings.report_json, results, settings.topology);
     }
@@ -780,15 +857,20 @@ int main(int argc, char** argv) {
               (settings.chaos ? ", with --chaos" : "") + ".");
       std::cerr << "idem-storm: wrote " << settings.report_html << "\n";
     }
-    const auto all = std::find_if(results.begin(), results.end(),
-                                  [](const auto& entry) { return entry.first == "all"; });
-    if (all != results.end() &&
-        (all->second.duplicate_effects != 0 || all->second.lost_requests != 0)) {
-      std::cerr << "idem-storm: FAILED: the all-layer configuration let duplicates through or lost "
-                   "requests\n";
-      return 1;
+    // `all` keeps every effect single. So does a guard made durable, alone, except for the late
+    // redeliveries: they come after the retention, when no guard remembers the request.
+    int status = 0;
+    for (const auto& [config, result] : results) {
+      const std::int64_t duplicates =
+          config == "all" ? result.duplicate_effects : result.main_duplicate_effects();
+      const bool promised = config == "all" || config.find("+wait") != std::string::npos;
+      if (promised && (duplicates != 0 || result.lost_requests != 0)) {
+        std::cerr << "idem-storm: FAILED: " << config
+                  << " let duplicates through or lost requests\n";
+        status = 1;
+      }
     }
-    return 0;
+    return status;
   } catch (const std::exception& e) {
     std::cerr << "idem-storm: error: " << e.what() << "\n";
     return 1;

@@ -18,6 +18,9 @@ struct ConfigResult {
   std::size_t deliveries = 0;
   std::size_t duplicates_injected = 0;
   std::int64_t duplicate_effects = 0;
+  /// Of them, booked by the late redeliveries (after the retention, when no guard remembers the
+  /// request any more: only the sink's record can stop them).
+  std::int64_t late_duplicate_effects = 0;
   std::int64_t lost_requests = 0;
   std::size_t redeliveries =
       0;  ///< Attempts redelivered after InProgress, Unavailable or an error.
@@ -30,6 +33,10 @@ struct ConfigResult {
 
   /// Duplicate effects / deliveries, in percent: how many deliveries booked a refund again.
   [[nodiscard]] double duplicate_rate_percent() const;
+  /// The duplicate effects of the main phase (the late redeliveries' left out).
+  [[nodiscard]] std::int64_t main_duplicate_effects() const {
+    return duplicate_effects - late_duplicate_effects;
+  }
 };
 
 /// The seed's production duplicate rate (duplicate effects / deliveries, %) for a configuration
