@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "gcc_coroutine_frames.h"
 #include "guard/async_redis_guard.h"
 #include "idem/errors.h"
 #include "idem/redis_guard.h"
@@ -22,12 +23,6 @@
 #include "redis_cluster.h"
 #include "test_env.h"
 #include "wait_until.h"
-
-// GCC 12's false -Wmismatched-new-delete on Asio's coroutine frames (see
-// src/redis/async_sentinel.cc).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-#endif
 
 namespace idem {
 namespace {
@@ -79,16 +74,22 @@ TEST(ClusterHarness, TheOwnerIsReadFromTheMyselfLineNotAReplicaLineNamingIt) {
   EXPECT_FALSE(test::serves_as_master(replica, 0));  // a replica serves none as master
 }
 
-TEST(RedisClusterFailover, AKilledMasterFailsOverToItsReplicaAndOnlyItsBreakerOpens) {
-  test::ClusterGroup cluster(3, 1, milliseconds(3000));
+// A guard on `cluster` with short timeouts, its breaker opening after 3 failures for `open_for`.
+RedisGuardOptions failover_options(const test::ClusterGroup& cluster, const std::string& name,
+                                   milliseconds open_for) {
   RedisGuardOptions options;
   options.redis.url = cluster.seed_url();
   options.redis.cluster = true;
   options.redis.connect_timeout = milliseconds(200);
   options.redis.command_timeout = milliseconds(500);
-  options.prefix = test::unique_name("failover");
-  options.breaker = {.failure_threshold = 3, .open_for = milliseconds(300)};
-  RedisGuard guard(options);
+  options.prefix = test::unique_name(name);
+  options.breaker = {.failure_threshold = 3, .open_for = open_for};
+  return options;
+}
+
+TEST(RedisClusterFailover, AKilledMasterFailsOverToItsReplicaAndOnlyItsBreakerOpens) {
+  test::ClusterGroup cluster(3, 1, milliseconds(3000));
+  RedisGuard guard(failover_options(cluster, "failover", milliseconds(300)));
 
   // The victim: the master of the first key's slot; a bystander key on another master.
   const ClaimResult held = guard.claim("u:refund:held", "req-held", "");
@@ -169,13 +170,7 @@ TEST(RedisClusterFailover, AKilledMasterFailsOverToItsReplicaAndOnlyItsBreakerOp
 // also after its replica had taken over. It now loads the map again after a failed call.
 TEST(RedisClusterFailover, TheAsyncGuardFollowsAKilledMastersSlotsToItsReplica) {
   test::ClusterGroup cluster(3, 1, milliseconds(1000));
-  RedisGuardOptions options;
-  options.redis.url = cluster.seed_url();
-  options.redis.cluster = true;
-  options.redis.connect_timeout = milliseconds(200);
-  options.redis.command_timeout = milliseconds(500);
-  options.prefix = test::unique_name("async-failover");
-  options.breaker = {.failure_threshold = 3, .open_for = milliseconds(100)};
+  const RedisGuardOptions options = failover_options(cluster, "async-failover", milliseconds(100));
   const RedisGuard naming(options);  // for the keys' slots; connects on first use only
   constexpr int kSlot = detail::kClusterSlots - 1;  // the last master's, not the seed's
   test::RedisServer* victim = cluster.owner_of(kSlot);

@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "gcc_coroutine_frames.h"
 #include "guard/record.h"
 #include "idem/async_deduplicator.h"
 #include "idem/deduplicator.h"
@@ -39,13 +40,6 @@
 #include "redis_sentinel.h"
 #include "test_env.h"
 #include "wait_until.h"
-
-// GCC 12 pairs the coroutine frames' ::operator new (inlined down from Asio's frame allocation)
-// with the frame class's operator delete and warns: a false positive, as in
-// src/redis/async_sentinel.cc.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-#endif
 
 namespace idem {
 namespace {

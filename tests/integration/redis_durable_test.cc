@@ -16,6 +16,7 @@
 
 #include "claim_methods.h"
 #include "counting_proxy.h"
+#include "gcc_coroutine_frames.h"
 #include "guard/async_redis_guard.h"
 #include "idem/async_deduplicator.h"
 #include "idem/deduplicator.h"
@@ -25,13 +26,6 @@
 #include "redis_server.h"
 #include "test_env.h"
 #include "wait_until.h"
-
-// GCC 12 pairs the coroutine frames' ::operator new (inlined down from Asio's frame allocation)
-// with the frame class's operator delete and warns: a false positive, as in
-// src/redis/async_sentinel.cc.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-#endif
 
 namespace idem {
 namespace {
@@ -311,9 +305,8 @@ TEST_P(DurableTest, AGuardOnlyCallIsUnavailableUntilTheReplicaAcknowledgesItsCla
   replica_->resume();
   // The replica, running again, acknowledges again (at once, unless it waits for a core).
   int probes = 0;
-  ASSERT_TRUE(test::wait_until(10s, [&] {
-    return guard->claim("probe-" + std::to_string(++probes), "", "").replicated;
-  }));
+  ASSERT_TRUE(test::wait_until(
+      10s, [&] { return guard->claim("probe-" + std::to_string(++probes), "", "").replicated; }));
   const Outcome executed = blocking.run(request("o-b"), [&] { return std::string("done"); });
   EXPECT_EQ(executed.kind, Outcome::Kind::kExecuted) << executed.error;
   const Outcome executed_async = run_async(request("o-a"), ran);
