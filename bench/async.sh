@@ -7,6 +7,10 @@
 #   idem SET NX GET  (`SET key record NX PX 30000 GET`)  vs  redis-benchmark SET NX
 #   idem EVALSHA     (lua/claim.lua)                      vs  redis-benchmark EVALSHA claim.lua
 # and the heap bytes per in-flight call (glibc mallinfo2 with all 1 000 in flight, minus before).
+# The durability setting in the same runs: the SET NX GET claims as durable commands (one WAIT
+# for one replica after each write's claims, as the async guard sends them with
+# RedisGuardOptions::min_replicas = 1) against the same claims without, `durable_ratio` = on /
+# off (the private server has a replica for it; with --redis-url and no replica: null).
 # Then run() with guard and sink (bench/async_run_bench.cc), first executions, --seconds slices
 # (default 5) in the same runs, the records table emptied before each:
 #   async      AsyncDeduplicator::run() on ONE loop thread, 1 000 calls in flight, 8 PostgreSQL
@@ -27,7 +31,8 @@
 #   {"claims": {"in_flight", "idem_async_per_s", "redis_benchmark_p16_per_s", "ratio",
 #               "idem_async_p99_us", "redis_benchmark_p99_us", "idem_async_lua_per_s",
 #               "redis_benchmark_p16_evalsha_per_s", "lua_ratio", "idem_async_lua_p99_us",
-#               "redis_benchmark_evalsha_p99_us"},
+#               "redis_benchmark_evalsha_p99_us", "idem_async_durable_per_s",
+#               "idem_async_durable_p99_us", "durable_ratio"},
 #    "run_with_sink": {"in_flight", "async_per_s", "blocking_per_s", "blocking_threads", "ratio",
 #                      "pg_connections", "floors": {"pgbench_sink_statements_per_s",
 #                      "pgbench_clients", "async_of_floor",
@@ -57,10 +62,13 @@ psql -q "$pg_url" -c "CREATE SCHEMA \"$schema\"" >/dev/null
 
 in_flight=1000
 requests=400000
-run_async() {  # method → "<per s> <p99 µs> <bytes per call>"
+run_async() {  # method [min replicas] → "<per s> <p99 µs> <bytes per call>"
   fresh
-  "$harness" --url "$redis_url" --method "$1" --in-flight "$in_flight" --requests "$requests"
+  "$harness" --url "$redis_url" --method "$1" --in-flight "$in_flight" --requests "$requests" \
+    --min-replicas "${2:-0}"
 }
+durable=$((replicas >= 1))
+((durable)) || echo "async.sh: no replica connected to $redis_url: no durable figures" >&2
 
 # run_with_sink: the sink's two statements of a call, as src/sink/pg_sink.cc writes them (kClaim,
 # then kComplete with the claim's owner token), for pgbench. Keys are random 60-bit numbers.
@@ -97,9 +105,11 @@ sink_pgbench() {  # clients → calls (two statements) per second
 }
 
 set_runs=() lua_runs=() rb_set=() rb_eval=() async_runs=() blocking_runs=() floor_runs=() pool_runs=()
+wait1_runs=()
 tx_async_runs=() tx_blocking_runs=()
 for ((r = 0; r < runs; r++)); do
   set_runs+=("$(run_async set)")
+  if ((durable)); then wait1_runs+=("$(run_async set 1)"); fi
   rb_set+=("$(run_rb 50 "$requests" 16 SET key:__rand_int__ "$bench_record" NX PX 30000)")
   lua_runs+=("$(run_async lua)")
   rb_eval+=("$(run_rb 50 "$requests" 16 EVALSHA "$sha" 1 key:__rand_int__ "$bench_record" 30000)")
@@ -128,6 +138,11 @@ lua_s="$(med lua_runs 1)" lua_p99="$(med lua_runs 2)" lua_bytes="$(med lua_runs 
 rb_set_s="$(med rb_set 1)" rb_set_p99="$(med rb_set 2)"
 rb_eval_s="$(med rb_eval 1)" rb_eval_p99="$(med rb_eval 2)"
 set_ratio="$(ratio "$set_s" "$rb_set_s")" lua_ratio="$(ratio "$lua_s" "$rb_eval_s")"
+wait1_s=null wait1_p99=null durable_ratio=null
+if ((durable)); then
+  wait1_s="$(med wait1_runs 1)" wait1_p99="$(med wait1_runs 2)"
+  durable_ratio="$(ratio "$wait1_s" "$set_s")"
+fi
 async_s="$(med async_runs 1)" run_bytes="$(med async_runs 2)" payload_bytes="$(med async_runs 3)"
 loop_us="$(med async_runs 4)" loop_share="$(med async_runs 5)" loop_waited="$(med async_runs 6)"
 blocking_s="$(med blocking_runs 1)" blocking_us="$(med blocking_runs 2)"
@@ -144,6 +159,8 @@ printf '%-22s %12.0f %12.0f %8s %10.1f %10.1f %8.0f\n' "SET NX GET / SET NX" "$s
   "$set_ratio" "$set_p99" "$rb_set_p99" "$set_bytes"
 printf '%-22s %12.0f %12.0f %8s %10.1f %10.1f %8.0f\n' "EVALSHA claim.lua" "$lua_s" "$rb_eval_s" \
   "$lua_ratio" "$lua_p99" "$rb_eval_p99" "$lua_bytes"
+printf 'durable (min_replicas 1) SET NX GET: %s claims/s, p99 %s µs, %s of the same claims without\n' \
+  "$wait1_s" "$wait1_p99" "$durable_ratio"
 
 printf '\n%-36s %12s %8s\n' "run() with guard and sink" calls_per_s ratio
 printf '%-36s %12.0f %8s\n' "async, 1 thread, $in_flight in flight" "$async_s" "$sink_ratio"
@@ -177,7 +194,9 @@ json+=" \"redis_benchmark_p16_per_s\": $rb_set_s, \"ratio\": $set_ratio,"
 json+=" \"idem_async_p99_us\": $set_p99, \"redis_benchmark_p99_us\": $rb_set_p99,"
 json+=" \"idem_async_lua_per_s\": $lua_s, \"redis_benchmark_p16_evalsha_per_s\": $rb_eval_s,"
 json+=" \"lua_ratio\": $lua_ratio, \"idem_async_lua_p99_us\": $lua_p99,"
-json+=" \"redis_benchmark_evalsha_p99_us\": $rb_eval_p99, \"requests_per_run\": $requests},"
+json+=" \"redis_benchmark_evalsha_p99_us\": $rb_eval_p99, \"requests_per_run\": $requests,"
+json+=" \"idem_async_durable_per_s\": $wait1_s, \"idem_async_durable_p99_us\": $wait1_p99,"
+json+=" \"durable_ratio\": $durable_ratio, \"durable_min_replicas\": 1, \"replicas\": $replicas},"
 json+=" \"run_with_sink\": {\"in_flight\": $in_flight, \"async_per_s\": $async_s,"
 json+=" \"blocking_per_s\": $blocking_s, \"blocking_threads\": $blocking_threads,"
 json+=" \"ratio\": $sink_ratio, \"pg_connections\": $pg_connections,"

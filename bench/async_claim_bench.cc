@@ -2,13 +2,16 @@
 // compares it with redis-benchmark in the same run).
 //
 //   idem-bench-async --url redis://127.0.0.1:6379/0 --method lua|set --in-flight 1000
-//                    --requests 400000
+//                    --requests 400000 [--min-replicas R]
 //
 // Each of --in-flight coroutines claims fresh keys one after the other (`EVALSHA claim.lua 1 key
 // record 30000`, or `SET key record NX PX 30000 GET`) until --requests claims are done. Prints
 // "<claims per second> <p99 µs> <heap bytes per in-flight call>": the last is glibc's count of
 // allocated heap bytes (mallinfo2) with every call in flight (coroutine frame, pending operation,
-// queued command bytes) minus the count before, over N.
+// queued command bytes) minus the count before, over N. With --min-replicas R each claim is a
+// durable command (AsyncConnectionSettings::wait_replicas = R, wait_timeout 100 ms: one WAIT
+// after each write's claims, as the async guard sends them with RedisGuardOptions::min_replicas)
+// and a claim with fewer than R acknowledgements counts as failed.
 #include <malloc.h>
 
 #include <algorithm>
@@ -20,6 +23,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -42,6 +46,7 @@ struct Options {
   std::string method = "set";
   int in_flight = 1000;
   long long requests = 400000;
+  int min_replicas = 0;
 };
 
 Options parse(int argc, char** argv) {
@@ -57,6 +62,8 @@ Options parse(int argc, char** argv) {
       options.in_flight = std::max(1, std::atoi(value.c_str()));
     } else if (name == "--requests") {
       options.requests = std::max(1LL, std::atoll(value.c_str()));
+    } else if (name == "--min-replicas") {
+      options.min_replicas = std::max(0, std::atoi(value.c_str()));
     } else {
       std::cerr << "idem-bench-async: bad argument " << name << " " << value << "\n";
       std::exit(2);
@@ -86,13 +93,21 @@ struct Run {
       key = "bench:async:" + std::to_string(id) + ":" + std::to_string(n);
       const auto started = Clock::now();
       try {
+        const bool durable = options.min_replicas > 0;
+        ReplyPtr reply;
         if (options.method == "lua") {
           const std::string_view keys[] = {key};
           const std::string_view args[] = {kRecord, "30000"};
-          ReplyPtr reply = co_await client->evalsha(script, keys, args, asio::use_awaitable);
+          reply = co_await client->evalsha(script, keys, args, durable, asio::use_awaitable);
         } else {
           const std::string_view args[] = {"SET", key, kRecord, "NX", "PX", "30000", "GET"};
-          ReplyPtr reply = co_await client->exec(key, args, asio::use_awaitable);
+          reply = co_await client->exec(key, args, durable, asio::use_awaitable);
+        }
+        // [the claim's reply, WAIT's count]: fewer replicas than asked is a failed claim here.
+        if (durable && (reply->type != REDIS_REPLY_ARRAY || reply->elements != 2 ||
+                        reply->element[1]->type != REDIS_REPLY_INTEGER ||
+                        reply->element[1]->integer < options.min_replicas)) {
+          throw std::runtime_error("a claim not acknowledged by the replicas");
         }
       } catch (const std::exception& error) {
         if (failed++ == 0) std::cerr << "idem-bench-async: " << error.what() << "\n";
@@ -113,6 +128,8 @@ int main(int argc, char** argv) {
   settings.connection.endpoint = idem::detail::parse_redis_url(options.url);
   settings.connection.command_timeout = std::chrono::seconds(10);
   settings.connection.connect_timeout = std::chrono::seconds(2);
+  settings.connection.wait_replicas = options.min_replicas;
+  settings.connection.wait_timeout = std::chrono::milliseconds(100);
   Run run{options, idem::detail::AsyncClient::create(io.get_executor(), settings), {}, 0, 0, 0, {}};
   run.latencies_us.reserve(static_cast<std::size_t>(options.requests));
 

@@ -3,12 +3,16 @@
 // random keys), with a realistic request ID and a SHA-256-sized fingerprint.
 //
 //   idem-bench-guard --url URL --method lua|set --clients C --requests N [--batch B]
+//                    [--min-replicas R]
 //
 // C threads share one RedisGuard (pool size C) and issue N claims in total (N/B claim_batch
 // calls of B keys when --batch is given), after one untimed warm-up call each (connect, script
-// load). Prints one line: `<claims per second> <p99 latency of one call in µs>`.
+// load). With --min-replicas R, RedisGuardOptions::min_replicas = R (a WAIT after each claim or
+// batch, replication_timeout 100 ms); every claim must then be acknowledged (the server needs R
+// replicas). Prints one line: `<claims per second> <p99 latency of one call in µs>`.
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <latch>
@@ -29,12 +33,14 @@ struct Args {
   int clients = 1;
   long requests = 10000;
   int batch = 0;  // 0: claim(); otherwise claim_batch() of this many keys
+  std::uint32_t min_replicas = 0;
 };
 
 [[noreturn]] void usage() {
   std::fprintf(
       stderr,
-      "usage: idem-bench-guard --url URL --method lua|set --clients C --requests N [--batch B]\n");
+      "usage: idem-bench-guard --url URL --method lua|set --clients C --requests N [--batch B] "
+      "[--min-replicas R]\n");
   std::exit(2);
 }
 
@@ -54,6 +60,8 @@ Args parse(int argc, char** argv) {
       args.requests = std::stol(value);
     } else if (name == "--batch") {
       args.batch = std::stoi(value);
+    } else if (name == "--min-replicas") {
+      args.min_replicas = static_cast<std::uint32_t>(std::stoul(value));
     } else {
       usage();
     }
@@ -73,6 +81,7 @@ int main(int argc, char** argv) {
   options.prefix = "bench";
   options.ns = std::to_string(std::random_device{}());  // fresh keys on every run
   options.claim_method = args.method;
+  options.min_replicas = args.min_replicas;
   idem::RedisGuard guard(options);
 
   const int per_call = std::max(args.batch, 1);
@@ -98,8 +107,11 @@ int main(int argc, char** argv) {
           ids[b] = "req-" + std::to_string(c) + "-" + std::to_string(next);
           batch[b] = {.key = keys[b], .request_id = ids[b], .fingerprint = fingerprint};
         }
-        if (args.batch == 0) return guard.claim(keys[0], ids[0], fingerprint).status;
-        return guard.claim_batch(batch).front().status;
+        const idem::ClaimResult result = args.batch == 0 ? guard.claim(keys[0], ids[0], fingerprint)
+                                                         : guard.claim_batch(batch).front();
+        // Not acknowledged by the replicas: not the claim this benchmark measures.
+        if (!result.replicated) std::abort();
+        return result.status;
       };
       if (one_call() != idem::ClaimStatus::kFirst) std::abort();  // warm-up: connect, load script
       ready.count_down();

@@ -126,13 +126,16 @@ write_results() {
 }
 
 # start_bench_redis: unless --redis-url was given, starts a private redis-server on a free port
-# (stopped, with its directory $work, at exit). Then sets redis_url, host,
-# port, private (1 for the private server) and defines cli (redis-cli on it) and fresh (FLUSHALL
-# of the private server only).
+# and a replica of it, in sync (both stopped, with their directory $work, at exit: the replica
+# lets the durability setting, RedisGuardOptions::min_replicas = 1, be measured; every figure of
+# the run sees its replication stream). Then sets redis_url, host, port, private (1 for the
+# private server) and replicas (the replicas connected to the server), and defines cli
+# (redis-cli on it) and fresh (FLUSHALL of the private server only).
 start_bench_redis() {
   work="$(mktemp -d)"
-  server_pid=""
+  server_pid="" replica_pid=""
   at_exit '[[ -n "$server_pid" ]] && kill "$server_pid" 2>/dev/null && wait "$server_pid" 2>/dev/null; rm -rf "$work"'
+  at_exit '[[ -n "$replica_pid" ]] && kill "$replica_pid" 2>/dev/null && wait "$replica_pid" 2>/dev/null'
   private=0
   if [[ -z "$redis_url" ]]; then
     private=1
@@ -142,12 +145,25 @@ start_bench_redis() {
     server_pid=$!
     redis_url="redis://127.0.0.1:$port/0"
     for _ in $(seq 200); do redis-cli -p "$port" PING 2>/dev/null | grep -q PONG && break; sleep 0.05; done
+    local replica_port
+    replica_port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+    mkdir -p "$work/replica"
+    redis-server --port "$replica_port" --bind 127.0.0.1 --save "" --appendonly no \
+      --dir "$work/replica" --logfile "$work/replica/redis.log" --replicaof 127.0.0.1 "$port" \
+      --repl-diskless-sync-delay 0 >/dev/null &
+    replica_pid=$!
+    for _ in $(seq 200); do
+      redis-cli -p "$replica_port" INFO replication 2>/dev/null | grep -q '^master_link_status:up' && break
+      sleep 0.05
+    done
   fi
   local hostport="${redis_url#redis://}"
   hostport="${hostport##*@}"
   hostport="${hostport%%/*}"
   host="${hostport%:*}"
   port="${hostport##*:}"
+  replicas="$(cli INFO replication | tr -d '\r' | sed -n 's/^connected_slaves:\([0-9]*\)$/\1/p')"
+  replicas="${replicas:-0}"
 }
 cli() { redis-cli -h "$host" -p "$port" "$@"; }
 fresh() { if ((private)); then cli FLUSHALL >/dev/null; fi; }
