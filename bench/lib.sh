@@ -152,8 +152,10 @@ start_bench_redis() {
       --dir "$work/replica" --logfile "$work/replica/redis.log" --replicaof 127.0.0.1 "$port" \
       --repl-diskless-sync-delay 0 >/dev/null &
     replica_pid=$!
+    # Online by the master's account (after the replica's first acknowledgement, sent each
+    # second): before that the master counts it in no WAIT.
     for _ in $(seq 200); do
-      redis-cli -p "$replica_port" INFO replication 2>/dev/null | grep -q '^master_link_status:up' && break
+      redis-cli -p "$port" INFO replication 2>/dev/null | grep -q ',state=online,' && break
       sleep 0.05
     done
   fi
