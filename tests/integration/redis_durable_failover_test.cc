@@ -3,7 +3,10 @@
 // record missing from the new master afterwards, for SENTINEL FAILOVER with the old master left
 // running, for SIGKILL of the Sentinel master, and for SIGKILL of a Redis Cluster master. The
 // same traffic with the setting off runs beside it, through the same failover, and its losses
-// are printed (not failed: asynchronous replication loses those writes by design).
+// are printed (asynchronous replication loses those writes by design). Before each SIGKILL the
+// replica is cut off from its master for 300 ms, a slow link (on loopback it lags by
+// microseconds): the streams without the setting must then lose claims, or the scenario proved
+// nothing.
 //
 // Each scenario runs four streams at once: {blocking Deduplicator, AsyncDeduplicator} x {durable,
 // plain}. A stream delivers fresh keys, each again after Unavailable (as a consumer redelivers),
@@ -239,10 +242,24 @@ std::vector<std::unique_ptr<Stream>> streams_for(const std::string& url, bool cl
   return streams;
 }
 
+// On loopback a replica is microseconds behind its master, so a SIGKILL loses almost nothing
+// even without the setting: a slow link is made by cutting `replica` off from `master` for
+// kLag before the kill (stopped, and its replication connection closed by the master, so the
+// writes meanwhile never reach it). Without the setting the streams lose what they executed in
+// that time; with it, nothing executes then (no replica acknowledges).
+constexpr auto kLag = 300ms;
+void cut_off(test::RedisServer& replica, const test::RedisServer& master) {
+  replica.pause();
+  (void)master.cli({"CLIENT", "KILL", "TYPE", "replica"});
+  std::this_thread::sleep_for(kLag);
+}
+
 // Runs the streams through `fail_over` (which returns once the new master serves), keeps them
 // going for a while after, then checks every executed key against the records of `masters()`.
+// `lagged`: the replica was cut off before the failover, so the streams without the setting
+// must have lost claims (else the scenario proved nothing).
 void run_through_failover(const std::string& what, const std::string& url, bool cluster,
-                          const std::function<void()>& fail_over,
+                          bool lagged, const std::function<void()>& fail_over,
                           const std::function<std::vector<std::string>()>& masters) {
   std::vector<std::unique_ptr<Stream>> streams = streams_for(url, cluster);
   Traffic traffic;
@@ -273,6 +290,7 @@ void run_through_failover(const std::string& what, const std::string& url, bool 
   std::cerr << "[" << what << "] new master(s) serving "
             << std::chrono::duration_cast<std::chrono::milliseconds>(served - began).count()
             << " ms after the failover began\n";
+  int lost_without = 0;
   for (const auto& stream : streams) {
     int missing = 0;
     int in_progress = 0;
@@ -295,7 +313,12 @@ void run_through_failover(const std::string& what, const std::string& url, bool 
       EXPECT_GT(stream->executed.size(), 20U) << stream->name;
       EXPECT_EQ(missing, 0) << stream->name
                             << ": claims answered Executed are missing from the new master";
+    } else {
+      lost_without += missing;
     }
+  }
+  if (lagged) {
+    EXPECT_GT(lost_without, 0) << "the replica's lag lost nothing without the setting either";
   }
 }
 
@@ -307,7 +330,7 @@ TEST(DurableFailover, NoExecutedClaimIsLostWhenSentinelFailsOverWithTheOldMaster
   test::SentinelGroup group(1000ms);
   const std::string old_master = group.master_address();
   run_through_failover(
-      "SENTINEL FAILOVER", group.url(), false,
+      "SENTINEL FAILOVER", group.url(), false, false,
       [&] {
         EXPECT_EQ(
             group.sentinels()[0]->cli({"SENTINEL", "FAILOVER", test::SentinelGroup::kMasterName}),
@@ -322,9 +345,13 @@ TEST(DurableFailover, NoExecutedClaimIsLostWhenTheSentinelMasterIsKilled) {
   test::SentinelGroup group(1000ms);
   std::string old_master;
   run_through_failover(
-      "Sentinel master SIGKILL", group.url(), false,
+      "Sentinel master SIGKILL", group.url(), false, true,
       [&] {
+        test::RedisServer* replica = group.server_at(group.replica_address());
+        ASSERT_NE(replica, nullptr);
+        cut_off(*replica, group.master());
         old_master = group.kill_master();
+        replica->resume();
         EXPECT_TRUE(group.wait_for_new_master(old_master, 30s));
       },
       [&] { return sentinel_master(group); });
@@ -338,10 +365,21 @@ TEST(DurableFailover, NoExecutedClaimIsLostWhenAClusterMasterIsKilled) {
   test::RedisServer* victim = cluster.owner_of(kSlot);
   ASSERT_NE(victim, nullptr);
   ASSERT_NE(victim, cluster.nodes().front().get());
+  // The victim's replica, by the victim's INFO replication ("slave0:ip=...,port=N,...").
+  const std::string info = victim->cli({"INFO", "replication"});
+  const auto at = info.find("port=", info.find("slave0:"));
+  ASSERT_NE(at, std::string::npos) << info;
+  const int replica_port = std::stoi(info.substr(at + 5));
+  test::RedisServer* replica = nullptr;
+  for (const auto& node : cluster.nodes())
+    if (node->port() == replica_port) replica = node.get();
+  ASSERT_NE(replica, nullptr);
   run_through_failover(
-      "Cluster master SIGKILL", cluster.seed_url(), true,
+      "Cluster master SIGKILL", cluster.seed_url(), true, true,
       [&] {
+        cut_off(*replica, *victim);
         victim->kill();
+        replica->resume();
         EXPECT_TRUE(cluster.wait_for_new_owner(kSlot, victim, 30s));
       },
       [&] {
