@@ -1,6 +1,7 @@
 #include "redis/pool.h"
 
 #include <algorithm>
+#include <string>
 #include <utility>
 
 #include "idem/errors.h"
@@ -25,7 +26,9 @@ Pool::Lease Pool::borrow() {
     return Lease(*this, std::move(connection), true);
   }
   if (last_connect_error_.has_value() && std::chrono::steady_clock::now() < retry_after_) {
-    throw RedisError(*last_connect_error_);  // a copy: threads never share an exception object
+    // A copy with a message of its own: a copied std::runtime_error shares its message buffer
+    // (libstdc++'s reference-counted string), so threads would share that buffer.
+    throw RedisError(std::string(last_connect_error_->what()), last_connect_error_->retryable());
   }
   ++open_;
   lock.unlock();
@@ -42,7 +45,7 @@ std::unique_ptr<Connection> Pool::connect() {
   } catch (const RedisError& error) {
     std::lock_guard lock(mutex_);
     --open_;
-    last_connect_error_ = error;
+    last_connect_error_.emplace(std::string(error.what()), error.retryable());  // its own buffer
     backoff_ =
         std::clamp(backoff_ * 2, settings_.reconnect_backoff, settings_.reconnect_backoff_max);
     retry_after_ = std::chrono::steady_clock::now() + backoff_;
