@@ -35,8 +35,11 @@ struct RedisOptions {
   /// the master's (the Sentinels are asked without AUTH). With Sentinel the guard asks the
   /// Sentinels in turn for the master (SENTINEL get-master-addr-by-name), checks ROLE on every
   /// new connection, asks again after a retryable failure (connection lost, timeout, READONLY,
-  /// a replica's ROLE) and follows `+switch-master` through one helper thread per guard; see
-  /// docs/redis_guard.md.
+  /// a replica's ROLE) and follows `+switch-master` through one helper thread per guard, which
+  /// listens on every Sentinel: from the first event of a failover of the master (+odown,
+  /// +try-failover, ...) until +switch-master (at most 10 s), claim() and claim_batch() throw a
+  /// retryable idem::RedisError without writing, since the old master may lose what it takes
+  /// meanwhile; see docs/redis_guard.md.
   std::string url = "redis://127.0.0.1:6379/0";
   /// Most connections open at once (per master node with `cluster`). Must be ≥ 1.
   std::size_t pool_size = 8;
@@ -137,11 +140,13 @@ struct RedisGuardOptions {
   /// replicas they can reach, the one with the largest replication offset, which holds every
   /// write any replica acknowledged. Set N to the number of replicas of each master to keep
   /// that true when an acknowledging replica is itself down during the failover. WAIT is not
-  /// consensus: a replica restarted without persistence forgets. What it costs: each write
-  /// waits for a master-to-replica round trip; with fewer than N replicas connected every claim
-  /// waits the whole replication_timeout and is answered not replicated. docs/operations.md has
-  /// the measurements. In a cluster the WAIT goes to the master of the key's slot, on the
-  /// connection of the write (WAIT counts that connection's writes).
+  /// consensus: a replica restarted without persistence forgets. What it does not cover: a
+  /// completion that failed leaves the (replicated) claim IN_PROGRESS until its lease ends.
+  /// What it costs: each write waits for a master-to-replica round trip; with fewer than N
+  /// replicas connected (a replica that has just synced counts from its first acknowledgement,
+  /// within a second) every claim waits the whole replication_timeout and is answered not
+  /// replicated. docs/operations.md has the measurements. In a cluster the WAIT goes to the master
+  /// of the key's slot, on the connection of the write (WAIT counts that connection's writes).
   std::uint32_t min_replicas = 0;
   /// With min_replicas > 0: the longest a write waits for its replicas' acknowledgement, in ms,
   /// > 0 and < redis.command_timeout (the reply of the write comes after it).
