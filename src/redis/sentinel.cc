@@ -39,9 +39,13 @@ Sentinel::Sentinel(PoolSettings master, CircuitBreakerOptions breaker)
                                    [this](const redisReply& message) { on_message(message); })) {}
 
 Sentinel::~Sentinel() {
-  // Stops the helper thread's loop at once; its subscriptions are closed with the io_context.
+  // Stops the helper thread's loop at once. Then, the thread gone, the subscriptions are closed
+  // here: their pending operations complete (posted to the stopped loop), so that destroying
+  // the io_context destroys the coroutines waiting on them, which hold the SentinelWatch that
+  // holds their connections (a cycle, leaked otherwise).
   watch_io_.stop();
   if (watcher_.joinable()) watcher_.join();
+  watch_->close();
 }
 
 std::shared_ptr<Node> Sentinel::master() {
