@@ -53,9 +53,9 @@ test::RedisServer* replica_of(const test::ClusterGroup& cluster, const test::Red
   return nullptr;
 }
 
-// Regression: the harness read a node's own line as the first line holding its ID, which is its
-// replica's line when CLUSTER NODES happens to list that first (its order is a hash table's), so
-// owner_of() found no owner for a slot right after a claim there had succeeded.
+// The harness reads a node's own line as the one flagged "myself", not the first line holding its
+// ID: that is its replica's line when CLUSTER NODES happens to list it first (its order is a hash
+// table's), and owner_of() would find no owner for a slot right after a claim there succeeded.
 TEST(ClusterHarness, TheOwnerIsReadFromTheMyselfLineNotAReplicaLineNamingIt) {
   const std::string master_id = "07c37dfeb235213a872192d90877d0cd55635b91";
   const std::string nodes =
@@ -165,9 +165,9 @@ TEST(RedisClusterFailover, AKilledMasterFailsOverToItsReplicaAndOnlyItsBreakerOp
   EXPECT_EQ(guard.breaker_state(), BreakerState::kClosed);  // the dead node left the map
 }
 
-// Regression: the async client loaded the slot map once and reloaded it only on a MOVED, which a
-// dead master never sends, so after a master's SIGKILL every call for its slots failed for good,
-// also after its replica had taken over. It now loads the map again after a failed call.
+// The async client follows a failover with no MOVED to tell it: a dead master sends none, so it
+// loads the slot map again after a call fails, and the calls for the dead master's slots reach
+// its promoted replica (a map reloaded only on MOVED would send them to the dead node for good).
 TEST(RedisClusterFailover, TheAsyncGuardFollowsAKilledMastersSlotsToItsReplica) {
   test::ClusterGroup cluster(3, 1, milliseconds(1000));
   const RedisGuardOptions options = failover_options(cluster, "async-failover", milliseconds(100));

@@ -304,8 +304,8 @@ TEST(RedisGuardOptions, InvalidOptionsAreConfigErrors) {
                ConfigError);
   EXPECT_THROW(make([](RedisGuardOptions& o) { o.ns = ""; }), ConfigError);
   EXPECT_THROW(make([](RedisGuardOptions& o) { o.prefix = ""; }), ConfigError);
-  // Regression: values past what hiredis or Redis accept failed every call instead (the
-  // timeouts as retryable errors, so a guard with a sink failed open for good).
+  // Values past what hiredis or Redis accept are refused here: taken, they would fail every call
+  // (the timeouts as retryable errors, so a guard with a sink would fail open for good).
   constexpr auto kMax = std::chrono::milliseconds::max();
   EXPECT_THROW(make([&](RedisGuardOptions& o) { o.redis.connect_timeout = kMax; }), ConfigError);
   EXPECT_THROW(make([&](RedisGuardOptions& o) { o.redis.command_timeout = kMax; }), ConfigError);

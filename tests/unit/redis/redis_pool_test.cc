@@ -11,12 +11,12 @@
 namespace idem::detail {
 namespace {
 
-// Regression: during the reconnect backoff the pool threw copies of its last connect error, and
-// a copied std::runtime_error shares its message buffer with the original (libstdc++'s
-// reference-counted string). Threads that never shared an exception object shared that buffer,
-// and when a Sentinel failover replaced the master's Node (and its pool) on the helper thread
-// while a caller's thread read what(), ThreadSanitizer reported a data race (the count lives in
-// the uninstrumented libstdc++). Each error thrown now has a message of its own.
+// During the reconnect backoff the pool throws its last connect error again, each time with a
+// message buffer of its own: a copied std::runtime_error would share the original's
+// (libstdc++'s reference-counted string), so threads that share no exception object would share
+// that buffer, and when a Sentinel failover replaces the master's Node (and its pool) on the
+// helper thread while a caller reads what(), ThreadSanitizer sees a data race (the count lives
+// in the uninstrumented libstdc++).
 TEST(RedisPool, ErrorsThrownDuringTheReconnectBackoffShareNoMessageBuffer) {
   PoolSettings settings;
   settings.connection.endpoint = parse_redis_url("redis://127.0.0.1:1/0");  // refused
