@@ -9,7 +9,7 @@
 // "<claims per second> <p99 µs> <heap bytes per in-flight call>": the last is glibc's count of
 // allocated heap bytes (mallinfo2) with every call in flight (coroutine frame, pending operation,
 // queued command bytes) minus the count before, over N. With --min-replicas R each claim is a
-// durable command (AsyncConnectionSettings::wait_replicas = R, wait_timeout 100 ms: one WAIT
+// durable command (AsyncConnectionSettings::wait_replicas = R, wait_timeout 1 s: one WAIT
 // after each write's claims, as the async guard sends them with RedisGuardOptions::min_replicas)
 // and a claim with fewer than R acknowledgements counts as failed.
 #include <malloc.h>
@@ -129,7 +129,7 @@ int main(int argc, char** argv) {
   settings.connection.command_timeout = std::chrono::seconds(10);
   settings.connection.connect_timeout = std::chrono::seconds(2);
   settings.connection.wait_replicas = options.min_replicas;
-  settings.connection.wait_timeout = std::chrono::milliseconds(100);
+  settings.connection.wait_timeout = std::chrono::seconds(1);
   Run run{options, idem::detail::AsyncClient::create(io.get_executor(), settings), {}, 0, 0, 0, {}};
   run.latencies_us.reserve(static_cast<std::size_t>(options.requests));
 
