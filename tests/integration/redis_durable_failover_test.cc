@@ -41,6 +41,7 @@
 #include "redis/url.h"
 #include "redis_cluster.h"
 #include "redis_sentinel.h"
+#include "refund_request.h"
 #include "test_env.h"
 #include "wait_until.h"
 
@@ -109,12 +110,7 @@ struct Stream {
 };
 
 Request request_for(const std::string& order) {
-  Request request;
-  request.request_id = "req-" + order;
-  request.user = "u1";
-  request.intent = "refund";
-  request.biz_key = order;
-  return request;
+  return test::refund_request("req-" + order, order);
 }
 
 // Runs a blocking Deduplicator (kThreads threads) and an AsyncDeduplicator (kInFlight calls on

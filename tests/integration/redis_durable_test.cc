@@ -24,6 +24,7 @@
 #include "idem/redis_guard.h"
 #include "loop_probe.h"
 #include "redis_server.h"
+#include "refund_request.h"
 #include "test_env.h"
 #include "wait_until.h"
 
@@ -264,12 +265,7 @@ TEST_P(DurableTest, AGuardOnlyCallIsUnavailableUntilTheReplicaAcknowledgesItsCla
   async_options.base.local_cache_capacity = 0;
   async_options.redis = guard_options;
   const auto request = [](const std::string& order) {
-    Request r;
-    r.request_id = "req-" + order;
-    r.user = "u1";
-    r.intent = "refund";
-    r.biz_key = order;
-    return r;
+    return test::refund_request("req-" + order, order);
   };
   // The async driver's call of `request`, on a loop of its own; how often its handler ran.
   const auto run_async = [&](const Request& r, int& ran) {
