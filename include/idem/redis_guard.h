@@ -37,9 +37,9 @@ struct RedisOptions {
   /// new connection, asks again after a retryable failure (connection lost, timeout, READONLY,
   /// a replica's ROLE) and follows `+switch-master` through one helper thread per guard, which
   /// listens on every Sentinel: from the first event of a failover of the master (+odown,
-  /// +try-failover, ...) until +switch-master (at most 10 s), claim() and claim_batch() throw a
-  /// retryable idem::RedisError without writing, since the old master may lose what it takes
-  /// meanwhile; see docs/redis_guard.md.
+  /// +try-failover, ...) until the guard has moved to the master +switch-master names (at most
+  /// 10 s), claim() and claim_batch() throw a retryable idem::RedisError without writing, since
+  /// the old master may lose what it takes meanwhile; see docs/redis_guard.md.
   std::string url = "redis://127.0.0.1:6379/0";
   /// Most connections open at once (per master node with `cluster`). Must be ≥ 1.
   std::size_t pool_size = 8;

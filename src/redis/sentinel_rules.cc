@@ -98,7 +98,14 @@ std::optional<SentinelNews> sentinel_news(const redisReply& message, std::string
   if (channel == "+switch-master") {
     std::optional<HostPort> now = switched_master(message, name);
     if (!now) return std::nullopt;
-    return SentinelNews{SentinelNews::Kind::kSwitched, std::move(*now), std::string(channel)};
+    // "<name> <old ip> <old port> <new ip> <new port>", checked whole by switched_master().
+    const std::string_view payload = string_of(*message.element[2]);
+    const std::size_t ip = payload.find(' ') + 1;
+    const std::size_t port = payload.find(' ', ip) + 1;
+    HostPort previous{std::string(payload.substr(ip, port - 1 - ip)),
+                      port_of(payload.substr(port, payload.find(' ', port) - port))};
+    return SentinelNews{SentinelNews::Kind::kSwitched, std::move(*now), std::string(channel),
+                        std::move(previous)};
   }
   const auto listed = std::find(kSentinelSubscribe.begin() + 1, kSentinelSubscribe.end(), channel);
   if (listed == kSentinelSubscribe.end() || channel == "-failover-abort-not-elected" ||
@@ -135,7 +142,11 @@ void FailoverHold::heard(const SentinelNews& news, Clock::time_point now) {
       until_ = now + kFailoverHoldLimit;
       return;
     case SentinelNews::Kind::kSwitched:
-      failing_.reset();
+      // The old master stays held back until the guard's own master is the new one (it asks
+      // the Sentinels and checks ROLE first): a claim sent there meanwhile would be lost.
+      if (failing_ != news.previous) event_ = news.event;
+      failing_ = news.previous;
+      until_ = now + kFailoverHoldLimit;
       return;
     case SentinelNews::Kind::kSettled:
       if (failing_ == news.master) failing_.reset();

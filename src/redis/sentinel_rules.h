@@ -98,12 +98,13 @@ inline constexpr std::array<std::string_view, 15> kSentinelSubscribe{
 struct SentinelNews {
   enum class Kind {
     kFailing,   ///< A failover of `master` is under way (or a quorum finds it down).
-    kSwitched,  ///< +switch-master: `master` is the new master.
+    kSwitched,  ///< +switch-master: `master` is the new master, `previous` the old one.
     kSettled,   ///< The failover of `master` ended without a switch (or it is up again).
   };
   Kind kind = Kind::kFailing;
-  HostPort master;    ///< The master the event is about (kSwitched: the new one).
-  std::string event;  ///< The channel, e.g. "+try-failover".
+  HostPort master;      ///< The master the event is about (kSwitched: the new one).
+  std::string event;    ///< The channel, e.g. "+try-failover".
+  HostPort previous{};  ///< kSwitched: the old master.
 };
 
 /// The news in `message` (`["message", channel, payload]`) for the set `name`; nullopt for
@@ -119,8 +120,10 @@ struct SentinelNews {
 inline constexpr std::chrono::milliseconds kFailoverHoldLimit{10000};
 
 /// Whether new claims are held back because the Sentinels are failing the master over: from a
-/// kFailing news about the master until +switch-master, a kSettled news about it, or
-/// kFailoverHoldLimit after the last kFailing news. Pure; not thread-safe (the owner locks).
+/// kFailing news about the master until the guard's own master is another (after +switch-master
+/// it asks the Sentinels and checks ROLE: the old master stays held back meanwhile), a kSettled
+/// news about it, or kFailoverHoldLimit after the last news of it. Pure; not thread-safe (the
+/// owner locks).
 class FailoverHold {
  public:
   using Clock = std::chrono::steady_clock;

@@ -112,6 +112,7 @@ TEST(SentinelRules, TheEventsBeforeASwitchSayTheMasterIsFailing) {
   ASSERT_TRUE(switched.has_value());
   EXPECT_EQ(switched->kind, SentinelNews::Kind::kSwitched);
   EXPECT_EQ(switched->master, (HostPort{"127.0.0.1", 51843}));
+  EXPECT_EQ(switched->previous, (HostPort{"127.0.0.1", 37151}));
   for (const char* channel : {"-odown", "-failover-abort-no-good-slave"}) {
     const auto settled = sentinel_news(*event(channel, "master orders 127.0.0.1 37151"), "orders");
     ASSERT_TRUE(settled.has_value()) << channel;
@@ -134,7 +135,7 @@ TEST(SentinelRules, TheEventsBeforeASwitchSayTheMasterIsFailing) {
       std::nullopt);
 }
 
-TEST(SentinelRules, AFailoverHoldsNewClaimsUntilTheSwitchOrItsEnd) {
+TEST(SentinelRules, AFailoverHoldsNewClaimsToTheOldMasterUntilTheGuardHasMovedOrItEnds) {
   using Clock = FailoverHold::Clock;
   const HostPort master{"10.0.0.1", 6379};
   const HostPort other{"10.0.0.9", 6379};
@@ -148,10 +149,20 @@ TEST(SentinelRules, AFailoverHoldsNewClaimsUntilTheSwitchOrItsEnd) {
   EXPECT_TRUE(refused->retryable());
   EXPECT_NE(std::string(refused->what()).find("+try-failover"), std::string::npos);
   EXPECT_EQ(hold.refusal(other, t0), std::nullopt);  // another master: not this failover's
-  // Until +switch-master...
-  hold.heard({SentinelNews::Kind::kSwitched, other, "+switch-master"}, t0);
-  EXPECT_EQ(hold.refusal(master, t0), std::nullopt);
-  // ... or an end without a switch about this master (not another's) ...
+  // +switch-master names the new master: the old one stays held back (the guard asks the
+  // Sentinels before it moves, and a claim sent to the old master meanwhile would be lost),
+  // the new one takes claims ...
+  hold.heard({SentinelNews::Kind::kSwitched, other, "+switch-master", master}, t0);
+  EXPECT_TRUE(hold.refusal(master, t0).has_value());
+  EXPECT_EQ(hold.refusal(other, t0), std::nullopt);
+  // ... until the limit; a switch first heard alone holds the old master back too.
+  EXPECT_EQ(hold.refusal(master, t0 + kFailoverHoldLimit), std::nullopt);
+  FailoverHold switched;
+  switched.heard({SentinelNews::Kind::kSwitched, other, "+switch-master", master}, t0);
+  EXPECT_NE(std::string(switched.refusal(master, t0)->what()).find("+switch-master"),
+            std::string::npos);
+  // An end without a switch about this master (not another's) ends the hold ...
+  hold = FailoverHold();
   hold.heard(failing, t0);
   hold.heard({SentinelNews::Kind::kSettled, other, "-odown"}, t0);
   EXPECT_TRUE(hold.refusal(master, t0).has_value());
