@@ -5,6 +5,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <pqxx/pqxx>
 #include <stdexcept>
 
 namespace idem::test {
@@ -111,6 +113,19 @@ std::string ChildProcess::tail(std::size_t n) const {
   for (std::size_t i = lines_.size() > n ? lines_.size() - n : 0; i < lines_.size(); ++i)
     out += lines_[i] + "\n";
   return out;
+}
+
+int listening_port(ChildProcess& server) {
+  const auto line =
+      server.wait_for_line("listening on http://127.0.0.1:", std::chrono::seconds(20));
+  return line ? std::stoi(line->substr(line->rfind(':') + 1)) : 0;
+}
+
+void drop_schema(const std::string& pg_url, const std::string& schema) {
+  pqxx::connection conn(pg_url);
+  pqxx::work tx(conn);
+  tx.exec0("DROP SCHEMA IF EXISTS " + tx.quote_name(schema) + " CASCADE");
+  tx.commit();
 }
 
 long long summary_field(const std::string& line, const std::string& name) {

@@ -53,6 +53,13 @@ class ChildProcess {
   std::thread reader_;
 };
 
+/// The port an example server started with `--port 0` listens on: from the line `listening on
+/// http://127.0.0.1:PORT` it prints, waiting up to 20 s; 0 when it printed none (see tail()).
+int listening_port(ChildProcess& server);
+
+/// Drops PostgreSQL schema `schema` and everything in it, at `pg_url`.
+void drop_schema(const std::string& pg_url, const std::string& schema);
+
 /// The integer after ` name=` in a `key=value ...` summary line an example printed; 0 when absent.
 long long summary_field(const std::string& line, const std::string& name);
 

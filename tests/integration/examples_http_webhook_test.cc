@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <limits>
+#include <memory>
 #include <pqxx/pqxx>
 #include <string>
 #include <thread>
@@ -30,15 +31,57 @@ using std::chrono::seconds;
 // ctest names the tests by suite: keep them apart.
 #define HttpWebhookTest AsyncHttpWebhookTest
 #define HttpWebhookPgConnections AsyncHttpWebhookPgConnections
+#define HttpWebhookReplayMarker AsyncHttpWebhookReplayMarker
 #endif
 
 constexpr int kHandlerDelayMs = 3000;  // each refund holds its claim this long (a slow gateway)
 
 struct Reply {
   int status = 0;
-  bool replayed = false;
+  bool replayed = false;    // Idempotent-Replayed: true
+  std::string retry_after;  // the Retry-After header, "" when absent
   std::string body;
 };
+
+// POSTs `body` to /refunds on 127.0.0.1:`port`.
+Reply post_refund(int port, const std::string& body, const httplib::Headers& headers) {
+  httplib::Client client("127.0.0.1", port);
+  client.set_read_timeout(seconds(10));
+  const auto result = client.Post("/refunds", headers, body, "application/json");
+  if (!result) return {};
+  return {result->status, result->get_header_value("Idempotent-Replayed") == "true",
+          result->get_header_value("Retry-After"), result->body};
+}
+
+// The body of a refund of `amount` cents for `order` from `account`.
+std::string refund_body(const std::string& order, int account, std::int64_t amount) {
+  return R"({"order_id":")" + order + R"(","account":)" + std::to_string(account) +
+         R"(,"amount_cents":)" + std::to_string(amount) + "}";
+}
+
+// Starts the server on a free port, against `redis_url` and `pg_url`, with --schema and --ns
+// `schema`, and `flags`; its port, 0 when it did not start.
+int start_server(std::unique_ptr<ChildProcess>& server, const std::string& redis_url,
+                 const std::string& pg_url, const std::string& schema,
+                 const std::vector<std::string>& flags) {
+  std::vector<std::string> argv{IDEM_HTTP_WEBHOOK_BIN, "--port", "0", "--redis-url", redis_url};
+  argv.insert(argv.end(), {"--pg-url", pg_url, "--schema", schema, "--ns", schema});
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  server = std::make_unique<ChildProcess>(std::move(argv));
+  return listening_port(*server);
+}
+
+// Stops `server` (SIGTERM: it exits 0) and drops its schema.
+void stop_server(ChildProcess& server, const std::string& pg_url, const std::string& schema) {
+  server.signal(SIGTERM);
+  EXPECT_EQ(server.wait_exit(seconds(10)), 0) << server.tail();
+  drop_schema(pg_url, schema);
+}
+
+// The Idempotency-Key header holding `key` (an RFC 8941 string: quoted).
+httplib::Headers key_header(const std::string& key) {
+  return {{"Idempotency-Key", "\"" + key + "\""}};
+}
 
 class HttpWebhookTest : public ::testing::Test {
  protected:
@@ -47,23 +90,14 @@ class HttpWebhookTest : public ::testing::Test {
     pg_url_ = service_setting("IDEM_TEST_PG_URL");
     if (redis_url_.empty() || pg_url_.empty()) return;
     schema_ = unique_name("webhook");
-    server_ = new ChildProcess({IDEM_HTTP_WEBHOOK_BIN, "--port", "0", "--redis-url", redis_url_,
-                                "--pg-url", pg_url_, "--schema", schema_, "--ns", schema_,
-                                "--handler-delay-ms", std::to_string(kHandlerDelayMs)});
-    const auto line = server_->wait_for_line("listening on http://127.0.0.1:", seconds(20));
-    if (line) port_ = std::stoi(line->substr(line->rfind(':') + 1));
+    port_ = start_server(server_, redis_url_, pg_url_, schema_,
+                         {"--handler-delay-ms", std::to_string(kHandlerDelayMs)});
   }
 
   static void TearDownTestSuite() {
     if (server_ == nullptr) return;
-    server_->signal(SIGTERM);
-    EXPECT_EQ(server_->wait_exit(seconds(10)), 0) << server_->tail();
-    delete server_;
-    server_ = nullptr;
-    pqxx::connection conn(pg_url_);
-    pqxx::work tx(conn);
-    tx.exec0("DROP SCHEMA IF EXISTS " + schema_ + " CASCADE");
-    tx.commit();
+    stop_server(*server_, pg_url_, schema_);
+    server_.reset();
     for (const auto& key : keys()) redis_cli(redis_url_, {"DEL", key});
   }
 
@@ -95,19 +129,12 @@ class HttpWebhookTest : public ::testing::Test {
   }
 
   static Reply post(const std::string& body, const httplib::Headers& headers) {
-    httplib::Client client("127.0.0.1", port_);
-    client.set_read_timeout(seconds(10));
-    const auto result = client.Post("/refunds", headers, body, "application/json");
-    if (!result) return {};
-    return {result->status, result->get_header_value("Idempotent-Replayed") == "true",
-            result->body};
+    return post_refund(port_, body, headers);
   }
 
   static Reply refund(const std::string& key, const std::string& order, int account,
                       std::int64_t amount) {
-    return post(R"({"order_id":")" + order + R"(","account":)" + std::to_string(account) +
-                    R"(,"amount_cents":)" + std::to_string(amount) + "}",
-                {{"Idempotency-Key", "\"" + key + "\""}});
+    return post(refund_body(order, account, amount), key_header(key));
   }
 
   static std::int64_t sql_count(const std::string& sql) {
@@ -124,7 +151,7 @@ class HttpWebhookTest : public ::testing::Test {
   static inline std::string redis_url_;
   static inline std::string pg_url_;
   static inline std::string schema_;
-  static inline ChildProcess* server_ = nullptr;
+  static inline std::unique_ptr<ChildProcess> server_;
   static inline int port_ = 0;
 };
 
@@ -147,6 +174,7 @@ TEST_F(HttpWebhookTest, ConcurrentIdenticalRequestsBookOneRefund) {
       ++replayed;
     } else if (r.status == 409) {
       ++conflicts;
+      EXPECT_EQ(r.retry_after, "1");
     }
   }
   EXPECT_EQ(executed, 1);
@@ -235,7 +263,9 @@ TEST_F(HttpWebhookTest, RepeatWhileTheFirstRunsIs409) {
   const Reply second = refund("key-inflight", "o-4", 4, 100);
   a.join();
   EXPECT_EQ(second.status, 409);
+  EXPECT_EQ(second.retry_after, "1");  // the client is told when to try again
   EXPECT_EQ(first.status, 200);
+  EXPECT_TRUE(first.retry_after.empty());
   EXPECT_EQ(refunds("o-4"), 1);
 }
 
@@ -313,12 +343,10 @@ TEST(HttpWebhookPgConnections, AtMostThatManyConnectionsAreOpenAndTheRestWait) {
   const std::string app = "idem_pool_" + std::to_string(::getpid());
   const std::string tagged_url =
       pg_url + (pg_url.find('?') == std::string::npos ? "?" : "&") + "application_name=" + app;
-  ChildProcess server({IDEM_HTTP_WEBHOOK_BIN, "--port", "0", "--redis-url", redis_url, "--pg-url",
-                       tagged_url, "--schema", schema, "--ns", schema, "--pg-connections", "2",
-                       "--handler-delay-ms", "1000"});
-  const auto line = server.wait_for_line("listening on http://127.0.0.1:", seconds(20));
-  ASSERT_TRUE(line) << server.tail();
-  const int port = std::stoi(line->substr(line->rfind(':') + 1));
+  std::unique_ptr<ChildProcess> server;
+  const int port = start_server(server, redis_url, tagged_url, schema,
+                                {"--pg-connections", "2", "--handler-delay-ms", "1000"});
+  ASSERT_GT(port, 0) << server->tail();
 
   pqxx::connection watcher(pg_url);
   const auto open_now = [&] {
@@ -357,13 +385,38 @@ TEST(HttpWebhookPgConnections, AtMostThatManyConnectionsAreOpenAndTheRestWait) {
   }
   finisher.join();
   for (int i = 0; i < 4; ++i)
-    EXPECT_EQ(statuses[i], 200) << "refund " << i << "\n" << server.tail();
+    EXPECT_EQ(statuses[i], 200) << "refund " << i << "\n" << server->tail();
   EXPECT_EQ(most, 2) << "idem's connections open at most, with --pg-connections 2";
-  server.signal(SIGTERM);
-  EXPECT_EQ(server.wait_exit(seconds(10)), 0) << server.tail();
-  pqxx::work tx(watcher);
-  tx.exec0("DROP SCHEMA IF EXISTS " + schema + " CASCADE");
-  tx.commit();
+  stop_server(*server, pg_url, schema);
+}
+
+// With --replay-marker-in-body a replay says so in its body too, for clients that never see
+// headers: the first response byte for byte, with "idempotent_replayed":true as its first member.
+// (Without the flag, the tests above find the first response unchanged.)
+TEST(HttpWebhookReplayMarker, WithTheFlagAReplayedBodyCarriesTheMarker) {
+  const std::string redis_url = service_setting("IDEM_TEST_REDIS_URL");
+  const std::string pg_url = service_setting("IDEM_TEST_PG_URL");
+  if (redis_url.empty() || pg_url.empty()) GTEST_SKIP() << "needs IDEM_TEST_REDIS_URL and _PG_URL";
+  const std::string schema = unique_name("webhook_marker");
+  std::unique_ptr<ChildProcess> server;
+  const int port = start_server(server, redis_url, pg_url, schema, {"--replay-marker-in-body"});
+  ASSERT_GT(port, 0) << server->tail();
+
+  const std::string body = refund_body("om-1", 30, 100);
+  const Reply first = post_refund(port, body, key_header("marker-1"));
+  ASSERT_EQ(first.status, 200) << first.body;
+  EXPECT_FALSE(first.replayed);
+  ASSERT_TRUE(first.body.starts_with("{\"amount_cents\":100,")) << first.body;
+  const std::string marked = R"({"idempotent_replayed":true,)" + first.body.substr(1);
+  // A retry with the key, and a double-click with a fresh key (the same order).
+  for (const char* key : {"marker-1", "marker-2"}) {
+    const Reply again = post_refund(port, body, key_header(key));
+    EXPECT_EQ(again.status, 200);
+    EXPECT_TRUE(again.replayed);
+    EXPECT_EQ(again.body, marked);
+  }
+  EXPECT_EQ(post_refund(port, refund_body("om-1", 30, 999), key_header("marker-1")).status, 422);
+  stop_server(*server, pg_url, schema);
 }
 
 }  // namespace
