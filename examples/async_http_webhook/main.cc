@@ -35,6 +35,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/async_startup.h"
 #include "common/flags.h"
 #include "common/restinio_server.h"
 #include "common/startup.h"
@@ -56,25 +57,6 @@ namespace {
 constexpr const char* kProgram = "idem-async-webhook";
 
 using webhook::Settings;
-
-std::unique_ptr<idem::AsyncDeduplicator> make_deduplicator(
-    asio::io_context& io, const Settings& s, std::shared_ptr<idem::InProcessMetrics> metrics) {
-  const idem::RedisGuardOptions guard = webhook::guard_options(s);
-  const idem::PgSinkOptions sink = webhook::sink_options(s);
-  // Blocking, once, before the loop runs: the start-up check and the table of idem's records
-  // (the async sink does not create it).
-  idem::RedisGuard check(guard);
-  examples::check_redis_at_startup(check, std::cerr);
-  idem::PgSink(sink).migrate();
-
-  idem::AsyncDeduplicatorOptions options;
-  options.redis = guard;
-  options.postgres = sink;  // --pg-connections: refunds in their transactions at once
-  options.deadline = guard.lease;
-  options.base.metrics = std::move(metrics);
-  options.base.on_decision = webhook::print_decision;
-  return std::make_unique<idem::AsyncDeduplicator>(io.get_executor(), std::move(options));
-}
 
 // The business effect in the call's transaction; every argument by value (the coroutine's frame
 // owns them).
@@ -159,15 +141,15 @@ int main(int argc, char** argv) {
     const std::string schema = webhook::create_tables(settings.service);
     asio::io_context io(1);
     const auto metrics = std::make_shared<idem::InProcessMetrics>();
-    const auto dedup = make_deduplicator(io, settings, metrics);
+    const auto dedup = examples::make_async_deduplicator(io, webhook::guard_options(settings),
+                                                         webhook::sink_options(settings), metrics);
 
     examples::serve_until_signal(
         io, settings.host, settings.port,
         [&](const RequestHandle& req) {
           return route(io, settings, schema, *dedup, *metrics, req);
         },
-        [&] { dedup->close(); });
-    std::cout << "stopped\n" << metrics->prometheus_text() << std::flush;
+        *dedup, *metrics);
     return 0;
   } catch (const std::exception& e) {
     std::cerr << kProgram << ": error: " << e.what() << "\n";

@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "common/http_answer.h"
+#include "idem/async_deduplicator.h"
 #include "idem/metrics.h"
 #include "idem/request_id.h"
 
@@ -81,15 +82,15 @@ inline idem::Headers headers_of(const restinio::request_handle_t& req) {
 }
 
 /// Serves HTTP on `host`:`port` (0: a free port) with RESTinio on `io`, each request answered by
-/// `route` on the loop, and runs `io` until SIGINT or SIGTERM: then the server closes, `on_stop`
-/// runs (e.g. AsyncDeduplicator::close(): idle connections would keep the loop going) and `io`
-/// stops; calls still running keep their claims until their leases end. Prints `listening on
-/// http://HOST:PORT` once the port is bound, and `stopping on signal N` on a signal. Throws what
-/// opening the server threw (e.g. the port is taken), after `on_stop`.
+/// `route` on the loop, and runs `io` until SIGINT or SIGTERM: then the server closes, so does
+/// `dedup` (its idle connections would keep the loop going), and `io` stops; calls still running
+/// keep their claims until their leases end. Prints `listening on http://HOST:PORT` once the port
+/// is bound, `stopping on signal N` on a signal, and at the end `stopped` and the text of
+/// `metrics`. Throws what opening the server threw (e.g. the port is taken).
 inline void serve_until_signal(
     asio::io_context& io, const std::string& host, int port,
     std::function<restinio::request_handling_status_t(const restinio::request_handle_t&)> route,
-    const std::function<void()>& on_stop) {
+    idem::AsyncDeduplicator& dedup, const idem::InProcessMetrics& metrics) {
   std::uint16_t bound = 0;  // --port 0 picks it
   restinio::http_server_t<RestinioTraits> server{
       restinio::external_io_context(io),
@@ -105,7 +106,7 @@ inline void serve_until_signal(
   asio::signal_set signals(io, SIGINT, SIGTERM);
   const auto stop = [&] {
     signals.cancel();
-    on_stop();
+    dedup.close();
     io.stop();
   };
   server.open_async(
@@ -121,6 +122,7 @@ inline void serve_until_signal(
   });
   io.run();
   if (failure) std::rethrow_exception(failure);
+  std::cout << "stopped\n" << metrics.prometheus_text() << std::flush;
 }
 
 }  // namespace examples

@@ -59,7 +59,7 @@ std::unique_ptr<idem::Deduplicator> make_deduplicator(
   options.sink->migrate();
   metrics->watch_backends(options.guard, options.sink);  // breaker and pool gauges on /metrics
   options.metrics = std::move(metrics);
-  options.on_decision = webhook::print_decision;
+  options.on_decision = examples::print_decision;
   return std::make_unique<idem::Deduplicator>(std::move(options));
 }
 

@@ -6,8 +6,6 @@
 #include <chrono>
 #include <cstdint>
 #include <exception>
-#include <iostream>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <pqxx/pqxx>
@@ -43,12 +41,9 @@ inline Settings parse_settings(int argc, char** argv, const std::string& program
                                const std::string& description) {
   Settings s;
   CLI::App app{program + ": " + description, program};
-  examples::add_port_option(app, s.port);
-  app.add_option("--host", s.host, "Address to listen on")->capture_default_str();
+  examples::add_listen_options(app, s.host, s.port);
   examples::add_service_flags(app, s.service);
-  app.add_option("--handler-delay-ms", s.handler_delay,
-                 "Milliseconds each refund waits in its transaction (a slow payment gateway)")
-      ->capture_default_str();
+  examples::add_handler_delay_option(app, s.handler_delay, "a slow payment gateway");
   app.add_flag("--replay-marker-in-body", s.replay_marker_in_body,
                "Mark a replay in its JSON body too (\"idempotent_replayed\":true as its first "
                "member), besides the Idempotent-Replayed header, for clients that never see "
@@ -67,15 +62,6 @@ inline idem::RedisGuardOptions guard_options(const Settings& s) {
 /// idem's PostgreSQL layer for the endpoint.
 inline idem::PgSinkOptions sink_options(const Settings& s) {
   return examples::sink_options(s.service, std::chrono::hours(24));
-}
-
-/// DeduplicatorOptions::on_decision: one `decision ...` line per call. Thread-safe.
-inline void print_decision(const idem::DecisionEvent& e) {
-  static std::mutex out;
-  const std::lock_guard lock(out);
-  std::cout << "decision request_id=" << e.request_id
-            << " outcome=" << (e.handler_failed ? "handler_failed" : to_string(e.outcome))
-            << " layer=" << to_string(e.layer) << " latency_us=" << e.latency.count() << std::endl;
 }
 
 // The business tables. The refund ledger has no unique constraint of its own: idem's claim row,
