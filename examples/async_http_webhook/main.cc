@@ -13,20 +13,19 @@
 //   200 executed, or a replay of the first response (`Idempotent-Replayed: true`); 400 no or an
 //   invalid key, a malformed body; 404 unknown account (the key is released); 409 the first
 //   request for this order still runs (Retry-After: 1); 422 the key or order was used with
-//   another payload; 503 a backend is unavailable, nothing was executed (Retry-After: 1).
+//   another payload; 503 a backend is unavailable, nothing was executed (Retry-After: 1). With
+//   --replay-marker-in-body a replayed body also starts with `"idempotent_replayed":true`.
 //
 //   idem-async-webhook [--port 8080] [--host 127.0.0.1] [--redis-url URL] [--pg-url URL]
 //                      [--schema idem_webhook] [--ns webhook] [--pg-connections 32]
-//                      [--handler-delay-ms 0]
+//                      [--handler-delay-ms 0] [--replay-marker-in-body]
 // URLs default to IDEM_TEST_REDIS_URL / IDEM_TEST_PG_URL (`source .services/env`).
 // --port 0 picks a free port; the server prints `listening on http://HOST:PORT`.
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
-#include <asio/signal_set.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
 #include <chrono>
-#include <cstdint>
 #include <exception>
 #include <iostream>
 #include <memory>
@@ -36,7 +35,9 @@
 #include <utility>
 #include <vector>
 
+#include "common/async_startup.h"
 #include "common/flags.h"
+#include "common/restinio_server.h"
 #include "common/startup.h"
 #include "http_webhook/refund.h"
 #include "idem/async_deduplicator.h"
@@ -56,25 +57,6 @@ namespace {
 constexpr const char* kProgram = "idem-async-webhook";
 
 using webhook::Settings;
-
-std::unique_ptr<idem::AsyncDeduplicator> make_deduplicator(
-    asio::io_context& io, const Settings& s, std::shared_ptr<idem::InProcessMetrics> metrics) {
-  const idem::RedisGuardOptions guard = webhook::guard_options(s);
-  const idem::PgSinkOptions sink = webhook::sink_options(s);
-  // Blocking, once, before the loop runs: the start-up check and the table of idem's records
-  // (the async sink does not create it).
-  idem::RedisGuard check(guard);
-  examples::check_redis_at_startup(check, std::cerr);
-  idem::PgSink(sink).migrate();
-
-  idem::AsyncDeduplicatorOptions options;
-  options.redis = guard;
-  options.postgres = sink;  // --pg-connections: refunds in their transactions at once
-  options.deadline = guard.lease;
-  options.base.metrics = std::move(metrics);
-  options.base.on_decision = webhook::print_decision;
-  return std::make_unique<idem::AsyncDeduplicator>(io.get_executor(), std::move(options));
-}
 
 // The business effect in the call's transaction; every argument by value (the coroutine's frame
 // owns them).
@@ -98,42 +80,7 @@ asio::awaitable<std::string> book_refund(idem::AsyncTransaction& tx, std::string
                                      std::stoll(std::string(balance.get(0, 0).value())));
 }
 
-using Traits = restinio::default_single_thread_traits_t;
 using RequestHandle = restinio::request_handle_t;
-
-void send(const RequestHandle& req, const webhook::Answer& answer) {
-  const char* reason = "Error";
-  switch (answer.status) {
-    case 200:
-      reason = "OK";
-      break;
-    case 400:
-      reason = "Bad Request";
-      break;
-    case 404:
-      reason = "Not Found";
-      break;
-    case 409:
-      reason = "Conflict";
-      break;
-    case 422:
-      reason = "Unprocessable Entity";
-      break;
-    case 500:
-      reason = "Internal Server Error";
-      break;
-    case 503:
-      reason = "Service Unavailable";
-      break;
-    default:
-      break;
-  }
-  auto response = req->create_response(restinio::http_status_line_t{
-      restinio::http_status_code_t{static_cast<std::uint16_t>(answer.status)}, reason});
-  response.append_header(restinio::http_field::content_type, "application/json");
-  for (const auto& [name, value] : answer.headers) response.append_header(name, value);
-  response.set_body(answer.body).done();
-}
 
 // Answers one POST /refunds; runs on the loop until the call completes.
 asio::awaitable<void> refund(const Settings& s, const std::string& schema,
@@ -144,12 +91,13 @@ asio::awaitable<void> refund(const Settings& s, const std::string& schema,
                      idem::AsyncTransaction& tx) { return book_refund(tx, schema, key, r, delay); };
   webhook::Answer answer;
   try {
-    answer = webhook::outcome_answer(
-        co_await dedup.run_transactional(request, std::move(booking), asio::use_awaitable));
+    const idem::Outcome outcome =
+        co_await dedup.run_transactional(request, std::move(booking), asio::use_awaitable);
+    answer = webhook::outcome_answer(outcome, s.replay_marker_in_body);
   } catch (const std::exception&) {
     answer = webhook::failure_answer(std::current_exception(), request.request_id, kProgram);
   }
-  send(req, answer);
+  examples::send(req, answer);
 }
 
 restinio::request_handling_status_t route(asio::io_context& io, const Settings& s,
@@ -159,26 +107,20 @@ restinio::request_handling_status_t route(asio::io_context& io, const Settings& 
   const auto method = req->header().method();
   const auto path = req->header().path();
   if (method == restinio::http_method_get() && path == "/metrics") {
-    req->create_response()
-        .append_header(restinio::http_field::content_type, "text/plain; version=0.0.4")
-        .set_body(metrics.prometheus_text())
-        .done();
+    examples::send_metrics(req, metrics);
     return restinio::request_accepted();
   }
   if (method != restinio::http_method_post() || path != "/refunds") {
     return restinio::request_rejected();  // 501 from RESTinio
   }
-  idem::Headers headers;
-  req->header().for_each_field([&headers](const restinio::http_header_field_t& f) {
-    headers.emplace_back(f.name(), f.value());
-  });
   webhook::Refund r;
   idem::Request request;
   try {
-    request = webhook::refund_request(
-        headers, std::string(req->header().get_field_or("X-Client-Id", "")), req->body(), r);
+    request = webhook::refund_request(examples::headers_of(req),
+                                      std::string(req->header().get_field_or("X-Client-Id", "")),
+                                      req->body(), r);
   } catch (const webhook::BadRequest& e) {
-    send(req, webhook::error_answer(400, e.what()));
+    examples::send(req, webhook::error_answer(400, e.what()));
     return restinio::request_accepted();
   }
   asio::co_spawn(io, refund(s, schema, dedup, req, std::move(request), std::move(r)),
@@ -199,42 +141,15 @@ int main(int argc, char** argv) {
     const std::string schema = webhook::create_tables(settings.service);
     asio::io_context io(1);
     const auto metrics = std::make_shared<idem::InProcessMetrics>();
-    const auto dedup = make_deduplicator(io, settings, metrics);
+    const auto dedup = examples::make_async_deduplicator(io, webhook::guard_options(settings),
+                                                         webhook::sink_options(settings), metrics);
 
-    std::uint16_t port = 0;  // the bound one (--port 0 picks it)
-    restinio::http_server_t<Traits> server{
-        restinio::external_io_context(io),
-        restinio::server_settings_t<Traits>{}
-            .address(settings.host)
-            .port(static_cast<std::uint16_t>(settings.port))
-            .handle_request_timeout(std::chrono::seconds(60))
-            .acceptor_post_bind_hook([&port](asio::ip::tcp::acceptor& acceptor) {
-              port = acceptor.local_endpoint().port();  // before listen(): not reachable yet
-            })
-            .request_handler([&](const RequestHandle& req) {
-              return route(io, settings, schema, *dedup, *metrics, req);
-            })};
-    std::exception_ptr failure;
-    asio::signal_set signals(io, SIGINT, SIGTERM);
-    const auto stop = [&] {
-      signals.cancel();
-      dedup->close();
-      io.stop();  // calls still running keep their claims until their leases end
-    };
-    server.open_async(
-        [&] { std::cout << "listening on http://" << settings.host << ":" << port << std::endl; },
-        [&](const std::exception_ptr& error) {
-          failure = error;  // e.g. the port is taken
-          stop();
-        });
-    signals.async_wait([&](const asio::error_code& error, int signal) {
-      if (error) return;
-      std::cout << "stopping on signal " << signal << std::endl;
-      server.close_async(stop, [&](const std::exception_ptr&) { stop(); });
-    });
-    io.run();
-    if (failure) std::rethrow_exception(failure);
-    std::cout << "stopped\n" << metrics->prometheus_text() << std::flush;
+    examples::serve_until_signal(
+        io, settings.host, settings.port,
+        [&](const RequestHandle& req) {
+          return route(io, settings, schema, *dedup, *metrics, req);
+        },
+        *dedup, *metrics);
     return 0;
   } catch (const std::exception& e) {
     std::cerr << kProgram << ": error: " << e.what() << "\n";

@@ -49,6 +49,22 @@ inline CLI::Option* add_port_option(CLI::App& app, int& port) {
       ->capture_default_str();
 }
 
+/// Adds --host (the address to listen on) and --port (add_port_option) to `app`.
+inline void add_listen_options(CLI::App& app, std::string& host, int& port) {
+  add_port_option(app, port);
+  app.add_option("--host", host, "Address to listen on")->capture_default_str();
+}
+
+/// Adds --handler-delay-ms to `app`: milliseconds each call waits in its transaction, `what` it
+/// stands for (e.g. "a slow payment gateway"), so that a retry can arrive while the first runs.
+template <class Duration>
+CLI::Option* add_handler_delay_option(CLI::App& app, Duration& delay, const std::string& what) {
+  return app
+      .add_option("--handler-delay-ms", delay,
+                  "Milliseconds each call waits in its transaction (" + what + ")")
+      ->capture_default_str();
+}
+
 /// Accepts a whole number from 1 to 2^64 - 1 (counts, durations). Unlike CLI::PositiveNumber it
 /// rejects 1.5 and out-of-range numbers, and its message shows the value (CLI11 2.1 prints
 /// PositiveNumber's bound, DBL_MAX, in full).

@@ -1,11 +1,14 @@
-// The idem layers of an example service, and the start-up check of its Redis guard.
-// Header-only.
+// The idem layers of an example service, the start-up check of its Redis guard, and its log of
+// decisions. Header-only.
 #pragma once
 
 #include <chrono>
+#include <iostream>
+#include <mutex>
 #include <ostream>
 
 #include "common/flags.h"
+#include "idem/deduplicator.h"
 #include "idem/errors.h"
 #include "idem/pg_sink.h"
 #include "idem/redis_guard.h"
@@ -49,6 +52,16 @@ inline void check_redis_at_startup(idem::RedisGuard& guard, std::ostream& log) {
     log << "warning: Redis unreachable at start-up (" << error.what()
         << "); the Postgres sink alone guards until it answers\n";
   }
+}
+
+/// DeduplicatorOptions::on_decision: one `decision request_id=… outcome=… layer=… latency_us=…`
+/// line per call on std::cout. Thread-safe.
+inline void print_decision(const idem::DecisionEvent& e) {
+  static std::mutex out;
+  const std::lock_guard lock(out);
+  std::cout << "decision request_id=" << e.request_id
+            << " outcome=" << (e.handler_failed ? "handler_failed" : to_string(e.outcome))
+            << " layer=" << to_string(e.layer) << " latency_us=" << e.latency.count() << std::endl;
 }
 
 }  // namespace examples

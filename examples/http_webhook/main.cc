@@ -6,7 +6,8 @@
 //
 // One refund row and the account's balance update commit in one transaction together with
 // idem's claim row. Answers (draft-ietf-httpapi-idempotency-key-header):
-//   200  executed, or a replay of the first response (then `Idempotent-Replayed: true`)
+//   200  executed, or a replay of the first response (then `Idempotent-Replayed: true`; with
+//        --replay-marker-in-body the body also starts with `"idempotent_replayed":true`)
 //   400  no Idempotency-Key / X-Idempotency-Key, an invalid one, or a malformed body
 //   404  unknown account (nothing committed, the key is released: a retry may run)
 //   409  the first request for this order is still being processed (Retry-After: 1)
@@ -17,7 +18,7 @@
 //
 //   idem-http-webhook [--port 8080] [--host 127.0.0.1] [--redis-url URL] [--pg-url URL]
 //                     [--schema idem_webhook] [--ns webhook] [--pg-connections 32]
-//                     [--handler-delay-ms 0]
+//                     [--handler-delay-ms 0] [--replay-marker-in-body]
 // URLs default to IDEM_TEST_REDIS_URL / IDEM_TEST_PG_URL (`source .services/env`).
 // --port 0 picks a free port; the server prints `listening on http://HOST:PORT`.
 #include <httplib.h>
@@ -58,7 +59,7 @@ std::unique_ptr<idem::Deduplicator> make_deduplicator(
   options.sink->migrate();
   metrics->watch_backends(options.guard, options.sink);  // breaker and pool gauges on /metrics
   options.metrics = std::move(metrics);
-  options.on_decision = webhook::print_decision;
+  options.on_decision = examples::print_decision;
   return std::make_unique<idem::Deduplicator>(std::move(options));
 }
 
@@ -92,10 +93,10 @@ void handle_refund(const Settings& s, idem::Deduplicator& dedup, const httplib::
     return send(res, webhook::error_answer(400, e.what()));
   }
   try {
-    send(res,
-         webhook::outcome_answer(dedup.run_transactional(request, [&](pqxx::transaction_base& tx) {
-           return book_refund(tx, s, request.request_id, refund);
-         })));
+    const idem::Outcome outcome = dedup.run_transactional(request, [&](pqxx::transaction_base& tx) {
+      return book_refund(tx, s, request.request_id, refund);
+    });
+    send(res, webhook::outcome_answer(outcome, s.replay_marker_in_body));
   } catch (const std::exception&) {
     send(res, webhook::failure_answer(std::current_exception(), request.request_id,
                                       "idem-http-webhook"));

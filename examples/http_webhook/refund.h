@@ -6,8 +6,6 @@
 #include <chrono>
 #include <cstdint>
 #include <exception>
-#include <iostream>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <pqxx/pqxx>
@@ -17,6 +15,7 @@
 #include <vector>
 
 #include "common/flags.h"
+#include "common/http_answer.h"
 #include "common/startup.h"
 #include "common/tables.h"
 #include "idem/deduplicator.h"
@@ -34,6 +33,7 @@ struct Settings {
   // A refund holds a connection for its transaction, gateway wait included: 32 refunds at once.
   examples::ServiceFlags service{.schema = "idem_webhook", .ns = "webhook", .pg_connections = 32};
   std::chrono::milliseconds handler_delay{0};  // simulates a slow payment gateway
+  bool replay_marker_in_body = false;  // a replay's body carries "idempotent_replayed": true too
 };
 
 /// The flags of a webhook server; exits on --help or a usage error (examples::parse_or_exit).
@@ -41,12 +41,13 @@ inline Settings parse_settings(int argc, char** argv, const std::string& program
                                const std::string& description) {
   Settings s;
   CLI::App app{program + ": " + description, program};
-  examples::add_port_option(app, s.port);
-  app.add_option("--host", s.host, "Address to listen on")->capture_default_str();
+  examples::add_listen_options(app, s.host, s.port);
   examples::add_service_flags(app, s.service);
-  app.add_option("--handler-delay-ms", s.handler_delay,
-                 "Milliseconds each refund waits in its transaction (a slow payment gateway)")
-      ->capture_default_str();
+  examples::add_handler_delay_option(app, s.handler_delay, "a slow payment gateway");
+  app.add_flag("--replay-marker-in-body", s.replay_marker_in_body,
+               "Mark a replay in its JSON body too (\"idempotent_replayed\":true as its first "
+               "member), besides the Idempotent-Replayed header, for clients that never see "
+               "headers");
   examples::parse_or_exit(app, argc, argv);
   return s;
 }
@@ -61,15 +62,6 @@ inline idem::RedisGuardOptions guard_options(const Settings& s) {
 /// idem's PostgreSQL layer for the endpoint.
 inline idem::PgSinkOptions sink_options(const Settings& s) {
   return examples::sink_options(s.service, std::chrono::hours(24));
-}
-
-/// DeduplicatorOptions::on_decision: one `decision ...` line per call. Thread-safe.
-inline void print_decision(const idem::DecisionEvent& e) {
-  static std::mutex out;
-  const std::lock_guard lock(out);
-  std::cout << "decision request_id=" << e.request_id
-            << " outcome=" << (e.handler_failed ? "handler_failed" : to_string(e.outcome))
-            << " layer=" << to_string(e.layer) << " latency_us=" << e.latency.count() << std::endl;
 }
 
 // The business tables. The refund ledger has no unique constraint of its own: idem's claim row,
@@ -167,68 +159,50 @@ inline idem::Request refund_request(const idem::Headers& headers, const std::str
   return request;
 }
 
-/// An HTTP answer: status, JSON body, extra headers.
-struct Answer {
-  int status = 200;
-  std::string body;
-  std::vector<std::pair<std::string, std::string>> headers;
-};
+using examples::Answer;
 
+/// An error answer: `{"error": message}`, and the headers `status` calls for (Retry-After on 409
+/// and 503).
 inline Answer error_answer(int status, const std::string& message) {
-  Answer a{status, nlohmann::json{{"error", message}}.dump(), {}};
-  if (status == 409 || status == 503) a.headers.emplace_back("Retry-After", "1");
-  return a;
+  return examples::make_answer(status, nlohmann::json{{"error", message}}.dump());
 }
 
-/// The answer to an outcome (draft-ietf-httpapi-idempotency-key-header).
-inline Answer outcome_answer(const idem::Outcome& outcome) {
+/// The answer to an outcome (draft-ietf-httpapi-idempotency-key-header). A replay carries
+/// `Idempotent-Replayed: true`, and with `marker_in_body` (--replay-marker-in-body) also
+/// `"idempotent_replayed":true` as the first member of the replayed body.
+inline Answer outcome_answer(const idem::Outcome& outcome, bool marker_in_body) {
+  const int status = examples::outcome_status(outcome.kind);
   switch (outcome.kind) {
     case idem::Outcome::Kind::kExecuted:
-      return {200, outcome.response.value_or(""), {}};
-    case idem::Outcome::Kind::kDuplicate:
-      // Without a body when the first response was over the stored-size cap.
-      return {200,
-              outcome.response.value_or(R"({"status":"duplicate"})"),
-              {{"Idempotent-Replayed", "true"}}};
+      return examples::make_answer(status, outcome.response.value_or(""));
+    case idem::Outcome::Kind::kDuplicate: {
+      std::string body = examples::replayed_body(outcome);
+      if (marker_in_body) body = examples::with_replay_marker(body);
+      return examples::make_answer(status, std::move(body), /*replayed=*/true);
+    }
     case idem::Outcome::Kind::kInProgress:
-      return error_answer(409, "a request with this Idempotency-Key is being processed");
+      return error_answer(status, "a request with this Idempotency-Key is being processed");
     case idem::Outcome::Kind::kMismatch:
-      return error_answer(422,
+      return error_answer(status,
                           "this Idempotency-Key or order was already used with another payload");
     case idem::Outcome::Kind::kUnavailable:
       break;
   }
-  return error_answer(503, "storage unavailable; nothing was executed");
+  return error_answer(status, "storage unavailable; nothing was executed");
 }
 
-/// The answer to a call that threw `error`; what idem did not classify is a 500 (and logged).
+/// The answer to a call that threw `error`: 404 for an unknown account (the claim was released:
+/// a retry runs again), else as examples::classify_failure() says.
 inline Answer failure_answer(const std::exception_ptr& error, const std::string& request_id,
                              const char* program) {
   try {
     std::rethrow_exception(error);
   } catch (const UnknownAccount& e) {
     return error_answer(404, e.what());
-  } catch (const idem::PayloadError& e) {
-    return error_answer(400, e.what());
-  } catch (const idem::InvalidKey& e) {  // e.g. an X-Client-Id or order_id over the size limit
-    return error_answer(400, e.what());
-  } catch (const idem::BackendError& e) {
-    // The details go to the log, not to the client (they may quote SQL or the server).
-    std::cerr << program << ": refund " << request_id << " failed: " << e.what() << "\n";
-    if (e.retryable()) {
-      // E.g. the commit's connection was lost: the outcome is unknown and the claim is kept
-      // until its lease ends; a retry then gets 409 or, once decided, the stored answer.
-      return error_answer(503, "storage failed; retry later");
-    }
-    return error_answer(500, "the refund failed; it was not booked");
-  } catch (const idem::Cancelled& e) {
-    // The async server's deadline (idem::DeadlineExceeded): the claim is kept until its lease
-    // ends, as after a lost commit.
-    std::cerr << program << ": refund " << request_id << " stopped: " << e.what() << "\n";
-    return error_answer(503, "the refund took too long; retry later");
-  } catch (const std::exception& e) {
-    std::cerr << program << ": refund " << request_id << " failed: " << e.what() << "\n";
-    return error_answer(500, "internal error");
+  } catch (...) {
+    const examples::Failure failure =
+        examples::classify_failure(std::current_exception(), request_id, program);
+    return error_answer(failure.status, failure.message);
   }
 }
 

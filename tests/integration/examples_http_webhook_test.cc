@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <limits>
+#include <memory>
 #include <pqxx/pqxx>
 #include <string>
 #include <thread>
@@ -30,102 +31,83 @@ using std::chrono::seconds;
 // ctest names the tests by suite: keep them apart.
 #define HttpWebhookTest AsyncHttpWebhookTest
 #define HttpWebhookPgConnections AsyncHttpWebhookPgConnections
+#define HttpWebhookReplayMarker AsyncHttpWebhookReplayMarker
 #endif
 
 constexpr int kHandlerDelayMs = 3000;  // each refund holds its claim this long (a slow gateway)
 
 struct Reply {
   int status = 0;
-  bool replayed = false;
+  bool replayed = false;    // Idempotent-Replayed: true
+  std::string retry_after;  // the Retry-After header, "" when absent
   std::string body;
 };
+
+// POSTs `body` to /refunds on 127.0.0.1:`port`.
+Reply post_refund(int port, const std::string& body, const httplib::Headers& headers) {
+  httplib::Client client("127.0.0.1", port);
+  client.set_read_timeout(seconds(10));
+  const auto result = client.Post("/refunds", headers, body, "application/json");
+  if (!result) return {};
+  return {result->status, result->get_header_value("Idempotent-Replayed") == "true",
+          result->get_header_value("Retry-After"), result->body};
+}
+
+// The body of a refund of `amount` cents for `order` from `account`.
+std::string refund_body(const std::string& order, int account, std::int64_t amount) {
+  return R"({"order_id":")" + order + R"(","account":)" + std::to_string(account) +
+         R"(,"amount_cents":)" + std::to_string(amount) + "}";
+}
+
+// The Idempotency-Key header holding `key` (an RFC 8941 string: quoted).
+httplib::Headers key_header(const std::string& key) {
+  return {{"Idempotency-Key", "\"" + key + "\""}};
+}
 
 class HttpWebhookTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    redis_url_ = service_setting("IDEM_TEST_REDIS_URL");
-    pg_url_ = service_setting("IDEM_TEST_PG_URL");
-    if (redis_url_.empty() || pg_url_.empty()) return;
-    schema_ = unique_name("webhook");
-    server_ = new ChildProcess({IDEM_HTTP_WEBHOOK_BIN, "--port", "0", "--redis-url", redis_url_,
-                                "--pg-url", pg_url_, "--schema", schema_, "--ns", schema_,
-                                "--handler-delay-ms", std::to_string(kHandlerDelayMs)});
-    const auto line = server_->wait_for_line("listening on http://127.0.0.1:", seconds(20));
-    if (line) port_ = std::stoi(line->substr(line->rfind(':') + 1));
+    server_.start({IDEM_HTTP_WEBHOOK_BIN, "--handler-delay-ms", std::to_string(kHandlerDelayMs)},
+                  "webhook");
   }
 
-  static void TearDownTestSuite() {
-    if (server_ == nullptr) return;
-    server_->signal(SIGTERM);
-    EXPECT_EQ(server_->wait_exit(seconds(10)), 0) << server_->tail();
-    delete server_;
-    server_ = nullptr;
-    pqxx::connection conn(pg_url_);
-    pqxx::work tx(conn);
-    tx.exec0("DROP SCHEMA IF EXISTS " + schema_ + " CASCADE");
-    tx.commit();
-    for (const auto& key : keys()) redis_cli(redis_url_, {"DEL", key});
-  }
+  static void TearDownTestSuite() { server_.stop(); }
 
   void SetUp() override {
     IDEM_REQUIRE_SERVICE(redis_url, "IDEM_TEST_REDIS_URL");
     IDEM_REQUIRE_SERVICE(pg_url, "IDEM_TEST_PG_URL");
-    ASSERT_GT(port_, 0) << "the server did not start:\n" << server_->tail();
-  }
-
-  // The Redis keys of the server's namespace.
-  static std::vector<std::string> keys() {
-    std::vector<std::string> out;
-    const std::string listing =
-        redis_cli(redis_url_, {"--scan", "--pattern", "idem:" + schema_ + ":*"});
-    for (std::size_t start = 0; start < listing.size();) {
-      const std::size_t end = std::min(listing.find('\n', start), listing.size());
-      if (end > start) out.push_back(listing.substr(start, end - start));
-      start = end + 1;
-    }
-    return out;
+    ASSERT_GT(server_.port, 0) << "the server did not start:\n" << server_.process->tail();
   }
 
   // Whether the claim of `order` (the business key) is in Redis.
   static bool claimed(const std::string& order) {
-    for (const auto& key : keys()) {
+    for (const auto& key : server_.keys()) {
       if (key.ends_with(":refund:" + order)) return true;
     }
     return false;
   }
 
   static Reply post(const std::string& body, const httplib::Headers& headers) {
-    httplib::Client client("127.0.0.1", port_);
-    client.set_read_timeout(seconds(10));
-    const auto result = client.Post("/refunds", headers, body, "application/json");
-    if (!result) return {};
-    return {result->status, result->get_header_value("Idempotent-Replayed") == "true",
-            result->body};
+    return post_refund(server_.port, body, headers);
   }
 
   static Reply refund(const std::string& key, const std::string& order, int account,
                       std::int64_t amount) {
-    return post(R"({"order_id":")" + order + R"(","account":)" + std::to_string(account) +
-                    R"(,"amount_cents":)" + std::to_string(amount) + "}",
-                {{"Idempotency-Key", "\"" + key + "\""}});
+    return post(refund_body(order, account, amount), key_header(key));
   }
 
   static std::int64_t sql_count(const std::string& sql) {
-    pqxx::connection conn(pg_url_);
+    pqxx::connection conn(server_.pg_url);
     pqxx::work tx(conn);
     return tx.exec1(sql)[0].as<std::int64_t>();
   }
 
   static std::int64_t refunds(const std::string& order) {
-    return sql_count("SELECT count(*) FROM " + schema_ + ".refund_records WHERE order_id = '" +
-                     order + "'");
+    return sql_count("SELECT count(*) FROM " + server_.schema +
+                     ".refund_records WHERE order_id = '" + order + "'");
   }
 
-  static inline std::string redis_url_;
-  static inline std::string pg_url_;
-  static inline std::string schema_;
-  static inline ChildProcess* server_ = nullptr;
-  static inline int port_ = 0;
+  static inline ExampleServer server_;
 };
 
 TEST_F(HttpWebhookTest, ConcurrentIdenticalRequestsBookOneRefund) {
@@ -147,12 +129,14 @@ TEST_F(HttpWebhookTest, ConcurrentIdenticalRequestsBookOneRefund) {
       ++replayed;
     } else if (r.status == 409) {
       ++conflicts;
+      EXPECT_EQ(r.retry_after, "1");
     }
   }
   EXPECT_EQ(executed, 1);
-  EXPECT_EQ(executed + replayed + conflicts, kClients) << server_->tail();
+  EXPECT_EQ(executed + replayed + conflicts, kClients) << server_.process->tail();
   EXPECT_EQ(refunds("o-1"), 1);
-  EXPECT_EQ(sql_count("SELECT balance_cents FROM " + schema_ + ".accounts WHERE id = 1"), 500);
+  EXPECT_EQ(sql_count("SELECT balance_cents FROM " + server_.schema + ".accounts WHERE id = 1"),
+            500);
 
   const Reply again = refund("key-concurrent", "o-1", 1, 500);
   EXPECT_EQ(again.status, 200);
@@ -185,10 +169,10 @@ TEST_F(HttpWebhookTest, ManyOrdersInFlightOnOneThreadEachBooksOnce) {
     if (r.status == 200 && !r.replayed) ++executed;
   }
   EXPECT_EQ(executed, kOrders);
-  EXPECT_EQ(
-      sql_count("SELECT count(*) FROM " + schema_ + ".refund_records WHERE order_id LIKE 'om-%'"),
-      kOrders);
-  EXPECT_EQ(sql_count("SELECT count(DISTINCT order_id) FROM " + schema_ +
+  EXPECT_EQ(sql_count("SELECT count(*) FROM " + server_.schema +
+                      ".refund_records WHERE order_id LIKE 'om-%'"),
+            kOrders);
+  EXPECT_EQ(sql_count("SELECT count(DISTINCT order_id) FROM " + server_.schema +
                       ".refund_records WHERE order_id LIKE 'om-%'"),
             kOrders);
 }
@@ -219,7 +203,8 @@ TEST_F(HttpWebhookTest, ReusedKeyWithAnotherPayloadIs422) {
   ASSERT_EQ(refund("key-reuse", "o-3", 3, 100).status, 200);
   EXPECT_EQ(refund("key-reuse", "o-3", 3, 999).status, 422);
   EXPECT_EQ(refunds("o-3"), 1);
-  EXPECT_EQ(sql_count("SELECT balance_cents FROM " + schema_ + ".accounts WHERE id = 3"), 100);
+  EXPECT_EQ(sql_count("SELECT balance_cents FROM " + server_.schema + ".accounts WHERE id = 3"),
+            100);
 }
 
 TEST_F(HttpWebhookTest, RepeatWhileTheFirstRunsIs409) {
@@ -235,7 +220,9 @@ TEST_F(HttpWebhookTest, RepeatWhileTheFirstRunsIs409) {
   const Reply second = refund("key-inflight", "o-4", 4, 100);
   a.join();
   EXPECT_EQ(second.status, 409);
+  EXPECT_EQ(second.retry_after, "1");  // the client is told when to try again
   EXPECT_EQ(first.status, 200);
+  EXPECT_TRUE(first.retry_after.empty());
   EXPECT_EQ(refunds("o-4"), 1);
 }
 
@@ -252,7 +239,8 @@ TEST_F(HttpWebhookTest, DoubleClickWithAFreshKeyReplaysTheOrdersFirstRefund) {
   }
   EXPECT_EQ(refund("dc-4", "o-7", 7, 250).status, 422);  // another amount for the same order
   EXPECT_EQ(refunds("o-7"), 1);
-  EXPECT_EQ(sql_count("SELECT balance_cents FROM " + schema_ + ".accounts WHERE id = 7"), 100);
+  EXPECT_EQ(sql_count("SELECT balance_cents FROM " + server_.schema + ".accounts WHERE id = 7"),
+            100);
 }
 
 TEST_F(HttpWebhookTest, OversizeClientIdIs400NotUnavailable) {
@@ -266,10 +254,10 @@ TEST_F(HttpWebhookTest, OversizeClientIdIs400NotUnavailable) {
 // With a wrong Redis password the service refuses to start: since the facade fails open, it
 // would otherwise run on the Postgres sink alone, saying nothing.
 TEST_F(HttpWebhookTest, AWrongRedisPasswordStopsTheServiceAtStartUp) {
-  const std::string host_port = redis_url_.substr(redis_url_.find("//") + 2);
+  const std::string host_port = server_.redis_url.substr(server_.redis_url.find("//") + 2);
   ChildProcess wrong({IDEM_HTTP_WEBHOOK_BIN, "--port", "0", "--redis-url",
-                      "redis://:not-the-password@" + host_port, "--pg-url", pg_url_, "--schema",
-                      schema_, "--ns", schema_});
+                      "redis://:not-the-password@" + host_port, "--pg-url", server_.pg_url,
+                      "--schema", server_.schema, "--ns", server_.schema});
   EXPECT_EQ(wrong.wait_exit(seconds(20)), 1) << wrong.tail();
   EXPECT_NE(wrong.tail().find("AUTH"), std::string::npos) << wrong.tail();
   EXPECT_EQ(wrong.tail().find("not-the-password"), std::string::npos) << wrong.tail();
@@ -285,7 +273,7 @@ TEST_F(HttpWebhookTest, UnknownAccountIs404AndReleasesTheKey) {
 
 TEST_F(HttpWebhookTest, MetricsServePrometheusText) {
   ASSERT_EQ(refund("key-metrics", "o-6", 6, 100).status, 200);
-  httplib::Client client("127.0.0.1", port_);
+  httplib::Client client("127.0.0.1", server_.port);
   const auto result = client.Get("/metrics");
   ASSERT_TRUE(result);
   EXPECT_EQ(result->status, 200);
@@ -305,20 +293,17 @@ TEST_F(HttpWebhookTest, MetricsServePrometheusText) {
 // at once each holding its transaction for a second. Its connections carry an application_name
 // of their own, so pg_stat_activity shows how many it has open; the four refunds still all book.
 TEST(HttpWebhookPgConnections, AtMostThatManyConnectionsAreOpenAndTheRestWait) {
-  const std::string redis_url = service_setting("IDEM_TEST_REDIS_URL");
-  const std::string pg_url = service_setting("IDEM_TEST_PG_URL");
-  if (redis_url.empty() || pg_url.empty()) GTEST_SKIP() << "needs IDEM_TEST_REDIS_URL and _PG_URL";
-  const std::string schema = unique_name("webhook_pool");
+  IDEM_REQUIRE_SERVICE(redis_url, "IDEM_TEST_REDIS_URL");
+  IDEM_REQUIRE_SERVICE(pg_url, "IDEM_TEST_PG_URL");
   // Short: application_name keeps 63 bytes, and the schema's name holds the test's.
   const std::string app = "idem_pool_" + std::to_string(::getpid());
   const std::string tagged_url =
       pg_url + (pg_url.find('?') == std::string::npos ? "?" : "&") + "application_name=" + app;
-  ChildProcess server({IDEM_HTTP_WEBHOOK_BIN, "--port", "0", "--redis-url", redis_url, "--pg-url",
-                       tagged_url, "--schema", schema, "--ns", schema, "--pg-connections", "2",
-                       "--handler-delay-ms", "1000"});
-  const auto line = server.wait_for_line("listening on http://127.0.0.1:", seconds(20));
-  ASSERT_TRUE(line) << server.tail();
-  const int port = std::stoi(line->substr(line->rfind(':') + 1));
+  ExampleServer server;
+  server.start({IDEM_HTTP_WEBHOOK_BIN, "--pg-connections", "2", "--handler-delay-ms", "1000"},
+               "webhook_pool", tagged_url);
+  const int port = server.port;
+  ASSERT_GT(port, 0) << server.process->tail();
 
   pqxx::connection watcher(pg_url);
   const auto open_now = [&] {
@@ -357,13 +342,37 @@ TEST(HttpWebhookPgConnections, AtMostThatManyConnectionsAreOpenAndTheRestWait) {
   }
   finisher.join();
   for (int i = 0; i < 4; ++i)
-    EXPECT_EQ(statuses[i], 200) << "refund " << i << "\n" << server.tail();
+    EXPECT_EQ(statuses[i], 200) << "refund " << i << "\n" << server.process->tail();
   EXPECT_EQ(most, 2) << "idem's connections open at most, with --pg-connections 2";
-  server.signal(SIGTERM);
-  EXPECT_EQ(server.wait_exit(seconds(10)), 0) << server.tail();
-  pqxx::work tx(watcher);
-  tx.exec0("DROP SCHEMA IF EXISTS " + schema + " CASCADE");
-  tx.commit();
+  server.stop();
+}
+
+// With --replay-marker-in-body a replay says so in its body too, for clients that never see
+// headers: the first response byte for byte, with "idempotent_replayed":true as its first member.
+// (Without the flag, the tests above find the first response unchanged.)
+TEST(HttpWebhookReplayMarker, WithTheFlagAReplayedBodyCarriesTheMarker) {
+  IDEM_REQUIRE_SERVICE(redis_url, "IDEM_TEST_REDIS_URL");
+  IDEM_REQUIRE_SERVICE(pg_url, "IDEM_TEST_PG_URL");
+  ExampleServer server;
+  server.start({IDEM_HTTP_WEBHOOK_BIN, "--replay-marker-in-body"}, "webhook_marker");
+  const int port = server.port;
+  ASSERT_GT(port, 0) << server.process->tail();
+
+  const std::string body = refund_body("om-1", 30, 100);
+  const Reply first = post_refund(port, body, key_header("marker-1"));
+  ASSERT_EQ(first.status, 200) << first.body;
+  EXPECT_FALSE(first.replayed);
+  ASSERT_TRUE(first.body.starts_with("{\"amount_cents\":100,")) << first.body;
+  const std::string marked = R"({"idempotent_replayed":true,)" + first.body.substr(1);
+  // A retry with the key, and a double-click with a fresh key (the same order).
+  for (const char* key : {"marker-1", "marker-2"}) {
+    const Reply again = post_refund(port, body, key_header(key));
+    EXPECT_EQ(again.status, 200);
+    EXPECT_TRUE(again.replayed);
+    EXPECT_EQ(again.body, marked);
+  }
+  EXPECT_EQ(post_refund(port, refund_body("om-1", 30, 999), key_header("marker-1")).status, 422);
+  server.stop();
 }
 
 }  // namespace
