@@ -63,8 +63,11 @@ struct AsyncDeduplicatorOptions {
   /// READONLY, a replica's ROLE) or a `+switch-master` message (one subscription per
   /// deduplicator) the calls then pending fail retryable (so the Redis failure policy decides:
   /// Unavailable or fail open), are never sent again, and later calls go to the new master.
-  /// The circuit breaker closes when the master changes (RedisGuard has one per master).
-  /// Replaces `base.guard`.
+  /// The circuit breaker closes when the master changes (RedisGuard has one per master). While
+  /// the Sentinels fail the master over, new claims answer a retryable error (the failover
+  /// hold), and RedisGuardOptions::min_replicas makes each claim, completion and renewal wait
+  /// for the replicas' acknowledgement (docs/redis_guard.md, "Durability"). Replaces
+  /// `base.guard`.
   std::optional<RedisGuardOptions> redis{};
   /// Layer 4 on the loop, with the same table, rows and statements as PgSink (the two
   /// interoperate on one table): `pool_size` connections in libpq's pipeline mode (run()'s

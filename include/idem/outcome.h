@@ -45,10 +45,10 @@ struct Outcome {
   /// found taken over when it was completed), so another delivery may have run the handler too.
   /// With run_transactional() the sink's unique index still kept the effect single. With run()
   /// the sink's row has a lease of its own (PgSinkOptions::lease), renewed with the Redis lease;
-  /// when it is true there, treat the effect as possibly doubled (alert, reconcile). Renew long handlers
-  /// (DeduplicatorOptions::auto_renew_interval, Context::renew()) to avoid it. Two limits: it is
-  /// decided by the guard's answer to the completion and the local clock, so a completion that
-  /// failed (Redis unreachable at that moment) leaves it false unless the lease had run out by
+  /// when it is true there, treat the effect as possibly doubled (alert, reconcile). Renew long
+  /// handlers (DeduplicatorOptions::auto_renew_interval, Context::renew()) to avoid it. Two limits:
+  /// it is decided by the guard's answer to the completion and the local clock, so a completion
+  /// that failed (Redis unreachable at that moment) leaves it false unless the lease had run out by
   /// the local clock; and a handler that starts after its lease already ran out (a process paused
   /// between the claim and the handler) is told only through this flag and
   /// Context::lease_lost(), it is not stopped from starting.
