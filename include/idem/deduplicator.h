@@ -209,6 +209,14 @@ struct DeduplicatorOptions {
   /// running handler's lease in turn, so a renewal waiting on a slow Redis delays the others.
   /// Failures show in Context::lease_lost().
   std::chrono::milliseconds auto_renew_interval{0};
+  /// How long a completion the guard failed to save (Guard::complete() threw: Redis down, slow
+  /// or failing over) is sent again, in ms, >= 0: after 100 ms, then at intervals doubling up to
+  /// 1 s, while the claim's lease holds (by the driver's clock), before the call's deadline and
+  /// until a stop. A resend that lands makes the call end as if the first had (a completion is
+  /// owner-checked, so sending it twice changes nothing); when none does, the call returns the
+  /// handler's response with Outcome::save_error. The caller's thread (or the async call) waits
+  /// for it. 0: never sent again.
+  std::chrono::milliseconds save_retry_for{std::chrono::seconds(5)};
   /// How run_transactional() claims in the sink's transaction: idem's record (default) or a
   /// business table's unique key.
   TransactionalClaim transactional_claim = TransactionalClaim::kRecord;

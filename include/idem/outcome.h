@@ -53,7 +53,8 @@ struct Outcome {
   /// between the claim and the handler) is told only through this flag and
   /// Context::lease_lost(), it is not stopped from starting.
   bool lease_lost = false;
-  /// kExecuted: empty when every layer holding this call's claim saved the handler's response;
+  /// kExecuted: empty when every layer holding this call's claim saved the handler's response
+  /// (the guard's completion after its resends, DeduplicatorOptions::save_retry_for);
   /// otherwise what failed, as "layer: error" for each layer whose completion failed (e.g.
   /// "redis_guard: idem: redis: connection refused"; "; " between two). The handler ran and
   /// `response` is its own, but that layer's record stays IN_PROGRESS until its lease ends: a

@@ -122,6 +122,9 @@ void CallPlan::take(Done) {
       return store_failed();
     case State::kLocalPut:
       return holds_claim() ? go(State::kGuardComplete) : end_completion();
+    case State::kCompleteWait:
+      if (stopped_ || past_deadline()) return completion_unsaved(resend_error_);
+      return go(State::kGuardComplete);
     case State::kGuardRelease:
       owner_token_.clear();
       return proceed(after_release_);
@@ -158,6 +161,10 @@ void CallPlan::take(Completed completed) {
     return take(Done{});
   }
   if (state_ != State::kGuardComplete) return internal_error("a completion out of kGuardComplete");
+  // A resend that finds the claim gone (its lease ran out; a failover lost it) saved nothing.
+  if (!completed.owned && !resend_error_.empty()) {
+    append_failure(save_error_, Layer::kRedisGuard, resend_error_);
+  }
   owned_ = completed.owned;
   owner_token_.clear();
   end_completion();
@@ -246,10 +253,9 @@ void CallPlan::cleanup_failed(const StepError& error) {
       append_failure(release_error_, Layer::kRedisGuard, error.what);
       return take(Done{});
     case State::kGuardComplete:
-      // The response is the handler's, but the record stays IN_PROGRESS until its lease ends.
       ++notes_.guard_errors;
-      append_failure(save_error_, Layer::kRedisGuard, error.what);
-      return take(Completed{true});
+      if (is_backend(error.kind) && resend_completion(error.what)) return;
+      return completion_unsaved(error.what);
     case State::kFailureSinkRelease:
       ++notes_.sink_errors;  // the row's lease ends it
       append_failure(release_error_, Layer::kPgSink, error.what);
@@ -269,6 +275,36 @@ void CallPlan::cleanup_failed(const StepError& error) {
     default:
       return internal_error("a failure reported for a step that cannot fail");
   }
+}
+
+// A completion the guard failed to save goes again (DeduplicatorOptions::save_retry_for): after
+// 100 ms, then at doubling pauses up to 1 s, while the claim's lease holds (a resend after it
+// could only find the claim lost), before the deadline and until a stop (which cuts the pause
+// short).
+bool CallPlan::resend_completion(std::string_view what) {
+  constexpr std::chrono::milliseconds kFirst{100};
+  constexpr std::chrono::milliseconds kLongest{1000};
+  const std::chrono::milliseconds window = rules_.options_.save_retry_for;
+  if (window.count() == 0 || stopped_ || lease_lost_) return false;
+  if (resend_after_.count() == 0) {
+    resend_after_ = kFirst;
+    resend_until_ = now_ + window;
+  } else {
+    resend_after_ = std::min(resend_after_ * 2, kLongest);
+  }
+  const PlanTime at = now_ + resend_after_;
+  if (at > resend_until_ || at >= lease_deadline_ || at >= deadline_) return false;
+  resend_error_ = what;
+  wake_at_ = at;
+  go(State::kCompleteWait);
+  return true;
+}
+
+void CallPlan::completion_unsaved(std::string_view what) {
+  // The response is the handler's, but the record stays IN_PROGRESS until its lease ends.
+  append_failure(save_error_, Layer::kRedisGuard, what);
+  go(State::kGuardComplete);
+  take(Completed{true});
 }
 
 // ---- interruptions: the stop and the deadline ---------------------------------------------------
@@ -621,7 +657,8 @@ Step CallPlan::step() noexcept {
   step.kind = kind_of(state_);
   step.key = key_.key;
   step.notes = notes_;
-  step.interruptible = !handler_returned_ && (before_handler() || state_ == State::kRunHandler);
+  step.interruptible = state_ == State::kCompleteWait ||
+                       (!handler_returned_ && (before_handler() || state_ == State::kRunHandler));
   switch (step.kind) {
     case StepKind::kGuardClaim:
       if (state_ == State::kProbeClaim) step.key = key_.previous_bucket_key;
@@ -668,8 +705,8 @@ StepKind CallPlan::kind_of(State state) noexcept {
       StepKind::kSinkRelease,  StepKind::kDecideFailure, StepKind::kSinkBegin,
       StepKind::kSinkClaim,    StepKind::kSinkComplete,  StepKind::kCommit,
       StepKind::kRollback,     StepKind::kLocalPut,      StepKind::kGuardComplete,
-      StepKind::kGuardRelease, StepKind::kEmit,          StepKind::kReturn,
-      StepKind::kThrow};
+      StepKind::kWait,         StepKind::kGuardRelease,  StepKind::kEmit,
+      StepKind::kReturn,       StepKind::kThrow};
   return kKinds[static_cast<std::size_t>(state)];
 }
 

@@ -139,7 +139,8 @@ struct Step {
   /// The driver cuts this step short (cancels its I/O, wakes its wait, cancels the handler) when
   /// the call is stopped or its deadline passes while it runs, and reports how it ended (the
   /// plan reads a failure then as the stop's or the deadline's). False once the handler has
-  /// returned: what follows it runs to its end.
+  /// returned (what follows it runs to its end), but for the pause before a completion the
+  /// guard failed to save is sent again.
   bool interruptible = false;
   /// kSinkBegin before a claim, and a transactional kSinkComplete: the step may go with the next
   /// one (kSinkClaim; kCommit) in one round trip. The driver may then report Done at once and
@@ -263,6 +264,7 @@ class CallPlan {
     kStoreRollback,
     kLocalPut,
     kGuardComplete,
+    kCompleteWait,  // before the guard's completion is sent again (save_retry_for)
     kGuardRelease,
     kEmit,
     kReturn,
@@ -282,6 +284,8 @@ class CallPlan {
   void take(StepError&& error);
   void claim_failed(StepError error);
   void cleanup_failed(const StepError& error);
+  [[nodiscard]] bool resend_completion(std::string_view what);
+  void completion_unsaved(std::string_view what);
   // The stop and the deadline before a step of the handler's side (plan.cc, "interruptions").
   void settle();
   [[nodiscard]] bool before_handler() const noexcept;
@@ -382,6 +386,12 @@ class CallPlan {
   std::string error_text_;           // the event's error
   DecisionEvent event_;
   State after_emit_ = State::kReturn;
+
+  // Resending the guard's completion (save_retry_for): the next pause, until when, and the
+  // failure it follows.
+  std::chrono::milliseconds resend_after_{0};
+  PlanTime resend_until_{};
+  std::string resend_error_;
 };
 
 }  // namespace idem::detail

@@ -64,9 +64,10 @@ PlanRules::PlanRules(const DeduplicatorOptions& options, DriverTraits traits)
     : options_(options), traits_(traits) {
   const DeduplicatorOptions& o = options_;
   if (o.wait_for_result.count() < 0 || o.wait_poll_interval.count() <= 0 ||
-      o.auto_renew_interval.count() < 0) {
+      o.auto_renew_interval.count() < 0 || o.save_retry_for.count() < 0) {
     throw ConfigError(
-        "idem: wait_for_result and auto_renew_interval must be >= 0, wait_poll_interval > 0");
+        "idem: wait_for_result, auto_renew_interval and save_retry_for must be >= 0, "
+        "wait_poll_interval > 0");
   }
   if (o.fallback_retention.count() <= 0) throw ConfigError("idem: fallback_retention must be > 0");
   check_backends(o, traits_);

@@ -989,9 +989,55 @@ void deadlines(std::vector<Scenario>& t) {
 
 void failed_writes(std::vector<Scenario>& t) {
   const char* area = "failed completions and releases";
-  t.push_back({.name = "AGuardCompletionThatFailsIsASaveError",
+  const auto no_resend = [](DeduplicatorOptions& o) { o.save_retry_for = milliseconds(0); };
+  t.push_back({.name = "AGuardCompletionThatFailsIsSentAgainAndSaved",
                .area = area,
                .row = kNotSaved,
+               .calls = {{.request = order("r1"), .ending = "executed handler response=done"}},
+               .faults = {fail_at(Op::kGuardComplete, redis_down())},
+               .held = {{.guard = "completed(done)", .local = "hit(done)"}},
+               .events = {"#0 executed handler"},
+               .metrics = "decisions=1 guard_errors=1"});
+  t.push_back({.name = "AGuardCompletionThatKeepsFailingIsASaveErrorAfterItsResends",
+               .area = area,
+               .row = kNotSaved,
+               .options = [](DeduplicatorOptions& o) { o.save_retry_for = milliseconds(350); },
+               .calls = {{.request = order("r1"),
+                          .ending = "executed handler response=done "
+                                    "save_error=redis_guard: idem: redis: timeout"}},
+               .faults = {fail_at(Op::kGuardComplete, redis_down()),
+                          fail_at(Op::kGuardComplete, redis_down(), 2),
+                          fail_at(Op::kGuardComplete, redis_timeout(), 3)},
+               .held = {{.guard = "in_progress", .local = "hit(done)"}},
+               .events = {"#0 executed handler save_error=redis_guard: idem: redis: timeout"},
+               .metrics = "decisions=1 guard_errors=3 unsaved=1"});
+  t.push_back({.name = "AStopCutsTheResendOfAFailedCompletionShort",
+               .area = area,
+               .row = kNotSaved,
+               .calls = {{.request = order("r1"),
+                          .ending = "executed handler response=done "
+                                    "save_error=redis_guard: idem: redis: connection refused"}},
+               .faults = {{.op = Op::kGuardComplete, .stop_later = true, .error = redis_down()}},
+               .held = {{.guard = "in_progress", .local = "hit(done)"}},
+               .events = {"#0 executed handler "
+                          "save_error=redis_guard: idem: redis: connection refused"},
+               .metrics = "decisions=1 guard_errors=1 unsaved=1",
+               .not_on = {{"sim", "one thread: nothing stops the call while it waits"}}});
+  t.push_back({.name = "AFailedCompletionIsNotSentAgainPastTheClaimsLease",
+               .area = area,
+               .row = kNotSaved,
+               .guard_lease = milliseconds(250),
+               .calls = {{.request = order("r1"),
+                          .ending = "executed handler response=done "
+                                    "save_error=redis_guard: idem: redis: timeout"}},
+               .faults = {fail_at(Op::kGuardComplete, redis_down()),
+                          fail_at(Op::kGuardComplete, redis_timeout(), 2)},
+               .events = {"#0 executed handler save_error=redis_guard: idem: redis: timeout"},
+               .metrics = "decisions=1 guard_errors=2 unsaved=1"});
+  t.push_back({.name = "AGuardCompletionThatFailsWithResendsOffIsASaveError",
+               .area = area,
+               .row = kNotSaved,
+               .options = no_resend,
                .calls = {{.request = order("r1"),
                           .ending = "executed handler response=done "
                                     "save_error=redis_guard: idem: redis: connection refused"}},
@@ -1017,6 +1063,7 @@ void failed_writes(std::vector<Scenario>& t) {
        .area = area,
        .row = kNotSaved,
        .sink = true,
+       .options = no_resend,
        .calls = {{.request = order("r1"),
                   .ending = "executed handler response=done save_error=pg_sink: idem: "
                             "postgres: connection refused; redis_guard: idem: redis: "
@@ -1149,16 +1196,14 @@ void failed_writes(std::vector<Scenario>& t) {
                .held = {{.guard = "in_progress", .local = "miss"}},
                .events = {"#0 unavailable redis_guard", "#1 in_progress redis_guard"},
                .metrics = "decisions=2 guard_errors=1"});
-  t.push_back({.name = "AGuardCompletionTimeoutAfterItWasAppliedIsASaveErrorThoughSaved",
+  t.push_back({.name = "AGuardCompletionTimeoutAfterItWasAppliedIsSentAgainAndFoundSaved",
                .area = area,
                .row = kNotSaved,
-               .calls = {{.request = order("r1"),
-                          .ending = "executed handler response=done "
-                                    "save_error=redis_guard: idem: redis: timeout"}},
+               .calls = {{.request = order("r1"), .ending = "executed handler response=done"}},
                .faults = {lost_at(Op::kGuardComplete)},
                .held = {{.guard = "completed(done)", .local = "hit(done)"}},
-               .events = {"#0 executed handler save_error=redis_guard: idem: redis: timeout"},
-               .metrics = "decisions=1 guard_errors=1 unsaved=1"});
+               .events = {"#0 executed handler"},
+               .metrics = "decisions=1 guard_errors=1"});
   t.push_back({.name = "AGuardReleaseTimeoutAfterItWasAppliedIsToldThoughReleased",
                .area = area,
                .row = kBusinessError,
@@ -1620,20 +1665,19 @@ void transactions(std::vector<Scenario>& t) {
                .metrics = "releases=1",
                .needs_deadline = true,
                .needs_transactions = true});
-  t.push_back({.name = "TransactionalGuardCompletionThatFailsIsASaveError",
-               .area = area,
-               .row = kNotSaved,
-               .sink = true,
-               .calls = {{.request = order("r1"),
-                          .transactional = true,
-                          .ending = "executed handler response=done "
-                                    "save_error=redis_guard: idem: redis: connection refused"}},
-               .faults = {fail_at(Op::kGuardComplete, redis_down())},
-               .held = {{.guard = "in_progress", .sink = "completed(done)", .local = "hit(done)"}},
-               .events = {"#0 executed handler "
-                          "save_error=redis_guard: idem: redis: connection refused"},
-               .metrics = "decisions=1 guard_errors=1 unsaved=1",
-               .needs_transactions = true});
+  t.push_back(
+      {.name = "TransactionalGuardCompletionThatFailsIsSentAgainAndSaved",
+       .area = area,
+       .row = kNotSaved,
+       .sink = true,
+       .calls = {{.request = order("r1"),
+                  .transactional = true,
+                  .ending = "executed handler response=done"}},
+       .faults = {fail_at(Op::kGuardComplete, redis_down())},
+       .held = {{.guard = "completed(done)", .sink = "completed(done)", .local = "hit(done)"}},
+       .events = {"#0 executed handler"},
+       .metrics = "decisions=1 guard_errors=1",
+       .needs_transactions = true});
   t.push_back({.name = "TransactionalStoreAsResponseCommitsTheStoredFailure",
                .area = area,
                .row = kBusinessError,

@@ -490,8 +490,14 @@ struct Call {
   // Until when the records its completions saved answer repeats: the guard's, the sink's.
   Time guard_kept_until = 0;
   Time sink_kept_until = 0;
-  bool completion_failed = false;  // a completion of the handler's response failed
-  bool release_failed = false;     // a release of this call's claim or row failed
+  // A completion of the handler's response failed: the sink's, or the guard's last (a resend
+  // that lands makes up for those before it).
+  bool sink_completion_failed = false;
+  bool guard_completion_failed = false;
+  bool release_failed = false;  // a release of this call's claim or row failed
+  [[nodiscard]] bool completion_failed() const noexcept {
+    return sink_completion_failed || guard_completion_failed;
+  }
   bool deadline_noted = false;
   bool emitted = false;  // a decision event was handed to on_decision / the metrics
   bool acked_early = false;
@@ -1232,10 +1238,13 @@ void Simulation::fail(Call& c, const Step& step, std::exception_ptr failure, Tim
 
 void Simulation::failed(Call& c, StepKind kind, std::string_view key, std::string_view owner_token,
                         const std::exception_ptr& failure) {
-  if (kind == StepKind::kGuardComplete ||
-      (kind == StepKind::kSinkComplete && c.mode == CallMode::kRun && c.handler_started)) {
+  if (kind == StepKind::kGuardComplete) {
     tally(Tally::kFailedCompletion);
-    c.completion_failed = true;
+    c.guard_completion_failed = true;
+  }
+  if (kind == StepKind::kSinkComplete && c.mode == CallMode::kRun && c.handler_started) {
+    tally(Tally::kFailedCompletion);
+    c.sink_completion_failed = true;
   }
   if ((kind == StepKind::kGuardRelease && owner_token == c.owner_token) ||
       kind == StepKind::kSinkRelease) {
@@ -1411,7 +1420,7 @@ void Simulation::guard_step(Call& c, const Step& step) {
       if (!owned) {
         if (options_.bug != Bug::kFailedCompletionReportedSaved) break;
         // Planted: the driver reports the failed completion as done.
-        c.completion_failed = true;
+        c.guard_completion_failed = true;
         tally(Tally::kFailedCompletion);
         if (tracing()) trace(c, "GuardComplete " + key + " -> " + what(failure) + " (told done)");
         reply(c, step, Completed{true}, at);
@@ -1420,6 +1429,7 @@ void Simulation::guard_step(Call& c, const Step& step) {
       if (tracing()) trace(c, "GuardComplete " + key + (*owned ? " -> owned" : " -> not owned"));
       c.complete_answered = true;
       c.guard_saved = *owned;
+      if (*owned) c.guard_completion_failed = false;
       // A completed record answers repeats for the retention asked (the guard's own for 0).
       if (*owned)
         c.guard_kept_until = now_ + (step.ttl.count() > 0 ? step.ttl : config_.retention).count();
@@ -2253,13 +2263,13 @@ void Simulation::check_saved(const Call& c, const Outcome& outcome) {
   if (!c.claimed_run) return;  // an unclaimed run completes nothing
   const std::string who = "c" + std::to_string(c.id);
   if (!outcome.save_error.empty()) {
-    if (!c.completion_failed) {
+    if (!c.completion_failed()) {
       violate("unsaved-results-are-told", c.logical,
               who + " answered save_error '" + outcome.save_error + "', but no completion failed");
     }
     return;
   }
-  if (c.completion_failed) {
+  if (c.completion_failed()) {
     violate("unsaved-results-are-told", c.logical,
             who +
                 " answered kExecuted with save_error empty, but a completion of its response "
@@ -2295,7 +2305,7 @@ void Simulation::check_saved(const Call& c, const Outcome& outcome) {
 // call was told neither lease_lost nor save_error.
 bool Simulation::sink_row_lost_untold(const Call& c, const Outcome& outcome) const {
   return c.mode == CallMode::kRun && c.sink_row_at_start && !c.sink_complete_owned &&
-         !c.completion_failed && !outcome.lease_lost && outcome.save_error.empty();
+         !c.completion_failed() && !outcome.lease_lost && outcome.save_error.empty();
 }
 
 // doubled-effects-are-told: two executions under one key are never both told clean (kExecuted,
@@ -2350,7 +2360,7 @@ void Simulation::check_end(const Call& c, const std::exception_ptr& error) {
   // (a claim whose answer never arrived is the lease's to end).
   const std::optional<SimRedis::View> record = redis_->record(c.key);
   if (record && !c.owner_token.empty() && record->owner_token == c.owner_token &&
-      record->state == RecordState::kInProgress && !c.release_failed && !c.completion_failed &&
+      record->state == RecordState::kInProgress && !c.release_failed && !c.completion_failed() &&
       !redis_lost(c.key, c.claimed_at)) {
     violate("no-claim-left-without-handler", c.logical,
             who + " ended (" + (error ? what(error) : std::string("an outcome")) +
@@ -2485,7 +2495,8 @@ Reproduction minimize(RunOptions options) {
         fewer.suppressed.insert(faults[i]);
       }
       RunResult attempt = run(fewer);
-      if (attempt.violation) {
+      // A removal may let the run go on to inject others: that is no smaller.
+      if (attempt.violation && attempt.injected.size() < faults.size()) {
         options = std::move(fewer);
         failing = std::move(attempt);
         shrunk = true;
