@@ -150,7 +150,9 @@ class MqConsumerTest : public ::testing::Test {
       reclaimed += summary_field(*done, "reclaimed");
       std::cout << *done << "\n";
     }
-    if (held_by_c2 > 0) EXPECT_GT(reclaimed, 0);
+    if (held_by_c2 > 0) {
+      EXPECT_GT(reclaimed, 0);
+    }
     return took.count();
   }
 
