@@ -66,7 +66,7 @@ struct PgSinkOptions {
   /// Most connections open at once. Must be ≥ 1.
   std::size_t pool_size = 8;
   /// How long a call waits for a free pooled connection, in ms, before it throws a retryable
-  /// idem::PostgresError. 0 means fail at once when every connection is busy.
+  /// idem::PostgresError. 0: take a free connection if there is one, else fail at once.
   std::chrono::milliseconds borrow_timeout{5000};
   /// Server-side `statement_timeout` of the sink's connections, in ms (a statement running longer
   /// is cancelled: retryable idem::PostgresError, SQLSTATE 57014). 0 means no limit;

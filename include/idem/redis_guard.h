@@ -44,7 +44,7 @@ struct RedisOptions {
   /// Most connections open at once (per master node with `cluster`). Must be ≥ 1.
   std::size_t pool_size = 8;
   /// Longest wait for a free connection when all `pool_size` are in use, in ms; then
-  /// idem::RedisError (retryable). 0 means fail at once.
+  /// idem::RedisError (retryable). 0: take a free connection if there is one, else fail at once.
   std::chrono::milliseconds borrow_timeout{1000};
   /// Time allowed to establish a connection (TCP or unix), in ms, 1..2^31-1.
   std::chrono::milliseconds connect_timeout{500};
