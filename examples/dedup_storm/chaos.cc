@@ -63,6 +63,19 @@ void FailureLog::attempt_failed() noexcept {
   }
 }
 
+void FailureLog::commit_in_doubt(const std::string& order_id) noexcept {
+  try {
+    std::lock_guard lock(mutex_);
+    in_doubt_.insert(order_id);
+  } catch (...) {
+  }
+}
+
+std::set<std::string> FailureLog::in_doubt_orders() const {
+  std::lock_guard lock(mutex_);
+  return in_doubt_;
+}
+
 void FailureLog::attribute(std::vector<ChaosEvent>& events, Clock::time_point end) const {
   std::lock_guard lock(mutex_);
   for (std::size_t i = 0; i < events.size(); ++i) {

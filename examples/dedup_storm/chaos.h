@@ -6,6 +6,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,12 @@ class FailureLog final : public idem::Metrics {
   /// A delivery attempt failed (an exception, or Unavailable).
   void attempt_failed() noexcept;
 
+  /// The handler's own COMMIT for `order_id` lost its connection before its answer came
+  /// (pqxx::in_doubt_error): it may have committed.
+  void commit_in_doubt(const std::string& order_id) noexcept;
+  /// The orders of commit_in_doubt(), so far.
+  [[nodiscard]] std::set<std::string> in_doubt_orders() const;
+
   /// Fills the measured fields of `events` (in time order); `end` closes the last one.
   void attribute(std::vector<ChaosEvent>& events, Clock::time_point end) const;
 
@@ -64,6 +71,7 @@ class FailureLog final : public idem::Metrics {
   };
   mutable std::mutex mutex_;
   std::vector<Entry> entries_;
+  std::set<std::string> in_doubt_;
 };
 
 /// The events as JSON objects, times in ms.
