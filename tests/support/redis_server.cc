@@ -86,8 +86,7 @@ RedisServer::RedisServer(bool persistent, std::vector<std::string> extra_args)
   char pattern[] = "/tmp/idem-redis-XXXXXX";
   if (::mkdtemp(pattern) == nullptr) throw std::runtime_error("mkdtemp failed");
   dir_ = pattern;
-  port_ = free_port();
-  start();
+  start_on_a_free_port();
 }
 
 RedisServer::RedisServer(SentinelMode, const std::vector<std::string>& config_lines)
@@ -95,12 +94,11 @@ RedisServer::RedisServer(SentinelMode, const std::vector<std::string>& config_li
   char pattern[] = "/tmp/idem-sentinel-XXXXXX";
   if (::mkdtemp(pattern) == nullptr) throw std::runtime_error("mkdtemp failed");
   dir_ = pattern;
-  port_ = free_port();
   std::ofstream config(dir_ / "sentinel.conf");
   for (const std::string& line : config_lines) config << line << "\n";
   config.close();
   if (!config) throw std::runtime_error("cannot write sentinel.conf");
-  start();
+  start_on_a_free_port();
 }
 
 std::unique_ptr<RedisServer> RedisServer::sentinel(const std::vector<std::string>& config_lines) {
@@ -138,7 +136,29 @@ void RedisServer::restart() {
   start();
 }
 
+void RedisServer::start_on_a_free_port() {
+  // A port free when picked may be taken before the server binds it, and in cluster mode its
+  // bus port (port + 10000) may be in use: a server that exits at once starts again elsewhere.
+  for (int attempt = 1;; ++attempt) {
+    port_ = free_port();
+    if (launch()) return;
+    if (attempt == 5) throw std::runtime_error(exited_message());
+  }
+}
+
 void RedisServer::start() {
+  if (!launch()) throw std::runtime_error(exited_message());
+}
+
+std::string RedisServer::exited_message() const {
+  std::ifstream log(dir_ / "redis.log");
+  std::string line;
+  std::string last;
+  while (std::getline(log, line)) last = line;
+  return "redis-server on port " + std::to_string(port_) + " exited at start: " + last;
+}
+
+bool RedisServer::launch() {
   std::vector<std::string> argv = {"redis-server"};
   if (sentinel_) argv.insert(argv.end(), {(dir_ / "sentinel.conf").string(), "--sentinel"});
   argv.insert(argv.end(), {"--port", std::to_string(port_), "--bind", "127.0.0.1", "--dir",
@@ -156,11 +176,16 @@ void RedisServer::start() {
     pid_ = -1;
     throw std::runtime_error("cannot start redis-server");
   }
-  // Wait (bounded) until it answers.
+  // Wait (up to 10 s) until it answers, or exits.
   const std::vector<std::string> ping = {"redis-cli", "-p", std::to_string(port_), "PING"};
-  for (int attempt = 0; attempt < 500; ++attempt) {
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < give_up) {
     std::string answer;
-    if (run(ping, &answer) == 0 && (answer == "PONG" || answer.starts_with("NOAUTH"))) return;
+    if (run(ping, &answer) == 0 && (answer == "PONG" || answer.starts_with("NOAUTH"))) return true;
+    if (::waitpid(pid_, nullptr, WNOHANG) == pid_) {
+      pid_ = -1;
+      return false;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   kill();

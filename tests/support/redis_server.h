@@ -67,7 +67,14 @@ class RedisServer {
  private:
   struct SentinelMode {};
   RedisServer(SentinelMode, const std::vector<std::string>& config_lines);
+  // Starts the server on port_ and waits until it answers; throws when it exits first.
   void start();
+  // Picks a free port and starts there, again on another when the server exits at once.
+  void start_on_a_free_port();
+  // Starts the server on port_: true once it answers PING, false when it exited first; throws
+  // std::runtime_error when it did neither within 10 s.
+  bool launch();
+  [[nodiscard]] std::string exited_message() const;
 
   bool persistent_;
   bool sentinel_ = false;
