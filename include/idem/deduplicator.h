@@ -6,6 +6,7 @@
 //   repeat, first still in progress   -> InProgress (or wait and replay; reentrant intents run)
 //   same key, different fingerprint   -> Mismatch
 //   handler throws                    -> exception propagates; claim released (policy)
+//   handler's own COMMIT in doubt     -> exception propagates; claim kept until its lease ends
 //   handler cancelled                 -> exception propagates; claim kept until its lease ends
 //   Redis down                        -> fail open to the sink, or Unavailable (policy)
 //   Postgres down                     -> Unavailable; nothing executed
@@ -81,7 +82,10 @@ enum class ConcurrentDuplicatePolicy {
                       ///< first execution's result (or run, if the first released its claim).
 };
 
-/// What happens to the claim when the handler throws (other than by cancellation).
+/// What happens to the claim when the handler throws (other than by cancellation, or with a
+/// commit of its own whose outcome is unknown: idem::CommitOutcomeUnknown or libpqxx's
+/// in_doubt_error, after which the claims are kept until their leases end and no FailureAction
+/// is asked for, since the effect may have happened).
 enum class FailureAction {
   kRelease,             ///< Release the claim (owner only), so the upstream may retry. Default.
   kKeepUntilLeaseEnds,  ///< Keep it: repeats get InProgress until the lease ends.

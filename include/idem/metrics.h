@@ -49,9 +49,11 @@ struct DecisionEvent {
   /// repeats get kInProgress meanwhile. Empty when every release succeeded. The handler's own
   /// exception still propagates unchanged.
   std::string_view release_error{};
-  /// The call ended by an exception before its handler ran (a stop, its deadline, bad input a
-  /// backend found) and a release of a claim it took failed (`release_error`): such a call
-  /// emits this one event so that the claim left until its lease ends is told with its key.
+  /// The call ended by an exception that decides nothing (before its handler ran: a stop, its
+  /// deadline, bad input a backend found; or a cancellation, also of a handler that had
+  /// started) and a release of a claim it took before its handler ran failed (`release_error`;
+  /// e.g. a claim given up to wait for another execution): such a call emits this one event so
+  /// that the claim left until its lease ends is told with its key.
   /// `error` is the exception's what(); `layer` and `outcome` mean nothing. Passed to
   /// Metrics::record_failed_release(), not record_decision().
   bool ended_before_handler = false;

@@ -507,6 +507,9 @@ void CallPlan::handler_failed(StepError error) {
   } else {
     error_ = error.error;  // the handler's own idem::Cancelled
   }
+  // A handler whose own COMMIT lost its answer may have had its effect: like a commit of idem's
+  // whose outcome is unknown, its claims are kept until their leases end.
+  commit_unknown_ = !cancelled_ && error.kind == ErrorKind::kCommitUnknown;
   handler_error_ = std::move(error);
   if (transactional()) return go(State::kRollback);
   after_failure();
@@ -519,7 +522,7 @@ void CallPlan::after_failure() {
   if (!handler_started_) {
     return release_or(holds_sink_row_ ? State::kFailureSinkRelease : State::kThrow);
   }
-  if (cancelled_) return go(State::kThrow);  // no event: a cancelled call decided nothing
+  if (cancelled_) return emit_or_end();  // no decision; an event only for a failed release
   if (commit_unknown_ || !claim_rows_ || stopped_ || past_deadline()) return emit_or_end();
   if (rules_.options_.on_handler_failure) return go(State::kDecideFailure);
   apply(FailureDecision{});
@@ -607,10 +610,12 @@ void CallPlan::emit_or_end() {
   const DeduplicatorOptions& o = rules_.options_;
   const State end = error_ ? State::kThrow : State::kReturn;
   // A failed call reports only a handler that ran: errors before it decided nothing, and a
-  // cancellation is no decision either; but a call that ended before its handler ran and failed
-  // to release a claim it took is told, so that the claim left until its lease ends is seen.
-  const bool before_handler_ended = error_ && !handler_started_ && !release_error_.empty();
-  const bool report = !error_ || (handler_started_ && !cancelled_) || before_handler_ended;
+  // cancellation is no decision either; but such a call that failed to release a claim it took
+  // (before its handler ran: a claim given up for a wait, or at its end) is told, so that the
+  // claim left until its lease ends is seen.
+  const bool undecided = error_ && (!handler_started_ || cancelled_);
+  const bool before_handler_ended = undecided && !release_error_.empty();
+  const bool report = !error_ || !undecided || before_handler_ended;
   if (!report || (!o.metrics && !o.on_decision)) return go(end);
   event_ = DecisionEvent{};
   event_.request_id = request_.request_id;

@@ -379,7 +379,7 @@ class CallPlan {
   std::exception_ptr error_;
   StepError handler_error_;          // the handler's failure, for kDecideFailure and the event
   bool cancelled_ = false;           // error_ is a cancellation: no event
-  bool commit_unknown_ = false;      // error_ is a commit whose outcome is unknown
+  bool commit_unknown_ = false;      // a commit (idem's or the handler's) of unknown outcome
   bool completing_failure_ = false;  // the completion stores a failure's response
   std::string save_error_;           // completions of the handler's response that failed
   std::string release_error_;        // releases of this call's claims that failed

@@ -1,6 +1,7 @@
 #include "facade/step_error.h"
 
 #include <asio/error.hpp>
+#include <pqxx/except>
 #include <system_error>
 
 #include "idem/errors.h"
@@ -16,6 +17,7 @@ ErrorKind kind_of(const std::exception& e) {
     return ErrorKind::kBackend;
   }
   if (dynamic_cast<const BackendError*>(&e) != nullptr) return ErrorKind::kBackend;
+  if (dynamic_cast<const pqxx::in_doubt_error*>(&e) != nullptr) return ErrorKind::kCommitUnknown;
   if (const auto* system = dynamic_cast<const std::system_error*>(&e);
       system != nullptr && system->code() == asio::error::operation_aborted) {
     return ErrorKind::kAborted;

@@ -10,7 +10,8 @@ namespace idem::detail {
 /// What kind of failure a step's exception is.
 enum class ErrorKind {
   kBackend,         ///< idem::BackendError: a Redis or PostgreSQL call failed.
-  kCommitUnknown,   ///< A commit whose outcome is unknown (PostgresError::commit_outcome_unknown).
+  kCommitUnknown,   ///< A commit whose outcome is unknown (PostgresError::commit_outcome_unknown,
+                    ///< or libpqxx's in_doubt_error from a handler's own transaction).
   kQueryCancelled,  ///< A PostgreSQL statement ended with SQLSTATE 57014 (query_canceled): a
                     ///< cancel request or statement_timeout.
   kCancelled,       ///< idem::Cancelled (or a subclass, such as DeadlineExceeded).

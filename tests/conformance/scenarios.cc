@@ -572,6 +572,34 @@ void handler_failures(std::vector<Scenario>& t) {
                .held = {{.guard = "absent", .local = "miss"}},
                .events = {"#0 failed(ERROR: canceling statement due to user request)"},
                .metrics = "handler_failures=1 releases=1"});
+  // The handler's own COMMIT (run(), its transaction of its own) in doubt: no layer can tell
+  // whether its effect happened, so no claim is released, whatever on_handler_failure says.
+  t.push_back({.name = "AHandlerWhoseOwnCommitIsInDoubtKeepsTheGuardClaim",
+               .area = area,
+               .row = kCommitLost,
+               .options = on_failure(FailureAction::kRelease),
+               .calls = {{.request = order("r1"),
+                          .handler = {.act = Act::kThrowCommitInDoubt},
+                          .ending = "throws std::exception(Lost connection to backend during "
+                                    "commit)",
+                          .runs = 1},
+                         {.request = order("r2"), .ending = "in_progress redis_guard"}},
+               .held = {{.guard = "in_progress", .local = "miss"}},
+               .events = {"#0 failed(Lost connection to backend during commit)",
+                          "#1 in_progress redis_guard"},
+               .metrics = "decisions=1 handler_failures=1"});
+  t.push_back({.name = "AHandlerWhoseOwnCommitIsInDoubtKeepsBothClaims",
+               .area = area,
+               .row = kCommitLost,
+               .sink = true,
+               .calls = {{.request = order("r1"),
+                          .handler = {.act = Act::kThrowCommitInDoubt},
+                          .ending = "throws std::exception(Lost connection to backend during "
+                                    "commit)",
+                          .runs = 1}},
+               .held = {{.guard = "in_progress", .sink = "in_progress", .local = "miss"}},
+               .events = {"#0 failed(Lost connection to backend during commit)"},
+               .metrics = "handler_failures=1"});
 }
 
 // ---- stops -------------------------------------------------------------------------------------

@@ -167,6 +167,26 @@ TEST(Simulation, AFailedReleaseOfACallThatNeverRanItsHandlerIsTold) {
   EXPECT_FALSE(run({.seed = 13}).violation) << minimize(13, Bug::kNone).text;
 }
 
+// A call gave its claim up to wait for the previous time bucket's execution, and that release
+// failed; it ran its handler later, and was cancelled at its deadline. A cancelled call emits no
+// decision event, but this one must, to tell the claim left behind.
+TEST(Simulation, AFailedReleaseBeforeAWaitOfACallCancelledLaterIsTold) {
+  EXPECT_FALSE(run({.seed = 69087}).violation) << minimize(69087, Bug::kNone).text;
+}
+
+// A claim's answer was still on its way when the call woke for its deadline, which a change of
+// its clock's rate had moved later: the driver handed the answer over early, without the claim
+// it grants, and then blamed the plan for reporting that claim's failed release.
+TEST(Simulation, AnAnswerIsNotHandedOverBeforeItArrives) {
+  EXPECT_FALSE(run({.seed = 58638}).violation) << minimize(58638, Bug::kNone).text;
+}
+
+// Two executions of a key whose record Redis evicted in between: the later one was told first;
+// the check must order them by when their handlers started.
+TEST(Simulation, DoubledEffectsAreOrderedByTheirHandlersStart) {
+  EXPECT_FALSE(run({.seed = 55801}).violation) << minimize(55801, Bug::kNone).text;
+}
+
 TEST(Simulation, AFailingSeedIsMinimizedToTheFaultsItNeeds) {
   const std::uint64_t seed = first_caught(Bug::kReleaseOnCancel, "claim-kept-after-unclean-end");
   ASSERT_NE(seed, 0u);

@@ -531,7 +531,9 @@ class Simulation {
 
   // The driver: one step of a call.
   void step(Call& c);
-  void arrive(Call& c);
+  // The answer of the step in flight: false while it is still on its way (the call was woken
+  // for a deadline that a clock's change of rate has moved since).
+  bool arrive(Call& c);
   void guard_step(Call& c, const Step& step);
   void sink_step(Call& c, const Step& step);
   void run_sink_step(Call& c, const Step& step);
@@ -1140,7 +1142,7 @@ void Simulation::step(Call& c) {
   }
   Process& p = processes_[c.process];
   if (!c.current) {
-    arrive(c);
+    if (!arrive(c)) return;
     c.started = true;
     c.current = c.plan->resume(Input{p.plan_time(now_), driver_stopped(c), std::move(c.pending)});
     ++result_.plan_steps.at(static_cast<std::size_t>(c.current->kind));
@@ -1276,8 +1278,15 @@ void Simulation::failed(Call& c, StepKind kind, std::string_view key, std::strin
 
 // The answer of the step performed arrives (or the step is cut short): what it grants is the
 // call's from now on.
-void Simulation::arrive(Call& c) {
-  if (!c.flight) return;
+bool Simulation::arrive(Call& c) {
+  if (!c.flight) return true;
+  const bool interrupted = driver_stopped(c) || past_deadline(c);
+  if (now_ < c.flight->arrives && !(c.flight->interruptible && interrupted)) {
+    c.ready_at = c.flight->interruptible
+                     ? std::min(c.flight->arrives, std::max(now_ + 1, deadline_at(c)))
+                     : c.flight->arrives;
+    return false;
+  }
   const Call::Flight flight = *std::exchange(c.flight, std::nullopt);
   const bool arrived = now_ >= flight.arrives;
   if (arrived) {
@@ -1307,9 +1316,8 @@ void Simulation::arrive(Call& c) {
       c.repeat_same_request = flight.repeat_same_request;
     }
   }
-  const bool interrupted = driver_stopped(c) || past_deadline(c);
   const bool cut = flight.interruptible && interrupted && !arrived;
-  if (!cut || flight.kind == StepKind::kWait) return;  // a wait ends Done either way
+  if (!cut || flight.kind == StepKind::kWait) return true;  // a wait ends Done either way
   tally(Tally::kCutShort);
   std::exception_ptr failure;
   switch (flight.kind) {
@@ -1336,6 +1344,7 @@ void Simulation::arrive(Call& c) {
   }
   failed(c, flight.kind, flight.key, flight.owner_token, failure);
   c.pending = detail::classify(std::move(failure));
+  return true;
 }
 
 template <class Op>
@@ -1814,10 +1823,21 @@ void Simulation::handler_tick(Call& c) {
     // run(): the handler writes its effect itself, on its own, outside any transaction.
     Time at = now_;
     if (autocommit(c, failure, at)) {
-      pg_->write_effect_now(Effect{c.logical, c.id, c.response, 0, c.variant, c.claimed_run,
-                                   std::string(c.plan->key())});
-      handler_returns(c);
-      return;
+      const Effect effect{
+          c.logical, c.id, c.response, 0, c.variant, c.claimed_run, std::string(c.plan->key())};
+      if (!in_fault_window() || !draw(config_.step_faults)) {
+        pg_->write_effect_now(effect);
+        handler_returns(c);
+        return;
+      }
+      // Its own COMMIT loses its answer: the handler throws CommitOutcomeUnknown.
+      const bool committed = faults_.below(2) == 0;
+      injected(committed ? Fault::kCommitUnknownCommitted : Fault::kCommitUnknownLost, c.logical,
+               "c" + std::to_string(c.id) + ": the handler's own commit's answer lost (" +
+                   (committed ? "it committed)" : "it did not commit)"));
+      if (committed) pg_->write_effect_now(effect);
+      failure = std::make_exception_ptr(
+          CommitOutcomeUnknown("the handler's commit: connection lost (commit outcome unknown)"));
     }
   } else if (statement(c, *c.current)) {
     // The business write, in the sink's transaction.
@@ -2316,16 +2336,19 @@ void Simulation::check_clean(const Call& c, const Outcome& outcome) {
   const Clean mine{c.id, c.guard_kept_until, c.sink_kept_until, c.handler_started_at};
   const auto [it, first] = clean_.try_emplace({c.logical, key}, mine);
   if (first) return;
-  const Clean earlier = it->second;
+  // The two in the order their handlers started (a later execution may be told first).
+  const bool mine_later = mine.since >= it->second.since;
+  const Clean earlier = mine_later ? it->second : mine;
+  const Clean later = mine_later ? mine : it->second;
   // A new execution once every record of the earlier one was gone: its retention ended, or
   // Redis lost it.
   const Time guard_until = redis_lost(key, earlier.since) ? 0 : earlier.guard_until;
-  if (c.handler_started_at >= std::max(guard_until, earlier.sink_until)) {
-    it->second = mine;
+  if (later.since >= std::max(guard_until, earlier.sink_until)) {
+    it->second = later;
     return;
   }
   violate("doubled-effects-are-told", c.logical,
-          "c" + std::to_string(c.id) + " and c" + std::to_string(earlier.call) +
+          "c" + std::to_string(later.call) + " and c" + std::to_string(earlier.call) +
               " both answered kExecuted, saved, lease held, for " + key);
 }
 

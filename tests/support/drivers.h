@@ -30,6 +30,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <pqxx/except>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -55,6 +56,8 @@ struct Behaviour {
     kThrowBusiness,        ///< Throws BusinessError(`response`).
     kThrowCancelled,       ///< Throws idem::Cancelled, as a handler that saw its stop token.
     kThrowQueryCancelled,  ///< Throws PostgresError 57014, as a statement cancelled on the server.
+    kThrowCommitInDoubt,   ///< Throws pqxx::in_doubt_error, as a handler whose own COMMIT lost
+                           ///< its connection before the answer came.
     kWaitUntilStopped,     ///< Waits until the call is stopped or its deadline passes (the
                            ///< driver cuts it short), then throws idem::Cancelled.
   };
@@ -137,6 +140,8 @@ inline std::string act(const Behaviour& behaviour) {
       throw Cancelled("the handler saw its stop");
     case Behaviour::Act::kThrowQueryCancelled:
       throw PostgresError("ERROR: canceling statement due to user request", false, "57014");
+    case Behaviour::Act::kThrowCommitInDoubt:
+      throw pqxx::in_doubt_error("Lost connection to backend during commit");
     default:
       return behaviour.response;
   }
