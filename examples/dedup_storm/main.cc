@@ -699,14 +699,13 @@ std::vector<DoubledOrder> doubled_orders(const Settings& s) {
   return orders;
 }
 
-// Counts the duplicate effects of orders whose handler's commit was in doubt, and names every
-// doubled order of a configuration that promises none, so that a run that lets one through
-// says which and when.
-void explain_duplicates(const Settings& s, const std::string& label, bool promised,
-                        const storm::FailureLog& log, ConfigResult& result) {
-  if (result.duplicate_effects == 0) return;
+// Of the main phase's doubled orders (`doubled`, read when it ended: --chaos strikes then),
+// counts the duplicate effects of those whose handler's commit was in doubt, and names each one
+// of a configuration that promises none, so that a run that lets one through says which and when.
+void explain_duplicates(const std::vector<DoubledOrder>& doubled, const std::string& label,
+                        bool promised, const storm::FailureLog& log, ConfigResult& result) {
   const std::set<std::string> in_doubt = log.in_doubt_orders();
-  for (const DoubledOrder& order : doubled_orders(s)) {
+  for (const DoubledOrder& order : doubled) {
     const bool doubt = in_doubt.count(order.order_id) > 0;
     if (doubt) result.in_doubt_duplicate_effects += order.effects - 1;
     if (promised) {
@@ -783,6 +782,8 @@ ConfigResult run_config(const Settings& s, const std::string& config, const std:
   const auto main_end = Clock::now();
   const double main_seconds = std::chrono::duration<double>(main_end - start).count();
   const LedgerCounts main_phase = ledger_counts(s);
+  const std::vector<DoubledOrder> main_doubled =
+      main_phase.effects > main_phase.orders ? doubled_orders(s) : std::vector<DoubledOrder>{};
   // Late redeliveries arrive after every record of the main phase has outlived its retention.
   std::this_thread::sleep_for(s.retention + std::chrono::milliseconds(500));
   deliver_all(workload.late_deliveries);
@@ -802,7 +803,7 @@ ConfigResult run_config(const Settings& s, const std::string& config, const std:
   result.late_duplicate_effects =
       result.duplicate_effects - (main_phase.effects - main_phase.orders);
   result.lost_requests = static_cast<std::int64_t>(workload.logical_requests) - all.orders;
-  explain_duplicates(s, label, promises_single_effects(label), *log, result);
+  explain_duplicates(main_doubled, label, promises_single_effects(label), *log, result);
   return result;
 }
 

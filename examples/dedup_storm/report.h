@@ -21,10 +21,10 @@ struct ConfigResult {
   /// Of them, booked by the late redeliveries (after the retention, when no guard remembers the
   /// request any more: only the sink's record can stop them).
   std::int64_t late_duplicate_effects = 0;
-  /// Of them, booked again after the handler's own COMMIT lost its connection before its answer
-  /// came (PostgreSQL restarted under it): the transaction had committed, the handler threw,
-  /// and a redelivery ran it again. A guard alone cannot tell such a commit from one that did
-  /// not happen; the sink's record in the same transaction can (`all`).
+  /// Of the main phase's, booked again after the handler's own COMMIT lost its connection before
+  /// its answer came (PostgreSQL restarted under it): the transaction had committed, the handler
+  /// threw, and a redelivery ran it again. A guard alone cannot tell such a commit from one that
+  /// did not happen; the sink's record in the same transaction can (`all`).
   std::int64_t in_doubt_duplicate_effects = 0;
   std::int64_t lost_requests = 0;
   std::size_t redeliveries =
