@@ -206,7 +206,8 @@ struct DeduplicatorOptions {
   /// a claim, instead of answering InProgress.
   std::set<std::string, std::less<>> reentrant_intents{};
   /// Decides what a handler exception does to the claim. Empty: always release. Called with
-  /// the exception; must not throw.
+  /// the exception; must not throw. Not called for a cancellation or a commit of the handler's
+  /// own whose outcome is unknown (FailureAction says what happens then).
   std::function<FailureDecision(std::exception_ptr)> on_handler_failure{};
   /// Renews the Redis lease of a running handler at this interval; 0 (default) turns automatic
   /// renewal off. One helper thread per Deduplicator (started on first use) renews every
