@@ -378,7 +378,7 @@ class CallPlan {
   Outcome outcome_;
   std::exception_ptr error_;
   StepError handler_error_;          // the handler's failure, for kDecideFailure and the event
-  bool cancelled_ = false;           // error_ is a cancellation: no event
+  bool cancelled_ = false;           // error_ is a cancellation: no decision
   bool commit_unknown_ = false;      // a commit (idem's or the handler's) of unknown outcome
   bool completing_failure_ = false;  // the completion stores a failure's response
   std::string save_error_;           // completions of the handler's response that failed
