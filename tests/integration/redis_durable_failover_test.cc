@@ -14,6 +14,7 @@
 // records of every master are read (SCAN and GET on each) and each executed key looked up.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
 #include <asio/io_context.hpp>
@@ -84,7 +85,10 @@ struct Stream {
   RedisGuardOptions guard;
   // Filled while it runs (under `mutex`):
   std::mutex mutex;
-  std::vector<std::string> executed;  // the Redis keys of the calls answered Executed
+  std::vector<std::string> executed;  // the Redis keys of the calls answered Executed, saved
+  // Answered Executed with a save_error: the completion failed, so the record is kept only
+  // until its lease ends, and may be gone when the new master is read.
+  std::vector<std::string> unsaved;
   int unavailable = 0;
   int held_back = 0;       // of them: the Sentinels were failing the master over
   int not_replicated = 0;  // of them: the claim was not acknowledged by the replica
@@ -99,9 +103,9 @@ struct Stream {
     if (outcome.error.find("failing the master") != std::string::npos) ++held_back;
     if (outcome.error.find("not acknowledged") != std::string::npos) ++not_replicated;
   }
-  void executed_key(const std::string& key) {
+  void executed_key(const std::string& key, const Outcome& outcome) {
     std::lock_guard lock(mutex);
-    executed.push_back(key);
+    (outcome.saved() ? executed : unsaved).push_back(key);
   }
   [[nodiscard]] std::size_t executed_count() {
     std::lock_guard lock(mutex);
@@ -142,7 +146,7 @@ class Traffic {
               std::this_thread::sleep_for(10ms);
               continue;  // redelivered
             }
-            if (outcome.kind == Outcome::Kind::kExecuted) stream.executed_key(key);
+            if (outcome.kind == Outcome::Kind::kExecuted) stream.executed_key(key, outcome);
           } catch (const std::exception&) {
             std::lock_guard lock(stream.mutex);
             ++stream.errors;
@@ -186,7 +190,7 @@ class Traffic {
                     co_await pause.async_wait(asio::use_awaitable);
                     continue;
                   }
-                  if (outcome.kind == Outcome::Kind::kExecuted) stream.executed_key(key);
+                  if (outcome.kind == Outcome::Kind::kExecuted) stream.executed_key(key, outcome);
                 } catch (const std::exception&) {
                   std::lock_guard lock(stream.mutex);
                   ++stream.errors;
@@ -298,12 +302,16 @@ void run_through_failover(const std::string& what, const std::string& url, bool 
         ++in_progress;
       }
     }
+    const auto unsaved_gone =
+        std::count_if(stream->unsaved.begin(), stream->unsaved.end(),
+                      [&](const std::string& key) { return records.find(key) == records.end(); });
     std::cerr << "[" << what << "] " << stream->name << ": " << stream->executed.size()
               << " executed, " << missing << " missing from the new master, " << in_progress
-              << " still in progress there (completion not replicated); " << stream->unavailable
-              << " Unavailable (" << stream->held_back << " held back by the failover, "
-              << stream->not_replicated << " not acknowledged), " << stream->in_progress
-              << " found in progress, " << stream->errors << " errors\n";
+              << " still in progress there (completion not replicated); " << stream->unsaved.size()
+              << " executed unsaved (" << unsaved_gone << " gone: their leases ended); "
+              << stream->unavailable << " Unavailable (" << stream->held_back
+              << " held back by the failover, " << stream->not_replicated << " not acknowledged), "
+              << stream->in_progress << " found in progress, " << stream->errors << " errors\n";
     EXPECT_EQ(stream->errors, 0) << stream->name;
     if (stream->guard.min_replicas > 0) {
       EXPECT_GT(stream->executed.size(), 20U) << stream->name;
