@@ -33,7 +33,8 @@ AsyncClientSettings client_settings(const RedisGuardOptions& options) {
                                             .command_timeout = redis.command_timeout,
                                             .wait_replicas = static_cast<int>(options.min_replicas),
                                             .wait_timeout = options.replication_timeout},
-                             .cluster = redis.cluster};
+                             .cluster = redis.cluster,
+                             .breaker = options.breaker};
 }
 
 // A completion token whose operation no cancellation reaches (what follows a handler).
@@ -47,43 +48,11 @@ AsyncRedisGuard::AsyncRedisGuard(const asio::any_io_executor& executor,
                                  const RedisGuardOptions& options)
     : options_(options),
       protocol_(options_),
-      client_(AsyncClient::create(executor, client_settings(options_))),
-      breaker_(options_.breaker) {}
+      client_(AsyncClient::create(executor, client_settings(options_))) {}
 
 AsyncRedisGuard::~AsyncRedisGuard() { client_->close(); }
 
 void AsyncRedisGuard::close() { client_->close(); }
-
-template <typename Send>
-asio::awaitable<ReplyPtr> AsyncRedisGuard::guarded(Send send) {
-  if (const auto& sentinel = client_->sentinel();
-      sentinel != nullptr && sentinel->moves() != master_moves_) {
-    master_moves_ = sentinel->moves();
-    breaker_.on_success();  // a new master starts with a closed breaker, as in RedisGuard
-  }
-  if (!breaker_.allow(CircuitBreaker::Clock::now())) {
-    throw RedisError("idem: redis guard: circuit breaker open, Redis not tried", true);
-  }
-  ReplyPtr reply;
-  try {
-    reply = co_await send();
-  } catch (const Cancelled&) {
-    // Nothing is known of Redis; a cancelled half-open probe must not leave the breaker waiting.
-    if (breaker_.state(CircuitBreaker::Clock::now()) == BreakerState::kHalfOpen) {
-      breaker_.on_failure(CircuitBreaker::Clock::now());
-    }
-    throw;
-  } catch (const RedisError& error) {
-    if (error.retryable()) {
-      breaker_.on_failure(CircuitBreaker::Clock::now());
-    } else {
-      breaker_.on_success();
-    }
-    throw;
-  }
-  breaker_.on_success();
-  co_return reply;
-}
 
 asio::awaitable<Written> AsyncRedisGuard::eval(const GuardScript& script, std::string_view key,
                                                std::span<const std::string_view> args,
@@ -91,10 +60,13 @@ asio::awaitable<Written> AsyncRedisGuard::eval(const GuardScript& script, std::s
   const LuaScript lua{script.body, script.sha};
   const std::array<std::string_view, 1> keys{key};
   durable = durable && protocol_.durable();
-  Written written = split_durable(co_await guarded([&] {
-    return cancellable ? client_->evalsha(lua, keys, args, durable, asio::use_awaitable)
-                       : client_->evalsha(lua, keys, args, durable, shielded());
-  }));
+  ReplyPtr reply;
+  if (cancellable) {
+    reply = co_await client_->evalsha(lua, keys, args, durable, asio::use_awaitable);
+  } else {
+    reply = co_await client_->evalsha(lua, keys, args, durable, shielded());
+  }
+  Written written = split_durable(std::move(reply));
   written.reply = checked(std::move(written.reply), "EVALSHA");
   co_return written;
 }
@@ -127,9 +99,8 @@ asio::awaitable<ClaimResult> AsyncRedisGuard::claim(std::string_view key,
     Written written;
     if (protocol_.claim_method() == ClaimMethod::kSetNxGet) {
       const auto args = protocol_.set_nx_get(redis_key, record);
-      written = split_durable(co_await guarded([&] {
-        return client_->exec(redis_key, args, protocol_.durable(), asio::use_awaitable);
-      }));
+      written = split_durable(
+          co_await client_->exec(redis_key, args, protocol_.durable(), asio::use_awaitable));
     } else {
       const std::array<std::string_view, 2> args{record, protocol_.lease_ms()};
       written = co_await eval(scripts_.claim, redis_key, args, true, true);

@@ -1,8 +1,9 @@
 // Layer 2 on an event loop: the Redis guard of the async driver, over the pipelined AsyncClient
 // (src/redis/async_client.h). The same keys, records and Lua scripts as the blocking RedisGuard
-// (src/guard/redis_protocol.h says them once for both), the same circuit breaker; one
-// connection per node, shared by every call (automatic pipelining), Redis Cluster through
-// MOVED/ASK, Redis Sentinel (the master found and followed on the loop: AsyncSentinel).
+// (src/guard/redis_protocol.h says them once for both), the same circuit breaker per node (kept
+// by the AsyncClient); one connection per node, shared by every call (automatic pipelining),
+// Redis Cluster through MOVED/ASK, Redis Sentinel (the master found and followed on the loop:
+// AsyncSentinel).
 //
 // Durability (RedisGuardOptions::min_replicas): claims, completions and renewals are durable
 // commands of the connection (AsyncConnection: one WAIT after each write's durable commands, so
@@ -30,7 +31,6 @@
 #include "idem/guard.h"
 #include "idem/redis_guard.h"
 #include "redis/async_client.h"
-#include "redis/breaker.h"
 
 namespace idem::detail {
 
@@ -69,9 +69,9 @@ class AsyncRedisGuard final : public AsyncGuard {
   void close() override;
 
  private:
-  // EVALSHA `script` with `key` and `args` under the breaker; the reply checked. `cancellable`:
-  // whether the awaiting coroutine's cancellation reaches the command; `durable`: a write the
-  // replicas must acknowledge (WAIT after it when min_replicas > 0).
+  // EVALSHA `script` with `key` and `args` (under its node's breaker); the reply checked.
+  // `cancellable`: whether the awaiting coroutine's cancellation reaches the command; `durable`: a
+  // write the replicas must acknowledge (WAIT after it when min_replicas > 0).
   asio::awaitable<Written> eval(const GuardScript& script, std::string_view key,
                                 std::span<const std::string_view> args, bool cancellable,
                                 bool durable);
@@ -80,16 +80,11 @@ class AsyncRedisGuard final : public AsyncGuard {
   asio::awaitable<bool> eval_flag(const GuardScript& script, std::string_view key,
                                   std::span<const std::string_view> args, bool durable,
                                   std::string_view during);
-  // `reply` of a call through the breaker: a retryable failure counts against it.
-  template <typename Send>
-  asio::awaitable<ReplyPtr> guarded(Send send);
 
   const RedisGuardOptions options_;
   const GuardProtocol protocol_;
   const GuardScripts& scripts_ = GuardScripts::get();
   std::shared_ptr<AsyncClient> client_;
-  CircuitBreaker breaker_;
-  std::uint64_t master_moves_ = 0;  // Sentinel: AsyncSentinel::moves() when last seen
 };
 
 }  // namespace idem::detail

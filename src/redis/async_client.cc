@@ -56,11 +56,11 @@ AsyncClient::AsyncClient(asio::any_io_executor executor, AsyncClientSettings set
   if (!settings_.connection.endpoint.sentinels.empty())
     sentinel_ = AsyncSentinel::create(executor_, settings_.connection);
   // The seed's connection now, so that a bad TLS file is a ConfigError here, not in a call.
-  (void)connection_for(settings_.connection.endpoint.host, settings_.connection.endpoint.port);
+  (void)seed_node();
 }
 
-std::shared_ptr<AsyncConnection> AsyncClient::connection_for(const std::string& host, int port) {
-  std::shared_ptr<AsyncConnection>& node = nodes_[{host, port}];
+std::shared_ptr<AsyncClient::Node> AsyncClient::node_for(const std::string& host, int port) {
+  std::shared_ptr<Node>& node = nodes_[{host, port}];
   if (node == nullptr) {
     AsyncConnectionSettings settings = settings_.connection;
     settings.endpoint.host = host;
@@ -70,46 +70,84 @@ std::shared_ptr<AsyncConnection> AsyncClient::connection_for(const std::string& 
       settings.locator = sentinel_;  // the master, wherever the Sentinels say, checked by ROLE
       settings.require_master = true;
     }
-    node = AsyncConnection::create(executor_, std::move(settings));
-    if (sentinel_ != nullptr) sentinel_->follow(node);
+    auto connection = AsyncConnection::create(executor_, std::move(settings));
+    if (sentinel_ != nullptr) sentinel_->follow(connection);
+    node = std::make_shared<Node>(std::move(connection), settings_.breaker);
   }
   return node;
 }
 
-std::shared_ptr<AsyncConnection> AsyncClient::connection_for_slot(int slot) {
+std::shared_ptr<AsyncClient::Node> AsyncClient::node_for_slot(int slot) {
   if (settings_.cluster && slot >= 0) {
     if (!slot_map_loaded_) load_slot_map();
     if (const auto& node = slots_[static_cast<std::size_t>(slot)]) return node;
   }
   // Unknown slot (map loading or incomplete): the seed answers or redirects with MOVED.
-  return connection_for_seed();
+  return seed_node();
 }
 
-std::shared_ptr<AsyncConnection> AsyncClient::connection_for_seed() {
-  return connection_for(settings_.connection.endpoint.host, settings_.connection.endpoint.port);
+std::shared_ptr<AsyncConnection> AsyncClient::connection_for_slot(int slot) {
+  return node_for_slot(slot)->connection;
 }
 
-void AsyncClient::load_slot_map(const std::shared_ptr<AsyncConnection>& avoid) {
+std::shared_ptr<AsyncClient::Node> AsyncClient::seed_node() {
+  return node_for(settings_.connection.endpoint.host, settings_.connection.endpoint.port);
+}
+
+bool AsyncClient::admit(Node& node) {
+  if (sentinel_ != nullptr && sentinel_->moves() != master_moves_) {
+    master_moves_ = sentinel_->moves();
+    node.breaker.on_success();  // a new master starts with a closed breaker, as in RedisGuard
+  }
+  if (node.breaker.allow(CircuitBreaker::Clock::now())) return true;
+  after_failure(node);
+  return false;
+}
+
+void AsyncClient::failed(Node& node, const std::exception_ptr& error) {
+  const auto now = CircuitBreaker::Clock::now();
+  try {
+    std::rethrow_exception(error);
+  } catch (const Cancelled&) {
+    // Nothing is known of Redis; a cancelled half-open probe must not leave the breaker waiting.
+    if (node.breaker.state(now) == BreakerState::kHalfOpen) node.breaker.on_failure(now);
+  } catch (const RedisError& redis_error) {
+    if (redis_error.retryable()) {
+      node.breaker.on_failure(now);
+    } else {
+      node.breaker.on_success();
+    }
+  } catch (...) {
+    node.breaker.on_failure(now);
+  }
+  after_failure(node);
+}
+
+std::exception_ptr AsyncClient::breaker_open() {
+  return std::make_exception_ptr(
+      RedisError("idem: redis guard: circuit breaker open, Redis not tried", true));
+}
+
+void AsyncClient::load_slot_map(const Node* avoid) {
   if (slot_map_loading_) return;
   slot_map_loading_ = true;
   last_reload_ = std::chrono::steady_clock::now();
   // The seed first, then every node known, the one that just failed last.
-  std::vector<std::shared_ptr<AsyncConnection>> candidates{connection_for_seed()};
+  std::vector<std::shared_ptr<Node>> candidates{seed_node()};
   for (const auto& [address, node] : nodes_) {
     if (node != candidates.front()) candidates.push_back(node);
   }
   std::stable_partition(candidates.begin(), candidates.end(),
-                        [&](const auto& node) { return node != avoid; });
+                        [&](const auto& node) { return node.get() != avoid; });
   ask_for_slots(std::move(candidates), 0);
 }
 
-void AsyncClient::ask_for_slots(std::vector<std::shared_ptr<AsyncConnection>> candidates,
-                                std::size_t next) {
+void AsyncClient::ask_for_slots(std::vector<std::shared_ptr<Node>> candidates, std::size_t next) {
   if (next == candidates.size()) {
     slot_map_loading_ = false;  // nobody answered: a later call asks again
     return;
   }
-  const std::shared_ptr<AsyncConnection> node = candidates[next];
+  const std::shared_ptr<AsyncConnection> node = candidates[next]->connection;
   node->exec(std::array<std::string_view, 2>{"CLUSTER", "SLOTS"},
              [self = shared_from_this(), node, candidates = std::move(candidates), next](
                  std::exception_ptr error, ReplyPtr reply) mutable {
@@ -124,7 +162,7 @@ void AsyncClient::ask_for_slots(std::vector<std::shared_ptr<AsyncConnection>> ca
                  // A node that does not know its own address reports "" or "?".
                  if (range->host.empty() || range->host == "?")
                    range->host = node->settings().endpoint.host;
-                 const auto owner = self->connection_for(range->host, range->port);
+                 const auto owner = self->node_for(range->host, range->port);
                  for (int s = std::max(0, range->first); s <= range->last && s < kClusterSlots;
                       ++s) {
                    self->slots_[static_cast<std::size_t>(s)] = owner;
@@ -134,23 +172,23 @@ void AsyncClient::ask_for_slots(std::vector<std::shared_ptr<AsyncConnection>> ca
              });
 }
 
-void AsyncClient::after_failure(const std::shared_ptr<AsyncConnection>& failed) {
+void AsyncClient::after_failure(const Node& failed) {
   if (!settings_.cluster || slot_map_loading_ ||
       std::chrono::steady_clock::now() - last_reload_ < kReloadInterval) {
     return;
   }
-  load_slot_map(failed);
+  load_slot_map(&failed);
 }
 
 void AsyncClient::close() {
   if (sentinel_ != nullptr) sentinel_->close();
-  for (auto& [address, node] : nodes_) node->close();
+  for (auto& [address, node] : nodes_) node->connection->close();
 }
 
 AsyncClient::Step AsyncClient::next_step(CallOp& op, const redisReply& reply) {
   if (reply.type != REDIS_REPLY_ERROR) return Step::kDone;
   if (reply_error_is(reply, "CLUSTERDOWN") || reply_error_is(reply, "TRYAGAIN")) {
-    after_failure(op.target);
+    after_failure(*op.target);
     return Step::kDone;
   }
   if (op.script && !op.reloaded && reply_error_is(reply, "NOSCRIPT")) {
@@ -162,7 +200,7 @@ AsyncClient::Step AsyncClient::next_step(CallOp& op, const redisReply& reply) {
   const std::optional<Redirect> redirect = parse_redirect(reply);
   if (!redirect) return Step::kDone;
   if (++op.redirects > settings_.max_redirects) return Step::kFail;
-  op.target = connection_for(redirect->host, redirect->port);
+  op.target = node_for(redirect->host, redirect->port);
   if (redirect->ask) {
     op.ask = true;  // this call only; the slot stays where it was
   } else if (redirect->slot >= 0 && redirect->slot < kClusterSlots) {

@@ -1,16 +1,18 @@
-// The asynchronous Redis client the async driver calls: one pipelined AsyncConnection per node
-// (a single node, the current master of a Sentinel-monitored set, or each master of a Redis
-// Cluster), EVALSHA with NOSCRIPT reload, and cluster routing with MOVED/ASK (the slot map
-// loaded again after a call failed, so that a failover is followed with no MOVED from the dead
-// master). Completion tokens: `co_await client->exec(args, asio::use_awaitable)`, a callback, or
-// asio::use_future.
+// The asynchronous Redis client the async driver calls: one pipelined AsyncConnection and one
+// circuit breaker per node (a single node, the current master of a Sentinel-monitored set, or
+// each master of a Redis Cluster), EVALSHA with NOSCRIPT reload, and cluster routing with
+// MOVED/ASK (the slot map loaded again after a call failed, so that a failover is followed with
+// no MOVED from the dead master). Completion tokens: `co_await client->exec(args,
+// asio::use_awaitable)`, a callback, or asio::use_future.
 //
 // Thread safety: like AsyncConnection, not thread-safe: use it from its executor's thread.
 #pragma once
 
 #include <asio/any_io_executor.hpp>
 #include <asio/compose.hpp>
+#include <asio/post.hpp>
 #include <chrono>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <optional>
@@ -18,8 +20,10 @@
 #include <utility>
 #include <vector>
 
+#include "idem/redis_guard.h"
 #include "redis/async_connection.h"
 #include "redis/async_sentinel.h"
+#include "redis/breaker.h"
 #include "redis/cluster.h"
 
 namespace idem::detail {
@@ -39,6 +43,10 @@ struct AsyncClientSettings {
   bool cluster = false;
   /// Redirections followed per call before it fails (retryable).
   int max_redirects = 5;
+  /// Each node's breaker (a Sentinel master's starts closed again after each move). While a
+  /// node's breaker is open its calls fail at once with a retryable idem::RedisError, and in
+  /// cluster mode the slot map is loaded again. Disabled (threshold 0) unless set.
+  CircuitBreakerOptions breaker{.failure_threshold = 0};
 };
 
 class AsyncClient : public std::enable_shared_from_this<AsyncClient> {
@@ -106,30 +114,41 @@ class AsyncClient : public std::enable_shared_from_this<AsyncClient> {
   }
 
  private:
-  // One call: route, send, follow MOVED/ASK, reload on NOSCRIPT.
+  // One node: its connection and its circuit breaker.
+  struct Node {
+    Node(std::shared_ptr<AsyncConnection> connection, CircuitBreakerOptions breaker)
+        : connection(std::move(connection)), breaker(breaker) {}
+    const std::shared_ptr<AsyncConnection> connection;
+    CircuitBreaker breaker;
+  };
+
+  // One call: route, send under the target's breaker, follow MOVED/ASK, reload on NOSCRIPT.
   struct CallOp {
     std::shared_ptr<AsyncClient> client;
     int slot;
     RespCommand command;
     std::optional<LuaScript> script;  // EVALSHA's, loaded after a NOSCRIPT
     bool durable = false;             // completes after the WAIT that follows it
-    std::shared_ptr<AsyncConnection> target{};
+    std::shared_ptr<Node> target{};
     bool ask = false;
     bool reloaded = false;
     int redirects = 0;
     bool started = false;
+    bool refused = false;  // the target's breaker was open: completes with that, posted
 
     template <typename Self>
     void operator()(Self& self, std::exception_ptr error = nullptr, ReplyPtr reply = nullptr) {
       if (!started) {
         started = true;
-        target = client->connection_for_slot(slot);
+        target = client->node_for_slot(slot);
         return send(self);
       }
+      if (refused) return self.complete(breaker_open(), nullptr);
       if (error != nullptr) {
-        client->after_failure(target);
+        client->failed(*target, error);
         return self.complete(error, nullptr);
       }
+      target->breaker.on_success();  // the node answered (even an error reply, a redirection)
       switch (client->next_step(*this, *reply)) {
         case Step::kDone:
           return self.complete(nullptr, std::move(reply));
@@ -141,10 +160,14 @@ class AsyncClient : public std::enable_shared_from_this<AsyncClient> {
     }
     template <typename Self>
     void send(Self& self) {
+      if (!client->admit(*target)) {
+        refused = true;
+        return asio::post(client->executor_, std::move(self));
+      }
       const std::chrono::milliseconds timeout = client->settings_.connection.command_timeout;
       if (!ask && !reloaded) {
         // The usual case: the command's own bytes, which a move of this op leaves in place.
-        return target->send(command.bytes(), 1, timeout, durable, std::move(self));
+        return target->connection->send(command.bytes(), 1, timeout, durable, std::move(self));
       }
       std::string bytes;
       int count = 1;
@@ -156,7 +179,7 @@ class AsyncClient : public std::enable_shared_from_this<AsyncClient> {
         if (ask) bytes += kAsking.bytes(), ++count;
       }
       bytes += command.bytes();
-      target->send(bytes, count, timeout, durable, std::move(self));
+      target->connection->send(bytes, count, timeout, durable, std::move(self));
     }
   };
   enum class Step { kDone, kResend, kFail };
@@ -173,23 +196,32 @@ class AsyncClient : public std::enable_shared_from_this<AsyncClient> {
   // What to do after `reply` to `op`'s last send; updates op (target, ask, reloaded).
   Step next_step(CallOp& op, const redisReply& reply);
   std::exception_ptr too_many_redirects(const redisReply& reply) const;
-  std::shared_ptr<AsyncConnection> connection_for(const std::string& host, int port);
-  std::shared_ptr<AsyncConnection> connection_for_seed();
+  static std::exception_ptr breaker_open();
+  std::shared_ptr<Node> node_for_slot(int slot);
+  std::shared_ptr<Node> node_for(const std::string& host, int port);
+  std::shared_ptr<Node> seed_node();
+  // Whether `node`'s breaker lets a call through now; when it does not, in cluster mode the slot
+  // map is loaded again (after_failure), since the slot may have moved to a live master.
+  bool admit(Node& node);
+  // A call on `node` failed without a reply: its breaker counts it (a retryable error, or a
+  // cancelled half-open probe), and after_failure().
+  void failed(Node& node, const std::exception_ptr& error);
   // Loads the slot map (CLUSTER SLOTS), asking the known nodes in turn, `avoid` last.
-  void load_slot_map(const std::shared_ptr<AsyncConnection>& avoid = nullptr);
-  void ask_for_slots(std::vector<std::shared_ptr<AsyncConnection>> candidates, std::size_t next);
-  // Cluster: a call on `failed` failed without a reply (refused, lost, timed out) or with
-  // CLUSTERDOWN/TRYAGAIN: the slot map is loaded again (one load at a time, at most one per
-  // kReloadInterval), so that a slot whose master died goes to its promoted replica. The failed
-  // call is not sent again.
-  void after_failure(const std::shared_ptr<AsyncConnection>& failed);
+  void load_slot_map(const Node* avoid = nullptr);
+  void ask_for_slots(std::vector<std::shared_ptr<Node>> candidates, std::size_t next);
+  // Cluster: a call on `failed` failed without a reply (refused, lost, timed out), with
+  // CLUSTERDOWN/TRYAGAIN, or was refused by its breaker: the slot map is loaded again (one load
+  // at a time, at most one per kReloadInterval), so that a slot whose master died goes to its
+  // promoted replica. The failed call is not sent again.
+  void after_failure(const Node& failed);
   static constexpr std::chrono::milliseconds kReloadInterval{100};
 
   asio::any_io_executor executor_;
   const AsyncClientSettings settings_;
   std::shared_ptr<AsyncSentinel> sentinel_;  // redis-sentinel:// only
-  std::map<std::pair<std::string, int>, std::shared_ptr<AsyncConnection>> nodes_;
-  std::vector<std::shared_ptr<AsyncConnection>> slots_;  // cluster: kClusterSlots entries
+  std::map<std::pair<std::string, int>, std::shared_ptr<Node>> nodes_;
+  std::vector<std::shared_ptr<Node>> slots_;  // cluster: kClusterSlots entries
+  std::uint64_t master_moves_ = 0;            // Sentinel: AsyncSentinel::moves() when last seen
   bool slot_map_loading_ = false;
   bool slot_map_loaded_ = false;
   std::chrono::steady_clock::time_point last_reload_{};

@@ -168,7 +168,9 @@ TEST(RedisClusterFailover, AKilledMasterFailsOverToItsReplicaAndOnlyItsBreakerOp
 // The async client follows a failover with no MOVED to tell it: a dead master sends none, so it
 // loads the slot map again after a call fails, and the calls for the dead master's slots reach
 // its promoted replica (a map reloaded only on MOVED would send them to the dead node for good).
-TEST(RedisClusterFailover, TheAsyncGuardFollowsAKilledMastersSlotsToItsReplica) {
+// Meanwhile only the dead master's breaker opens (one breaker for the whole cluster refused every
+// master's calls for as long as one master was down).
+TEST(RedisClusterFailover, TheAsyncGuardOpensOnlyTheKilledMastersBreakerAndFollowsItsSlots) {
   test::ClusterGroup cluster(3, 1, milliseconds(1000));
   const RedisGuardOptions options = failover_options(cluster, "async-failover", milliseconds(100));
   const RedisGuard naming(options);  // for the keys' slots; connects on first use only
@@ -176,6 +178,13 @@ TEST(RedisClusterFailover, TheAsyncGuardFollowsAKilledMastersSlotsToItsReplica) 
   test::RedisServer* victim = cluster.owner_of(kSlot);
   ASSERT_NE(victim, nullptr);
   ASSERT_NE(victim, cluster.nodes().front().get());
+  std::string bystander;
+  for (int n = 0; bystander.empty(); ++n) {
+    const std::string candidate = "u:refund:by" + std::to_string(n);
+    if (cluster.owner_of(detail::key_slot(naming.redis_key(candidate))) != victim) {
+      bystander = candidate;
+    }
+  }
   std::string probe;
   test::run_coroutine([&](asio::any_io_executor executor) -> asio::awaitable<void> {
     detail::AsyncRedisGuard guard(executor, options);
@@ -184,6 +193,13 @@ TEST(RedisClusterFailover, TheAsyncGuardFollowsAKilledMastersSlotsToItsReplica) 
     EXPECT_EQ((co_await guard.claim(before, "req-1", "")).status, ClaimStatus::kFirst);
     const auto killed_at = Clock::now();
     victim->kill();
+    // Only the victim's breaker opens: another master's slot answers at once meanwhile.
+    for (int i = 0; i < 3; ++i) {
+      const std::string failing = key_in_slot(naming, kSlot, "u:refund:f" + std::to_string(i));
+      EXPECT_THROW((void)co_await guard.claim(failing, "req-f", ""), RedisError);
+    }
+    EXPECT_EQ((co_await guard.claim(bystander, "req-by", "")).status, ClaimStatus::kFirst);
+    EXPECT_LT(Clock::now() - killed_at, milliseconds(1000)) << "the window closed too early";
     asio::steady_timer pause(executor);
     for (int n = 0; Clock::now() - killed_at < std::chrono::seconds(30); ++n) {
       probe = key_in_slot(naming, kSlot, "u:refund:after-" + std::to_string(n) + "-");

@@ -90,16 +90,18 @@ struct Stream {
   // until its lease ends, and may be gone when the new master is read.
   std::vector<std::string> unsaved;
   int unavailable = 0;
-  int held_back = 0;       // of them: the Sentinels were failing the master over
-  int not_replicated = 0;  // of them: the claim was not acknowledged by the replica
-  int in_progress = 0;     // given up: the key was found claimed
-  int errors = 0;          // exceptions out of run()
+  int held_back = 0;                   // of them: the Sentinels were failing the master over
+  int not_replicated = 0;              // of them: the claim was not acknowledged by the replica
+  int in_progress = 0;                 // given up: the key was found claimed
+  int errors = 0;                      // exceptions out of run()
+  std::map<std::string, int> reasons;  // Unavailable by error text
 
   void count(const Outcome& outcome) {
     std::lock_guard lock(mutex);
     if (outcome.kind == Outcome::Kind::kInProgress) ++in_progress;
     if (outcome.kind != Outcome::Kind::kUnavailable) return;
     ++unavailable;
+    ++reasons[outcome.error.substr(0, 120)];
     if (outcome.error.find("failing the master") != std::string::npos) ++held_back;
     if (outcome.error.find("not acknowledged") != std::string::npos) ++not_replicated;
   }
@@ -312,6 +314,8 @@ void run_through_failover(const std::string& what, const std::string& url, bool 
               << stream->unavailable << " Unavailable (" << stream->held_back
               << " held back by the failover, " << stream->not_replicated << " not acknowledged), "
               << stream->in_progress << " found in progress, " << stream->errors << " errors\n";
+    for (const auto& [reason, n] : stream->reasons)
+      std::cerr << "    " << n << " x " << reason << "\n";
     EXPECT_EQ(stream->errors, 0) << stream->name;
     if (stream->guard.min_replicas > 0) {
       EXPECT_GT(stream->executed.size(), 20U) << stream->name;
