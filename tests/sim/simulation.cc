@@ -540,6 +540,10 @@ class Simulation {
   void lock_wait(Call& c, const Step& step);
   void sink_claimed(Call& c, const Step& step, SinkClaim claim);
   void commit(Call& c, const Step& step);
+  // A COMMIT whose answer is lost (`whose`: idem's "commit" or "the handler's own commit"),
+  // which did or did not commit (the caller applies that): the fault noted, and the error its
+  // caller gets.
+  std::exception_ptr commit_answer_lost(const Call& c, bool committed, const std::string& whose);
   void start_handler(Call& c);
   void handler_tick(Call& c);
   void handler_returns(Call& c);
@@ -1698,6 +1702,15 @@ void Simulation::run_sink_step(Call& c, const Step& step) {
   }
 }
 
+std::exception_ptr Simulation::commit_answer_lost(const Call& c, bool committed,
+                                                  const std::string& whose) {
+  injected(committed ? Fault::kCommitUnknownCommitted : Fault::kCommitUnknownLost, c.logical,
+           "c" + std::to_string(c.id) + ": " + whose + "'s answer lost (" +
+               (committed ? "it committed)" : "it did not commit)"));
+  return std::make_exception_ptr(
+      CommitOutcomeUnknown("idem: postgres: " + whose + ": connection lost (outcome unknown)"));
+}
+
 void Simulation::commit(Call& c, const Step& step) {
   const SimPostgres::TxId tx = std::exchange(c.tx, 0);
   if (const std::optional<Call::Record> record = std::exchange(c.record_pending, std::nullopt);
@@ -1718,16 +1731,12 @@ void Simulation::commit(Call& c, const Step& step) {
           PostgresError("idem: postgres: could not serialize access", false, "40001"));
     } else {
       const bool committed = kind == 1;
-      injected(committed ? Fault::kCommitUnknownCommitted : Fault::kCommitUnknownLost, c.logical,
-               "c" + std::to_string(c.id) + ": commit's answer lost (" +
-                   (committed ? "it committed)" : "it did not commit)"));
+      failure = commit_answer_lost(c, committed, "commit");
       if (committed) {
         pg_->commit(tx);
       } else {
         pg_->rollback(tx);
       }
-      failure = std::make_exception_ptr(
-          CommitOutcomeUnknown("idem: postgres: connection lost (commit outcome unknown)"));
     }
     wake_waiters(tx);
     at = now_ + kPgTimeout;
@@ -1832,12 +1841,8 @@ void Simulation::handler_tick(Call& c) {
       }
       // Its own COMMIT loses its answer: the handler throws CommitOutcomeUnknown.
       const bool committed = faults_.below(2) == 0;
-      injected(committed ? Fault::kCommitUnknownCommitted : Fault::kCommitUnknownLost, c.logical,
-               "c" + std::to_string(c.id) + ": the handler's own commit's answer lost (" +
-                   (committed ? "it committed)" : "it did not commit)"));
+      failure = commit_answer_lost(c, committed, "the handler's own commit");
       if (committed) pg_->write_effect_now(effect);
-      failure = std::make_exception_ptr(
-          CommitOutcomeUnknown("the handler's commit: connection lost (commit outcome unknown)"));
     }
   } else if (statement(c, *c.current)) {
     // The business write, in the sink's transaction.
