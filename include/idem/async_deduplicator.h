@@ -126,8 +126,12 @@ class IDEM_EXPORT AsyncTransaction {
   /// Made by the driver for each call; handlers only receive it.
   explicit AsyncTransaction(detail::AsyncPgTransaction& tx) noexcept : tx_(&tx) {}
 
-  /// Runs one statement, parameters $1… as text (std::nullopt: NULL; unnamed, unprepared, libpq's
-  /// extended protocol: one statement per call). Throws idem::PostgresError (sqlstate()) on a
+  /// Runs one statement, parameters $1… as text (std::nullopt: NULL; libpq's extended protocol:
+  /// one statement per call). The first PgSinkOptions::statement_cache distinct texts are
+  /// prepared on each connection at their first use and then sent by name: a text whose result
+  /// columns changed since (ALTER TABLE under a `SELECT *`) fails once per connection with
+  /// SQLSTATE 0A000 and is prepared again at its next use; a handler must not DEALLOCATE or
+  /// DISCARD them. Throws idem::PostgresError (sqlstate()) on a
   /// failed statement (the transaction is then aborted: let it propagate, or the COMMIT
   /// fails); a unique violation of one of PgSinkOptions::business_constraints that the
   /// handler lets propagate makes the call a kDuplicate (nothing of it commits). A statement

@@ -39,12 +39,26 @@ std::shared_ptr<PgAsyncConnection> PgAsyncConnection::create(executor_type execu
 PgAsyncConnection::PgAsyncConnection(executor_type executor, PgAsyncSettings settings)
     : executor_(std::move(executor)),
       settings_(std::move(settings)),
+      texts_(settings_.prepared.begin(), settings_.prepared.end()),
       prepared_(settings_.prepared.size(), false),
       deadline_(executor_),
       connect_timer_(executor_) {
   for (std::size_t i = 0; i < settings_.prepared.size(); ++i) {
     prepared_names_.push_back("idem_async_" + std::to_string(i));
   }
+}
+
+PgStatement PgAsyncConnection::resolved(PgStatement statement) {
+  auto found = cached_.find(statement.sql());
+  if (found == cached_.end()) {
+    if (cached_.size() >= settings_.statement_cache) return PgStatement(statement.sql());
+    const std::size_t index = texts_.size();
+    texts_.push_back(statement.sql());
+    found = cached_.emplace(texts_.back(), index).first;
+    prepared_names_.push_back("idem_async_" + std::to_string(index));
+    prepared_.push_back(false);
+  }
+  return PgStatement::prepared(found->second);
 }
 
 PgAsyncConnection::~PgAsyncConnection() {
@@ -66,7 +80,7 @@ void PgAsyncConnection::enqueue(std::unique_ptr<Op> op, PgStatement statement, P
                                                      std::to_string(statement.prepared_index()))));
   }
   Pending& entry = pending_.emplace_back();
-  entry.statement = std::move(statement);
+  entry.statement = statement.is_cached() ? resolved(std::move(statement)) : std::move(statement);
   entry.params = std::move(params);
   entry.timeout = timeout;
   entry.deadline = Clock::now() + timeout;
@@ -212,7 +226,7 @@ bool PgAsyncConnection::send(Pending& entry, const std::vector<const char*>& val
   const auto at = static_cast<std::size_t>(index);
   const char* name = prepared_names_[at].c_str();
   if (!prepared_[at]) {
-    if (PQsendPrepare(conn_, name, settings_.prepared[at].c_str(), count, nullptr) != 1) {
+    if (PQsendPrepare(conn_, name, texts_[at].c_str(), count, nullptr) != 1) {
       return false;
     }
     prepared_[at] = true;
@@ -262,6 +276,12 @@ void PgAsyncConnection::finish_front(PgResultPtr result) {
              PQresultStatus(result.get()) == PGRES_PIPELINE_ABORTED) {
     const char* state = PQresultErrorField(result.get(), PG_DIAG_SQLSTATE);
     const std::string sqlstate = state != nullptr ? state : "";
+    // A cached text whose plan's result columns changed ("cached plan must not change result
+    // type") fails so on every run: it is prepared again, under a new name, at its next use.
+    if (const int index = entry.statement.prepared_index();
+        sqlstate == "0A000" && index >= static_cast<int>(settings_.prepared.size())) {
+      cached_.erase(texts_[static_cast<std::size_t>(index)]);
+    }
     if (sqlstate == "57014" && entry.cancel_requested) {
       error = cancelled();
     } else {

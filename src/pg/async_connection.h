@@ -34,6 +34,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "common/async_op.h"
@@ -65,6 +66,9 @@ struct PgAsyncSettings {
   /// flight, then sent by name), run as PgStatement::prepared(index): the server parses and
   /// plans them once per connection instead of once per call.
   std::vector<std::string> prepared{};
+  /// How many distinct texts of PgStatement::cached() each connection prepares, as `prepared`,
+  /// at their first use: the first ones; any text beyond goes unnamed. 0: none.
+  std::size_t statement_cache = 0;
 };
 
 /// Parameters of a statement: text format, nullopt is SQL NULL.
@@ -82,8 +86,9 @@ template <typename... Values>
 }
 
 /// What a statement runs: SQL text (implicitly, from a string: sent unnamed, parsed and planned
-/// by the server each time), or one of the connection settings' `prepared` texts by its index
-/// (no text copied per call; sent by name).
+/// by the server each time), SQL text the connection prepares at its first use (cached()), or
+/// one of the connection settings' `prepared` texts by its index (no text copied per call; sent
+/// by name).
 class PgStatement {
  public:
   PgStatement(std::string sql) : sql_(std::move(sql)) {}  // NOLINT: implicit, for SQL text
@@ -94,8 +99,17 @@ class PgStatement {
     statement.prepared_ = static_cast<int>(index);
     return statement;
   }
+  /// `sql`, prepared by the connection at its first use there and then sent by name, within
+  /// PgAsyncSettings::statement_cache (else sent unnamed, as SQL text is).
+  [[nodiscard]] static PgStatement cached(std::string sql) {
+    PgStatement statement(std::move(sql));
+    statement.cached_ = true;
+    return statement;
+  }
   /// The index into PgAsyncSettings::prepared, or -1 for SQL text.
   [[nodiscard]] int prepared_index() const noexcept { return prepared_; }
+  /// Whether it is SQL text to prepare on the connection (cached()).
+  [[nodiscard]] bool is_cached() const noexcept { return cached_; }
   /// The SQL text (empty for a prepared one).
   [[nodiscard]] const std::string& sql() const noexcept { return sql_; }
 
@@ -103,6 +117,7 @@ class PgStatement {
   PgStatement() = default;
   std::string sql_;
   int prepared_ = -1;
+  bool cached_ = false;
 };
 
 class PgAsyncConnection : public std::enable_shared_from_this<PgAsyncConnection> {
@@ -158,8 +173,8 @@ class PgAsyncConnection : public std::enable_shared_from_this<PgAsyncConnection>
     PgParams params;
     bool sent = false;
     bool cancel_requested = false;  // PQcancel sent for it: its 57014 is idem::Cancelled
-    int preparing = -1;  // index into settings_.prepared whose Prepare result comes first
-    PgResultPtr result;  // the statement's result, kept until its sync point
+    int preparing = -1;             // index into texts_ whose Prepare result comes first
+    PgResultPtr result;             // the statement's result, kept until its sync point
     std::chrono::milliseconds timeout{0};
     Clock::time_point deadline;
   };
@@ -167,6 +182,9 @@ class PgAsyncConnection : public std::enable_shared_from_this<PgAsyncConnection>
   PgAsyncConnection(executor_type executor, PgAsyncSettings settings);
 
   static void on_cancel(Op& op);
+  // A cached() statement as the connection sends it: by the index of its text among texts_
+  // (added there while statement_cache allows), else as SQL text.
+  PgStatement resolved(PgStatement statement);
   void enqueue(std::unique_ptr<Op> op, PgStatement statement, PgParams params,
                std::chrono::milliseconds timeout);
   void connect();
@@ -198,8 +216,12 @@ class PgAsyncConnection : public std::enable_shared_from_this<PgAsyncConnection>
   bool flush_pending_ = false;
   bool send_scheduled_ = false;
   std::deque<Pending> pending_;
-  std::vector<std::string> prepared_names_;  // of settings_.prepared: idem_async_<index>
-  std::vector<bool> prepared_;               // on this connection (reset when it is dropped)
+  // The texts prepared by name: settings_.prepared, then the cached() ones in order of first use
+  // (a deque: the views in cached_ stay valid).
+  std::deque<std::string> texts_;
+  std::unordered_map<std::string_view, std::size_t> cached_;  // a cached() text: its index
+  std::vector<std::string> prepared_names_;                   // of texts_: idem_async_<index>
+  std::vector<bool> prepared_;  // on this connection (reset when it is dropped)
   QueueDeadline deadline_;
   asio::steady_timer connect_timer_;
   std::uint64_t connects_ = 0;

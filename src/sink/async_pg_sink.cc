@@ -48,6 +48,7 @@ PgAsyncSettings connection_settings(const PgSinkOptions& options, const SinkStat
   // (in the order of Prepared).
   settings.prepared = {sql.claim,   sql.lookup, sql.take_over, sql.complete,
                        sql.release, sql.renew,  sql.lock,      sql.record};
+  settings.statement_cache = options.statement_cache;  // the handlers' statements
   return settings;
 }
 
@@ -378,13 +379,14 @@ asio::awaitable<PgResultPtr> AsyncPgTransaction::exec(std::string sql, PgParams 
     pending_begin_ = false;
     Batch batch;
     batch.emplace_back(std::string("BEGIN"), PgParams{});
-    batch.emplace_back(std::move(sql), std::move(params));
+    batch.emplace_back(PgStatement::cached(std::move(sql)), std::move(params));
     BatchEnds ends = co_await exec_batch(connection_, std::move(batch), asio::use_awaitable);
     rethrow_end(ends, 0);
     rethrow_end(ends, 1);
     co_return std::move(ends[1].second);
   }
-  co_return co_await connection_->exec(std::move(sql), std::move(params), asio::use_awaitable);
+  co_return co_await connection_->exec(PgStatement::cached(std::move(sql)), std::move(params),
+                                       asio::use_awaitable);
 }
 
 void AsyncPgTransaction::record(std::string_view key, std::string_view request_id,

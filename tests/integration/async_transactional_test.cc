@@ -285,6 +285,43 @@ TEST_F(AsyncTransactionalTest, FirstExecutionCommitsBusinessRowsWithTheRecordThe
   EXPECT_EQ(records(), 1);
 }
 
+// The handler's statements are prepared on the sink's connection (PgSinkOptions::statement_cache)
+// and then sent by name, as asyncpg does: seen from inside the handler, its session holds them.
+// With the cache off they are sent unnamed and the session holds none.
+TEST_F(AsyncTransactionalTest, TheHandlersStatementsArePreparedOnTheirConnection) {
+  for (const std::size_t cache : {std::size_t{64}, std::size_t{0}}) {
+    asio::io_context io;
+    AsyncDeduplicatorOptions o = options(false);
+    o.postgres->pool_size = 1;
+    o.postgres->statement_cache = cache;
+    AsyncDeduplicator dedup(io.get_executor(), o);
+    for (int call = 0; call < 2; ++call) {
+      const std::string order = "p" + std::to_string(cache) + "-" + std::to_string(call);
+      int runs = 0;
+      std::string prepared;
+      const Ending ending = run_to_end(io, [&]() -> asio::awaitable<Outcome> {
+        co_return co_await dedup.run_transactional(
+            refund_request("r1", order),
+            [&](AsyncTransaction& tx) -> asio::awaitable<std::string> {
+              (void)co_await refund(order, &runs)(tx);
+              const AsyncResult listed = co_await tx.exec(
+                  "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE 'UPDATE %' "
+                  "OR statement LIKE 'INSERT INTO " +
+                  table("ledger") + "%'");
+              prepared = std::string(listed.get(0, 0).value_or(""));
+              co_return "done";
+            },
+            asio::use_awaitable);
+      });
+      ASSERT_FALSE(ending.error);
+      EXPECT_EQ(ending.outcome.kind, Outcome::Kind::kExecuted);
+      EXPECT_EQ(prepared, cache > 0 ? "2" : "0") << "cache " << cache << ", call " << call;
+    }
+    dedup.close();
+    io.run();
+  }
+}
+
 TEST_F(AsyncTransactionalTest, AHandlerFailureRollsBackAndReleasesTheClaim) {
   asio::io_context io;
   AsyncDeduplicator dedup(io.get_executor(), options(true));

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "gcc_coroutine_frames.h"
 #include "idem/errors.h"
 #include "loop_probe.h"
 #include "pg/async_connection.h"
@@ -109,6 +110,59 @@ TEST(PgAsync, ThePreparedTextsArePreparedOncePerConnectionAndAFailedPrepareAgain
     EXPECT_EQ(value(names), "idem_async_0");
     EXPECT_EQ(connection->connects(), 1u);
   });
+}
+
+// PgStatement::cached(): the first statement_cache distinct texts are prepared on the
+// connection at their first use and then sent by name, any later text unnamed. A cached text
+// whose result columns changed (ALTER TABLE under `SELECT *`) fails with 0A000 ("cached plan must
+// not change result type") on every later run unless it is prepared again: it is, at its next use.
+TEST(PgAsync, CachedTextsArePreparedWithinTheCacheAndAgainAfterTheirColumnsChanged) {
+  IDEM_REQUIRE_SERVICE(url, "IDEM_TEST_PG_URL");
+  const std::string table = test::unique_name("idem_cached");
+  pqxx::connection admin(url);
+  pqxx::nontransaction(admin).exec0("CREATE TABLE " + table + " (a int); INSERT INTO " + table +
+                                    " VALUES (1)");
+  run_coroutine([&](auto executor) -> asio::awaitable<void> {
+    PgAsyncSettings settings = settings_for(url);
+    settings.prepared = {"SELECT 'idem'"};
+    settings.statement_cache = 2;
+    auto connection = PgAsyncConnection::create(executor, settings);
+    const std::string sum = "SELECT $1::int + 1";
+    const std::string all = "SELECT * FROM " + table;
+    const std::string beyond = "SELECT 'beyond the cache'";
+    for (int i = 0; i < 2; ++i) {
+      PgParams params{std::to_string(i)};
+      PgResultPtr result = co_await connection->exec(PgStatement::cached(sum), std::move(params),
+                                                     asio::use_awaitable);
+      EXPECT_EQ(value(result), std::to_string(i + 1));
+      const PgResultPtr columns =
+          co_await connection->exec(PgStatement::cached(all), {}, asio::use_awaitable);
+      EXPECT_EQ(PQnfields(columns.get()), 1);
+      const PgResultPtr unnamed =
+          co_await connection->exec(PgStatement::cached(beyond), {}, asio::use_awaitable);
+      EXPECT_EQ(value(unnamed), "beyond the cache");
+    }
+    const std::string list =
+        "SELECT string_agg(name || '=' || statement, ',' ORDER BY name) FROM "
+        "pg_prepared_statements";
+    const PgResultPtr names = co_await connection->exec(list, {}, asio::use_awaitable);
+    EXPECT_EQ(value(names), "idem_async_1=" + sum + ",idem_async_2=" + all);
+
+    pqxx::nontransaction(admin).exec0("ALTER TABLE " + table + " ADD COLUMN b int");
+    try {
+      (void)co_await connection->exec(PgStatement::cached(all), {}, asio::use_awaitable);
+      ADD_FAILURE() << "PostgreSQL no longer refuses a cached plan whose columns changed";
+    } catch (const PostgresError& error) {
+      EXPECT_EQ(error.sqlstate(), "0A000") << error.what();
+    }
+    for (int i = 0; i < 2; ++i) {
+      PgResultPtr result =
+          co_await connection->exec(PgStatement::cached(all), {}, asio::use_awaitable);
+      EXPECT_EQ(PQnfields(result.get()), 2) << "run " << i << " after the ALTER";
+    }
+    EXPECT_EQ(connection->connects(), 1u);
+  });
+  pqxx::nontransaction(admin).exec0("DROP TABLE " + table);
 }
 
 TEST(PgAsync, ConcurrentStatementsArePipelinedAndAnsweredInOrder) {
