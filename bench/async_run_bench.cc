@@ -74,6 +74,7 @@ struct Args {
   double seconds = 5;
   bool setup = false;
   bool transactional = false;
+  std::size_t statement_cache = idem::PgSinkOptions{}.statement_cache;
 };
 
 // The business write of --transactional ($1: the key).
@@ -104,6 +105,7 @@ idem::PgSinkOptions sink_options(const Args& args, std::size_t connections) {
   sink.schema = args.schema;
   sink.ns = "bench";
   sink.pool_size = connections;
+  sink.statement_cache = args.statement_cache;
   return sink;
 }
 
@@ -349,6 +351,9 @@ int main(int argc, char** argv) {
                "run_transactional() with one business INSERT instead of run()");
   app.add_option("--mode", args.mode, "async or blocking")
       ->check(CLI::IsMember({"async", "blocking"}))
+      ->capture_default_str();
+  app.add_option("--statement-cache", args.statement_cache,
+                 "async: PgSinkOptions::statement_cache (0: the handler's statements unnamed)")
       ->capture_default_str();
   app.add_option("--seconds", args.seconds, "Seconds to run")
       ->check(CLI::PositiveNumber)
