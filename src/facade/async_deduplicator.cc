@@ -240,6 +240,9 @@ asio::awaitable<StepResult> AsyncCall::perform(const Step& step) {
     co_return *std::move(done);
   }
   try {
+    // Not through perform_io(), whose frame holds room for every other step's operation and
+    // would stay allocated for as long as the handler runs.
+    if (step.kind == StepKind::kRunHandler) co_return co_await run_handler();
     co_return co_await perform_io(step);
   } catch (...) {
     if (step.kind == StepKind::kCommit) tx_.reset();  // ended, whatever it answered
@@ -272,8 +275,6 @@ asio::awaitable<StepResult> AsyncCall::perform_io(const Step& step) {
     case StepKind::kCommit:
     case StepKind::kRollback:
       co_return co_await perform_in_transaction(step);
-    case StepKind::kRunHandler:
-      co_return co_await run_handler();
     case StepKind::kWait: {
       asio::steady_timer timer(dedup_->executor, step.at);
       std::error_code ignored;  // cut short by a stop or the deadline: the plan sees why
