@@ -2010,7 +2010,7 @@ void Simulation::injected(Fault kind, int logical, std::string text) {
   result_.injected.push_back(fault_number_ - 1);
   if (tracing()) {
     result_.trace.push_back(TraceLine{now_, logical, true,
-                                      "FAULT #" + std::to_string(fault_number_ - 1) + " " +
+                                      "FAULT " + std::to_string(fault_number_ - 1) + " " +
                                           std::string(to_string(kind)) + ": " + std::move(text)});
   }
 }
