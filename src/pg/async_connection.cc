@@ -80,6 +80,7 @@ void PgAsyncConnection::enqueue(std::unique_ptr<Op> op, PgStatement statement, P
                                                      std::to_string(statement.prepared_index()))));
   }
   Pending& entry = pending_.emplace_back();
+  entry.sync_with_next = statement.syncs_with_next();
   entry.statement = statement.is_cached() ? resolved(std::move(statement)) : std::move(statement);
   entry.params = std::move(params);
   entry.timeout = timeout;
@@ -184,19 +185,25 @@ void PgAsyncConnection::on_ready() {
 
 void PgAsyncConnection::send_unsent() {
   if (state_ != State::kReady) return;
-  const auto unsent = std::count_if(pending_.begin(), pending_.end(),
-                                    [](const Pending& entry) { return !entry.sent; });
-  if (unsent == 0) return;
+  // Unsent statements follow the sent ones. Each gets a sync point of its own, but one that
+  // shares the next one's (with_next()).
+  std::size_t syncs = 0;
+  for (auto it = pending_.begin(); it != pending_.end(); ++it) {
+    if (it->sent) continue;
+    it->synced = !it->sync_with_next || std::next(it) == pending_.end();
+    syncs += it->synced ? 1 : 0;
+  }
+  if (syncs == 0) return;
   // libpq 15's PQpipelineSync writes to the socket at once: one TCP segment, and one wake-up of
-  // the server, per statement. Corked, the statements of this turn leave together when the cork
+  // the server, per sync point. Corked, the statements of this turn leave together when the cork
   // comes off below (TCP_CORK fails harmlessly on a Unix socket).
-  const bool corked = unsent > 1 && set_cork(true);
+  const bool corked = syncs > 1 && set_cork(true);
   std::vector<const char*> values;
   for (Pending& entry : pending_) {
     if (entry.sent) continue;
     values.clear();
     for (const auto& param : entry.params) values.push_back(param ? param->c_str() : nullptr);
-    if (!send(entry, values) || PQpipelineSync(conn_) != 1) {
+    if (!send(entry, values) || (entry.synced && PQpipelineSync(conn_) != 1)) {
       return fail(lost("send: " + trimmed(PQerrorMessage(conn_))));
     }
     entry.sent = true;
@@ -220,6 +227,7 @@ bool PgAsyncConnection::send(Pending& entry, const std::vector<const char*>& val
   const int count = static_cast<int>(values.size());
   const int index = entry.statement.prepared_index();
   if (index < 0) {
+    entry.ends_left = 1;
     return PQsendQueryParams(conn_, entry.statement.sql().c_str(), count, nullptr, values.data(),
                              nullptr, nullptr, 0) == 1;
   }
@@ -231,23 +239,32 @@ bool PgAsyncConnection::send(Pending& entry, const std::vector<const char*>& val
     }
     prepared_[at] = true;
     entry.preparing = index;
+    ++entry.ends_left;
   }
+  ++entry.ends_left;
   return PQsendQueryPrepared(conn_, name, count, values.data(), nullptr, nullptr, 0) == 1;
 }
 
+// In pipeline mode each command sent (a Prepare, a statement) ends with a NULL from
+// PQgetResult after its result, and each sync point with a PGRES_PIPELINE_SYNC result: a
+// statement ends at its sync point, or, sharing the next one's (with_next()), at the NULL after
+// its own result.
 bool PgAsyncConnection::read_results() {
   bool after_null = false;
   while (!pending_.empty() && pending_.front().sent && PQisBusy(conn_) == 0) {
     PGresult* raw = PQgetResult(conn_);
+    Pending& front = pending_.front();
     if (raw == nullptr) {
       if (after_null) break;  // nothing more has arrived
       after_null = true;
+      if (front.ends_left > 0 && --front.ends_left == 0 && !front.synced) {
+        finish_front(std::move(front.result));
+      }
       continue;
     }
     after_null = false;
     PgResultPtr result(raw);
     const ExecStatusType status = PQresultStatus(raw);
-    Pending& front = pending_.front();
     if (front.preparing >= 0) {  // the Prepare's own result comes before the statement's
       const auto index = static_cast<std::size_t>(std::exchange(front.preparing, -1));
       if (status == PGRES_COMMAND_OK) continue;
@@ -272,8 +289,13 @@ void PgAsyncConnection::finish_front(PgResultPtr result) {
   std::exception_ptr error;
   if (result == nullptr) {
     error = lost("statement ended without a result");
-  } else if (PQresultStatus(result.get()) == PGRES_FATAL_ERROR ||
-             PQresultStatus(result.get()) == PGRES_PIPELINE_ABORTED) {
+  } else if (PQresultStatus(result.get()) == PGRES_PIPELINE_ABORTED) {
+    error = std::make_exception_ptr(
+        server_error("idem: postgres: statement not run: one sent before it with a shared sync "
+                     "point failed",
+                     ""));
+    result.reset();
+  } else if (PQresultStatus(result.get()) == PGRES_FATAL_ERROR) {
     const char* state = PQresultErrorField(result.get(), PG_DIAG_SQLSTATE);
     const std::string sqlstate = state != nullptr ? state : "";
     // A cached text whose plan's result columns changed ("cached plan must not change result

@@ -44,10 +44,10 @@ PgAsyncSettings connection_settings(const PgSinkOptions& options, const SinkStat
   // The session settings PgSink gives its connections.
   settings.setup = {"SET statement_timeout = " + ms_text(options.statement_timeout),
                     "SET lock_timeout = " + ms_text(options.lock_timeout)};
-  // idem's own statements are parsed and planned once per connection, as PgSink prepares them
-  // (in the order of Prepared).
-  settings.prepared = {sql.claim,   sql.lookup, sql.take_over, sql.complete,
-                       sql.release, sql.renew,  sql.lock,      sql.record};
+  // idem's own statements are parsed and planned once per connection, as PgSink prepares them,
+  // and so are BEGIN, COMMIT and ROLLBACK (in the order of Prepared).
+  settings.prepared = {sql.claim, sql.lookup, sql.take_over, sql.complete, sql.release, sql.renew,
+                       sql.lock,  sql.record, "BEGIN",       "COMMIT",     "ROLLBACK"};
   settings.statement_cache = options.statement_cache;  // the handlers' statements
   return settings;
 }
@@ -57,8 +57,10 @@ PgStatement prepared(Prepared statement) {
   return PgStatement::prepared(static_cast<std::size_t>(statement));
 }
 
-// Statements sent together on one connection (pipelined: one round trip) and their ends, in
-// order: the error or the result of each.
+// Statements of one explicit transaction sent together on one connection (pipelined: one round
+// trip, one sync point: the server answers them in one write) and their ends, in order: the
+// error or the result of each. After a failed one, the rest fail unrun (the transaction is
+// aborted anyway).
 using Batch = std::vector<std::pair<PgStatement, PgParams>>;
 using BatchEnds = std::vector<std::pair<std::exception_ptr, PgResultPtr>>;
 
@@ -89,8 +91,10 @@ auto exec_batch(const std::shared_ptr<PgAsyncConnection>& connection, Batch batc
           });
         }
         for (std::size_t i = 0; i < n; ++i) {
+          PgStatement statement = std::move(statements[i].first);
           connection->exec(
-              std::move(statements[i].first), std::move(statements[i].second),
+              i + 1 < n ? std::move(statement).with_next() : std::move(statement),
+              std::move(statements[i].second),
               asio::bind_cancellation_slot(
                   state->signals[i].slot(), [state, i, executor = connection->get_executor()](
                                                 std::exception_ptr error, PgResultPtr result) {
@@ -312,7 +316,7 @@ AsyncPgTransaction::~AsyncPgTransaction() {
   if (connection_ == nullptr) return;
   if (begun_ && connection_->generation() == generation_) {
     // Left open (the call's coroutine was destroyed): the session must not keep it.
-    connection_->exec("ROLLBACK", {}, [](std::exception_ptr, PgResultPtr) {});
+    connection_->exec(prepared(Prepared::kRollback), {}, [](std::exception_ptr, PgResultPtr) {});
   }
   give_back();
 }
@@ -335,7 +339,8 @@ asio::awaitable<void> AsyncPgTransaction::open(bool begin_now) {
   generation_ = connection_->generation();
   begun_ = true;
   pending_begin_ = !begin_now;
-  if (begin_now) (void)co_await connection_->exec("BEGIN", {}, asio::use_awaitable);
+  if (begin_now)
+    (void)co_await connection_->exec(prepared(Prepared::kBegin), {}, asio::use_awaitable);
 }
 
 asio::awaitable<SinkClaim> AsyncPgTransaction::claim(std::string_view key,
@@ -345,7 +350,7 @@ asio::awaitable<SinkClaim> AsyncPgTransaction::claim(std::string_view key,
   check_session();
   const PgSinkOptions& o = sink_.options_;
   Batch batch;
-  if (pending_begin_) batch.emplace_back(std::string("BEGIN"), PgParams{});
+  if (pending_begin_) batch.emplace_back(prepared(Prepared::kBegin), PgParams{});
   const std::size_t lock = batch.size();
   batch.emplace_back(prepared(Prepared::kLock), pg_params(o.ns, key));
   batch.emplace_back(prepared(Prepared::kLookup), pg_params(o.ns, key));
@@ -378,7 +383,7 @@ asio::awaitable<PgResultPtr> AsyncPgTransaction::exec(std::string sql, PgParams 
   if (pending_begin_) {
     pending_begin_ = false;
     Batch batch;
-    batch.emplace_back(std::string("BEGIN"), PgParams{});
+    batch.emplace_back(prepared(Prepared::kBegin), PgParams{});
     batch.emplace_back(PgStatement::cached(std::move(sql)), std::move(params));
     BatchEnds ends = co_await exec_batch(connection_, std::move(batch), asio::use_awaitable);
     rethrow_end(ends, 0);
@@ -411,21 +416,29 @@ asio::awaitable<void> AsyncPgTransaction::commit() {
   check_session();
   Batch batch = std::move(staged_);
   staged_.clear();
-  if (pending_begin_) batch.insert(batch.begin(), {std::string("BEGIN"), PgParams{}});
+  if (pending_begin_) batch.insert(batch.begin(), {prepared(Prepared::kBegin), PgParams{}});
   pending_begin_ = false;
-  batch.emplace_back(std::string("COMMIT"), PgParams{});
+  batch.emplace_back(prepared(Prepared::kCommit), PgParams{});
   BatchEnds ends = co_await exec_batch(
       connection_, std::move(batch),
       asio::bind_cancellation_slot(asio::cancellation_slot(), asio::use_awaitable));
   const bool lost = connection_->generation() != generation_;
   begun_ = false;
-  give_back();
-  // A staged statement that failed: the server rolled back at COMMIT (its error is the one).
-  for (std::size_t i = 0; i + 1 < ends.size(); ++i) rethrow_end(ends, i);
   if (ends.back().first && lost) {
+    give_back();
     throw CommitOutcomeUnknown(
         "idem: postgres: the connection was lost during COMMIT (commit outcome unknown)");
   }
+  for (std::size_t i = 0; i + 1 < ends.size(); ++i) {
+    if (!ends[i].first) continue;
+    // A staged statement failed, so the COMMIT sharing its sync point did not run: the session
+    // is still in the failed transaction. The ROLLBACK is sent before any statement of the
+    // connection's next holder (its result is not awaited), and the statement's error thrown.
+    connection_->exec(prepared(Prepared::kRollback), {}, [](std::exception_ptr, PgResultPtr) {});
+    give_back();
+    std::rethrow_exception(ends[i].first);
+  }
+  give_back();
   rethrow_end(ends, ends.size() - 1);
 }
 
@@ -438,7 +451,7 @@ asio::awaitable<void> AsyncPgTransaction::rollback() {
     std::exception_ptr failure;
     try {
       (void)co_await connection_->exec(
-          "ROLLBACK", {},
+          prepared(Prepared::kRollback), {},
           asio::bind_cancellation_slot(asio::cancellation_slot(), asio::use_awaitable));
     } catch (...) {
       failure = std::current_exception();

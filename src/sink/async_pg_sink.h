@@ -50,7 +50,10 @@ enum class Prepared : std::size_t {
   kRelease,
   kRenew,
   kLock,
-  kRecord
+  kRecord,
+  kBegin,  ///< The transaction's own statements: unnamed, the server parsed each one each time.
+  kCommit,
+  kRollback
 };
 
 class AsyncPgSink final : public AsyncSink {

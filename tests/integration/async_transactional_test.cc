@@ -322,6 +322,47 @@ TEST_F(AsyncTransactionalTest, TheHandlersStatementsArePreparedOnTheirConnection
   }
 }
 
+// The record is inserted with COMMIT, sharing its sync point: when the INSERT fails the server
+// skips the COMMIT, and the session stayed in the failed transaction (the connection's next
+// holder failed with 25P02) unless it is rolled back before the connection is given back.
+TEST_F(AsyncTransactionalTest, ARecordThatFailsAtCommitLeavesItsConnectionOutOfTheTransaction) {
+  asio::io_context io;
+  AsyncDeduplicatorOptions o = options(false);
+  o.postgres->pool_size = 1;  // both calls on one connection
+  AsyncDeduplicator dedup(io.get_executor(), o);
+  int runs = 0;
+  const Ending failed = run_to_end(io, [&]() -> asio::awaitable<Outcome> {
+    co_return co_await dedup.run_transactional(
+        refund_request("r1", "c1"),
+        [&](AsyncTransaction& tx) -> asio::awaitable<std::string> {
+          // Rows inserted from now on in this transaction fail: the record's INSERT does.
+          (void)co_await tx.exec("ALTER TABLE " + table("idem_records") +
+                                 " ADD CONSTRAINT no_records CHECK (ns = '') NOT VALID");
+          co_return co_await refund("c1", &runs)(tx);
+        },
+        asio::use_awaitable);
+  });
+  ASSERT_TRUE(failed.error) << "the record's INSERT must fail the call";
+  try {
+    std::rethrow_exception(failed.error);
+  } catch (const PostgresError& error) {
+    EXPECT_EQ(error.sqlstate(), "23514") << error.what();
+  } catch (const std::exception& error) {
+    ADD_FAILURE() << "not the record's error: " << error.what();
+  }
+  EXPECT_EQ(ledger_rows(), 0);
+  const Ending next = run_to_end(io, [&]() -> asio::awaitable<Outcome> {
+    co_return co_await dedup.run_transactional(refund_request("r2", "c2"), refund("c2", &runs),
+                                               asio::use_awaitable);
+  });
+  ASSERT_FALSE(next.error) << "the connection's next transaction failed";
+  EXPECT_EQ(next.outcome.kind, Outcome::Kind::kExecuted);
+  EXPECT_EQ(ledger_rows(), 1);
+  EXPECT_EQ(records(), 1);
+  dedup.close();
+  io.run();
+}
+
 TEST_F(AsyncTransactionalTest, AHandlerFailureRollsBackAndReleasesTheClaim) {
   asio::io_context io;
   AsyncDeduplicator dedup(io.get_executor(), options(true));

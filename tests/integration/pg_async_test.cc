@@ -1,7 +1,8 @@
 // The asynchronous PostgreSQL connection (src/pg/async_connection.h) against real servers:
-// parameters, pipelined concurrent statements, errors with their SQLSTATE, cancellation of a
-// running statement (57014 as idem::Cancelled), a loop that keeps running while PostgreSQL is
-// SIGSTOPped, and TLS (sslmode=verify-full) for both the async connection and libpqxx.
+// parameters, pipelined concurrent statements, statements sharing a sync point, errors with
+// their SQLSTATE, cancellation of a running statement (57014 as idem::Cancelled), a loop that
+// keeps running while PostgreSQL is SIGSTOPped, and TLS (sslmode=verify-full) for both the
+// async connection and libpqxx.
 #include <gtest/gtest.h>
 
 #include <asio/bind_cancellation_slot.hpp>
@@ -219,6 +220,73 @@ TEST(PgAsync, StatementsIssuedInOneTurnLeaveTogetherNotOneSegmentEach) {
   // About 2 KB in all: one segment; a few more if a write found the socket's buffer full.
   EXPECT_LE(segments, 5u) << kStatements << " statements of one turn left in " << segments
                           << " segments";
+}
+
+// Statements marked with_next() share the sync point of the one sent after them: the server
+// answers the whole flight in one write (with a sync point each it flushed once per statement),
+// a text prepared at its first use inside the flight keeps every result with its statement, and
+// an error makes the server skip the rest up to the shared sync point.
+TEST(PgAsync, StatementsSharingASyncPointAreAnsweredInOneWriteAndAnErrorSkipsTheRest) {
+  IDEM_REQUIRE_SERVICE(url, "IDEM_TEST_PG_URL");
+  if (url.find("host=/") != std::string::npos) GTEST_SKIP() << "a Unix socket has no segments";
+  asio::io_context io;
+  PgAsyncSettings settings = settings_for(url);
+  settings.statement_cache = 4;
+  auto connection = PgAsyncConnection::create(io.get_executor(), settings);
+  connection->exec("CREATE TEMP TABLE sync_probe (x int)", {},
+                   [](std::exception_ptr error, PgResultPtr) { ASSERT_FALSE(error); });
+  io.run();  // connected, and idle
+  io.restart();
+
+  constexpr int kStatements = 50;
+  std::vector<std::string> seen(kStatements);
+  const std::uint64_t before = test::tcp_data_segments_sent();
+  for (int i = 0; i < kStatements; ++i) {
+    // Every third is a text prepared at its first use: its Prepare's result comes first.
+    PgStatement statement =
+        i % 3 == 0 ? PgStatement::cached("SELECT $1::int * 3") : PgStatement("SELECT $1::int * 3");
+    connection->exec(i + 1 < kStatements ? std::move(statement).with_next() : std::move(statement),
+                     PgParams{std::to_string(i)},
+                     [&seen, i](std::exception_ptr error, PgResultPtr result) {
+                       seen[static_cast<std::size_t>(i)] = error ? "error" : value(result);
+                     });
+  }
+  io.run();
+  io.restart();
+  const std::uint64_t segments = test::tcp_data_segments_sent() - before;
+  for (int i = 0; i < kStatements; ++i) {
+    EXPECT_EQ(seen[static_cast<std::size_t>(i)], std::to_string(i * 3)) << "statement " << i;
+  }
+  // One segment each way; a few more if a write found a socket buffer full.
+  EXPECT_LE(segments, 6u) << kStatements << " statements and their answers took " << segments
+                          << " segments";
+
+  std::vector<std::string> ends;
+  const auto record = [&ends](std::exception_ptr error, PgResultPtr result) {
+    if (!error) return ends.push_back(value(result));
+    try {
+      std::rethrow_exception(error);
+    } catch (const PostgresError& e) {
+      ends.push_back(e.sqlstate().empty() ? std::string(e.what()) : e.sqlstate());
+    }
+  };
+  // A failing statement, then an INSERT and a SELECT sharing its sync point; then a
+  // failing Prepare (a cached text on a missing table) and a SELECT sharing its sync point.
+  connection->exec(PgStatement("SELECT 1 / 0").with_next(), {}, record);
+  connection->exec(PgStatement("INSERT INTO sync_probe VALUES (1)").with_next(), {}, record);
+  connection->exec("SELECT 'skipped too'", {}, record);
+  connection->exec(PgStatement::cached("SELECT * FROM idem_no_such_table").with_next(), {}, record);
+  connection->exec("SELECT 'skipped'", {}, record);
+  connection->exec("SELECT count(*) FROM sync_probe", {}, record);
+  io.run();
+  ASSERT_EQ(ends.size(), 6u);
+  EXPECT_EQ(ends[0], "22012");
+  EXPECT_NE(ends[1].find("not run"), std::string::npos) << ends[1];
+  EXPECT_NE(ends[2].find("not run"), std::string::npos) << ends[2];
+  EXPECT_EQ(ends[3], "42P01");
+  EXPECT_NE(ends[4].find("not run"), std::string::npos) << ends[4];
+  EXPECT_EQ(ends[5], "0") << "the INSERT after the error ran";
+  EXPECT_EQ(connection->connects(), 1u);
 }
 
 TEST(PgAsync, CancellationCancelsTheRunningStatementAsCancelled) {
