@@ -21,6 +21,21 @@
 #   pg_floor_pool  the same at -c 8, the async front's PostgreSQL connections
 #   tx_async / tx_blocking  run_transactional() instead (--transactional: one business INSERT in
 #              the call's transaction), the same front, threads and connections as async/blocking
+#   tx_floor   pgbench -c 8 -M prepared running the same transaction's statements in the same
+#              flights (pipelined: BEGIN, the key's lock and read; the business INSERT; the
+#              record and COMMIT): PostgreSQL's own rate for them at the async front's connections
+#   tx_hand    the second seed's method by hand, no idem (async_run_bench.cc, --mode hand):
+#              `SET NX EX` in Redis, then BEGIN, a unique-index INSERT of the key, the business
+#              INSERT and COMMIT, on the same async clients, connections and loop
+#              with PostgreSQL's CPU per call for tx_async, tx_hand and tx_floor (its server
+#              processes' user + system time from /proc over the slice, over the calls made)
+# One call in flight (single_in_flight), the way a Function Compute instance of concurrency 1
+# serves: run() with the guard alone and run_transactional(), one call after the other on the
+# loop, their loop CPU per call against the floor of their round trips: a round trip that wakes
+# its peer costs the client `trip_floor` µs of CPU on this machine (redis-benchmark -c 1, one
+# request at a time, its user + system time per request), and run() makes 2 (the claim, the
+# completion), run_transactional() 5 (the claim; BEGIN, lock and read; the INSERT; the record
+# and COMMIT; the completion).
 # with the heap bytes of a full run() in flight (its handler waiting, claims held), the loop
 # thread's CPU per call, the share of the time it ran and the share it waited, runnable, for a
 # core (on shared cores one thread gets about cores / load average of one; the rate on a core
@@ -43,9 +58,16 @@
 #                      "payload_bytes", "per_run": {…}},
 #    "run_transactional": {"in_flight", "async_per_s", "blocking_per_s", "blocking_threads",
 #                          "ratio", "pg_connections", "async_loop_cpu_us_per_call",
-#                          "blocking_cpu_us_per_call", "per_run": {…}},
+#                          "blocking_cpu_us_per_call", "floors": {
+#                          "pgbench_tx_at_pg_connections_per_s", "async_of_pool_floor"},
+#                          "hand_written_per_s", "of_hand_written",
+#                          "hand_written_loop_cpu_us_per_call", "pg_cpu_us_per_call": {"async",
+#                          "hand_written", "pgbench_tx"}, "pg_cpu_of_hand_written",
+#                          "per_run": {…}},
+#    "single_in_flight": {"trip_floor_us", "run": {"calls_per_s", "cpu_us_per_call",
+#                         "round_trips", "floor_us", "cpu_over_floor"}, "run_transactional": {…}},
 #    "bytes_per_in_flight_call": N, "bytes_per_in_flight_lua_call": N, "runs", "loadavg_1_5_15"}
-# (calls per second; pgbench's rate is in calls, one call being its two statements).
+# (calls per second; pgbench's rate is in calls, one call being its statements of one call).
 set -euo pipefail
 
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -79,8 +101,24 @@ s="\"$schema\"" k="'u|refund|pgb-' || CAST(:client_id AS text) || '-' || CAST(:n
   echo "WITH key_lock AS (SELECT pg_advisory_xact_lock(hashtextextended($k, hashtext('bench')))) INSERT INTO $s.idem_records (ns, key, request_id, fingerprint, expires_at, owner_token) SELECT 'bench', $k, 'req-pgb-' || CAST(:n AS text), 'f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f00', now() + 30000::float8 * interval '1 ms', 'owner-' || CAST(:n AS text) FROM key_lock ON CONFLICT (ns, key) DO NOTHING RETURNING 1;"
   echo "UPDATE $s.idem_records SET state = 'completed', response = '\\x7b22737461747573223a22726566756e646564222c22616d6f756e745f63656e7473223a3530307d'::bytea, response_sha256 = NULL, expires_at = now() + 86400000::float8 * interval '1 ms' WHERE ns = 'bench' AND key = $k AND state = 'in_progress' AND owner_token = coalesce('owner-' || CAST(:n AS text), owner_token);"
 } >"$work/sink.sql"
+# The transaction of a run_transactional() call as the async front sends it (src/sink/pg_sink.cc's
+# statements, in AsyncPgTransaction's flights), with the harness's business INSERT, for pgbench.
+{
+  echo '\set n random(1, 1152921504606846976)'
+  echo '\startpipeline'
+  echo 'BEGIN;'
+  echo "SELECT pg_advisory_xact_lock(hashtextextended($k, hashtext('bench')));"
+  echo "SELECT state, fingerprint, request_id, response, response_sha256, expires_at <= now() FROM $s.idem_records WHERE ns = 'bench' AND key = $k;"
+  echo '\endpipeline'
+  echo "INSERT INTO $s.bench_ledger (key) VALUES ($k);"
+  echo '\startpipeline'
+  echo "INSERT INTO $s.idem_records (ns, key, request_id, fingerprint, state, response, response_sha256, expires_at) VALUES ('bench', $k, 'req-pgb-' || CAST(:n AS text), 'f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f00', 'completed', '\\x7b22737461747573223a22726566756e646564222c22616d6f756e745f63656e7473223a3530307d'::bytea, NULL, now() + 86400000::float8 * interval '1 ms');"
+  echo 'COMMIT;'
+  echo '\endpipeline'
+} >"$work/tx.sql"
 # One slice of run_with_sink: prints "<calls per s>", async "<per s> <bytes> <payload bytes> <loop
-# CPU µs per call> <ran share> <waited share>", blocking "<per s> <CPU µs per call>".
+# CPU µs per call> <ran share> <waited share> <calls in all>", blocking "<per s> <CPU µs per
+# call>"; tx_async, tx_hand and tx_floor append "<PostgreSQL CPU µs per call>".
 sink_slice() {
   fresh
   psql -q "$pg_url" -c "TRUNCATE $s.idem_records, $s.bench_ledger" >/dev/null
@@ -88,8 +126,18 @@ sink_slice() {
   case "$1" in
     async) "$run_harness" "${common[@]}" --mode async --in-flight "$in_flight" --pool "$pg_connections" ;;
     blocking) "$run_harness" "${common[@]}" --mode blocking --threads "$blocking_threads" ;;
-    tx_async)
-      "$run_harness" "${common[@]}" --transactional --mode async --in-flight "$in_flight" \
+    tx_async | tx_hand)
+      local mode=async
+      [[ $1 == tx_hand ]] && mode=hand
+      with_pg_cpu "$run_harness" "${common[@]}" --transactional --mode "$mode" \
+        --in-flight "$in_flight" --pool "$pg_connections"
+      ;;
+    tx_floor) with_pg_cpu pgbench_calls "$pg_connections" "$work/tx.sql" ;;
+    single_run)
+      "$run_harness" "${common[@]}" --guard-only --mode async --in-flight 1 --pool "$pg_connections"
+      ;;
+    single_tx)
+      "$run_harness" "${common[@]}" --transactional --mode async --in-flight 1 \
         --pool "$pg_connections"
       ;;
     tx_blocking)
@@ -99,14 +147,38 @@ sink_slice() {
     pg_floor_pool) sink_pgbench "$pg_connections" ;;
   esac
 }
-sink_pgbench() {  # clients → calls (two statements) per second
-  pgbench -n -c "$1" -j 2 -T "$seconds" -M prepared -f "$work/sink.sql" "$pg_url" 2>/dev/null |
-    sed -n 's/^tps = \([0-9.]*\) (without initial connection time)$/\1/p'
+sink_pgbench() { pgbench_calls "$1" "$work/sink.sql" | cut -d' ' -f1; }  # clients → calls per s
+# pgbench_calls CLIENTS FILE: "<calls per second> <calls in all>" (a call: one run of FILE).
+pgbench_calls() {
+  pgbench -n -c "$1" -j 2 -T "$seconds" -M prepared -f "$2" "$pg_url" 2>/dev/null | awk '
+    /^number of transactions actually processed:/ { n = $NF }
+    /^tps = .* \(without initial connection time\)$/ { tps = $3 }
+    END { print tps, n }'
+}
+# with_pg_cpu COMMAND...: COMMAND's output line (its last field: the calls it made), then
+# PostgreSQL's CPU µs per call over it.
+with_pg_cpu() {
+  local before after out
+  before="$(pg_cpu_seconds)"
+  out="$("$@")"
+  after="$(pg_cpu_seconds)"
+  awk -v out="$out" -v a="$before" -v b="$after" 'BEGIN {
+    n = split(out, f, " "); printf "%s %.1f\n", out, (b - a) * 1e6 / f[n] }'
+}
+# trip_floor: the client's CPU µs for one round trip that wakes its peer, on this machine:
+# redis-benchmark with one client and one request at a time, its user + system time per request.
+trip_floor() {
+  fresh
+  local TIMEFORMAT='%U %S' times n=20000
+  times="$({ time redis-benchmark -h "$host" -p "$port" -c 1 -n "$n" -r 1000000000 -q \
+    SET key:__rand_int__ "$bench_record" >/dev/null 2>&1; } 2>&1)"
+  awk -v t="$times" -v n="$n" 'BEGIN {split(t, a, " "); printf "%.1f\n", (a[1] + a[2]) * 1e6 / n}'
 }
 
 set_runs=() lua_runs=() rb_set=() rb_eval=() async_runs=() blocking_runs=() floor_runs=() pool_runs=()
 wait1_runs=()
-tx_async_runs=() tx_blocking_runs=()
+tx_async_runs=() tx_blocking_runs=() tx_floor_runs=() tx_hand_runs=()
+single_run_runs=() single_tx_runs=() trip_runs=()
 for ((r = 0; r < runs; r++)); do
   set_runs+=("$(run_async set)")
   if ((durable)); then wait1_runs+=("$(run_async set 1)"); fi
@@ -114,17 +186,23 @@ for ((r = 0; r < runs; r++)); do
   lua_runs+=("$(run_async lua)")
   rb_eval+=("$(run_rb 50 "$requests" 16 EVALSHA "$sha" 1 key:__rand_int__ "$bench_record" 30000)")
   # The order rotates from run to run: all see the same load on a shared machine.
-  sink_scenarios=(async blocking pg_floor pg_floor_pool tx_async tx_blocking)
-  for ((k = 0; k < 6; k++)); do
-    case "${sink_scenarios[$(((k + r) % 6))]}" in
+  sink_scenarios=(async blocking pg_floor pg_floor_pool tx_async tx_blocking tx_floor tx_hand
+    single_run single_tx)
+  for ((k = 0; k < ${#sink_scenarios[@]}; k++)); do
+    case "${sink_scenarios[$(((k + r) % ${#sink_scenarios[@]}))]}" in
       async) async_runs+=("$(sink_slice async)") ;;
       blocking) blocking_runs+=("$(sink_slice blocking)") ;;
       pg_floor) floor_runs+=("$(sink_slice pg_floor)") ;;
       pg_floor_pool) pool_runs+=("$(sink_slice pg_floor_pool)") ;;
       tx_async) tx_async_runs+=("$(sink_slice tx_async)") ;;
       tx_blocking) tx_blocking_runs+=("$(sink_slice tx_blocking)") ;;
+      tx_floor) tx_floor_runs+=("$(sink_slice tx_floor)") ;;
+      tx_hand) tx_hand_runs+=("$(sink_slice tx_hand)") ;;
+      single_run) single_run_runs+=("$(sink_slice single_run)") ;;
+      single_tx) single_tx_runs+=("$(sink_slice single_tx)") ;;
     esac
   done
+  trip_runs+=("$(trip_floor)")
 done
 # med ARRAY FIELD: the median of field FIELD (1-based) over the runs in ARRAY.
 med() {
@@ -153,6 +231,17 @@ loop_core_s="$(awk -v us="$loop_us" 'BEGIN {printf "%.0f", 1e6 / us}')"
 tx_async_s="$(med tx_async_runs 1)" tx_loop_us="$(med tx_async_runs 4)"
 tx_blocking_s="$(med tx_blocking_runs 1)" tx_blocking_us="$(med tx_blocking_runs 2)"
 tx_ratio="$(ratio "$tx_async_s" "$tx_blocking_s")"
+tx_async_pg_us="$(med tx_async_runs 8)"
+tx_floor_s="$(med tx_floor_runs 1)" tx_floor_pg_us="$(med tx_floor_runs 3)"
+tx_hand_s="$(med tx_hand_runs 1)" tx_hand_loop_us="$(med tx_hand_runs 4)"
+tx_hand_pg_us="$(med tx_hand_runs 8)"
+tx_floor_ratio="$(ratio "$tx_async_s" "$tx_floor_s")" tx_hand_ratio="$(ratio "$tx_async_s" "$tx_hand_s")"
+tx_pg_of_hand="$(ratio "$tx_async_pg_us" "$tx_hand_pg_us")"
+trip_us="$(median "${trip_runs[@]}")"
+single_run_s="$(med single_run_runs 1)" single_run_us="$(med single_run_runs 4)"
+single_tx_s="$(med single_tx_runs 1)" single_tx_us="$(med single_tx_runs 4)"
+single_run_floor="$(awk -v t="$trip_us" 'BEGIN {printf "%.1f", 2 * t}')"
+single_tx_floor="$(awk -v t="$trip_us" 'BEGIN {printf "%.1f", 5 * t}')"
 
 printf '%-22s %12s %12s %8s %10s %10s %8s\n' claim idem_per_s rb_p16_per_s ratio p99_us rb_p99_us bytes
 printf '%-22s %12.0f %12.0f %8s %10.1f %10.1f %8.0f\n' "SET NX GET / SET NX" "$set_s" "$rb_set_s" \
@@ -179,8 +268,21 @@ printf 'heap bytes per in-flight run() call: %.0f (payload %d)\n' "$run_bytes" "
 printf '\n%-36s %12s %8s\n' "run_transactional(), one INSERT" calls_per_s ratio
 printf '%-36s %12.0f %8s\n' "async, 1 thread, $in_flight in flight" "$tx_async_s" "$tx_ratio"
 printf '%-36s %12.0f %8s\n' "blocking, $blocking_threads threads" "$tx_blocking_s" 1
-printf 'CPU µs per call: async loop %.1f, blocking %.1f (all threads)\n' "$tx_loop_us" \
-  "$tx_blocking_us"
+printf '%-36s %12.0f %8s\n' "pgbench -c $pg_connections, its statements" "$tx_floor_s" \
+  "$(ratio "$tx_floor_s" "$tx_blocking_s")"
+printf '%-36s %12.0f %8s\n' "by hand (SET NX, unique INSERT), async" "$tx_hand_s" \
+  "$(ratio "$tx_hand_s" "$tx_blocking_s")"
+printf 'CPU µs per call: async loop %.1f, blocking %.1f (all threads), by hand loop %.1f\n' \
+  "$tx_loop_us" "$tx_blocking_us" "$tx_hand_loop_us"
+printf 'PostgreSQL CPU µs per call: async %.1f, by hand %.1f (%s), pgbench %.1f\n' \
+  "$tx_async_pg_us" "$tx_hand_pg_us" "$tx_pg_of_hand" "$tx_floor_pg_us"
+
+printf '\n%-36s %12s %10s %8s %10s %8s\n' "one call in flight" calls_per_s cpu_us trips floor_us ratio
+printf '%-36s %12.0f %10.1f %8d %10.1f %8s\n' "run(), guard only" "$single_run_s" "$single_run_us" 2 \
+  "$single_run_floor" "$(ratio "$single_run_us" "$single_run_floor")"
+printf '%-36s %12.0f %10.1f %8d %10.1f %8s\n' "run_transactional()" "$single_tx_s" "$single_tx_us" 5 \
+  "$single_tx_floor" "$(ratio "$single_tx_us" "$single_tx_floor")"
+printf 'a round trip that wakes its peer: %.1f µs of client CPU (redis-benchmark -c 1)\n' "$trip_us"
 
 # per_run ARRAY: field 1 of each run in ARRAY as a JSON array.
 per_run() {
@@ -215,7 +317,21 @@ json+=" \"run_transactional\": {\"in_flight\": $in_flight, \"async_per_s\": $tx_
 json+=" \"blocking_per_s\": $tx_blocking_s, \"blocking_threads\": $blocking_threads,"
 json+=" \"ratio\": $tx_ratio, \"pg_connections\": $pg_connections,"
 json+=" \"async_loop_cpu_us_per_call\": $tx_loop_us, \"blocking_cpu_us_per_call\": $tx_blocking_us,"
-json+=" \"per_run\": {\"async\": $(per_run tx_async_runs), \"blocking\": $(per_run tx_blocking_runs)}},"
+json+=" \"floors\": {\"pgbench_tx_at_pg_connections_per_s\": $tx_floor_s,"
+json+=" \"async_of_pool_floor\": $tx_floor_ratio},"
+json+=" \"hand_written_per_s\": $tx_hand_s, \"of_hand_written\": $tx_hand_ratio,"
+json+=" \"hand_written_loop_cpu_us_per_call\": $tx_hand_loop_us,"
+json+=" \"pg_cpu_us_per_call\": {\"async\": $tx_async_pg_us, \"hand_written\": $tx_hand_pg_us,"
+json+=" \"pgbench_tx\": $tx_floor_pg_us}, \"pg_cpu_of_hand_written\": $tx_pg_of_hand,"
+json+=" \"per_run\": {\"async\": $(per_run tx_async_runs), \"blocking\": $(per_run tx_blocking_runs),"
+json+=" \"pgbench_tx\": $(per_run tx_floor_runs), \"hand_written\": $(per_run tx_hand_runs)}},"
+single_json() {  # per_s cpu_us trips floor_us
+  echo "{\"calls_per_s\": $1, \"cpu_us_per_call\": $2, \"round_trips\": $3, \"floor_us\": $4," \
+    "\"cpu_over_floor\": $(ratio "$2" "$4")}"
+}
+json+=" \"single_in_flight\": {\"trip_floor_us\": $trip_us,"
+json+=" \"run\": $(single_json "$single_run_s" "$single_run_us" 2 "$single_run_floor"),"
+json+=" \"run_transactional\": $(single_json "$single_tx_s" "$single_tx_us" 5 "$single_tx_floor")},"
 json+=" \"bytes_per_in_flight_call\": $set_bytes, \"bytes_per_in_flight_lua_call\": $lua_bytes,"
 json+=" \"runs\": $runs, \"loadavg_1_5_15\": $(loadavg_json)}"
 write_report "$json"

@@ -17,7 +17,8 @@
 //
 // async prints "<calls per s> <heap bytes per in-flight call> <payload bytes> <loop CPU µs per
 // call> <share of the time the loop thread ran> <share it waited, runnable, for a core>" (the
-// last three over the timed phase, the last from /proc/thread-self/schedstat): first every
+// three after the rate over the timed phase, the last of them from /proc/thread-self/schedstat)
+// and "<calls made in all>" (the untimed ones too, for the servers' CPU per call): first every
 // connection is opened by an untimed round of --in-flight calls; then --in-flight calls are
 // started whose handlers wait on a gate, and glibc's count of allocated heap (mallinfo2) with all
 // of them inside their handler (each holding its claim in Redis and its row in PostgreSQL), minus
@@ -32,11 +33,22 @@
 // (a ledger row, in the records' schema; --setup creates the table) in the call's transaction:
 // a call is BEGIN with the key's lock and read, the INSERT, the record with COMMIT, and the
 // guard's claim and completion. async then skips the memory phase and prints 0 bytes.
+// --guard-only: run() with the Redis guard alone (no sink), in both modes.
+//
+// --mode hand: the same business INSERT as --transactional, made idempotent by hand the way
+// the second seed's consumer does it, with no idem: `SET key 1 NX EX 30` in Redis (30 s, the
+// guard's retention here), then on one of --pool connections (held for the transaction)
+// BEGIN, `INSERT INTO bench_dedup (idem_key)` (a unique index; a unique violation rolls back
+// and skips), the ledger INSERT and COMMIT, one round trip each, the INSERTs prepared. It runs
+// on the same internal clients as the async front (one pipelined Redis connection,
+// PgAsyncConnection in pipeline mode) with --in-flight coroutines on one loop thread, and
+// prints what async prints (0 bytes).
 #include <malloc.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <array>
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
 #include <asio/io_context.hpp>
@@ -45,6 +57,7 @@
 #include <asio/use_awaitable.hpp>
 #include <chrono>
 #include <cstdio>
+#include <deque>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -58,6 +71,10 @@
 #include "clients.h"
 #include "idem/async_deduplicator.h"
 #include "idem/deduplicator.h"
+#include "idem/errors.h"
+#include "pg/async_connection.h"
+#include "redis/async_client.h"
+#include "redis/url.h"
 
 namespace {
 
@@ -74,6 +91,7 @@ struct Args {
   double seconds = 5;
   bool setup = false;
   bool transactional = false;
+  bool guard_only = false;
   std::size_t statement_cache = idem::PgSinkOptions{}.statement_cache;
 };
 
@@ -149,7 +167,7 @@ void run_blocking(const Args& args) {
   const auto threads = static_cast<std::size_t>(args.threads);
   idem::DeduplicatorOptions options;
   options.guard = std::make_shared<idem::RedisGuard>(guard_options(args, threads));
-  options.sink = std::make_shared<idem::PgSink>(sink_options(args, threads));
+  if (!args.guard_only) options.sink = std::make_shared<idem::PgSink>(sink_options(args, threads));
   idem::Deduplicator dedup(std::move(options));
   const std::string prefix = unique_prefix(args);
   const double cpu_started = cpu_seconds(CLOCK_PROCESS_CPUTIME_ID);
@@ -181,17 +199,80 @@ long long heap_in_use() {
   return static_cast<long long>(info.uordblks + info.hblkhd);
 }
 
+// One loop thread's timed phase, shared by the async and hand modes: --in-flight coroutines, each
+// running calls one after the other until --seconds are up.
+class LoopBench {
+ protected:
+  explicit LoopBench(const Args& args) : args_(args), prefix_(unique_prefix(args)) {}
+
+  struct Timed {
+    long long calls = 0;
+    double elapsed = 0;  // s
+    double cpu = 0;      // s of this thread's CPU
+    double waited = 0;   // s runnable, waiting for a core
+  };
+
+  // Spawns --in-flight `caller(stop)` coroutines and runs the loop for --seconds; each caller
+  // counts its calls in done_ and returns once `stop` is set. Stops early on a failure (fail()).
+  template <typename Caller>
+  Timed timed(Caller caller) {
+    bool stop = false;
+    asio::steady_timer clock(io_, std::chrono::duration_cast<Clock::duration>(
+                                      std::chrono::duration<double>(args_.seconds)));
+    clock.async_wait([&](asio::error_code) { stop = true; });
+    const long long done_before = done_;
+    const auto started = Clock::now();
+    const double cpu_started = cpu_seconds(CLOCK_THREAD_CPUTIME_ID);
+    const double waited_started = runqueue_seconds();
+    for (int i = 0; i < args_.in_flight; ++i) {
+      asio::co_spawn(io_, caller(stop), [this](std::exception_ptr error) { fail(error); });
+    }
+    while (!stop && failed_ == nullptr) io_.run_one();
+    Timed t;
+    t.calls = done_ - done_before;
+    t.elapsed = std::chrono::duration<double>(Clock::now() - started).count();
+    t.cpu = cpu_seconds(CLOCK_THREAD_CPUTIME_ID) - cpu_started;
+    t.waited = runqueue_seconds() - waited_started;
+    while (callers_ > 0 && failed_ == nullptr) io_.run_one();
+    return t;
+  }
+
+  // Prints the async mode's seven numbers (after the loop ran out: throws the first failure).
+  void report(const Timed& t, double bytes, std::size_t payload) {
+    if (failed_ != nullptr) std::rethrow_exception(failed_);
+    const auto calls = static_cast<double>(t.calls);
+    std::printf("%.1f %.0f %zu %.1f %.3f %.3f %lld\n", calls / t.elapsed, bytes, payload,
+                t.cpu * 1e6 / calls, t.cpu / t.elapsed, t.waited / t.elapsed, done_);
+  }
+
+  void fail(std::exception_ptr error) {
+    if (error && failed_ == nullptr) failed_ = error;
+  }
+
+  std::string next_key() { return prefix_ + std::to_string(keys_++); }
+
+  const Args& args_;
+  std::string prefix_;
+  asio::io_context io_{1};
+  long long keys_ = 0;
+  long long done_ = 0;
+  int callers_ = 0;
+  std::exception_ptr failed_;
+};
+
 // The async mode's three phases on one io_context run by this thread.
-class AsyncRun {
+class AsyncRun : LoopBench {
  public:
-  explicit AsyncRun(const Args& args) : args_(args), prefix_(unique_prefix(args)) {
+  explicit AsyncRun(const Args& args) : LoopBench(args) {
     idem::AsyncDeduplicatorOptions options;
     options.redis = guard_options(args, 1);
-    options.postgres = sink_options(args, static_cast<std::size_t>(args.pool));
+    if (!args.guard_only) {
+      options.postgres = sink_options(args, static_cast<std::size_t>(args.pool));
+    }
     dedup_ = std::make_unique<idem::AsyncDeduplicator>(io_.get_executor(), std::move(options));
   }
 
-  // Prints the three numbers; throws on a failed call.
+  // Prints the seven numbers; throws on a failed call.
   void run() {
     // 1. Open every connection and grow its buffers, untimed. Three rounds before the memory
     // phase: the buffers grow with a round's bursts (a Redis connection fills one write buffer
@@ -208,29 +289,11 @@ class AsyncRun {
     const auto [bytes, payload] =
         args_.transactional ? std::pair<double, std::size_t>{0, 0} : bytes_per_call();
 
-    // 3. Throughput: --in-flight coroutines, each one call after the other until the time is up.
-    bool stop = false;
-    asio::steady_timer clock(io_, std::chrono::duration_cast<Clock::duration>(
-                                      std::chrono::duration<double>(args_.seconds)));
-    clock.async_wait([&](asio::error_code) { stop = true; });
-    const long long done_before = done_;
-    const auto started = Clock::now();
-    const double cpu_started = cpu_seconds(CLOCK_THREAD_CPUTIME_ID);
-    const double waited_started = runqueue_seconds();
-    for (int i = 0; i < args_.in_flight; ++i) {
-      asio::co_spawn(io_, caller(stop), [this](std::exception_ptr error) { fail(error); });
-    }
-    while (!stop && failed_ == nullptr) io_.run_one();
-    const long long calls = done_ - done_before;
-    const double elapsed = std::chrono::duration<double>(Clock::now() - started).count();
-    const double cpu = cpu_seconds(CLOCK_THREAD_CPUTIME_ID) - cpu_started;
-    const double waited = runqueue_seconds() - waited_started;
-    while (callers_ > 0 && failed_ == nullptr) io_.run_one();
+    // 3. Throughput.
+    const Timed t = timed([this](const bool& stop) { return caller(stop); });
     dedup_->close();
     io_.run();
-    if (failed_ != nullptr) std::rethrow_exception(failed_);
-    std::printf("%.1f %.0f %zu %.1f %.3f %.3f\n", static_cast<double>(calls) / elapsed, bytes,
-                payload, cpu * 1e6 / static_cast<double>(calls), cpu / elapsed, waited / elapsed);
+    report(t, bytes, payload);
   }
 
  private:
@@ -278,10 +341,6 @@ class AsyncRun {
 
   static asio::awaitable<std::string> respond() { co_return kResponse; }
 
-  void fail(std::exception_ptr error) {
-    if (error && failed_ == nullptr) failed_ = error;
-  }
-
   // One call (its handler `handler`, or one that responds at once), counted when it completes.
   void start_one(Handler handler) {
     ++pending_;
@@ -321,17 +380,118 @@ class AsyncRun {
     --callers_;
   }
 
-  std::string next_key() { return prefix_ + std::to_string(keys_++); }
-
-  const Args& args_;
-  std::string prefix_;
-  asio::io_context io_{1};
   std::unique_ptr<idem::AsyncDeduplicator> dedup_;
-  long long keys_ = 0;
-  long long done_ = 0;
   int pending_ = 0;
-  int callers_ = 0;
-  std::exception_ptr failed_;
+};
+
+// --mode hand: the second seed's method by hand over idem's internal async clients, no idem.
+class HandWrittenRun : LoopBench {
+ public:
+  explicit HandWrittenRun(const Args& args)
+      : LoopBench(args),
+        insert_key_("INSERT INTO \"" + args.schema + "\".bench_dedup (idem_key) VALUES ($1)"),
+        insert_ledger_(ledger_insert(args)) {
+    idem::detail::AsyncClientSettings redis;
+    redis.connection.endpoint = idem::detail::parse_redis_url(args.redis_url);
+    redis_ = idem::detail::AsyncClient::create(io_.get_executor(), redis);
+    idem::detail::PgAsyncSettings pg;
+    pg.conninfo = args.pg_url;
+    pg.statement_cache = 2;  // the two INSERTs, prepared as asyncpg prepares them
+    for (int i = 0; i < args.pool; ++i) {
+      idle_.push_back(idem::detail::PgAsyncConnection::create(io_.get_executor(), pg));
+    }
+  }
+
+  // Prints what AsyncRun prints (0 bytes); throws on a failed call.
+  void run() {
+    // Open every connection, untimed: one round of --in-flight calls.
+    int opening = 0;
+    for (int i = 0; i < args_.in_flight; ++i, ++opening) {
+      asio::co_spawn(io_, call(next_key()), [&](std::exception_ptr error) {
+        --opening;
+        ++done_;
+        fail(error);
+      });
+    }
+    while (opening > 0 && failed_ == nullptr) io_.run_one();
+    const Timed t = timed([this](const bool& stop) { return caller(stop); });
+    redis_->close();
+    for (const auto& connection : idle_) connection->close();
+    io_.run();
+    report(t, 0, 0);
+  }
+
+ private:
+  using Connection = std::shared_ptr<idem::detail::PgAsyncConnection>;
+
+  // A connection of the call's own, waiting on the loop while all are held.
+  asio::awaitable<Connection> hold() {
+    while (idle_.empty()) {
+      asio::steady_timer wake(io_, asio::steady_timer::time_point::max());
+      waiters_.push_back(&wake);
+      asio::error_code woken;  // give_back() cancels the wait
+      co_await wake.async_wait(asio::redirect_error(asio::use_awaitable, woken));
+    }
+    Connection connection = std::move(idle_.back());
+    idle_.pop_back();
+    co_return connection;
+  }
+
+  void give_back(Connection connection) {
+    idle_.push_back(std::move(connection));
+    if (!waiters_.empty()) {
+      waiters_.front()->cancel();
+      waiters_.pop_front();
+    }
+  }
+
+  static asio::awaitable<void> exec(const Connection& connection,
+                                    idem::detail::PgStatement statement,
+                                    idem::detail::PgParams params = {}) {
+    co_await connection->exec(std::move(statement), std::move(params), asio::use_awaitable);
+  }
+
+  // One message: the Redis marker, then the transaction; a duplicate is skipped.
+  asio::awaitable<void> call(std::string key) {
+    const std::string marker = "hand:" + key;
+    const std::array<std::string_view, 6> set{"SET", marker, "1", "NX", "EX", "30"};
+    const idem::detail::ReplyPtr reply = co_await redis_->exec(marker, set, asio::use_awaitable);
+    if (reply->type == REDIS_REPLY_NIL) throw std::runtime_error("a new key was a duplicate");
+    Connection connection = co_await hold();
+    bool duplicate = false;
+    co_await exec(connection, "BEGIN");
+    try {
+      co_await exec(connection, idem::detail::PgStatement::cached(insert_key_),
+                    idem::detail::pg_params(key));
+    } catch (const idem::PostgresError& error) {
+      if (error.sqlstate() != "23505") throw;
+      duplicate = true;
+    }
+    if (duplicate) {
+      co_await exec(connection, "ROLLBACK");
+      give_back(std::move(connection));
+      throw std::runtime_error("a new key was a duplicate");
+    }
+    co_await exec(connection, idem::detail::PgStatement::cached(insert_ledger_),
+                  idem::detail::pg_params(std::move(key)));
+    co_await exec(connection, "COMMIT");
+    give_back(std::move(connection));
+  }
+
+  asio::awaitable<void> caller(const bool& stop) {
+    ++callers_;
+    while (!stop) {
+      co_await call(next_key());
+      ++done_;
+    }
+    --callers_;
+  }
+
+  std::string insert_key_;
+  std::string insert_ledger_;
+  std::shared_ptr<idem::detail::AsyncClient> redis_;
+  std::vector<Connection> idle_;
+  std::deque<asio::steady_timer*> waiters_;
 };
 
 }  // namespace
@@ -346,11 +506,12 @@ int main(int argc, char** argv) {
   app.add_option("--pg-url", args.pg_url, "PostgreSQL connection string")->required();
   app.add_option("--schema", args.schema, "Schema of idem's records")->capture_default_str();
   app.add_flag("--setup", args.setup,
-               "Migrate the records table, create --transactional's ledger table, and exit");
+               "Migrate the records table, create the ledger and hand's dedup tables, and exit");
   app.add_flag("--transactional", args.transactional,
                "run_transactional() with one business INSERT instead of run()");
-  app.add_option("--mode", args.mode, "async or blocking")
-      ->check(CLI::IsMember({"async", "blocking"}))
+  app.add_flag("--guard-only", args.guard_only, "run() with the Redis guard alone, no sink");
+  app.add_option("--mode", args.mode, "async, blocking or hand (the seed's method, no idem)")
+      ->check(CLI::IsMember({"async", "blocking", "hand"}))
       ->capture_default_str();
   app.add_option("--statement-cache", args.statement_cache,
                  "async: PgSinkOptions::statement_cache (0: the handler's statements unnamed)")
@@ -366,6 +527,9 @@ int main(int argc, char** argv) {
   }
   try {
     app.parse(argc, argv);
+    if (args.guard_only && (args.transactional || args.mode == "hand")) {
+      throw CLI::ValidationError("--guard-only", "is for run(): not with --transactional or hand");
+    }
   } catch (const CLI::ParseError& error) {
     return app.exit(error) == 0 ? 0 : 2;
   }
@@ -376,8 +540,12 @@ int main(int argc, char** argv) {
       pqxx::nontransaction tx(conn);
       tx.exec0("CREATE TABLE IF NOT EXISTS \"" + args.schema +
                "\".bench_ledger (key text PRIMARY KEY, at timestamptz NOT NULL DEFAULT now())");
+      tx.exec0("CREATE TABLE IF NOT EXISTS \"" + args.schema +
+               "\".bench_dedup (idem_key text PRIMARY KEY)");
     } else if (args.mode == "blocking") {
       run_blocking(args);
+    } else if (args.mode == "hand") {
+      HandWrittenRun(args).run();
     } else {
       AsyncRun(args).run();
     }

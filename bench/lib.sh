@@ -49,6 +49,19 @@ median() { printf '%s\n' "$@" | sort -g | awk '{v[NR]=$1} END {print v[int((NR+1
 # cores are noisy, so every report says how busy the machine was.
 loadavg_json() { echo "[$(cut -d' ' -f1-3 /proc/loadavg | tr ' ' ',')]"; }
 
+# pg_cpu_seconds: CPU seconds (user + system) spent so far by the PostgreSQL server processes of
+# this machine: the live ones' own, and what the postmaster has reaped of its children (the
+# backends of connections already closed). The difference over a slice, over the calls made
+# in it, is PostgreSQL's CPU per call (every cluster running here counts: keep others idle).
+pg_cpu_seconds() {
+  cat /proc/[0-9]*/stat 2>/dev/null | awk -v hz="$(getconf CLK_TCK)" '
+    $2 == "(postgres)" { own[$1] = $14 + $15; reaped[$1] = $16 + $17; parent[$1] = $4 }
+    END {
+      for (p in own) { t += own[p]; if (!(parent[p] in own)) t += reaped[p] }
+      printf "%.2f", t / hz
+    }'
+}
+
 # write_report JSON: writes JSON to $report when --report-json was given.
 write_report() {
   [[ -n "${report:-}" ]] || return 0
