@@ -88,8 +88,8 @@ struct RedisGuard::Impl {
     return run_on_node(*node, body);
   }
 
-  // Runs `body` on `target` under its circuit breaker. A retryable RedisError counts as a
-  // failure; any answer from the server (even an error reply, or a redirection) as a success.
+  // Runs `body` on `target` under its circuit breaker (CircuitBreaker::record() counts how it
+  // ended).
   template <class Body>
   static auto run_on_node(detail::Node& target, Body& body)
       -> decltype(body(std::declval<Connection&>())) {
@@ -101,18 +101,8 @@ struct RedisGuard::Impl {
       auto result = run_on_pool(target.pool(), body);
       breaker.on_success();
       return result;
-    } catch (const detail::RedirectError&) {
-      breaker.on_success();
-      throw;
-    } catch (const RedisError& error) {
-      if (error.retryable()) {
-        breaker.on_failure(detail::CircuitBreaker::Clock::now());
-      } else {
-        breaker.on_success();
-      }
-      throw;
     } catch (...) {
-      breaker.on_failure(detail::CircuitBreaker::Clock::now());
+      breaker.record(std::current_exception(), detail::CircuitBreaker::Clock::now());
       throw;
     }
   }

@@ -105,21 +105,7 @@ bool AsyncClient::admit(Node& node) {
 }
 
 void AsyncClient::failed(Node& node, const std::exception_ptr& error) {
-  const auto now = CircuitBreaker::Clock::now();
-  try {
-    std::rethrow_exception(error);
-  } catch (const Cancelled&) {
-    // Nothing is known of Redis; a cancelled half-open probe must not leave the breaker waiting.
-    if (node.breaker.state(now) == BreakerState::kHalfOpen) node.breaker.on_failure(now);
-  } catch (const RedisError& redis_error) {
-    if (redis_error.retryable()) {
-      node.breaker.on_failure(now);
-    } else {
-      node.breaker.on_success();
-    }
-  } catch (...) {
-    node.breaker.on_failure(now);
-  }
+  node.breaker.record(error, CircuitBreaker::Clock::now());
   after_failure(node);
 }
 

@@ -1,6 +1,28 @@
 #include "redis/breaker.h"
 
+#include "idem/errors.h"
+#include "redis/cluster.h"
+
 namespace idem::detail {
+
+void CircuitBreaker::record(const std::exception_ptr& error, Clock::time_point now) {
+  if (!error) return on_success();
+  try {
+    std::rethrow_exception(error);
+  } catch (const RedirectError&) {
+    on_success();
+  } catch (const Cancelled&) {
+    if (state(now) == BreakerState::kHalfOpen) on_failure(now);
+  } catch (const RedisError& redis_error) {
+    if (redis_error.retryable()) {
+      on_failure(now);
+    } else {
+      on_success();
+    }
+  } catch (...) {
+    on_failure(now);
+  }
+}
 
 bool CircuitBreaker::allow(Clock::time_point now) {
   if (options_.failure_threshold == 0) return true;

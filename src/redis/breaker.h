@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <mutex>
 
 #include "idem/redis_guard.h"
@@ -23,6 +24,12 @@ class CircuitBreaker {
   void on_success();
   /// The call failed with a retryable error.
   void on_failure(Clock::time_point now);
+  /// How a call sent to Redis ended, counted by the one rule both drivers follow: null (it
+  /// succeeded), any answer from the server (a non-retryable RedisError such as an error reply,
+  /// a MOVED/ASK redirection) a success; idem::Cancelled nothing (Redis was not heard), but a
+  /// half-open probe cancelled counts as failed, so that the breaker does not wait for it; any
+  /// other error (a retryable RedisError: connection lost, timeout) a failure.
+  void record(const std::exception_ptr& error, Clock::time_point now);
 
   [[nodiscard]] BreakerState state(Clock::time_point now) const;
 

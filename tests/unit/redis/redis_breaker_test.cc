@@ -1,7 +1,12 @@
 // The guard's circuit breaker (src/redis/breaker.h), with explicit time points.
 #include <gtest/gtest.h>
 
+#include <exception>
+#include <stdexcept>
+
+#include "idem/errors.h"
 #include "redis/breaker.h"
+#include "redis/cluster.h"
 
 namespace idem::detail {
 namespace {
@@ -59,6 +64,33 @@ TEST(CircuitBreaker, ThresholdZeroNeverOpens) {
   for (int i = 0; i < 100; ++i) breaker.on_failure(kStart);
   EXPECT_TRUE(breaker.allow(kStart));
   EXPECT_EQ(breaker.state(kStart), BreakerState::kClosed);
+}
+
+// The one rule both drivers count a call's end by: any answer from Redis (an error reply, a
+// redirection) is a success, a retryable error a failure, and a cancellation (the async
+// driver's) nothing unless it ended the half-open probe.
+TEST(CircuitBreaker, RecordCountsAnswersAsSuccessesRetryableErrorsAsFailuresAndCancelsAsNothing) {
+  const auto of = [](auto error) { return std::make_exception_ptr(error); };
+  CircuitBreaker breaker({.failure_threshold = 2, .open_for = milliseconds(100)});
+  breaker.record(of(RedisError("connection lost", true)), kStart);
+  breaker.record(of(Cancelled("stopped")), kStart);
+  breaker.record(of(Cancelled("stopped")), kStart);
+  EXPECT_EQ(breaker.state(kStart), BreakerState::kClosed) << "a cancellation counted";
+  breaker.record(of(RedisError("WRONGTYPE", false)), kStart);  // an answer: the count restarts
+  breaker.record(of(RedisError("timeout", true)), kStart);
+  EXPECT_EQ(breaker.state(kStart), BreakerState::kClosed);
+  breaker.record(of(RedirectError("MOVED", Redirect{})), kStart);  // retryable, but an answer
+  breaker.record(of(std::runtime_error("anything else")), kStart);
+  EXPECT_EQ(breaker.state(kStart), BreakerState::kClosed);
+  breaker.record(of(RedisError("timeout", true)), kStart);
+  EXPECT_EQ(breaker.state(kStart), BreakerState::kOpen);
+
+  const auto later = kStart + milliseconds(100);
+  ASSERT_TRUE(breaker.allow(later));  // the half-open probe, then cancelled
+  breaker.record(of(Cancelled("stopped")), later);
+  EXPECT_EQ(breaker.state(later), BreakerState::kOpen) << "a cancelled probe left it waiting";
+  breaker.record(nullptr, later);
+  EXPECT_EQ(breaker.state(later), BreakerState::kClosed);
 }
 
 }  // namespace
