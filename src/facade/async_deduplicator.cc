@@ -227,63 +227,62 @@ asio::awaitable<AsyncCall::Ending> AsyncCall::drive(std::shared_ptr<AsyncCall> s
     if (step.kind == StepKind::kReturn) co_return Ending{nullptr, call.plan_.outcome()};
     if (step.kind == StepKind::kThrow) co_return Ending{call.plan_.error(), {}};
     call.interruptible_ = step.interruptible;
-    input.result = co_await call.perform(step);
+    if (std::optional<StepResult> done =
+            InProcess(call.dedup_->rules, call.dedup_->cache.get()).perform(step)) {
+      input.result = *std::move(done);  // no coroutine frame for the steps of the process
+    } else if (step.kind == StepKind::kRunHandler) {
+      // Not through perform(), whose frame holds room for every backend step's operation and
+      // would stay allocated for as long as the handler runs.
+      input.result = co_await call.run_handler();
+    } else {
+      input.result = co_await call.perform(step);
+    }
     call.interruptible_ = false;
     input.now = SteadyClock::now();
     input.stopped = call.stopped();
   }
 }
 
+// A backend step (the others are the process's: InProcess), its failure classified for the plan.
 asio::awaitable<StepResult> AsyncCall::perform(const Step& step) {
-  if (std::optional<StepResult> done =
-          InProcess(dedup_->rules, dedup_->cache.get()).perform(step)) {
-    co_return *std::move(done);
-  }
   try {
-    // Not through perform_io(), whose frame holds room for every other step's operation and
-    // would stay allocated for as long as the handler runs.
-    if (step.kind == StepKind::kRunHandler) co_return co_await run_handler();
-    co_return co_await perform_io(step);
+    switch (step.kind) {
+      case StepKind::kGuardClaim:
+        co_return co_await dedup_->guard->claim(step.key, step.request_id, step.fingerprint);
+      case StepKind::kGuardComplete:
+        co_return Completed{
+            co_await dedup_->guard->complete(step.key, step.owner_token, step.value, step.ttl)};
+      case StepKind::kGuardRelease:
+        (void)co_await dedup_->guard->release(step.key, step.owner_token);
+        co_return Done{};
+      case StepKind::kSinkClaim:
+        if (tx_) co_return co_await perform_in_transaction(step);
+        co_return co_await dedup_->sink->claim(step.key, step.request_id, step.fingerprint,
+                                               step.owner_token);
+      case StepKind::kSinkComplete:
+        if (tx_) co_return co_await perform_in_transaction(step);
+        co_return Completed{
+            co_await dedup_->sink->complete(step.key, step.owner_token, step.value, step.ttl)};
+      case StepKind::kSinkRelease:
+        (void)co_await dedup_->sink->release(step.key, step.owner_token);
+        co_return Done{};
+      case StepKind::kSinkBegin:
+      case StepKind::kCommit:
+      case StepKind::kRollback:
+        co_return co_await perform_in_transaction(step);
+      case StepKind::kWait: {
+        asio::steady_timer timer(dedup_->executor, step.at);
+        std::error_code ignored;  // cut short by a stop or the deadline: the plan sees why
+        co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ignored));
+        co_return Done{};
+      }
+      default:
+        co_return classify(
+            std::make_exception_ptr(Error("idem: internal: a step the async driver lacks")));
+    }
   } catch (...) {
     if (step.kind == StepKind::kCommit) tx_.reset();  // ended, whatever it answered
     co_return classify_current();
-  }
-}
-
-asio::awaitable<StepResult> AsyncCall::perform_io(const Step& step) {
-  switch (step.kind) {
-    case StepKind::kGuardClaim:
-      co_return co_await dedup_->guard->claim(step.key, step.request_id, step.fingerprint);
-    case StepKind::kGuardComplete:
-      co_return Completed{
-          co_await dedup_->guard->complete(step.key, step.owner_token, step.value, step.ttl)};
-    case StepKind::kGuardRelease:
-      (void)co_await dedup_->guard->release(step.key, step.owner_token);
-      co_return Done{};
-    case StepKind::kSinkClaim:
-      if (tx_) co_return co_await perform_in_transaction(step);
-      co_return co_await dedup_->sink->claim(step.key, step.request_id, step.fingerprint,
-                                             step.owner_token);
-    case StepKind::kSinkComplete:
-      if (tx_) co_return co_await perform_in_transaction(step);
-      co_return Completed{
-          co_await dedup_->sink->complete(step.key, step.owner_token, step.value, step.ttl)};
-    case StepKind::kSinkRelease:
-      (void)co_await dedup_->sink->release(step.key, step.owner_token);
-      co_return Done{};
-    case StepKind::kSinkBegin:
-    case StepKind::kCommit:
-    case StepKind::kRollback:
-      co_return co_await perform_in_transaction(step);
-    case StepKind::kWait: {
-      asio::steady_timer timer(dedup_->executor, step.at);
-      std::error_code ignored;  // cut short by a stop or the deadline: the plan sees why
-      co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ignored));
-      co_return Done{};
-    }
-    default:
-      co_return classify(
-          std::make_exception_ptr(Error("idem: internal: a step the async driver lacks")));
   }
 }
 
