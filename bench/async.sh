@@ -121,7 +121,7 @@ s="\"$schema\"" k="'u|refund|pgb-' || CAST(:client_id AS text) || '-' || CAST(:n
 # call>"; tx_async, tx_hand and tx_floor append "<PostgreSQL CPU µs per call>".
 sink_slice() {
   fresh
-  psql -q "$pg_url" -c "TRUNCATE $s.idem_records, $s.bench_ledger" >/dev/null
+  psql -q "$pg_url" -c "TRUNCATE $s.idem_records, $s.bench_ledger, $s.bench_dedup" >/dev/null
   local common=(--redis-url "$redis_url" --pg-url "$pg_url" --schema "$schema" --seconds "$seconds")
   case "$1" in
     async) "$run_harness" "${common[@]}" --mode async --in-flight "$in_flight" --pool "$pg_connections" ;;
