@@ -687,6 +687,45 @@ TEST_F(AsyncTransactionalTest, AStopWhileTheSinksClaimWaitsEndsCancelledAndTheHa
   io.run();
 }
 
+// The record and COMMIT go in one flight: when the connection is lost before their answers
+// come, the COMMIT may have run, so the call ends idem::CommitOutcomeUnknown and keeps its
+// claims. The record's lost answer, thrown first as a retryable connection loss, read as a
+// failure known not to have committed, and the claims were released.
+TEST_F(AsyncTransactionalTest, ARecordAndCommitWhoseAnswersAreLostEndCommitOutcomeUnknown) {
+  test::PgServer server;  // its own server, to stop
+  PgSinkOptions pg;
+  pg.conninfo = server.url() + "?connect_timeout=2";
+  pg.pool_size = 1;
+  pg.statement_timeout = 500ms;
+  pg.lock_timeout = 200ms;
+  pg.response_timeout = 1000ms;  // bounds the flight the stopped server never answers
+  PgSink(pg).migrate();
+  asio::io_context io;
+  AsyncDeduplicatorOptions options;
+  options.base.local_cache_capacity = 0;
+  options.postgres = pg;
+  AsyncDeduplicator dedup(io.get_executor(), options);
+  const Ending ending = run_to_end(io, [&]() -> asio::awaitable<Outcome> {
+    co_return co_await dedup.run_transactional(
+        refund_request("r1", "lost"),
+        [&](AsyncTransaction&) -> asio::awaitable<std::string> {
+          server.pause();  // the record and the COMMIT get no answer
+          co_return "refunded";
+        },
+        asio::use_awaitable);
+  });
+  server.resume();
+  ASSERT_TRUE(ending.error) << "a commit with no answer returned";
+  try {
+    std::rethrow_exception(ending.error);
+  } catch (const CommitOutcomeUnknown&) {
+  } catch (const std::exception& error) {
+    ADD_FAILURE() << "not CommitOutcomeUnknown: " << error.what();
+  }
+  dedup.close();
+  io.run();
+}
+
 TEST_F(AsyncTransactionalTest, RunTransactionalWithoutPostgresIsAConfigError) {
   asio::io_context io;
   AsyncDeduplicatorOptions o = options(true);
