@@ -152,7 +152,39 @@ class IDEM_EXPORT Context {
   /// Requested when Request::stop is, or when Deduplicator::shutdown() is called.
   [[nodiscard]] std::stop_token stop_token() const noexcept;
 
+  /// Runs `fn` (`std::string()`, returning the step's result) as the step `name` of this
+  /// request, once across its attempts: the first attempt to reach the step runs `fn` and
+  /// journals its result beside the call's guard claim (Guard::put_step(), fenced by the claim's
+  /// owner token); a later attempt of the same request (after a failure that released the claim,
+  /// a crash, a lease that ran out) gets the journaled result back without running `fn`.
+  /// `input` is what the step depends on; an attempt that reaches `name` with another input
+  /// gets idem::StepInputMismatch and `fn` does not run. Names are 1..200 bytes with no control
+  /// byte (idem::InvalidKey otherwise); one name is one step.
+  ///
+  /// At-least-once, with a window: a crash after `fn` returns and before its result is
+  /// journaled (one Redis round trip) runs it again on the next attempt. An exception from `fn`
+  /// propagates and journals nothing. When the write is refused because the lease ran out and
+  /// another attempt claimed the key, `fn` has run and step() throws idem::ClaimLost: the
+  /// handler should stop. Without a guard claim (Redis skipped under kFailOpen) `fn` runs on
+  /// every attempt. The journal is kept for the guard's retention from its last write; a
+  /// COMPLETED record answers repeats by itself. docs/guides/agent_runs.md describes each outcome.
+  ///
+  /// Throws idem::ConfigError without a guard, idem::BackendError when
+  /// the journal cannot be read or written, and whatever `fn` throws. Call steps one at a time
+  /// (not from two threads at once).
+  template <class Fn>
+  std::string step(std::string_view name, std::string_view input, Fn&& fn) {
+    return step_impl(name, input, std::function<std::string()>(std::forward<Fn>(fn)));
+  }
+  /// step() of a step that takes no input.
+  template <class Fn>
+  std::string step(std::string_view name, Fn&& fn) {
+    return step(name, std::string_view(), std::forward<Fn>(fn));
+  }
+
  private:
+  std::string step_impl(std::string_view name, std::string_view input,
+                        const std::function<std::string()>& fn);
   detail::CallState* state_;
 };
 

@@ -97,6 +97,22 @@ class IDEM_EXPORT DeadlineExceeded : public Cancelled {
   explicit DeadlineExceeded(const std::string& what) : Cancelled(what) {}
 };
 
+/// Context::step() found its step name journaled with another input: an attempt of the same
+/// request reached the step with a different input (a handler that is not deterministic up to
+/// that step, or one name given to two different steps). Nothing ran. Not retryable as it is.
+class IDEM_EXPORT StepInputMismatch : public Error {
+ public:
+  using Error::Error;
+};
+
+/// This attempt no longer owns its claim: its lease ran out and another attempt claimed the key.
+/// Thrown by Context::step() when the journal refused its write (fencing): the step ran, but its
+/// result is not journaled, and the handler should stop.
+class IDEM_EXPORT ClaimLost : public Error {
+ public:
+  using Error::Error;
+};
+
 /// A backend (Redis or PostgreSQL) failed.
 class IDEM_EXPORT BackendError : public Error {
  public:

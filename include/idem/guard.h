@@ -3,6 +3,8 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -45,6 +47,17 @@ struct ClaimResult {
   bool replicated = true;
 };
 
+/// One entry of a call's step journal (Context::step()).
+struct JournaledStep {
+  /// SHA-256 (64 lowercase hex) of the input the step ran with; empty when it took none.
+  std::string input_fingerprint{};
+  /// What the step returned.
+  std::string result{};
+};
+
+/// A call's step journal: each journaled step by name.
+using StepJournal = std::map<std::string, JournaledStep, std::less<>>;
+
 /// A guard: claims idempotency keys atomically, and completes, releases or renews a claim only
 /// for its owner. Implementations are thread-safe; failures of their backend throw
 /// idem::BackendError (RedisGuard: idem::RedisError).
@@ -70,6 +83,18 @@ class IDEM_EXPORT Guard {
   /// false when the caller no longer owns it.
   virtual bool renew(std::string_view key, std::string_view owner_token,
                      std::chrono::milliseconds lease) = 0;
+  /// The step journal of `key`: the steps that attempts of the call journaled with
+  /// put_step(), by name. Empty when there are none (or they expired). Throws idem::ConfigError
+  /// from a guard that keeps no journal (this default), idem::InvalidKey as claim() does, and
+  /// idem::BackendError (idem::ForeignRecord for an entry idem did not write).
+  [[nodiscard]] virtual StepJournal steps(std::string_view key);
+  /// Journals `step` as `name` in `key`'s journal, only while `owner_token` owns the key's
+  /// IN_PROGRESS claim: an attempt whose lease ran out and whose key another attempt claimed
+  /// is fenced out. The journal is kept for retention() from its last write, whatever happens to
+  /// the claim (a release keeps it for the retry). Returns false, writing nothing, when
+  /// `owner_token` does not own the claim. Throws like steps().
+  virtual bool put_step(std::string_view key, std::string_view owner_token, std::string_view name,
+                        const JournaledStep& step);
   /// The lease a fresh claim gets, in ms.
   [[nodiscard]] virtual std::chrono::milliseconds lease() const noexcept = 0;
   /// How long a COMPLETED record is kept when complete() is given 0, in ms; 0 when unknown

@@ -51,6 +51,11 @@ class IDEM_EXPORT InMemoryGuard final : public Guard {
   bool release(std::string_view key, std::string_view owner_token) override;
   bool renew(std::string_view key, std::string_view owner_token,
              std::chrono::milliseconds lease) override;
+  /// Guard::steps(), Guard::put_step(): each key's journal is kept for the retention from its
+  /// last write, and counts against max_records on its own.
+  [[nodiscard]] StepJournal steps(std::string_view key) override;
+  bool put_step(std::string_view key, std::string_view owner_token, std::string_view name,
+                const JournaledStep& step) override;
   [[nodiscard]] std::chrono::milliseconds lease() const noexcept override { return lease_; }
   [[nodiscard]] std::chrono::milliseconds retention() const noexcept override;
 

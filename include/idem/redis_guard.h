@@ -217,6 +217,14 @@ class IDEM_EXPORT RedisGuard final : public Guard {
 
   /// renew() with the configured lease.
   bool renew(std::string_view key, std::string_view owner_token);
+  /// Guard::steps(): `HGETALL` of the journal hash `{<record key>}:steps` (same Cluster slot as
+  /// the record). Not on a replica: read from the master.
+  [[nodiscard]] StepJournal steps(std::string_view key) override;
+  /// Guard::put_step(): one Lua script checks the owner of the IN_PROGRESS record and writes the
+  /// entry, the journal's TTL set to RedisGuardOptions::retention. Waits for
+  /// RedisGuardOptions::min_replicas like complete().
+  bool put_step(std::string_view key, std::string_view owner_token, std::string_view name,
+                const JournaledStep& step) override;
 
   /// Reads the record of `key` (an encoded key text) and its remaining TTL in one atomic
   /// script call, without claiming or changing it. nullopt when there is no record. For

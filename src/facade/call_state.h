@@ -4,7 +4,9 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <stop_token>
+#include <string>
 #include <string_view>
 
 namespace idem::detail {
@@ -22,6 +24,9 @@ class CallState {
   virtual bool renew() = 0;
   [[nodiscard]] virtual bool lease_lost() const noexcept = 0;
   [[nodiscard]] virtual std::stop_token stop_token() noexcept = 0;
+  /// Context::step(); `fn` runs the step.
+  virtual std::string step(std::string_view name, std::string_view input,
+                           const std::function<std::string()>& fn) = 0;
 };
 
 }  // namespace idem::detail

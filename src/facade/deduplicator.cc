@@ -18,6 +18,7 @@
 #include "facade/in_process.h"
 #include "facade/plan.h"
 #include "facade/renewer.h"
+#include "facade/steps.h"
 #include "idem/errors.h"
 #include "idem/local_cache.h"
 #include "idem/request_id.h"
@@ -38,6 +39,10 @@ std::chrono::milliseconds Context::remaining_lease() const noexcept {
 bool Context::renew() { return state_->renew(); }
 bool Context::lease_lost() const noexcept { return state_->lease_lost(); }
 std::stop_token Context::stop_token() const noexcept { return state_->stop_token(); }
+std::string Context::step_impl(std::string_view name, std::string_view input,
+                               const std::function<std::string()>& fn) {
+  return state_->step(name, input, fn);
+}
 
 namespace {
 
@@ -110,6 +115,8 @@ class BlockingCall final : public detail::CallState, public detail::Renewable {
   }
   bool renew() override;
   std::stop_token stop_token() noexcept override;
+  std::string step(std::string_view name, std::string_view input,
+                   const std::function<std::string()>& fn) override;
 
  private:
   [[nodiscard]] bool stopped() const noexcept {
@@ -135,6 +142,7 @@ class BlockingCall final : public detail::CallState, public detail::Renewable {
   std::optional<std::stop_source> stop_;
   std::optional<std::stop_callback<StopForwarder>> on_caller_stop_;
   std::optional<std::stop_callback<StopForwarder>> on_shutdown_;
+  detail::StepBook steps_;  // the handler's thread only
 };
 
 bool BlockingCall::renew() {
@@ -174,6 +182,26 @@ std::stop_token BlockingCall::stop_token() noexcept {
     on_shutdown_.emplace(shared_.shutdown, StopForwarder{&*stop_});
   });
   return stop_->get_token();
+}
+
+std::string BlockingCall::step(std::string_view name, std::string_view input,
+                               const std::function<std::string()>& fn) {
+  detail::StepBook::validate_name(name);
+  std::optional<detail::JournalTarget> journal;
+  {
+    std::lock_guard lock(mutex_);
+    journal = plan_.step_journal();
+  }
+  if (!journal) return fn();
+  Guard& guard = *options_.guard;
+  if (!steps_.loaded()) steps_.load(guard.steps(journal->key));
+  std::string fingerprint = detail::StepBook::input_fingerprint(input);
+  if (std::optional<std::string> result = steps_.replay(name, fingerprint)) return *result;
+  JournaledStep done{std::move(fingerprint), fn()};
+  const bool owned = guard.put_step(journal->key, journal->owner_token, name, done);
+  std::string result = done.result;
+  steps_.journaled(name, std::move(done), owned);
+  return result;
 }
 
 Outcome BlockingCall::drive(const Handler& handler) {

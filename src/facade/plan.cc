@@ -752,6 +752,14 @@ std::optional<RenewalStep> CallPlan::renewal() const noexcept {
   return RenewalStep{key_.key, owner_token_, rules_.guard_lease_, sink_owner};
 }
 
+std::optional<JournalTarget> CallPlan::step_journal() const {
+  if (!rules_.guard_) {
+    throw ConfigError("idem: Context::step needs a guard: the journal lives beside its claim");
+  }
+  if (!holds_claim()) return std::nullopt;
+  return JournalTarget{key_.key, owner_token_};
+}
+
 void CallPlan::renewed(PlanTime sent, std::optional<bool> owned) noexcept {
   if (!owned) {
     lease_lost_ = true;  // keep trying: Redis may come back before the lease ends

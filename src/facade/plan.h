@@ -189,6 +189,12 @@ struct RenewalStep {
   std::string_view sink_owner{};
 };
 
+/// Where a call's steps are journaled (see CallPlan::step_journal()).
+struct JournalTarget {
+  std::string_view key{};          ///< The claimed key.
+  std::string_view owner_token{};  ///< The guard claim's owner token (the journal's fence).
+};
+
 /// One call. Built by the driver when the call starts; lives until it returns or throws.
 class CallPlan {
  public:
@@ -233,6 +239,13 @@ class CallPlan {
   [[nodiscard]] std::chrono::milliseconds remaining_lease(PlanTime now) const noexcept;
   /// True once a renewal found the claim lost or failed, or `now` is past the lease's end.
   [[nodiscard]] bool lease_lost(PlanTime now) const noexcept;
+
+  // ---- Context::step() ----------------------------------------------------------------------
+  /// Where the handler's steps are journaled: the guard claim's key and owner token; nullopt
+  /// when the call holds no guard claim (Redis was skipped under kFailOpen, or the call passed
+  /// through unguarded), whose steps run on every attempt. Throws idem::ConfigError when the
+  /// deduplicator has no guard.
+  [[nodiscard]] std::optional<JournalTarget> step_journal() const;
 
   // ---- what the handler's Context shows ----------------------------------------------------
   [[nodiscard]] const Request& request() const noexcept { return request_; }

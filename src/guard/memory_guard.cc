@@ -22,15 +22,23 @@ struct Record {
   std::int64_t expires_ms = 0;
 };
 
+struct Journal {
+  StepJournal steps;
+  std::int64_t expires_ms = 0;
+};
+
 }  // namespace
 
 struct InMemoryGuard::State {
   explicit State(InMemoryGuardOptions opts)
-      : options(std::move(opts)), records(options.max_records, "InMemoryGuard") {}
+      : options(std::move(opts)),
+        records(options.max_records, "InMemoryGuard"),
+        journals(options.max_records, "InMemoryGuard step journals") {}
 
   InMemoryGuardOptions options;
   mutable std::mutex mutex;
   detail::ExpiringRecords<Record> records;
+  detail::ExpiringRecords<Journal> journals;
 
   // The live record of `key` if `owner_token` owns it. Caller holds `mutex`.
   Record* owned(std::string_view key, std::string_view owner_token, std::int64_t now) {
@@ -107,6 +115,29 @@ bool InMemoryGuard::renew(std::string_view key, std::string_view owner_token,
   Record* record = state_->owned(key, owner_token, now);
   if (record == nullptr || record->state != RecordState::kInProgress) return false;
   record->expires_ms = now + lease.count();
+  return true;
+}
+
+StepJournal InMemoryGuard::steps(std::string_view key) {
+  validate_key_text(key);
+  const std::int64_t now = state_->options.clock->now_ms();
+  std::lock_guard lock(state_->mutex);
+  const Journal* journal = state_->journals.live(key, now);
+  return journal != nullptr ? journal->steps : StepJournal{};
+}
+
+bool InMemoryGuard::put_step(std::string_view key, std::string_view owner_token,
+                             std::string_view name, const JournaledStep& step) {
+  validate_key_text(key);
+  const std::int64_t now = state_->options.clock->now_ms();
+  std::lock_guard lock(state_->mutex);
+  const Record* record = state_->owned(key, owner_token, now);
+  if (record == nullptr || record->state != RecordState::kInProgress) return false;
+  Journal journal;
+  if (Journal* live = state_->journals.live(key, now)) journal.steps = std::move(live->steps);
+  journal.steps.insert_or_assign(std::string(name), step);
+  journal.expires_ms = now + state_->options.retention.count();
+  state_->journals.put(key, std::move(journal), now);
   return true;
 }
 

@@ -124,6 +124,22 @@ StoredRecord decode_record(std::string_view value) {
   return record;
 }
 
+std::string encode_step(const JournaledStep& step) {
+  std::string out;
+  out.reserve(step.input_fingerprint.size() + step.result.size() + 4);
+  append_field(out, step.input_fingerprint);
+  out += step.result;
+  return out;
+}
+
+JournaledStep decode_step(std::string_view value) {
+  std::size_t pos = 0;
+  JournaledStep step;
+  step.input_fingerprint = read_field(value, pos);
+  step.result = std::string(value.substr(pos));
+  return step;
+}
+
 namespace {
 
 // Bumped in a forked child, whose copies of the threads' random buffers must never be used:

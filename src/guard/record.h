@@ -17,6 +17,7 @@
 #include <string>
 #include <string_view>
 
+#include "idem/guard.h"
 #include "idem/record.h"
 
 namespace idem::detail {
@@ -46,6 +47,11 @@ struct StoredRecord {
 /// a truncated or otherwise damaged record). Never reads outside `value`; fuzzed by
 /// tests/fuzz/record_fuzz.cc.
 [[nodiscard]] StoredRecord decode_record(std::string_view value);
+
+/// A step journal entry, as the journal hash keeps it: `len ":" input-fingerprint result`.
+[[nodiscard]] std::string encode_step(const JournaledStep& step);
+/// Decodes a journal entry; throws idem::ForeignRecord when `value` is not one.
+[[nodiscard]] JournaledStep decode_step(std::string_view value);
 
 /// A fresh owner token: 128 bits from OpenSSL's CSPRNG (drawn a few kilobytes at a time per
 /// thread; a forked child draws afresh), lowercase hex. Thread-safe.

@@ -247,12 +247,13 @@ struct RedisGuard::Impl {
     return written;
   }
 
-  // EVALSHA of `script` with one key (WAIT after it when `durable`); on NOSCRIPT, loads it and
-  // retries exactly once.
+  // EVALSHA of `script` with `key_count` keys (one unless told) first in `key_and_args` (WAIT
+  // after it when `durable`); on NOSCRIPT, loads it and retries exactly once.
   template <std::size_t N>
   detail::Written eval(Connection& connection, const GuardScript& script,
-                       const std::array<std::string_view, N>& key_and_args, bool durable) const {
-    std::array<std::string_view, N + 3> args{"EVALSHA", script.sha, "1"};
+                       const std::array<std::string_view, N>& key_and_args, bool durable,
+                       std::string_view key_count = "1") const {
+    std::array<std::string_view, N + 3> args{"EVALSHA", script.sha, key_count};
     std::copy(key_and_args.begin(), key_and_args.end(), args.begin() + 3);
     detail::Written written = write(connection, args, durable);
     if (written.reply->type == REDIS_REPLY_ERROR &&
@@ -268,10 +269,10 @@ struct RedisGuard::Impl {
   // they did not throws, see RedisGuardOptions::min_replicas), `during` naming it.
   template <std::size_t N>
   bool eval_flag(const GuardScript& script, const std::array<std::string_view, N>& key_and_args,
-                 bool durable, std::string_view during) {
+                 bool durable, std::string_view during, std::string_view key_count = "1") {
     return reporting([&] {
       const detail::Written written = with_connection(key_and_args[0], [&](Connection& connection) {
-        return eval(connection, script, key_and_args, durable);
+        return eval(connection, script, key_and_args, durable, key_count);
       });
       const bool done = integer_flag(*written.reply, "EVALSHA");
       if (done) protocol.require_acknowledged(written.acks.get(), during);
@@ -489,6 +490,45 @@ bool RedisGuard::renew(std::string_view key, std::string_view owner_token,
 
 bool RedisGuard::renew(std::string_view key, std::string_view owner_token) {
   return renew(key, owner_token, impl_->options.lease);
+}
+
+StepJournal RedisGuard::steps(std::string_view key) {
+  const std::string journal_key = detail::GuardProtocol::journal_key(redis_key(key));
+  return impl_->reporting([&] {
+    const ReplyPtr reply = detail::checked(
+        impl_->with_connection(
+            journal_key,
+            [&](Connection& connection) {
+              return connection.command(std::array<std::string_view, 2>{"HGETALL", journal_key});
+            }),
+        "HGETALL");
+    if (reply->type != REDIS_REPLY_ARRAY || reply->elements % 2 != 0) {
+      throw detail::unexpected_reply(*reply, "HGETALL");
+    }
+    StepJournal journal;
+    for (std::size_t i = 0; i < reply->elements; i += 2) {
+      const redisReply& name = *reply->element[i];
+      const redisReply& entry = *reply->element[i + 1];
+      if (name.type != REDIS_REPLY_STRING || entry.type != REDIS_REPLY_STRING) {
+        throw detail::unexpected_reply(*reply, "HGETALL");
+      }
+      journal.emplace(std::string(name.str, name.len),
+                      detail::decode_step(std::string_view(entry.str, entry.len)));
+    }
+    return journal;
+  });
+}
+
+bool RedisGuard::put_step(std::string_view key, std::string_view owner_token, std::string_view name,
+                          const JournaledStep& step) {
+  const std::string record_key = redis_key(key);
+  const std::string journal_key = detail::GuardProtocol::journal_key(record_key);
+  const std::string entry = detail::encode_step(step);
+  return impl_->eval_flag(
+      impl_->scripts.journal,
+      std::array<std::string_view, 6>{record_key, journal_key, owner_token, name, entry,
+                                      impl_->protocol.retention_ms()},
+      true, "journal", "2");
 }
 
 std::optional<RecordInfo> RedisGuard::inspect(std::string_view key) {

@@ -67,7 +67,8 @@ GuardScript::GuardScript(std::string_view body_text) : body(body_text) {
 const GuardScripts& GuardScripts::get() {
   static const GuardScripts scripts{GuardScript(kClaimScript),   GuardScript(kCompleteScript),
                                     GuardScript(kReleaseScript), GuardScript(kRenewScript),
-                                    GuardScript(kInspectScript), GuardScript(kEvictScript)};
+                                    GuardScript(kInspectScript), GuardScript(kEvictScript),
+                                    GuardScript(kJournalScript)};
   return scripts;
 }
 
@@ -141,6 +142,15 @@ void GuardProtocol::require_acknowledged(const redisReply* acks, std::string_vie
 std::string GuardProtocol::redis_key(std::string_view key) const {
   validate_key_text(key);  // no hash tag, control byte or forged separator reaches Redis
   return key_prefix_ + std::string(key);
+}
+
+std::string GuardProtocol::journal_key(std::string_view redis_key) {
+  std::string key;
+  key.reserve(redis_key.size() + 8);
+  key += '{';
+  key += redis_key;
+  key += "}:steps";
+  return key;
 }
 
 std::string GuardProtocol::retention_text(std::chrono::milliseconds retention) const {

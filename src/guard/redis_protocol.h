@@ -34,6 +34,7 @@ struct GuardScripts {
   GuardScript renew;
   GuardScript inspect;
   GuardScript evict;
+  GuardScript journal;
   /// The process' copy.
   [[nodiscard]] static const GuardScripts& get();
 };
@@ -74,6 +75,12 @@ class GuardProtocol {
   /// `{escaped prefix}:{escaped ns}:{key}`; idem::InvalidKey when `key` fails
   /// validate_key_text().
   [[nodiscard]] std::string redis_key(std::string_view key) const;
+  /// The step journal of the record under `redis_key` (a redis_key() answer):
+  /// `{<redis_key>}:steps`. Its hash tag is the whole record key, so the two share a Redis
+  /// Cluster slot (key text has no braces, see validate_key_text()).
+  [[nodiscard]] static std::string journal_key(std::string_view redis_key);
+  /// The journal's TTL: RedisGuardOptions::retention, in ms.
+  [[nodiscard]] const std::string& retention_ms() const noexcept { return retention_ms_; }
   /// The escaped "{prefix}:{ns}:" every Redis key starts with.
   [[nodiscard]] const std::string& key_prefix() const noexcept { return key_prefix_; }
 

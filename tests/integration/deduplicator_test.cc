@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <future>
+#include <map>
 #include <mutex>
 #include <pqxx/pqxx>
 #include <stdexcept>
@@ -106,6 +107,34 @@ class DeduplicatorTest : public ::testing::Test {
   std::string schema_;
   std::unique_ptr<Deduplicator> dedup_;
 };
+
+TEST_F(DeduplicatorTest, AFailureAtStepThreeOfFourAndARetryReplayStepsOneAndTwoFromRedis) {
+  std::map<std::string, int> runs;
+  bool fail = true;
+  const auto agent = [&](pqxx::transaction_base& tx, Context& context) {
+    std::string answer;
+    for (const char* name : {"plan", "search", "quote"}) {
+      answer += context.step(name, answer, [&, name] {
+        ++runs[name];
+        if (fail && std::string_view(name) == "quote") throw std::runtime_error("quote timed out");
+        return std::string(name) + "-done ";
+      });
+    }
+    tx.exec_params0("INSERT INTO " + schema_ + ".ledger VALUES ($1, 5)", "o-agent");  // step 4
+    return answer;
+  };
+  EXPECT_THROW((void)dedup_->run_transactional(request("r-agent", "o-agent"), agent),
+               std::runtime_error);
+  fail = false;
+  const Outcome retry = dedup_->run_transactional(request("r-agent", "o-agent"), agent);
+  EXPECT_EQ(retry.kind, Outcome::Kind::kExecuted);
+  EXPECT_EQ(retry.response, "plan-done search-done quote-done ");
+  EXPECT_EQ(runs, (std::map<std::string, int>{{"plan", 1}, {"search", 1}, {"quote", 2}}));
+  EXPECT_EQ(ledger_rows(), 1);
+  EXPECT_EQ(dedup_->run_transactional(request("r-agent", "o-agent"), agent).kind,
+            Outcome::Kind::kDuplicate);
+  EXPECT_EQ(runs["quote"], 2);
+}
 
 TEST_F(DeduplicatorTest, RepeatedTransactionalRunIsDuplicateAndLeavesRowsUnchanged) {
   const Outcome first = dedup_->run_transactional(request("r1", "o1"), refund("o1"));

@@ -89,6 +89,18 @@ TEST_P(RedisClusterTest, InspectAndForceReleaseRouteToEachKeysSlot) {
   }
 }
 
+TEST_P(RedisClusterTest, EachKeysStepJournalSharesItsRecordsSlot) {
+  RedisGuard guard(options());
+  constexpr int kKeys = 50;  // spread over every master: a journal on another slot is CROSSSLOT
+  for (int k = 0; k < kKeys; ++k) {
+    const std::string key = "u:i:j" + std::to_string(k);
+    const ClaimResult first = guard.claim(key, "req-1", "fp");
+    ASSERT_EQ(first.status, ClaimStatus::kFirst);
+    ASSERT_TRUE(guard.put_step(key, first.owner_token, "tool", JournaledStep{"", "booked"})) << key;
+    EXPECT_EQ(guard.steps(key).at("tool").result, "booked") << key;
+  }
+}
+
 TEST_P(RedisClusterTest, ClaimBatchSpansNodesAndAnswersInOrder) {
   RedisGuard guard(options());
   std::vector<std::string> keys;

@@ -279,6 +279,47 @@ TEST_P(RedisGuardTest, DatabaseFromTheUrlIsSelected) {
   EXPECT_EQ(test::redis_cli(url, {"EXISTS", guard.redis_key("k")}), "0");
 }
 
+TEST_P(RedisGuardTest, OnlyTheClaimsOwnerJournalsAStepAndTheJournalOutlivesARelease) {
+  IDEM_REQUIRE_SERVICE(url, "IDEM_TEST_REDIS_URL");
+  RedisGuardOptions guard_options = options(url);
+  guard_options.retention = std::chrono::seconds(60);
+  RedisGuard guard(guard_options);
+  EXPECT_TRUE(guard.steps("u1:agent:run1").empty());
+  const ClaimResult first = guard.claim("u1:agent:run1", "req-1", "");
+  ASSERT_EQ(first.status, ClaimStatus::kFirst);
+  const JournaledStep llm{std::string(64, 'a'), "plan: book the 9:40 flight"};
+  EXPECT_TRUE(guard.put_step("u1:agent:run1", first.owner_token, "llm", llm));
+  EXPECT_FALSE(guard.put_step("u1:agent:run1", std::string(32, '0'), "tool", {"", "booked"}));
+
+  ASSERT_TRUE(guard.release("u1:agent:run1", first.owner_token));
+  EXPECT_FALSE(guard.put_step("u1:agent:run1", first.owner_token, "tool", {"", "booked"}))
+      << "a released claim's owner is fenced out";
+  const StepJournal journal = guard.steps("u1:agent:run1");
+  ASSERT_EQ(journal.size(), 1U);
+  EXPECT_EQ(journal.at("llm").input_fingerprint, llm.input_fingerprint);
+  EXPECT_EQ(journal.at("llm").result, llm.result);
+  const std::string journal_key = "{" + guard.redis_key("u1:agent:run1") + "}:steps";
+  const long ttl = std::stol(test::redis_cli(url, {"PTTL", journal_key}));
+  EXPECT_GT(ttl, 50000);
+  EXPECT_LE(ttl, 60000);
+
+  const ClaimResult retry = guard.claim("u1:agent:run1", "req-1", "");
+  ASSERT_EQ(retry.status, ClaimStatus::kFirst);
+  EXPECT_TRUE(guard.put_step("u1:agent:run1", retry.owner_token, "tool", {"", "booked"}));
+  EXPECT_TRUE(guard.complete("u1:agent:run1", retry.owner_token, "done"));
+  EXPECT_FALSE(guard.put_step("u1:agent:run1", retry.owner_token, "late", {"", "x"}))
+      << "a COMPLETED record takes no more steps";
+  EXPECT_EQ(guard.steps("u1:agent:run1").size(), 2U);
+}
+
+TEST_P(RedisGuardTest, AJournalEntryIdemDidNotWriteIsAForeignRecord) {
+  IDEM_REQUIRE_SERVICE(url, "IDEM_TEST_REDIS_URL");
+  RedisGuard guard(options(url));
+  const std::string journal_key = "{" + guard.redis_key("k") + "}:steps";
+  (void)test::redis_cli(url, {"HSET", journal_key, "tool", "not an entry"});
+  EXPECT_THROW((void)guard.steps("k"), ForeignRecord);
+}
+
 INSTANTIATE_TEST_SUITE_P(ClaimMethods, RedisGuardTest, test::all_claim_methods(),
                          test::claim_method_name);
 

@@ -95,5 +95,15 @@ TEST(RedisRecord, AForkedChildNeverRepeatsItsParentsTokens) {
   EXPECT_NE(from_child, new_owner_token()) << "the child drew its parent's next token";
 }
 
+TEST(StepEntry, RoundTripsAnyBytesAndRefusesWhatIdemDidNotWrite) {
+  const JournaledStep step{std::string(64, 'f'), std::string("a\0b:12:c", 8)};
+  const JournaledStep back = decode_step(encode_step(step));
+  EXPECT_EQ(back.input_fingerprint, step.input_fingerprint);
+  EXPECT_EQ(back.result, step.result);
+  EXPECT_EQ(decode_step(encode_step({"", ""})).result, "");
+  EXPECT_THROW((void)decode_step("not an entry"), ForeignRecord);
+  EXPECT_THROW((void)decode_step("99:short"), ForeignRecord);
+}
+
 }  // namespace
 }  // namespace idem::detail

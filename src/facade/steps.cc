@@ -1,0 +1,48 @@
+#include "facade/steps.h"
+
+#include "common/sha256.h"
+#include "idem/errors.h"
+
+namespace idem::detail {
+
+void StepBook::validate_name(std::string_view name) {
+  if (name.empty() || name.size() > kMaxStepNameBytes) {
+    throw InvalidKey("idem: a step name must be 1.." + std::to_string(kMaxStepNameBytes) +
+                     " bytes");
+  }
+  for (const char c : name) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte < 0x20 || byte == 0x7F) throw InvalidKey("idem: a step name holds a control byte");
+  }
+}
+
+std::string StepBook::input_fingerprint(std::string_view input) {
+  return input.empty() ? std::string() : sha256_hex(input);
+}
+
+void StepBook::load(StepJournal journal) {
+  journal_ = std::move(journal);
+  loaded_ = true;
+}
+
+std::optional<std::string> StepBook::replay(std::string_view name,
+                                            std::string_view fingerprint) const {
+  const auto it = journal_.find(name);
+  if (it == journal_.end()) return std::nullopt;
+  if (it->second.input_fingerprint != fingerprint) {
+    throw StepInputMismatch("idem: step '" + std::string(name) +
+                            "' was journaled with another input; nothing ran");
+  }
+  return it->second.result;
+}
+
+void StepBook::journaled(std::string_view name, JournaledStep step, bool owned) {
+  if (!owned) {
+    throw ClaimLost("idem: step '" + std::string(name) +
+                    "' ran but was not journaled: this attempt's lease ran out and another "
+                    "attempt claimed the key");
+  }
+  journal_.insert_or_assign(std::string(name), std::move(step));
+}
+
+}  // namespace idem::detail
