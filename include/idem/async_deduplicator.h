@@ -179,7 +179,24 @@ class IDEM_EXPORT AsyncContext {
   /// When the call's deadline passes (time_point::max() without one).
   [[nodiscard]] std::chrono::steady_clock::time_point deadline() const noexcept;
 
+  /// Context::step() on the loop: `fn` is `asio::awaitable<std::string>()`, awaited as step
+  /// `name` of this request once across its attempts; a later attempt gets the journaled result
+  /// back without awaiting it. Same journal, rules, errors and at-least-once window as
+  /// Context::step() (idem::StepInputMismatch, idem::ClaimLost, idem::ConfigError without a
+  /// guard); the journal is read and written on the loop. Await one step at a time.
+  template <class Fn>
+  asio::awaitable<std::string> step(std::string_view name, std::string_view input, Fn fn) {
+    return step_impl(name, input, std::function<asio::awaitable<std::string>()>(std::move(fn)));
+  }
+  /// step() of a step that takes no input.
+  template <class Fn>
+  asio::awaitable<std::string> step(std::string_view name, Fn fn) {
+    return step(name, std::string_view(), std::move(fn));
+  }
+
  private:
+  asio::awaitable<std::string> step_impl(std::string_view name, std::string_view input,
+                                         std::function<asio::awaitable<std::string>()> fn);
   detail::AsyncCall* call_;
 };
 

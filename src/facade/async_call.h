@@ -14,6 +14,7 @@
 #include <stop_token>
 
 #include "facade/plan.h"
+#include "facade/steps.h"
 #include "idem/async_deduplicator.h"
 
 namespace idem::detail {
@@ -37,6 +38,8 @@ class AsyncCall : public std::enable_shared_from_this<AsyncCall> {
   // For AsyncContext.
   [[nodiscard]] const CallPlan& plan() const noexcept { return plan_; }
   asio::awaitable<bool> renew();
+  asio::awaitable<std::string> step(std::string_view name, std::string_view input,
+                                    std::function<asio::awaitable<std::string>()> fn);
   [[nodiscard]] bool stop_requested() const noexcept;
   [[nodiscard]] std::chrono::steady_clock::time_point deadline() const noexcept {
     return plan_.deadline();
@@ -71,6 +74,7 @@ class AsyncCall : public std::enable_shared_from_this<AsyncCall> {
   asio::cancellation_signal signal_;  // the call's coroutine is bound to it
   std::optional<std::stop_callback<std::function<void()>>> on_request_stop_;
   std::optional<asio::steady_timer> renew_timer_;
+  StepBook steps_;
   std::unique_ptr<AsyncPgTransaction> tx_;  // run_transactional(): from kSinkBegin to its end
   bool cancelled_ = false;                  // stopped: a cancellation, Request::stop, shutdown()
   bool interruptible_ = false;              // the step under way may be cut short

@@ -68,5 +68,10 @@ bool AsyncContext::stop_requested() const noexcept { return call_->stop_requeste
 std::chrono::steady_clock::time_point AsyncContext::deadline() const noexcept {
   return call_->deadline();
 }
+asio::awaitable<std::string> AsyncContext::step_impl(
+    std::string_view name, std::string_view input,
+    std::function<asio::awaitable<std::string>()> fn) {
+  return call_->step(name, input, std::move(fn));
+}
 
 }  // namespace idem

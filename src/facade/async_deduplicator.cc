@@ -380,6 +380,31 @@ asio::awaitable<bool> AsyncCall::renew() {
   co_return owned;
 }
 
+asio::awaitable<std::string> AsyncCall::step(std::string_view name, std::string_view input,
+                                             std::function<asio::awaitable<std::string>()> fn) {
+  // Copies: the caller's views may end at its next suspension, the plan's with the claim.
+  const std::string step_name(name);
+  const std::string step_input(input);
+  const std::optional<JournalTarget> journal = plan_.step_journal();
+  if (!journal) {
+    StepBook::validate_name(step_name);
+    co_return co_await fn();
+  }
+  const std::string key(journal->key);
+  const std::string owner_token(journal->owner_token);
+  // (Named results: GCC 12 mishandles a co_await inside a braced initializer.)
+  if (!steps_.loaded()) {
+    StepJournal journal = co_await dedup_->guard->steps(key);
+    steps_.load(std::move(journal));
+  }
+  StepBook::Next next = steps_.next(step_name, step_input);
+  if (next.replay) co_return *std::move(next.replay);
+  std::string result = co_await fn();
+  JournaledStep done{std::move(next.fingerprint), std::move(result)};
+  const bool owned = co_await dedup_->guard->put_step(key, owner_token, step_name, done);
+  co_return steps_.journaled(step_name, std::move(done), owned);
+}
+
 bool AsyncCall::stop_requested() const noexcept {
   return stopped() || SteadyClock::now() >= plan_.deadline();
 }

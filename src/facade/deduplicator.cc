@@ -186,22 +186,22 @@ std::stop_token BlockingCall::stop_token() noexcept {
 
 std::string BlockingCall::step(std::string_view name, std::string_view input,
                                const std::function<std::string()>& fn) {
-  detail::StepBook::validate_name(name);
   std::optional<detail::JournalTarget> journal;
   {
     std::lock_guard lock(mutex_);
     journal = plan_.step_journal();
   }
-  if (!journal) return fn();
+  if (!journal) {
+    detail::StepBook::validate_name(name);
+    return fn();
+  }
   Guard& guard = *options_.guard;
   if (!steps_.loaded()) steps_.load(guard.steps(journal->key));
-  std::string fingerprint = detail::StepBook::input_fingerprint(input);
-  if (std::optional<std::string> result = steps_.replay(name, fingerprint)) return *result;
-  JournaledStep done{std::move(fingerprint), fn()};
+  detail::StepBook::Next next = steps_.next(name, input);
+  if (next.replay) return *std::move(next.replay);
+  JournaledStep done{std::move(next.fingerprint), fn()};
   const bool owned = guard.put_step(journal->key, journal->owner_token, name, done);
-  std::string result = done.result;
-  steps_.journaled(name, std::move(done), owned);
-  return result;
+  return steps_.journaled(name, std::move(done), owned);
 }
 
 Outcome BlockingCall::drive(const Handler& handler) {

@@ -25,24 +25,28 @@ void StepBook::load(StepJournal journal) {
   loaded_ = true;
 }
 
-std::optional<std::string> StepBook::replay(std::string_view name,
-                                            std::string_view fingerprint) const {
+StepBook::Next StepBook::next(std::string_view name, std::string_view input) const {
+  validate_name(name);
+  Next next{std::nullopt, input_fingerprint(input)};
   const auto it = journal_.find(name);
-  if (it == journal_.end()) return std::nullopt;
-  if (it->second.input_fingerprint != fingerprint) {
+  if (it == journal_.end()) return next;
+  if (it->second.input_fingerprint != next.fingerprint) {
     throw StepInputMismatch("idem: step '" + std::string(name) +
                             "' was journaled with another input; nothing ran");
   }
-  return it->second.result;
+  next.replay = it->second.result;
+  return next;
 }
 
-void StepBook::journaled(std::string_view name, JournaledStep step, bool owned) {
+std::string StepBook::journaled(std::string_view name, JournaledStep step, bool owned) {
   if (!owned) {
     throw ClaimLost("idem: step '" + std::string(name) +
                     "' ran but was not journaled: this attempt's lease ran out and another "
                     "attempt claimed the key");
   }
+  std::string result = step.result;
   journal_.insert_or_assign(std::string(name), std::move(step));
+  return result;
 }
 
 }  // namespace idem::detail

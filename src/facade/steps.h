@@ -19,6 +19,13 @@ inline constexpr std::size_t kMaxStepNameBytes = 200;
 /// kept in step with its own writes. Not thread-safe: the driver serializes a call's steps.
 class StepBook {
  public:
+  /// What an attempt does at a step: replay its journaled result, or run it and journal it
+  /// with `fingerprint`.
+  struct Next {
+    std::optional<std::string> replay;
+    std::string fingerprint;
+  };
+
   /// Throws idem::InvalidKey unless `name` is 1..kMaxStepNameBytes bytes with no control byte.
   static void validate_name(std::string_view name);
   /// The fingerprint an input is journaled with: SHA-256 (lowercase hex) of its bytes; empty
@@ -29,14 +36,14 @@ class StepBook {
   [[nodiscard]] bool loaded() const noexcept { return loaded_; }
   /// The journal as the guard holds it.
   void load(StepJournal journal);
-  /// The result to replay when `name` was journaled with `fingerprint`; nullopt when it was not
-  /// journaled (the step runs). Throws idem::StepInputMismatch when it was journaled with
-  /// another input.
-  [[nodiscard]] std::optional<std::string> replay(std::string_view name,
-                                                  std::string_view fingerprint) const;
-  /// The guard's answer to journaling `name` after it ran: throws idem::ClaimLost when the
-  /// guard refused it (`owned` false: the claim is another attempt's now), else remembers it.
-  void journaled(std::string_view name, JournaledStep step, bool owned);
+  /// Step `name` with `input`, once loaded: its journaled result when it was journaled with the
+  /// same input, else run it. Throws idem::InvalidKey for a bad name (validate_name()) and
+  /// idem::StepInputMismatch when it was journaled with another input.
+  [[nodiscard]] Next next(std::string_view name, std::string_view input) const;
+  /// The guard's answer to journaling `step` as `name` after it ran: throws idem::ClaimLost when
+  /// the guard refused it (`owned` false: the claim is another attempt's now); else remembers
+  /// it and returns its result.
+  std::string journaled(std::string_view name, JournaledStep step, bool owned);
 
  private:
   StepJournal journal_;

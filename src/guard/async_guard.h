@@ -26,6 +26,9 @@ class AsyncGuard {
   virtual asio::awaitable<bool> release(std::string_view key, std::string_view owner_token) = 0;
   virtual asio::awaitable<bool> renew(std::string_view key, std::string_view owner_token,
                                       std::chrono::milliseconds lease) = 0;
+  virtual asio::awaitable<StepJournal> steps(std::string_view key) = 0;
+  virtual asio::awaitable<bool> put_step(std::string_view key, std::string_view owner_token,
+                                         std::string_view name, const JournaledStep& step) = 0;
   [[nodiscard]] virtual std::chrono::milliseconds lease() const noexcept = 0;
   [[nodiscard]] virtual std::chrono::milliseconds retention() const noexcept = 0;
   /// Closes its connections, if it has any.
@@ -51,6 +54,13 @@ class ImmediateGuard final : public AsyncGuard {
   asio::awaitable<bool> renew(std::string_view key, std::string_view owner_token,
                               std::chrono::milliseconds lease) override {
     co_return guard_->renew(key, owner_token, lease);
+  }
+  asio::awaitable<StepJournal> steps(std::string_view key) override {
+    co_return guard_->steps(key);
+  }
+  asio::awaitable<bool> put_step(std::string_view key, std::string_view owner_token,
+                                 std::string_view name, const JournaledStep& step) override {
+    co_return guard_->put_step(key, owner_token, name, step);
   }
   [[nodiscard]] std::chrono::milliseconds lease() const noexcept override {
     return guard_->lease();

@@ -54,11 +54,11 @@ AsyncRedisGuard::~AsyncRedisGuard() { client_->close(); }
 
 void AsyncRedisGuard::close() { client_->close(); }
 
-asio::awaitable<Written> AsyncRedisGuard::eval(const GuardScript& script, std::string_view key,
+asio::awaitable<Written> AsyncRedisGuard::eval(const GuardScript& script,
+                                               std::span<const std::string_view> keys,
                                                std::span<const std::string_view> args,
                                                bool cancellable, bool durable) {
   const LuaScript lua{script.body, script.sha};
-  const std::array<std::string_view, 1> keys{key};
   durable = durable && protocol_.durable();
   ReplyPtr reply;
   if (cancellable) {
@@ -71,11 +71,12 @@ asio::awaitable<Written> AsyncRedisGuard::eval(const GuardScript& script, std::s
   co_return written;
 }
 
-asio::awaitable<bool> AsyncRedisGuard::eval_flag(const GuardScript& script, std::string_view key,
+asio::awaitable<bool> AsyncRedisGuard::eval_flag(const GuardScript& script,
+                                                 std::span<const std::string_view> keys,
                                                  std::span<const std::string_view> args,
                                                  bool durable, std::string_view during) {
   try {
-    const Written written = co_await eval(script, key, args, false, durable);
+    const Written written = co_await eval(script, keys, args, false, durable);
     const bool done = integer_flag(*written.reply, "EVALSHA");
     if (done) protocol_.require_acknowledged(written.acks.get(), during);
     co_return done;
@@ -102,8 +103,9 @@ asio::awaitable<ClaimResult> AsyncRedisGuard::claim(std::string_view key,
       written = split_durable(
           co_await client_->exec(redis_key, args, protocol_.durable(), asio::use_awaitable));
     } else {
+      const std::array<std::string_view, 1> keys{redis_key};
       const std::array<std::string_view, 2> args{record, protocol_.lease_ms()};
-      written = co_await eval(scripts_.claim, redis_key, args, true, true);
+      written = co_await eval(scripts_.claim, keys, args, true, true);
     }
     const bool replicated = protocol_.acknowledged(written.acks.get());
     co_return protocol_.claim_answer(std::move(written.reply), std::move(owner_token), request_id,
@@ -120,15 +122,17 @@ asio::awaitable<bool> AsyncRedisGuard::complete(std::string_view key, std::strin
   const std::string retention_text = protocol_.retention_text(retention);
   const std::string redis_key = protocol_.redis_key(key);
   const std::string response_field = protocol_.response_field(response);
+  const std::array<std::string_view, 1> keys{redis_key};
   const std::array<std::string_view, 3> args{owner_token, response_field, retention_text};
-  co_return co_await eval_flag(scripts_.complete, redis_key, args, true, "complete");
+  co_return co_await eval_flag(scripts_.complete, keys, args, true, "complete");
 }
 
 asio::awaitable<bool> AsyncRedisGuard::release(std::string_view key, std::string_view owner_token) {
   const std::string redis_key = protocol_.redis_key(key);
+  const std::array<std::string_view, 1> keys{redis_key};
   const std::array<std::string_view, 1> args{owner_token};
   // No WAIT: a release a failover loses only leaves the claim until its lease ends.
-  co_return co_await eval_flag(scripts_.release, redis_key, args, false, "release");
+  co_return co_await eval_flag(scripts_.release, keys, args, false, "release");
 }
 
 asio::awaitable<bool> AsyncRedisGuard::renew(std::string_view key, std::string_view owner_token,
@@ -136,8 +140,31 @@ asio::awaitable<bool> AsyncRedisGuard::renew(std::string_view key, std::string_v
   if (lease.count() <= 0) throw ConfigError("idem: renew: lease must be > 0");
   const std::string redis_key = protocol_.redis_key(key);
   const std::string lease_text = milliseconds_text(lease);
+  const std::array<std::string_view, 1> keys{redis_key};
   const std::array<std::string_view, 2> args{owner_token, lease_text};
-  co_return co_await eval_flag(scripts_.renew, redis_key, args, true, "renew");
+  co_return co_await eval_flag(scripts_.renew, keys, args, true, "renew");
+}
+
+asio::awaitable<StepJournal> AsyncRedisGuard::steps(std::string_view key) {
+  const std::string journal_key = GuardProtocol::journal_key(protocol_.redis_key(key));
+  const std::array<std::string_view, 2> args{"HGETALL", journal_key};
+  try {
+    co_return GuardProtocol::journal_answer(
+        co_await client_->exec(journal_key, args, false, asio::use_awaitable));
+  } catch (const ForeignRecord&) {
+    if (options_.metrics) options_.metrics->record_foreign_record(Layer::kRedisGuard);
+    throw;
+  }
+}
+
+asio::awaitable<bool> AsyncRedisGuard::put_step(std::string_view key, std::string_view owner_token,
+                                                std::string_view name, const JournaledStep& step) {
+  const std::string record_key = protocol_.redis_key(key);
+  const std::string journal_key = GuardProtocol::journal_key(record_key);
+  const std::string entry = encode_step(step);
+  const std::array<std::string_view, 2> keys{record_key, journal_key};
+  const std::array<std::string_view, 4> args{owner_token, name, entry, protocol_.retention_ms()};
+  co_return co_await eval_flag(scripts_.journal, keys, args, true, "journal");
 }
 
 }  // namespace idem::detail

@@ -56,6 +56,12 @@ class AsyncRedisGuard final : public AsyncGuard {
   asio::awaitable<bool> renew(std::string_view key, std::string_view owner_token,
                               std::chrono::milliseconds lease) override;
 
+  /// As RedisGuard::steps().
+  asio::awaitable<StepJournal> steps(std::string_view key) override;
+  /// As RedisGuard::put_step().
+  asio::awaitable<bool> put_step(std::string_view key, std::string_view owner_token,
+                                 std::string_view name, const JournaledStep& step) override;
+
   [[nodiscard]] std::chrono::milliseconds lease() const noexcept override { return options_.lease; }
   [[nodiscard]] std::chrono::milliseconds retention() const noexcept override {
     return options_.retention;
@@ -69,15 +75,16 @@ class AsyncRedisGuard final : public AsyncGuard {
   void close() override;
 
  private:
-  // EVALSHA `script` with `key` and `args` (under its node's breaker); the reply checked.
-  // `cancellable`: whether the awaiting coroutine's cancellation reaches the command; `durable`: a
-  // write the replicas must acknowledge (WAIT after it when min_replicas > 0).
-  asio::awaitable<Written> eval(const GuardScript& script, std::string_view key,
+  // EVALSHA `script` with `keys` (the first routes it) and `args` (under its node's breaker); the
+  // reply checked. `cancellable`: whether the awaiting coroutine's cancellation reaches the
+  // command; `durable`: a write the replicas must acknowledge (WAIT after it when min_replicas >
+  // 0).
+  asio::awaitable<Written> eval(const GuardScript& script, std::span<const std::string_view> keys,
                                 std::span<const std::string_view> args, bool cancellable,
                                 bool durable);
   // eval() of a script answering 1/0 (never cancelled), a foreign value counted; a true answer
   // of a `durable` write the replicas did not acknowledge throws (`during` names it).
-  asio::awaitable<bool> eval_flag(const GuardScript& script, std::string_view key,
+  asio::awaitable<bool> eval_flag(const GuardScript& script, std::span<const std::string_view> keys,
                                   std::span<const std::string_view> args, bool durable,
                                   std::string_view during);
 

@@ -495,27 +495,10 @@ bool RedisGuard::renew(std::string_view key, std::string_view owner_token) {
 StepJournal RedisGuard::steps(std::string_view key) {
   const std::string journal_key = detail::GuardProtocol::journal_key(redis_key(key));
   return impl_->reporting([&] {
-    const ReplyPtr reply = detail::checked(
-        impl_->with_connection(
-            journal_key,
-            [&](Connection& connection) {
-              return connection.command(std::array<std::string_view, 2>{"HGETALL", journal_key});
-            }),
-        "HGETALL");
-    if (reply->type != REDIS_REPLY_ARRAY || reply->elements % 2 != 0) {
-      throw detail::unexpected_reply(*reply, "HGETALL");
-    }
-    StepJournal journal;
-    for (std::size_t i = 0; i < reply->elements; i += 2) {
-      const redisReply& name = *reply->element[i];
-      const redisReply& entry = *reply->element[i + 1];
-      if (name.type != REDIS_REPLY_STRING || entry.type != REDIS_REPLY_STRING) {
-        throw detail::unexpected_reply(*reply, "HGETALL");
-      }
-      journal.emplace(std::string(name.str, name.len),
-                      detail::decode_step(std::string_view(entry.str, entry.len)));
-    }
-    return journal;
+    return detail::GuardProtocol::journal_answer(
+        impl_->with_connection(journal_key, [&](Connection& connection) {
+          return connection.command(std::array<std::string_view, 2>{"HGETALL", journal_key});
+        }));
   });
 }
 

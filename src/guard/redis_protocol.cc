@@ -153,6 +153,24 @@ std::string GuardProtocol::journal_key(std::string_view redis_key) {
   return key;
 }
 
+StepJournal GuardProtocol::journal_answer(ReplyPtr reply) {
+  reply = checked(std::move(reply), "HGETALL");
+  if (reply->type != REDIS_REPLY_ARRAY || reply->elements % 2 != 0) {
+    throw unexpected_reply(*reply, "HGETALL");
+  }
+  StepJournal journal;
+  for (std::size_t i = 0; i < reply->elements; i += 2) {
+    const redisReply& name = *reply->element[i];
+    const redisReply& entry = *reply->element[i + 1];
+    if (name.type != REDIS_REPLY_STRING || entry.type != REDIS_REPLY_STRING) {
+      throw unexpected_reply(*reply, "HGETALL");
+    }
+    journal.emplace(std::string(name.str, name.len),
+                    decode_step(std::string_view(entry.str, entry.len)));
+  }
+  return journal;
+}
+
 std::string GuardProtocol::retention_text(std::chrono::milliseconds retention) const {
   if (retention.count() < 0) throw ConfigError("idem: complete: retention must be >= 0");
   return retention.count() == 0 ? retention_ms_ : milliseconds_text(retention);

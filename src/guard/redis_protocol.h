@@ -79,6 +79,9 @@ class GuardProtocol {
   /// `{<redis_key>}:steps`. Its hash tag is the whole record key, so the two share a Redis
   /// Cluster slot (key text has no braces, see validate_key_text()).
   [[nodiscard]] static std::string journal_key(std::string_view redis_key);
+  /// The journal in the reply to `HGETALL journal_key`; an error reply throws (see checked()),
+  /// an entry idem did not write idem::ForeignRecord.
+  [[nodiscard]] static StepJournal journal_answer(ReplyPtr reply);
   /// The journal's TTL: RedisGuardOptions::retention, in ms.
   [[nodiscard]] const std::string& retention_ms() const noexcept { return retention_ms_; }
   /// The escaped "{prefix}:{ns}:" every Redis key starts with.
