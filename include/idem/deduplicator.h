@@ -169,6 +169,11 @@ class IDEM_EXPORT Context {
   /// every attempt. The journal is kept for the guard's retention from its last write; a
   /// COMPLETED record answers repeats by itself. docs/guides/agent_runs.md describes each outcome.
   ///
+  /// In run_transactional(), the journal is Redis', not the transaction's: `fn` must not write
+  /// through the transaction (an attempt that fails later rolls that write back while the step
+  /// stays journaled, so a retry would skip it). Write through the transaction outside steps:
+  /// those writes commit exactly once, with idem's record.
+  ///
   /// Throws idem::ConfigError without a guard, idem::BackendError when
   /// the journal cannot be read or written, and whatever `fn` throws. Call steps one at a time
   /// (not from two threads at once).
