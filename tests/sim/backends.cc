@@ -104,6 +104,42 @@ bool SimRedis::renew(std::string_view key, std::string_view owner_token,
   return true;
 }
 
+StepJournal SimRedis::steps(std::string_view key) {
+  validate_key_text(key);
+  const auto found = step_journals_.find(key);
+  if (found == step_journals_.end() || found->second.expires <= now_) return {};
+  return found->second.steps;
+}
+
+bool SimRedis::put_step(std::string_view key, std::string_view owner_token, std::string_view name,
+                        const JournaledStep& step) {
+  validate_key_text(key);
+  if (options_.journal_checks_owner) {
+    const Record* record = owned(key, owner_token);
+    if (record == nullptr || record->state != RecordState::kInProgress) return false;
+  }
+  while (!step_writes_.empty() && step_writes_.front().at < now_ - options_.max_lag) {
+    step_writes_.pop_front();
+  }
+  JournalWrite entry{now_, std::string(key), std::nullopt};
+  Journal journal;
+  if (const auto found = step_journals_.find(key); found != step_journals_.end()) {
+    entry.before = found->second;
+    if (found->second.expires > now_) journal.steps = found->second.steps;
+  }
+  step_writes_.push_back(std::move(entry));
+  journal.steps.insert_or_assign(std::string(name), step);
+  journal.expires = now_ + options_.retention.count();
+  step_journals_.insert_or_assign(std::string(key), std::move(journal));
+  return true;
+}
+
+bool SimRedis::journaled(std::string_view key, std::string_view name) const {
+  const auto found = step_journals_.find(key);
+  return found != step_journals_.end() && found->second.expires > now_ &&
+         found->second.steps.contains(name);
+}
+
 std::size_t SimRedis::restart() {
   std::size_t lost = 0;
   for (const auto& [key, record] : records_) {
@@ -112,6 +148,8 @@ std::size_t SimRedis::restart() {
   }
   records_.clear();
   journal_.clear();
+  step_journals_.clear();
+  step_writes_.clear();
   return lost;
 }
 
@@ -129,6 +167,17 @@ std::size_t SimRedis::failover(Time lag) {
     ++undone;
   }
   journal_.clear();  // the new replica starts from the new master
+  while (!step_writes_.empty() && step_writes_.back().at > now_ - lag) {
+    JournalWrite& last = step_writes_.back();
+    if (last.before) {
+      step_journals_.insert_or_assign(last.key, *std::move(last.before));
+    } else {
+      step_journals_.erase(last.key);
+    }
+    step_writes_.pop_back();
+    ++undone;
+  }
+  step_writes_.clear();
   return undone;
 }
 

@@ -48,6 +48,9 @@ class SimRedis final : public Guard {
     bool caps_responses = true;
     /// complete() keeps the record for the retention asked (else only for the lease).
     bool keeps_retention = true;
+    /// put_step() journals only while the owner token holds the key's IN_PROGRESS record (else
+    /// whoever writes).
+    bool journal_checks_owner = true;
   };
 
   /// A live record, as the invariants see it.
@@ -68,6 +71,11 @@ class SimRedis final : public Guard {
   bool release(std::string_view key, std::string_view owner_token) override;
   bool renew(std::string_view key, std::string_view owner_token,
              std::chrono::milliseconds lease) override;
+  /// As lua/journal.lua: a hash beside the record, kept for the retention from its last write
+  /// whatever happens to the record.
+  [[nodiscard]] StepJournal steps(std::string_view key) override;
+  bool put_step(std::string_view key, std::string_view owner_token, std::string_view name,
+                const JournaledStep& step) override;
   [[nodiscard]] std::chrono::milliseconds lease() const noexcept override { return options_.lease; }
 
   // ---- faults --------------------------------------------------------------------------------
@@ -85,6 +93,8 @@ class SimRedis final : public Guard {
   [[nodiscard]] bool holds(std::string_view key, std::string_view owner_token) const;
   /// The live record of `key`, if any.
   [[nodiscard]] std::optional<View> record(std::string_view key) const;
+  /// Whether the live step journal of `key` holds step `name`.
+  [[nodiscard]] bool journaled(std::string_view key, std::string_view name) const;
   /// When the live record of `key` owned by `owner_token` expires; nullopt when there is none.
   [[nodiscard]] std::optional<Time> expiry(std::string_view key,
                                            std::string_view owner_token) const;
@@ -108,6 +118,15 @@ class SimRedis final : public Guard {
     std::optional<Record> before;  // what the write replaced (nullopt: no record)
     std::size_t logged = 0;        // its entry in history_[key]
   };
+  struct Journal {
+    StepJournal steps;
+    Time expires = 0;
+  };
+  struct JournalWrite {
+    Time at = 0;
+    std::string key;
+    std::optional<Journal> before;  // what the write replaced (nullopt: no journal)
+  };
   // A write as the key's history keeps it: who owns the key from `at` on, until when.
   struct Logged {
     Time at = 0;
@@ -125,6 +144,8 @@ class SimRedis final : public Guard {
   Options options_;
   std::map<std::string, Record, std::less<>> records_;
   std::deque<Write> journal_;  // the writes of the last max_lag ms, oldest first
+  std::map<std::string, Journal, std::less<>> step_journals_;
+  std::deque<JournalWrite> step_writes_;  // the journal writes of the last max_lag ms
   std::map<std::string, std::vector<Logged>, std::less<>> history_;
   std::uint64_t tokens_ = 0;
 };

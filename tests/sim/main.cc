@@ -162,6 +162,7 @@ int main(int argc, char** argv) {
   print("calls", Tally::kTransactional, Tally::kOverCapReplay);
   print("interruptions", Tally::kStoppedBeforeStart, Tally::kCutShort);
   print("saves", Tally::kFailedCompletion, Tally::kFailedRelease);
+  print("steps", Tally::kStepRun, Tally::kStepRerun);
   std::cout << "\n";
 
   if (!failing.empty()) {

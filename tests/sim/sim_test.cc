@@ -151,6 +151,10 @@ TEST(PlantedBug, AGuardThatForgetsACompletedRecordEarlyIsCaughtWithin1000Seeds) 
   expect_caught(Bug::kGuardForgetsEarly, "doubled-effects-are-told");
 }
 
+TEST(PlantedBug, AJournalWriteWithoutTheOwnerCheckIsCaughtWithin1000Seeds) {
+  expect_caught(Bug::kJournalWithoutOwnerCheck, "finished-step-never-rerun");
+}
+
 // ---- found by the simulator
 // ----------------------------------------------------------------------
 
@@ -259,6 +263,39 @@ TEST(SimRedis, ARestartLosesEveryRecordForGood) {
   EXPECT_EQ(redis.failover(300), 0u);
   EXPECT_FALSE(redis.holds("k", token));
   EXPECT_EQ(redis.claim("k", "r2", "").status, ClaimStatus::kFirst);
+}
+
+// As lua/journal.lua: fenced by the owner of the IN_PROGRESS record, kept the retention from its
+// last write whatever happens to the record, undone by a failover, lost by a restart.
+TEST(SimRedis, TheStepJournalIsFencedByTheClaimAndOutlivesIt) {
+  Time now = 0;
+  SimRedis redis(now, redis_options());
+  const std::string first = redis.claim("k", "r1", "").owner_token;
+  EXPECT_TRUE(redis.put_step("k", first, "a", {"", "1"}));
+  now = 150;  // the lease ran out: another attempt takes over
+  EXPECT_FALSE(redis.put_step("k", first, "b", {"", "stale"}));
+  const std::string second = redis.claim("k", "r1", "").owner_token;
+  EXPECT_FALSE(redis.put_step("k", first, "b", {"", "stale"}));
+  EXPECT_EQ(redis.steps("k").size(), 1u);
+  now = 200;
+  EXPECT_TRUE(redis.put_step("k", second, "b", {"", "2"}));
+  EXPECT_TRUE(redis.release("k", second));
+  EXPECT_FALSE(redis.put_step("k", second, "c", {"", "released"}));
+  now = 1100;  // past the retention from the first write, not from the last
+  const StepJournal kept = redis.steps("k");
+  ASSERT_EQ(kept.size(), 2u);
+  EXPECT_EQ(kept.at("a").result, "1");
+  EXPECT_TRUE(redis.journaled("k", "b"));
+  const std::string third = redis.claim("k", "r1", "").owner_token;
+  now = 1150;
+  EXPECT_TRUE(redis.put_step("k", third, "c", {"", "3"}));
+  EXPECT_EQ(redis.failover(100), 2u);  // the claim and the journal write
+  EXPECT_FALSE(redis.journaled("k", "c"));
+  EXPECT_TRUE(redis.journaled("k", "b"));
+  now = 1200;
+  EXPECT_TRUE(redis.steps("k").empty());  // 1 000 ms after its last write
+  (void)redis.restart();
+  EXPECT_TRUE(redis.steps("k").empty());
 }
 
 TEST(SimPostgres, AnUncommittedClaimLocksItsKeyAndCommitsWithTheEffect) {

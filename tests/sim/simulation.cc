@@ -17,6 +17,7 @@
 #include "facade/in_process.h"
 #include "facade/plan.h"
 #include "facade/step_error.h"
+#include "facade/steps.h"
 #include "idem/clock.h"
 #include "idem/deduplicator.h"
 #include "idem/errors.h"
@@ -106,6 +107,10 @@ constexpr std::array<std::string_view, kTallies> kTallyNames = {
     "cut-short",
     "failed-completion",
     "failed-release",
+    "step-run",
+    "step-replayed",
+    "step-fenced",
+    "step-rerun",
 };
 
 }  // namespace
@@ -320,6 +325,7 @@ struct Logical {
   bool reused = false;        // its key is reused with another payload (variant 1)
   bool over_cap = false;      // its responses are over the guard's and the sink's cap
   bool reentrant = false;     // its intent is reentrant
+  int steps = 0;              // its handler's steps (Context::step())
   std::string user;
   std::string intent;
   std::string biz_key;
@@ -481,6 +487,8 @@ struct Call {
   Time handler_end = 0;
   bool handler_fails = false;
   bool handler_checks_stop = true;
+  int steps_done = 0;               // the handler's steps reached
+  detail::StepBook steps;           // its view of the step journal, as BlockingCall keeps it
   std::optional<Time> returned_at;  // when the handler returned holding (it believed) a claim
   // The guard's complete answered, and whether by Redis' history as it stood then the claim was
   // held when the handler returned.
@@ -546,6 +554,10 @@ class Simulation {
   std::exception_ptr commit_answer_lost(const Call& c, bool committed, const std::string& whose);
   void start_handler(Call& c);
   void handler_tick(Call& c);
+  [[nodiscard]] Time step_due(const Call& c) const;
+  void handler_step(Call& c, std::exception_ptr& failure);
+  void ran_step(const Call& c, const std::string& key, const std::string& owner_token,
+                const std::string& name);
   void handler_returns(Call& c);
   void renew(Call& c);
   void finish(Call& c, std::optional<Outcome> outcome, std::exception_ptr error);
@@ -652,6 +664,8 @@ class Simulation {
   };
   std::map<std::pair<int, std::string>, Clean> clean_;
   std::map<int, const Call*> running_;  // calls whose handler runs, by id
+  // Runs of a step after its result was journaled, by logical request and step name.
+  std::map<std::pair<int, std::string>, int> step_reruns_;
 
   RunResult result_;
   struct Candidate {
@@ -680,7 +694,8 @@ Simulation::Simulation(const RunOptions& options)
                               .compares_fingerprints = bug != Bug::kGuardIgnoresFingerprint,
                               .tells_requests_apart = bug != Bug::kRepeatReportedAsSameRequest,
                               .caps_responses = bug != Bug::kGuardKeepsOverCapBody,
-                              .keeps_retention = bug != Bug::kGuardForgetsEarly});
+                              .keeps_retention = bug != Bug::kGuardForgetsEarly,
+                              .journal_checks_owner = bug != Bug::kJournalWithoutOwnerCheck});
   pg_ = std::make_shared<SimPostgres>(
       now_, SimPostgres::Options{.lease = config_.lease,
                                  .retention = milliseconds(kSinkRetention),
@@ -761,6 +776,7 @@ void Simulation::build_workload() {
     l.declined = config_.store_declines && l.keying != Keying::kUnkeyed && workload_.chance(150);
     l.reused = named && workload_.chance(config_.reused_share);
     l.over_cap = workload_.chance(config_.over_cap_share);
+    l.steps = i % 3 == 0 ? 0 : 1 + i % 3;  // none, two or three
     l.user = "u" + std::to_string(i % 3);
     l.intent = l.reentrant ? "notify" : "refund";
     l.biz_key = l.keying == Keying::kBusiness ? "order-" + std::to_string(i) : "";
@@ -1815,8 +1831,11 @@ void Simulation::handler_tick(Call& c) {
               : how == 1
                   ? operation_aborted()
                   : std::make_exception_ptr(Cancelled("idem: handler cancelled (stop seen)"));
+  } else if (now_ >= step_due(c)) {
+    handler_step(c, failure);
+    if (!failure) return;
   } else if (now_ < c.handler_end) {
-    c.ready_at = std::min(c.handler_end, now_ + kHandlerCheck);
+    c.ready_at = std::min({c.handler_end, now_ + kHandlerCheck, step_due(c)});
     if (const auto due = c.plan->renewal_due()) {
       c.ready_at = std::max(now_ + 1, std::min(c.ready_at, p.clock.when(reading(*due))));
     }
@@ -1890,6 +1909,76 @@ void Simulation::handler_tick(Call& c) {
   if (tracing()) trace(c, "RunHandler throws: " + what(failure));
   const Step step = *c.current;
   fail(c, step, failure, now_ + latency());
+}
+
+// Step i (from 0) of a handler of n steps is due at i/(n - 1) of its run: the first as it
+// starts (the journal is loaded then), the last as it ends.
+Time Simulation::step_due(const Call& c) const {
+  const int n = logicals_[c.logical].steps;
+  if (c.steps_done >= n) return INT64_MAX;
+  return c.handler_started_at + (c.handler_end - c.handler_started_at) * c.steps_done / (n - 1);
+}
+
+// The handler's next step, as BlockingCall::step() takes it: the journal loaded from the guard
+// at the call's first step, the step replayed when journaled, else run and journaled (fenced by
+// the claim). A failure of the guard, or its refusal (ClaimLost), is what the handler throws.
+void Simulation::handler_step(Call& c, std::exception_ptr& failure) {
+  const std::string name = "step-" + std::to_string(++c.steps_done);
+  const std::string input = "order " + std::to_string(c.logical) + ", " + name;
+  Time at = now_;
+  try {
+    const std::optional<detail::JournalTarget> target = c.plan->step_journal();
+    if (!target) {
+      detail::StepBook::validate_name(name);
+      ran_step(c, {}, {}, name);
+      if (tracing()) trace(c, name + " runs (no claim: not journaled)");
+      c.ready_at = now_;
+      return;
+    }
+    const std::string key(target->key);
+    const std::string token(target->owner_token);
+    if (!c.steps.loaded()) {
+      std::optional<StepJournal> journal = redis(
+          c, [&] { return redis_->steps(key); }, failure, at);
+      if (!journal) return;
+      c.steps.load(*std::move(journal));
+    }
+    detail::StepBook::Next next = c.steps.next(name, input);
+    if (next.replay) {
+      tally(Tally::kStepReplayed);
+      if (tracing()) trace(c, name + " replays " + *next.replay);
+      c.ready_at = at;
+      return;
+    }
+    ran_step(c, key, token, name);
+    if (result_.violation) return;
+    JournaledStep done{std::move(next.fingerprint), name + " of c" + std::to_string(c.id)};
+    const std::optional<bool> owned = redis(
+        c, [&] { return redis_->put_step(key, token, name, done); }, failure, at);
+    if (!owned) return;
+    if (!*owned) tally(Tally::kStepFenced);
+    if (tracing()) trace(c, name + " runs, journaled: " + (*owned ? "yes" : "no (fenced)"));
+    (void)c.steps.journaled(name, std::move(done), *owned);
+    c.ready_at = at;
+  } catch (...) {
+    failure = std::current_exception();
+  }
+}
+
+// A step's function runs: by the attempt that holds the key's claim, only when no attempt
+// journaled the step's result (finished-step-never-rerun).
+void Simulation::ran_step(const Call& c, const std::string& key, const std::string& owner_token,
+                          const std::string& name) {
+  tally(Tally::kStepRun);
+  if (key.empty() || !redis_->journaled(key, name)) return;
+  const int reruns = ++step_reruns_[{c.logical, name}];
+  tally(Tally::kStepRerun);
+  if (redis_->holds(key, owner_token)) {
+    violate("finished-step-never-rerun", c.logical,
+            "c" + std::to_string(c.id) + " holds the claim of " + key + " and runs " + name +
+                " again (run " + std::to_string(reruns) +
+                " after its result was journaled): the journal it loaded lacked it");
+  }
 }
 
 void Simulation::handler_returns(Call& c) {
@@ -2471,6 +2560,7 @@ constexpr std::array<std::string_view, kBugs> kBugNames = {
     "interrupted-call-skips-release",
     "sink-busy-reported-claimed",
     "guard-forgets-early",
+    "journal-without-owner-check",
 };
 }  // namespace
 

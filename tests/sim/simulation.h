@@ -48,8 +48,9 @@ enum class Bug {
   kSinkBusyReportedClaimed,      ///< The driver reports a run() sink row another attempt holds
                                  ///< as claimed.
   kGuardForgetsEarly,  ///< The guard keeps a completed record for the lease, not the retention.
+  kJournalWithoutOwnerCheck,  ///< The guard journals a step whoever owns the key's record.
 };
-inline constexpr std::size_t kBugs = static_cast<std::size_t>(Bug::kGuardForgetsEarly) + 1;
+inline constexpr std::size_t kBugs = static_cast<std::size_t>(Bug::kJournalWithoutOwnerCheck) + 1;
 
 /// "none", "release-on-cancel", ..., as `--bug` takes them (docs/simulation.md).
 [[nodiscard]] std::string_view to_string(Bug bug) noexcept;
@@ -112,8 +113,13 @@ enum class Tally {
   // Saves.
   kFailedCompletion,  ///< Completions that failed after the handler ran.
   kFailedRelease,     ///< Releases that failed.
+  // Steps inside a handler (Context::step()).
+  kStepRun,       ///< Steps whose function ran.
+  kStepReplayed,  ///< Steps answered from the journal.
+  kStepFenced,    ///< Step results the guard refused to journal (the claim was another's).
+  kStepRerun,  ///< Steps run again, by an attempt that lost its claim, after they were journaled.
 };
-inline constexpr std::size_t kTallies = static_cast<std::size_t>(Tally::kFailedRelease) + 1;
+inline constexpr std::size_t kTallies = static_cast<std::size_t>(Tally::kStepRerun) + 1;
 /// A short name ("transactional", "stopped-in-lock-wait", ...).
 [[nodiscard]] std::string_view to_string(Tally tally) noexcept;
 
