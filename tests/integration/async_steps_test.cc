@@ -37,11 +37,8 @@ Request agent_run(const std::string& id) {
 class AsyncSteps : public ::testing::Test {
  protected:
   void SetUp() override {
-    redis_url_ = test::service_setting("IDEM_TEST_REDIS_URL");
-    if (redis_url_.empty()) {
-      if (std::getenv("CI") != nullptr) FAIL() << "IDEM_TEST_REDIS_URL unset";
-      GTEST_SKIP() << "run `scripts/dev services start`";
-    }
+    IDEM_REQUIRE_SERVICE(redis_url, "IDEM_TEST_REDIS_URL");
+    redis_url_ = redis_url;
   }
 
   AsyncDeduplicatorOptions options(std::chrono::milliseconds lease = 30s) const {
@@ -70,6 +67,15 @@ class AsyncSteps : public ::testing::Test {
     co_return out;
   }
 
+  // One delivery of run "r1" whose handler is four_steps(context, before).
+  asio::awaitable<Outcome> deliver(AsyncDeduplicator& dedup,
+                                   std::function<asio::awaitable<void>(int)> before = {}) {
+    co_return co_await dedup.run(
+        agent_run("r1"),
+        [this, before](AsyncContext& context) { return four_steps(context, before); },
+        asio::use_awaitable);
+  }
+
   // Runs `body` on a fresh loop until it returns.
   static void on_loop(asio::io_context& io, std::function<asio::awaitable<void>()> body) {
     asio::co_spawn(io, std::move(body), [](std::exception_ptr error) {
@@ -90,21 +96,14 @@ TEST_F(AsyncSteps, AFailureAtStepThreeOfFourAndARetryRunOnlyTheUnfinishedSteps) 
   std::optional<Outcome> retry;
   on_loop(io, [&]() -> asio::awaitable<void> {
     try {
-      (void)co_await dedup.run(
-          agent_run("r1"),
-          [&](AsyncContext& context) {
-            return four_steps(context, [](int next) -> asio::awaitable<void> {
-              if (next == 3) throw std::runtime_error("tool failed");
-              co_return;
-            });
-          },
-          asio::use_awaitable);
+      (void)co_await deliver(dedup, [](int next) -> asio::awaitable<void> {
+        if (next == 3) throw std::runtime_error("tool failed");
+        co_return;
+      });
     } catch (...) {
       failed = std::current_exception();
     }
-    retry = co_await dedup.run(
-        agent_run("r1"), [&](AsyncContext& context) { return four_steps(context); },
-        asio::use_awaitable);
+    retry = co_await deliver(dedup);
     dedup.close();
   });
   ASSERT_TRUE(failed);
@@ -123,24 +122,15 @@ TEST_F(AsyncSteps, ACrashAfterStepTwoReplaysStepsOneAndTwoOnceTheLeaseEnds) {
     try {
       // A process that dies after step 2: its claim stays until the lease ends, as a cancelled
       // handler's does.
-      (void)co_await dedup.run(
-          agent_run("r1"),
-          [&](AsyncContext& context) {
-            return four_steps(context, [](int next) -> asio::awaitable<void> {
-              if (next == 3) throw Cancelled();
-              co_return;
-            });
-          },
-          asio::use_awaitable);
+      (void)co_await deliver(dedup, [](int next) -> asio::awaitable<void> {
+        if (next == 3) throw Cancelled();
+        co_return;
+      });
     } catch (const Cancelled&) {
     }
-    early = co_await dedup.run(
-        agent_run("r1"), [&](AsyncContext& context) { return four_steps(context); },
-        asio::use_awaitable);
+    early = co_await deliver(dedup);
     co_await sleep_for(400ms);
-    retry = co_await dedup.run(
-        agent_run("r1"), [&](AsyncContext& context) { return four_steps(context); },
-        asio::use_awaitable);
+    retry = co_await deliver(dedup);
     dedup.close();
   });
   ASSERT_TRUE(early && retry);
@@ -183,9 +173,7 @@ TEST_F(AsyncSteps, AStaleAttemptThatJournalsAfterItsLeaseWasTakenOverIsRejected)
       io,
       [&]() -> asio::awaitable<void> {
         co_await sleep_for(450ms);
-        taker = co_await dedup.run(
-            agent_run("r1"), [&](AsyncContext& context) { return four_steps(context); },
-            asio::use_awaitable);
+        taker = co_await deliver(dedup);
         finish();
       },
       asio::detached);
