@@ -183,7 +183,9 @@ class IDEM_EXPORT AsyncContext {
   /// `name` of this request once across its attempts; a later attempt gets the journaled result
   /// back without awaiting it. Same journal, rules, errors and at-least-once window as
   /// Context::step() (idem::StepInputMismatch, idem::ClaimLost, idem::ConfigError without a
-  /// guard); the journal is read and written on the loop. Await one step at a time.
+  /// guard); the journal is read and written on the loop. In run_transactional(), a step that
+  /// writes through `tx` is exactly-once and not journaled, as Context::step() says. Await one
+  /// step at a time.
   template <class Fn>
   asio::awaitable<std::string> step(std::string_view name, std::string_view input, Fn fn) {
     return step_impl(name, input, std::function<asio::awaitable<std::string>()>(std::move(fn)));

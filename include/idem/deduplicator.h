@@ -169,10 +169,17 @@ class IDEM_EXPORT Context {
   /// every attempt. The journal is kept for the guard's retention from its last write; a
   /// COMPLETED record answers repeats by itself. docs/guides/agent_runs.md describes each outcome.
   ///
-  /// In run_transactional(), the journal is Redis', not the transaction's: `fn` must not write
-  /// through the transaction (an attempt that fails later rolls that write back while the step
-  /// stays journaled, so a retry would skip it). Write through the transaction outside steps:
-  /// those writes commit exactly once, with idem's record.
+  /// In run_transactional(), a step that writes through the transaction is exactly-once and is
+  /// not journaled: its writes commit once, with idem's record, or roll back with a failed
+  /// attempt, and then the retry runs it again (a journaled result would skip a write that
+  /// never committed). idem tells such a step by reading what the transaction wrote before and
+  /// after `fn` (one short statement each, PostgreSQL's transaction ID and
+  /// pg_stat_xact_user_tables): rows inserted, updated or deleted in user tables, or the first
+  /// write of any kind. A step that only reads through it, or writes nowhere else, is journaled
+  /// as above. Since a retry runs such a step again while replaying the journaled steps after
+  /// it, a journaled step that depends on its result should take that result as its `input`:
+  /// a re-run that answers differently then ends in StepInputMismatch, not in a replay made
+  /// from the old answer.
   ///
   /// Throws idem::ConfigError without a guard, idem::BackendError when
   /// the journal cannot be read or written, and whatever `fn` throws. Call steps one at a time

@@ -399,8 +399,15 @@ asio::awaitable<std::string> AsyncCall::step(std::string_view name, std::string_
   }
   StepBook::Next next = steps_.next(step_name, step_input);
   if (next.replay) co_return *std::move(next.replay);
+  std::optional<TransactionWrites> before;
+  if (tx_) before = co_await tx_->writes();
   std::string result = co_await fn();
   JournaledStep done{std::move(next.fingerprint), std::move(result)};
+  if (before) {
+    const TransactionWrites after = co_await tx_->writes();
+    if (!StepBook::journals_in_guard(wrote_between(*before, after)))
+      co_return steps_.kept(step_name, std::move(done));
+  }
   const bool owned = co_await dedup_->guard->put_step(key, owner_token, step_name, done);
   co_return steps_.journaled(step_name, std::move(done), owned);
 }

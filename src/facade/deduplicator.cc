@@ -199,7 +199,11 @@ std::string BlockingCall::step(std::string_view name, std::string_view input,
   if (!steps_.loaded()) steps_.load(guard.steps(journal->key));
   detail::StepBook::Next next = steps_.next(name, input);
   if (next.replay) return *std::move(next.replay);
+  const std::optional<detail::TransactionWrites> before =
+      tx_ ? std::optional(tx_->writes()) : std::nullopt;
   JournaledStep done{std::move(next.fingerprint), fn()};
+  if (before && !detail::StepBook::journals_in_guard(detail::wrote_between(*before, tx_->writes())))
+    return steps_.kept(name, std::move(done));
   const bool owned = guard.put_step(journal->key, journal->owner_token, name, done);
   return steps_.journaled(name, std::move(done), owned);
 }

@@ -44,6 +44,10 @@ std::string StepBook::journaled(std::string_view name, JournaledStep step, bool 
                     "' ran but was not journaled: this attempt's lease ran out and another "
                     "attempt claimed the key");
   }
+  return kept(name, std::move(step));
+}
+
+std::string StepBook::kept(std::string_view name, JournaledStep step) {
   std::string result = step.result;
   journal_.insert_or_assign(std::string(name), std::move(step));
   return result;

@@ -1,7 +1,7 @@
 // The rules of Context::step(), for every driver: where a call's steps are journaled, which
 // journaled step an attempt replays and which it runs, and what makes a step an error. A driver
-// reads and writes the journal (Guard::steps(), Guard::put_step()) and runs the step; it decides
-// nothing.
+// reads and writes the journal (Guard::steps(), Guard::put_step()), runs the step and, in a
+// transactional call, reads what the step wrote through the transaction; it decides nothing.
 #pragma once
 
 #include <optional>
@@ -44,6 +44,17 @@ class StepBook {
   /// the guard refused it (`owned` false: the claim is another attempt's now); else remembers
   /// it and returns its result.
   std::string journaled(std::string_view name, JournaledStep step, bool owned);
+
+  /// Whether a step that ran in a transactional call is journaled in the guard: not when it
+  /// wrote through the call's transaction. Its effect then commits once with the call's record,
+  /// or rolls back with the attempt, so a later attempt must run it again: a journaled result
+  /// would skip a write that never committed.
+  [[nodiscard]] static bool journals_in_guard(bool wrote_through_transaction) noexcept {
+    return !wrote_through_transaction;
+  }
+  /// Remembers, for this attempt only, a step that is not journaled (journals_in_guard()
+  /// false), and returns its result: reaching its name again in this attempt replays it.
+  std::string kept(std::string_view name, JournaledStep step);
 
  private:
   StepJournal journal_;

@@ -7,6 +7,7 @@
 #include <asio/redirect_error.hpp>
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
+#include <cstdlib>
 #include <limits>
 #include <utility>
 
@@ -47,7 +48,7 @@ PgAsyncSettings connection_settings(const PgSinkOptions& options, const SinkStat
   // idem's own statements are parsed and planned once per connection, as PgSink prepares them,
   // and so are BEGIN, COMMIT and ROLLBACK (in the order of Prepared).
   settings.prepared = {sql.claim, sql.lookup, sql.take_over, sql.complete, sql.release, sql.renew,
-                       sql.lock,  sql.record, "BEGIN",       "COMMIT",     "ROLLBACK"};
+                       sql.lock,  sql.record, "BEGIN",       "COMMIT",     "ROLLBACK",  sql.writes};
   settings.statement_cache = options.statement_cache;  // the handlers' statements
   return settings;
 }
@@ -461,6 +462,16 @@ asio::awaitable<void> AsyncPgTransaction::rollback() {
     co_return;
   }
   give_back();
+}
+
+asio::awaitable<TransactionWrites> AsyncPgTransaction::writes() {
+  check_session();
+  if (pending_begin_) co_return TransactionWrites{};  // BEGIN not sent yet: nothing written
+  const PgResultPtr row = co_await connection_->exec(
+      prepared(Prepared::kWrites), {},
+      asio::bind_cancellation_slot(asio::cancellation_slot(), asio::use_awaitable));
+  co_return TransactionWrites{std::string_view(PQgetvalue(row.get(), 0, 0)) == "t",
+                              std::strtoll(PQgetvalue(row.get(), 0, 1), nullptr, 10)};
 }
 
 bool AsyncPgTransaction::business_duplicate(const std::exception_ptr& error) const {

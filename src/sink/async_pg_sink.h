@@ -51,9 +51,10 @@ enum class Prepared : std::size_t {
   kRenew,
   kLock,
   kRecord,
-  kBegin,  ///< The transaction's own statements: unnamed, the server parsed each one each time.
+  kBegin,  ///< The transaction's own statements.
   kCommit,
-  kRollback
+  kRollback,
+  kWrites,  ///< What the transaction wrote (TransactionWrites).
 };
 
 class AsyncPgSink final : public AsyncSink {
@@ -149,6 +150,9 @@ class AsyncPgTransaction {
   asio::awaitable<void> commit();
   /// ROLLBACK (not cancellable; nothing when the session is gone); gives the connection back.
   asio::awaitable<void> rollback();
+  /// As PgTransaction::writes(): what the transaction has written so far (one round trip once
+  /// BEGIN went; none before). Not cancellable.
+  asio::awaitable<TransactionWrites> writes();
   /// Whether `error`, thrown out of the handler, is a unique violation of one of
   /// PgSinkOptions::business_constraints (the effect exists already).
   [[nodiscard]] bool business_duplicate(const std::exception_ptr& error) const;

@@ -43,12 +43,13 @@ enum Statement : std::size_t {
   kInspect,
   kLockRow,
   kEvict,
+  kWrites,
   kCount
 };
 constexpr std::array<const char*, kCount> kStatementNames{
-    "idem_claim",  "idem_lock_key", "idem_lookup",   "idem_take_over",
-    "idem_record", "idem_complete", "idem_release",  "idem_renew",
-    "idem_purge",  "idem_inspect",  "idem_lock_row", "idem_evict"};
+    "idem_claim",    "idem_lock_key", "idem_lookup", "idem_take_over", "idem_record",
+    "idem_complete", "idem_release",  "idem_renew",  "idem_purge",     "idem_inspect",
+    "idem_lock_row", "idem_evict",    "idem_writes"};
 
 double to_ms(std::chrono::milliseconds duration) { return static_cast<double>(duration.count()); }
 
@@ -152,6 +153,12 @@ std::array<std::string, kCount> statements(const std::string& table) {
       table + " WHERE ns = $1 AND key = $2";
   sql[kLockRow] = "SELECT state FROM " + table + " WHERE ns = $1 AND key = $2 FOR UPDATE";
   sql[kEvict] = "DELETE FROM " + table + " WHERE ns = $1 AND key = $2";
+  // The view is read only once the transaction has an ID (an uncorrelated subquery under CASE
+  // runs only when its branch is taken): a transaction that wrote nothing costs a function call.
+  sql[kWrites] =
+      "SELECT txid_current_if_assigned() IS NOT NULL, CASE WHEN txid_current_if_assigned() IS "
+      "NULL THEN 0 ELSE (SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0)::bigint "
+      "FROM pg_stat_xact_user_tables) END";
   return sql;
 }
 
@@ -709,6 +716,16 @@ void PgTransaction::rollback() noexcept {
   }
 }
 
+TransactionWrites PgTransaction::writes() {
+  BatchedTransaction& tx = *held_->tx;
+  if (!tx.begun()) return {};  // BEGIN not sent yet: nothing written
+  const PgSink::Impl& impl = *sink_.impl_;
+  return guarded([&] {
+    const pqxx::row row = impl.exec(tx, kWrites)[0];
+    return TransactionWrites{row[0].as<bool>(), row[1].as<std::int64_t>()};
+  });
+}
+
 pqxx::transaction_base& PgTransaction::tx() { return *held_->tx; }
 
 pg_conn* PgTransaction::raw_connection() noexcept {
@@ -727,10 +744,10 @@ std::chrono::milliseconds sink_lease(const PgSinkOptions& options,
 SinkStatements sink_statements(const PgSinkOptions& options) {
   std::array<std::string, kCount> sql =
       statements(quote_identifier(options.schema) + "." + quote_identifier(options.table));
-  return SinkStatements{std::move(sql[kClaim]),    std::move(sql[kLookup]),
-                        std::move(sql[kTakeOver]), std::move(sql[kComplete]),
-                        std::move(sql[kRelease]),  std::move(sql[kRenew]),
-                        std::move(sql[kLockKey]),  std::move(sql[kRecord])};
+  return SinkStatements{
+      std::move(sql[kClaim]),    std::move(sql[kLookup]),  std::move(sql[kTakeOver]),
+      std::move(sql[kComplete]), std::move(sql[kRelease]), std::move(sql[kRenew]),
+      std::move(sql[kLockKey]),  std::move(sql[kRecord]),  std::move(sql[kWrites])};
 }
 
 SinkClaim existing_claim(StoredRow row, std::string_view request_id, std::string_view fingerprint) {

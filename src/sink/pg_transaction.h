@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include "idem/pg_sink.h"
+#include "sink/statements.h"
 
 struct pg_conn;
 
@@ -55,6 +56,10 @@ class PgTransaction {
   /// ROLLBACK, within response_timeout; a failure is swallowed (the transaction is gone with its
   /// connection). Gives the connection back.
   void rollback() noexcept;
+
+  /// What the transaction has written so far (a round trip once BEGIN went, within
+  /// response_timeout), for Context::step() to tell a step that wrote through it.
+  [[nodiscard]] TransactionWrites writes();
 
   /// The open transaction, for the handler's statements.
   [[nodiscard]] pqxx::transaction_base& tx();

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -35,8 +36,26 @@ struct SinkStatements {
   std::string lock;       ///< Takes the key's transaction-scoped advisory lock (run_transactional).
   std::string record;     ///< $3 request_id, $4 fingerprint, $5 response, $6 response_sha256,
                           ///< $7 retention ms: the completed record, inserted with COMMIT.
+  std::string writes;     ///< No parameter: what the open transaction wrote (TransactionWrites).
 };
 [[nodiscard]] SinkStatements sink_statements(const PgSinkOptions& options);
+
+/// What an open transaction has written so far, as its session sees it: whether it was given a
+/// transaction ID (PostgreSQL assigns one at its first write of any kind), and the rows it
+/// inserted, updated or deleted in user tables (pg_stat_xact_user_tables; read only once an ID
+/// is assigned, so a transaction that wrote nothing pays a cheap read).
+struct TransactionWrites {
+  bool id_assigned = false;
+  std::int64_t rows = 0;
+};
+
+/// Whether the transaction wrote between two readings of its writes: it got its ID in between,
+/// or its row count moved. A write that assigns no ID and changes no user table's rows (a
+/// sequence's nextval(), an advisory lock) is not a write here.
+[[nodiscard]] inline bool wrote_between(const TransactionWrites& before,
+                                        const TransactionWrites& after) noexcept {
+  return (!before.id_assigned && after.id_assigned) || before.rows != after.rows;
+}
 
 /// The columns of a lookup row, as text (the response decoded from bytea).
 struct StoredRow {

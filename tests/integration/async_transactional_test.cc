@@ -4,7 +4,8 @@
 // concurrent deliveries of one key on one loop run one handler, and a cancelled or
 // deadline-exceeded call whose handler waits in `SELECT pg_sleep(10)` ends at once with its
 // statement cancelled on the server and its claim kept. The blocking driver's counterpart: a
-// stop while its handler's statement runs cancels it, and the call throws idem::Cancelled.
+// stop while its handler's statement runs cancels it, and the call throws idem::Cancelled. A
+// step that wrote through the transaction is not journaled: it runs again after a rollback.
 #include <gtest/gtest.h>
 
 #include <asio/bind_cancellation_slot.hpp>
@@ -18,6 +19,7 @@
 #include <chrono>
 #include <exception>
 #include <future>
+#include <map>
 #include <memory>
 #include <optional>
 #include <pqxx/pqxx>
@@ -361,6 +363,58 @@ TEST_F(AsyncTransactionalTest, ARecordThatFailsAtCommitLeavesItsConnectionOutOfT
   EXPECT_EQ(records(), 1);
   dedup.close();
   io.run();
+}
+
+TEST_F(AsyncTransactionalTest, AStepThatWroteThroughTheTransactionRunsAgainAfterARollback) {
+  asio::io_context io;
+  AsyncDeduplicator dedup(io.get_executor(), options(true));
+  std::map<std::string, int> runs;
+  bool fail = true;
+  const auto agent = [&](AsyncTransaction& tx,
+                         AsyncContext& context) -> asio::awaitable<std::string> {
+    std::string answer = co_await context.step(  // an LLM call: writes nowhere
+        "think", [&]() -> asio::awaitable<std::string> {
+          ++runs["think"];
+          co_return "refund 5";
+        });
+    answer += co_await context.step(  // the tool's effect, in the transaction
+        "book", answer, [&]() -> asio::awaitable<std::string> {
+          ++runs["book"];
+          std::vector<std::optional<std::string>> params{"o-step"};
+          (void)co_await tx.exec("INSERT INTO " + table("ledger") + " VALUES ($1, 5)",
+                                 std::move(params));
+          co_return " booked";
+        });
+    answer += co_await context.step(  // reads through it, after it wrote
+        "check", answer, [&]() -> asio::awaitable<std::string> {
+          ++runs["check"];
+          const AsyncResult rows = co_await tx.exec("SELECT count(*) FROM " + table("ledger"));
+          co_return std::string(rows.get(0, 0).value_or("?")) + " row";
+        });
+    answer += co_await context.step("reply", answer, [&]() -> asio::awaitable<std::string> {
+      ++runs["reply"];
+      if (fail) throw std::runtime_error("the reply failed");
+      co_return " sent";
+    });
+    co_return answer;
+  };
+  const auto deliver = [&]() -> asio::awaitable<Outcome> {
+    co_return co_await dedup.run_transactional(refund_request("r1", "o-step"), agent,
+                                               asio::use_awaitable);
+  };
+  const Ending failed = run_to_end(io, deliver);
+  EXPECT_TRUE(threw<std::runtime_error>(failed));
+  EXPECT_EQ(ledger_rows(), 0) << "the failed attempt's booking rolled back";
+  fail = false;
+  const Ending retry = run_to_end(io, deliver);
+  ASSERT_FALSE(retry.error);
+  EXPECT_EQ(retry.outcome.kind, Outcome::Kind::kExecuted);
+  EXPECT_EQ(retry.outcome.response, "refund 5 booked1 row sent");
+  EXPECT_EQ(ledger_rows(), 1) << "a journaled booking would have been skipped: 0 rows";
+  EXPECT_EQ(runs,
+            (std::map<std::string, int>{{"think", 1}, {"book", 2}, {"check", 1}, {"reply", 2}}))
+      << "only the step that wrote through the transaction, and the one that failed, ran again";
+  dedup.close();
 }
 
 TEST_F(AsyncTransactionalTest, AHandlerFailureRollsBackAndReleasesTheClaim) {

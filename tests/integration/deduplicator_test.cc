@@ -84,6 +84,10 @@ class DeduplicatorTest : public ::testing::Test {
     return tx.exec1("SELECT count(*) FROM " + schema_ + ".ledger")[0].as<std::int64_t>();
   }
 
+  std::int64_t ledger_rows_in(pqxx::transaction_base& tx) const {
+    return tx.exec1("SELECT count(*) FROM " + schema_ + ".ledger")[0].as<std::int64_t>();
+  }
+
   std::function<std::string(pqxx::transaction_base&)> refund(const std::string& order) {
     return [this, order](pqxx::transaction_base& tx) {
       tx.exec_params0("INSERT INTO " + schema_ + ".ledger VALUES ($1, 5)", order);
@@ -134,6 +138,43 @@ TEST_F(DeduplicatorTest, AFailureAtStepThreeOfFourAndARetryReplayStepsOneAndTwoF
   EXPECT_EQ(dedup_->run_transactional(request("r-agent", "o-agent"), agent).kind,
             Outcome::Kind::kDuplicate);
   EXPECT_EQ(runs["quote"], 2);
+}
+
+TEST_F(DeduplicatorTest, AStepThatWroteThroughTheTransactionRunsAgainAfterARollbackAndCommitsOnce) {
+  std::map<std::string, int> runs;
+  bool fail = true;
+  const auto agent = [&](pqxx::transaction_base& tx, Context& context) {
+    std::string answer = context.step("think", [&] {  // an LLM call: writes nowhere
+      ++runs["think"];
+      return std::string("refund 5");
+    });
+    answer += context.step("book", answer, [&] {  // the tool's effect, in the transaction
+      ++runs["book"];
+      tx.exec_params0("INSERT INTO " + schema_ + ".ledger VALUES ($1, 5)", "o-tx-step");
+      return std::string(" booked");
+    });
+    answer += context.step("check", answer, [&] {  // reads through it, after it wrote
+      ++runs["check"];
+      return std::to_string(ledger_rows_in(tx)) + " row";
+    });
+    answer += context.step("reply", answer, [&] {
+      ++runs["reply"];
+      if (fail) throw std::runtime_error("the reply failed");
+      return std::string(" sent");
+    });
+    return answer;
+  };
+  EXPECT_THROW((void)dedup_->run_transactional(request("r-tx-step", "o-tx-step"), agent),
+               std::runtime_error);
+  EXPECT_EQ(ledger_rows(), 0) << "the failed attempt's booking rolled back";
+  fail = false;
+  const Outcome retry = dedup_->run_transactional(request("r-tx-step", "o-tx-step"), agent);
+  EXPECT_EQ(retry.kind, Outcome::Kind::kExecuted);
+  EXPECT_EQ(retry.response, "refund 5 booked1 row sent");
+  EXPECT_EQ(ledger_rows(), 1) << "a journaled booking would have been skipped: 0 rows";
+  EXPECT_EQ(runs,
+            (std::map<std::string, int>{{"think", 1}, {"book", 2}, {"check", 1}, {"reply", 2}}))
+      << "only the step that wrote through the transaction, and the one that failed, ran again";
 }
 
 TEST_F(DeduplicatorTest, RepeatedTransactionalRunIsDuplicateAndLeavesRowsUnchanged) {
