@@ -62,6 +62,20 @@ struct DecisionEvent {
   std::string_view unkeyed{};
 };
 
+/// How one Context::step() (or AsyncContext::step()) ended, for Metrics::record_step(). A step
+/// whose `fn` threw, or that ended in idem::StepInputMismatch, is not counted.
+enum class StepEnding : std::uint8_t {
+  kJournaled,  ///< It ran, and its result was journaled beside the call's guard claim.
+  kReplayed,   ///< Its journaled result was returned; it did not run.
+  /// It ran in run_transactional() and wrote through the transaction: not journaled (it commits
+  /// with the call's record, or runs again).
+  kInTransaction,
+  kUnguarded,  ///< It ran with no guard claim to journal beside (Redis skipped under kFailOpen).
+  kClaimLost,  ///< It ran, but its journal write was refused: idem::ClaimLost.
+};
+/// The label of `ending`: "journaled", "replayed", "in_transaction", "unguarded", "claim_lost".
+[[nodiscard]] IDEM_EXPORT std::string_view to_string(StepEnding ending) noexcept;
+
 /// Receives the facade's counts. Implementations must be thread-safe and must not throw.
 class IDEM_EXPORT Metrics {
  public:
@@ -85,6 +99,9 @@ class IDEM_EXPORT Metrics {
   /// (RedisGuardOptions::metrics), also when the caller sees only the exception; the facade
   /// then applies its failure policy as for any backend error. Default: ignored.
   virtual void record_foreign_record(Layer layer) noexcept { (void)layer; }
+  /// A step of a handler ended (see StepEnding). Called on the handler's thread (the loop for
+  /// the async driver). Default: ignored.
+  virtual void record_step(StepEnding ending) noexcept { (void)ending; }
   /// Tells the metrics which backends the calls it counts go to (either may be null), so that
   /// gauges can be read from them at scrape time (InProcessMetrics reports a RedisGuard's
   /// breaker and pool and a PgSink's pool). Safe to call again with the same backends, from
@@ -118,6 +135,9 @@ class IDEM_EXPORT InProcessMetrics final : public Metrics {
     (void)layer;
     foreign_records_.fetch_add(1, std::memory_order_relaxed);
   }
+  void record_step(StepEnding ending) noexcept override {
+    steps_[static_cast<std::size_t>(ending)].fetch_add(1, std::memory_order_relaxed);
+  }
   /// Watches `guard` when it is a RedisGuard and `sink` when it is a PgSink (see watch()).
   void watch_backends(const std::shared_ptr<Guard>& guard,
                       const std::shared_ptr<Sink>& sink) noexcept override;
@@ -147,6 +167,10 @@ class IDEM_EXPORT InProcessMetrics final : public Metrics {
   [[nodiscard]] std::uint64_t foreign_records() const noexcept {
     return foreign_records_.load(std::memory_order_relaxed);
   }
+  /// Steps that ended as `ending` so far (record_step()).
+  [[nodiscard]] std::uint64_t steps(StepEnding ending) const noexcept {
+    return steps_[static_cast<std::size_t>(ending)].load(std::memory_order_relaxed);
+  }
   /// Backend errors of `layer` so far.
   [[nodiscard]] std::uint64_t backend_errors(Layer layer) const noexcept;
   /// The seed's duplicate rate, and only it: (Redis guard rejects + Postgres sink unique
@@ -158,7 +182,7 @@ class IDEM_EXPORT InProcessMetrics final : public Metrics {
 
   /// Metrics as Prometheus text: counters `idem_decisions_total{layer,outcome}`,
   /// `idem_handler_failures_total`, `idem_unsaved_results_total`, `idem_failed_releases_total`,
-  /// `idem_foreign_records_total`,
+  /// `idem_foreign_records_total`, `idem_steps_total{ending}` (StepEnding),
   /// `idem_backend_errors_total{layer}`, `idem_releases_total`,
   /// `idem_renewals_total{result}`; the gauge `idem_duplicate_rate`; the histogram
   /// `idem_decision_duration_seconds{layer}` (the whole call, handler included); and for what
@@ -185,6 +209,7 @@ class IDEM_EXPORT InProcessMetrics final : public Metrics {
   std::atomic<std::uint64_t> renewals_ok_{0};
   std::atomic<std::uint64_t> renewals_failed_{0};
   std::atomic<std::uint64_t> foreign_records_{0};
+  std::array<std::atomic<std::uint64_t>, 5> steps_{};  // by StepEnding
   mutable std::mutex watched_mutex_;
   std::vector<std::weak_ptr<const RedisGuard>> guards_;  // guarded by watched_mutex_
   std::vector<std::weak_ptr<const PgSink>> sinks_;       // guarded by watched_mutex_

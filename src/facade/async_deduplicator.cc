@@ -143,7 +143,8 @@ AsyncCall::AsyncCall(std::shared_ptr<AsyncDeduplicator::Impl> dedup, Request req
                                                                       : std::string()),
       handler_(std::move(handler)),
       completion_(std::move(completion)),
-      user_slot_(slot) {}
+      user_slot_(slot),
+      steps_(dedup_->rules.options().metrics.get()) {}
 
 AsyncCall::~AsyncCall() = default;
 
@@ -387,7 +388,7 @@ asio::awaitable<std::string> AsyncCall::step(std::string_view name, std::string_
   const std::string step_input(input);
   const std::optional<JournalTarget> journal = plan_.step_journal();
   if (!journal) {
-    StepBook::validate_name(step_name);
+    steps_.unguarded(step_name);
     co_return co_await fn();
   }
   const std::string key(journal->key);

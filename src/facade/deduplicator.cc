@@ -83,7 +83,8 @@ class BlockingCall final : public detail::CallState, public detail::Renewable {
         options_(shared.rules.options()),
         in_process_(shared.rules, shared.cache),
         plan_(shared.rules, request, mode, SteadyClock::now(), std::chrono::system_clock::now(),
-              std::move(attempt_id)) {}
+              std::move(attempt_id)),
+        steps_(options_.metrics.get()) {}
 
   Outcome drive(const Handler& handler);
 
@@ -192,7 +193,7 @@ std::string BlockingCall::step(std::string_view name, std::string_view input,
     journal = plan_.step_journal();
   }
   if (!journal) {
-    detail::StepBook::validate_name(name);
+    steps_.unguarded(name);
     return fn();
   }
   Guard& guard = *options_.guard;

@@ -206,6 +206,22 @@ void InProcessMetrics::watch_backends(const std::shared_ptr<Guard>& guard,
   }
 }
 
+std::string_view to_string(StepEnding ending) noexcept {
+  switch (ending) {
+    case StepEnding::kJournaled:
+      return "journaled";
+    case StepEnding::kReplayed:
+      return "replayed";
+    case StepEnding::kInTransaction:
+      return "in_transaction";
+    case StepEnding::kUnguarded:
+      return "unguarded";
+    case StepEnding::kClaimLost:
+      return "claim_lost";
+  }
+  return "unknown";
+}
+
 std::string InProcessMetrics::prometheus_text() const {
   auto out = fmt::memory_buffer();
   auto it = std::back_inserter(out);
@@ -239,6 +255,14 @@ std::string InProcessMetrics::prometheus_text() const {
                  "write, or damaged records (idem::ForeignRecord).\n"
                  "# TYPE idem_foreign_records_total counter\nidem_foreign_records_total {}\n",
                  foreign_records());
+  fmt::format_to(it,
+                 "# HELP idem_steps_total Steps of handlers (Context::step) by how they ended.\n"
+                 "# TYPE idem_steps_total counter\n");
+  for (const StepEnding ending :
+       {StepEnding::kJournaled, StepEnding::kReplayed, StepEnding::kInTransaction,
+        StepEnding::kUnguarded, StepEnding::kClaimLost}) {
+    fmt::format_to(it, "idem_steps_total{{ending=\"{}\"}} {}\n", to_string(ending), steps(ending));
+  }
   fmt::format_to(it,
                  "# HELP idem_backend_errors_total Failed backend calls by layer.\n"
                  "# TYPE idem_backend_errors_total counter\n");

@@ -20,6 +20,11 @@ std::string StepBook::input_fingerprint(std::string_view input) {
   return input.empty() ? std::string() : sha256_hex(input);
 }
 
+void StepBook::unguarded(std::string_view name) const {
+  validate_name(name);
+  count(StepEnding::kUnguarded);
+}
+
 void StepBook::load(StepJournal journal) {
   journal_ = std::move(journal);
   loaded_ = true;
@@ -35,19 +40,27 @@ StepBook::Next StepBook::next(std::string_view name, std::string_view input) con
                             "' was journaled with another input; nothing ran");
   }
   next.replay = it->second.result;
+  count(StepEnding::kReplayed);
   return next;
 }
 
 std::string StepBook::journaled(std::string_view name, JournaledStep step, bool owned) {
   if (!owned) {
+    count(StepEnding::kClaimLost);
     throw ClaimLost("idem: step '" + std::string(name) +
                     "' ran but was not journaled: this attempt's lease ran out and another "
                     "attempt claimed the key");
   }
-  return kept(name, std::move(step));
+  count(StepEnding::kJournaled);
+  return remember(name, std::move(step));
 }
 
 std::string StepBook::kept(std::string_view name, JournaledStep step) {
+  count(StepEnding::kInTransaction);
+  return remember(name, std::move(step));
+}
+
+std::string StepBook::remember(std::string_view name, JournaledStep step) {
   std::string result = step.result;
   journal_.insert_or_assign(std::string(name), std::move(step));
   return result;

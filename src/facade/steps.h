@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "idem/guard.h"
+#include "idem/metrics.h"
 
 namespace idem::detail {
 
@@ -19,6 +20,10 @@ inline constexpr std::size_t kMaxStepNameBytes = 200;
 /// kept in step with its own writes. Not thread-safe: the driver serializes a call's steps.
 class StepBook {
  public:
+  /// `metrics` (may be null) counts how each step ends (Metrics::record_step()); it must
+  /// outlive the book.
+  explicit StepBook(Metrics* metrics = nullptr) noexcept : metrics_(metrics) {}
+
   /// What an attempt does at a step: replay its journaled result, or run it and journal it
   /// with `fingerprint`.
   struct Next {
@@ -31,6 +36,10 @@ class StepBook {
   /// The fingerprint an input is journaled with: SHA-256 (lowercase hex) of its bytes; empty
   /// for an empty input.
   [[nodiscard]] static std::string input_fingerprint(std::string_view input);
+
+  /// A step of a call that holds no guard claim (CallPlan::step_journal() gave none): checks its
+  /// name (validate_name()); the driver then runs it, every time.
+  void unguarded(std::string_view name) const;
 
   /// Whether the journal was loaded (load() happened).
   [[nodiscard]] bool loaded() const noexcept { return loaded_; }
@@ -57,6 +66,12 @@ class StepBook {
   std::string kept(std::string_view name, JournaledStep step);
 
  private:
+  std::string remember(std::string_view name, JournaledStep step);
+  void count(StepEnding ending) const noexcept {
+    if (metrics_ != nullptr) metrics_->record_step(ending);
+  }
+
+  Metrics* metrics_;
   StepJournal journal_;
   bool loaded_ = false;
 };

@@ -1,4 +1,5 @@
-// idemctl inspect KEY: the record of a key in Redis and in PostgreSQL, read without claiming it.
+// idemctl inspect KEY: the record of a key in Redis and in PostgreSQL, and its step journal in
+// Redis, read without claiming it.
 #include <ctime>
 #include <iostream>
 
@@ -49,6 +50,28 @@ nlohmann::json describe(bool configured, const std::optional<RecordInfo>& info,
   return out;
 }
 
+// The key's step journal (Context::step()) as JSON: one object per step, by name. Results are
+// shown by size only: they may hold what a handler's LLM or tool answered.
+nlohmann::json describe_steps(const StepJournal& journal) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& [name, step] : journal) {
+    out.push_back({{"name", name},
+                   {"input_sha256", step.input_fingerprint},
+                   {"result_bytes", step.result.size()}});
+  }
+  return out;
+}
+
+void print_steps(const nlohmann::json& steps) {
+  std::cout << "  steps            " << steps.size() << " journaled\n";
+  for (const nlohmann::json& step : steps) {
+    const std::string input = step["input_sha256"].get<std::string>();
+    std::cout << "    " << step["name"].get<std::string>() << "  result "
+              << step["result_bytes"].dump() << " bytes, input "
+              << (input.empty() ? std::string("none") : "sha256 " + input) << "\n";
+  }
+}
+
 void print_text(const std::string& name, const std::string& where, const nlohmann::json& d,
                 bool postgres) {
   if (!d["configured"].get<bool>()) {
@@ -62,6 +85,7 @@ void print_text(const std::string& name, const std::string& where, const nlohman
   }
   if (!d["found"].get<bool>()) {
     std::cout << "  not found\n";
+    if (d.contains("steps")) print_steps(d["steps"]);
     return;
   }
   const auto text_or_dash = [](const nlohmann::json& value) {
@@ -90,6 +114,7 @@ void print_text(const std::string& name, const std::string& where, const nlohman
   } else {
     std::cout << "none\n";
   }
+  if (d.contains("steps")) print_steps(d["steps"]);
 }
 
 int run(const InspectFlags& flags) {
@@ -100,13 +125,20 @@ int run(const InspectFlags& flags) {
     throw CommandError(kUsage, "no backend configured: give --redis and/or --pg");
   }
   std::optional<RecordInfo> in_redis;
+  StepJournal journal;
   std::optional<RecordInfo> in_pg;
-  const std::optional<std::string> redis_error =
-      guard ? backend_error([&] { in_redis = guard->inspect(key); }) : std::nullopt;
+  std::optional<std::string> redis_error;
+  if (guard) {
+    redis_error = backend_error([&] {
+      in_redis = guard->inspect(key);
+      journal = guard->steps(key);
+    });
+  }
   const std::optional<std::string> pg_error =
       sink ? backend_error([&] { in_pg = sink->inspect(key); }) : std::nullopt;
 
-  const nlohmann::json redis = describe(guard != nullptr, in_redis, redis_error, false);
+  nlohmann::json redis = describe(guard != nullptr, in_redis, redis_error, false);
+  if (!journal.empty()) redis["steps"] = describe_steps(journal);
   const nlohmann::json pg = describe(sink != nullptr, in_pg, pg_error, true);
   if (flags.json) {
     print_json(
@@ -121,7 +153,7 @@ int run(const InspectFlags& flags) {
     if (error) std::cerr << "idemctl: " << name << " unavailable: " << *error << "\n";
   }
   if (redis_error || pg_error) return kUnavailable;
-  return in_redis || in_pg ? kOk : kNotFound;
+  return in_redis || !journal.empty() || in_pg ? kOk : kNotFound;
 }
 
 }  // namespace
@@ -132,13 +164,14 @@ Command add_inspect_command(CLI::App& app) {
       "inspect",
       "Show the record of a key in Redis and PostgreSQL without claiming it: state "
       "(in_progress/completed), owner, TTL in ms (and the expiry time in PostgreSQL), "
-      "fingerprint, stored response size in bytes");
+      "fingerprint, stored response size in bytes, and the steps journaled in Redis (name, "
+      "result size in bytes, input SHA-256)");
   add_key_flags(*sub, flags->key);
   add_backend_flags(*sub, flags->backends, Backends::kRedisAndPg);
   add_json_flag(*sub, flags->json);
   sub->footer(
-      "Exit: 0 found in a backend, 3 found in none, 2 bad arguments, 6 a backend is "
-      "unavailable (the others are still shown).");
+      "Exit: 0 found in a backend (a record, or a step journal), 3 found in none, 2 bad "
+      "arguments, 6 a backend is unavailable (the others are still shown).");
   return {sub, [flags] { return run(*flags); }};
 }
 

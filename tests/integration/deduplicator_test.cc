@@ -141,6 +141,10 @@ TEST_F(DeduplicatorTest, AFailureAtStepThreeOfFourAndARetryReplayStepsOneAndTwoF
 }
 
 TEST_F(DeduplicatorTest, AStepThatWroteThroughTheTransactionRunsAgainAfterARollbackAndCommitsOnce) {
+  Setup s = setup();
+  const auto metrics = std::make_shared<InProcessMetrics>();
+  s.dedup.metrics = metrics;
+  dedup_ = make(std::move(s));
   std::map<std::string, int> runs;
   bool fail = true;
   const auto agent = [&](pqxx::transaction_base& tx, Context& context) {
@@ -175,6 +179,9 @@ TEST_F(DeduplicatorTest, AStepThatWroteThroughTheTransactionRunsAgainAfterARollb
   EXPECT_EQ(runs,
             (std::map<std::string, int>{{"think", 1}, {"book", 2}, {"check", 1}, {"reply", 2}}))
       << "only the step that wrote through the transaction, and the one that failed, ran again";
+  EXPECT_EQ(metrics->steps(StepEnding::kInTransaction), 2U);
+  EXPECT_EQ(metrics->steps(StepEnding::kJournaled), 3U) << "think, check, and the last reply";
+  EXPECT_EQ(metrics->steps(StepEnding::kReplayed), 2U) << "think and check";
 }
 
 TEST_F(DeduplicatorTest, RepeatedTransactionalRunIsDuplicateAndLeavesRowsUnchanged) {

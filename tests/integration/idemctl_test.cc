@@ -258,6 +258,38 @@ TEST_F(IdemctlTest, InspectShowsAClaimInBothBackendsThenItsCompletion) {
   }
 }
 
+TEST_F(IdemctlTest, InspectShowsAStepJournalThatOutlivedItsReleasedClaim) {
+  const std::string key = IdempotencyKey{"u:1", "agent", "run 9"}.encode();
+  const ClaimResult claim = guard_->claim(key, "req-9", "");
+  ASSERT_EQ(claim.status, ClaimStatus::kFirst);
+  ASSERT_TRUE(guard_->put_step(key, claim.owner_token, "plan", {"", "three tools"}));
+  ASSERT_TRUE(guard_->put_step(key, claim.owner_token, "search", {"abc123", "12345"}));
+  ASSERT_TRUE(guard_->release(key, claim.owner_token));  // a failed attempt: the journal stays
+
+  const std::vector<std::string> redis_only{"--redis", redis_url_,    "--prefix",
+                                            ns_ + "p", "--namespace", ns_};
+  std::vector<std::string> args{"inspect", key, "--json"};
+  args.insert(args.end(), redis_only.begin(), redis_only.end());
+  const CtlRun json_run = idemctl(args);
+  ASSERT_EQ(json_run.code, kOk) << json_run.describe();
+  const nlohmann::json redis = json_run.json()["redis"];
+  EXPECT_EQ(redis["found"], false) << "the record was released";
+  ASSERT_EQ(redis["steps"].size(), 2U) << redis;
+  EXPECT_EQ(redis["steps"][0]["name"], "plan");
+  EXPECT_EQ(redis["steps"][0]["input_sha256"], "");
+  EXPECT_EQ(redis["steps"][0]["result_bytes"], 11);
+  EXPECT_EQ(redis["steps"][1]["name"], "search");
+  EXPECT_EQ(redis["steps"][1]["input_sha256"], "abc123");
+  EXPECT_EQ(redis["steps"][1]["result_bytes"], 5);
+
+  args.erase(args.begin() + 2);  // text
+  const CtlRun text = idemctl(args);
+  ASSERT_EQ(text.code, kOk) << text.describe();
+  EXPECT_TRUE(contains(text.out, "2 journaled")) << text.out;
+  EXPECT_TRUE(contains(text.out, "search  result 5 bytes, input sha256 abc123")) << text.out;
+  EXPECT_FALSE(contains(text.out, "three tools")) << "results are shown by size only";
+}
+
 TEST_F(IdemctlTest, InspectReportsNotFoundAndAnUnconfiguredBackend) {
   sink_->migrate();
   const CtlRun missing = idemctl(both({"inspect", "u:refund:nothing", "--json"}));

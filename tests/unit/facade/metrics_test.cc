@@ -75,8 +75,14 @@ TEST(InProcessMetrics, PrometheusTextHasLabelledCountersAndCumulativeBuckets) {
   m.record_release();
   m.record_renewal(false);
   m.record_foreign_record(Layer::kRedisGuard);
+  m.record_step(StepEnding::kInTransaction);
+  m.record_step(StepEnding::kInTransaction);
+  m.record_step(StepEnding::kClaimLost);
   const std::string text = m.prometheus_text();
   EXPECT_NE(text.find("\nidem_foreign_records_total 1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("\nidem_steps_total{ending=\"in_transaction\"} 2\n"), std::string::npos);
+  EXPECT_NE(text.find("\nidem_steps_total{ending=\"claim_lost\"} 1\n"), std::string::npos);
+  EXPECT_NE(text.find("\nidem_steps_total{ending=\"replayed\"} 0\n"), std::string::npos);
   EXPECT_NE(text.find("idem_decisions_total{layer=\"pg_sink\",outcome=\"duplicate\"} 2\n"),
             std::string::npos);
   EXPECT_NE(text.find("idem_backend_errors_total{layer=\"redis_guard\"} 1\n"), std::string::npos);

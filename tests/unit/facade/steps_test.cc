@@ -1,5 +1,5 @@
 // Context::step() on the blocking driver with the in-memory guard: which steps an attempt
-// replays, which it runs, and which writes the journal refuses.
+// replays, which it runs, which writes the journal refuses, and how the metrics count them.
 #include "facade/steps.h"
 
 #include <gtest/gtest.h>
@@ -14,6 +14,7 @@
 #include "idem/errors.h"
 #include "idem/memory_guard.h"
 #include "idem/memory_sink.h"
+#include "idem/metrics.h"
 
 namespace idem {
 namespace {
@@ -39,6 +40,7 @@ class Steps : public ::testing::Test {
     DeduplicatorOptions options;
     options.guard = guard_;
     options.local_cache_capacity = 0;
+    options.metrics = metrics_;
     dedup_ = std::make_unique<Deduplicator>(std::move(options));
   }
 
@@ -59,7 +61,11 @@ class Steps : public ::testing::Test {
     });
   }
 
+  // How many steps ended as `ending` (InProcessMetrics::steps()).
+  [[nodiscard]] std::uint64_t steps(StepEnding ending) const { return metrics_->steps(ending); }
+
   std::shared_ptr<ManualClock> clock_ = std::make_shared<ManualClock>(1000);
+  std::shared_ptr<InProcessMetrics> metrics_ = std::make_shared<InProcessMetrics>();
   std::shared_ptr<InMemoryGuard> guard_;
   std::unique_ptr<Deduplicator> dedup_;
   std::map<std::string, int> runs_;
@@ -84,6 +90,9 @@ TEST_F(Steps, AFailureAtStepThreeOfFourAndARetryRunOnlyTheUnfinishedSteps) {
   EXPECT_EQ(retry.response, "step1#1 step2#1 step3#2 step4#1 ");
   EXPECT_EQ(runs_,
             (std::map<std::string, int>{{"step1", 1}, {"step2", 1}, {"step3", 2}, {"step4", 1}}));
+  EXPECT_EQ(steps(StepEnding::kJournaled), 4U);
+  EXPECT_EQ(steps(StepEnding::kReplayed), 2U);
+  EXPECT_EQ(steps(StepEnding::kClaimLost), 0U);
 }
 
 TEST_F(Steps, ACrashAfterStepTwoReplaysStepsOneAndTwoOnceTheLeaseEnds) {
@@ -121,6 +130,9 @@ TEST_F(Steps, AStaleAttemptThatJournalsAfterItsLeaseWasTakenOverIsRejected) {
   EXPECT_EQ(taker->kind, Outcome::Kind::kExecuted);
   EXPECT_EQ(taker->response, "step1#1 step2#1 step3#1 step4#1 ");
   EXPECT_EQ(guard_->steps(key).at("step2").result, "step2#1");
+  EXPECT_EQ(steps(StepEnding::kClaimLost), 1U) << "the stale attempt's step 2";
+  EXPECT_EQ(steps(StepEnding::kJournaled), 4U);
+  EXPECT_EQ(steps(StepEnding::kReplayed), 1U);
 }
 
 TEST_F(Steps, AStepNameReusedWithAnotherInputIsAnErrorAndRunsNothing) {
