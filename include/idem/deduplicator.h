@@ -181,6 +181,9 @@ class IDEM_EXPORT Context {
   /// a re-run that answers differently then ends in StepInputMismatch, not in a replay made
   /// from the old answer.
   ///
+  /// A result over DeduplicatorOptions::max_step_result_bytes (default 64 KiB) is returned but
+  /// not journaled either: a later attempt runs that step again.
+  ///
   /// Throws idem::ConfigError without a guard, idem::BackendError when
   /// the journal cannot be read or written, and whatever `fn` throws. Call steps one at a time
   /// (not from two threads at once).
@@ -269,6 +272,10 @@ struct DeduplicatorOptions {
   /// How run_transactional() claims in the sink's transaction: idem's record (default) or a
   /// business table's unique key.
   TransactionalClaim transactional_claim = TransactionalClaim::kRecord;
+  /// Largest step result journaled, in bytes (> 0, else idem::ConfigError). A Context::step()
+  /// whose result is larger is not journaled: it returns its result, and a later attempt runs it
+  /// again (Metrics counts it as StepEnding::kTooLarge). Default 64 KiB, as responses'.
+  std::size_t max_step_result_bytes = std::size_t{64} * 1024;
 
   /// Counters and histograms (e.g. an InProcessMetrics); null for none.
   std::shared_ptr<Metrics> metrics{};

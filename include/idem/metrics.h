@@ -72,8 +72,11 @@ enum class StepEnding : std::uint8_t {
   kInTransaction,
   kUnguarded,  ///< It ran with no guard claim to journal beside (Redis skipped under kFailOpen).
   kClaimLost,  ///< It ran, but its journal write was refused: idem::ClaimLost.
+  /// It ran, and its result was over DeduplicatorOptions::max_step_result_bytes: not journaled.
+  kTooLarge,
 };
-/// The label of `ending`: "journaled", "replayed", "in_transaction", "unguarded", "claim_lost".
+/// The label of `ending`: "journaled", "replayed", "in_transaction", "unguarded", "claim_lost",
+/// "too_large".
 [[nodiscard]] IDEM_EXPORT std::string_view to_string(StepEnding ending) noexcept;
 
 /// Receives the facade's counts. Implementations must be thread-safe and must not throw.
@@ -209,7 +212,7 @@ class IDEM_EXPORT InProcessMetrics final : public Metrics {
   std::atomic<std::uint64_t> renewals_ok_{0};
   std::atomic<std::uint64_t> renewals_failed_{0};
   std::atomic<std::uint64_t> foreign_records_{0};
-  std::array<std::atomic<std::uint64_t>, 5> steps_{};  // by StepEnding
+  std::array<std::atomic<std::uint64_t>, 6> steps_{};  // by StepEnding
   mutable std::mutex watched_mutex_;
   std::vector<std::weak_ptr<const RedisGuard>> guards_;  // guarded by watched_mutex_
   std::vector<std::weak_ptr<const PgSink>> sinks_;       // guarded by watched_mutex_

@@ -144,7 +144,8 @@ AsyncCall::AsyncCall(std::shared_ptr<AsyncDeduplicator::Impl> dedup, Request req
       handler_(std::move(handler)),
       completion_(std::move(completion)),
       user_slot_(slot),
-      steps_(dedup_->rules.options().metrics.get()) {}
+      steps_(dedup_->rules.options().metrics.get(), dedup_->rules.options().max_step_result_bytes) {
+}
 
 AsyncCall::~AsyncCall() = default;
 
@@ -404,11 +405,13 @@ asio::awaitable<std::string> AsyncCall::step(std::string_view name, std::string_
   if (tx_) before = co_await tx_->writes();
   std::string result = co_await fn();
   JournaledStep done{std::move(next.fingerprint), std::move(result)};
+  bool wrote = false;
   if (before) {
     const TransactionWrites after = co_await tx_->writes();
-    if (!StepBook::journals_in_guard(wrote_between(*before, after)))
-      co_return steps_.kept(step_name, std::move(done));
+    wrote = wrote_between(*before, after);
   }
+  if (const std::optional<StepEnding> why = steps_.unjournaled(done, wrote))
+    co_return steps_.kept(step_name, std::move(done), *why);
   const bool owned = co_await dedup_->guard->put_step(key, owner_token, step_name, done);
   co_return steps_.journaled(step_name, std::move(done), owned);
 }

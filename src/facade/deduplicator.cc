@@ -84,7 +84,7 @@ class BlockingCall final : public detail::CallState, public detail::Renewable {
         in_process_(shared.rules, shared.cache),
         plan_(shared.rules, request, mode, SteadyClock::now(), std::chrono::system_clock::now(),
               std::move(attempt_id)),
-        steps_(options_.metrics.get()) {}
+        steps_(options_.metrics.get(), options_.max_step_result_bytes) {}
 
   Outcome drive(const Handler& handler);
 
@@ -203,8 +203,9 @@ std::string BlockingCall::step(std::string_view name, std::string_view input,
   const std::optional<detail::TransactionWrites> before =
       tx_ ? std::optional(tx_->writes()) : std::nullopt;
   JournaledStep done{std::move(next.fingerprint), fn()};
-  if (before && !detail::StepBook::journals_in_guard(detail::wrote_between(*before, tx_->writes())))
-    return steps_.kept(name, std::move(done));
+  const bool wrote = before && detail::wrote_between(*before, tx_->writes());
+  if (const std::optional<StepEnding> why = steps_.unjournaled(done, wrote))
+    return steps_.kept(name, std::move(done), *why);
   const bool owned = guard.put_step(journal->key, journal->owner_token, name, done);
   return steps_.journaled(name, std::move(done), owned);
 }

@@ -218,6 +218,8 @@ std::string_view to_string(StepEnding ending) noexcept {
       return "unguarded";
     case StepEnding::kClaimLost:
       return "claim_lost";
+    case StepEnding::kTooLarge:
+      return "too_large";
   }
   return "unknown";
 }
@@ -260,7 +262,7 @@ std::string InProcessMetrics::prometheus_text() const {
                  "# TYPE idem_steps_total counter\n");
   for (const StepEnding ending :
        {StepEnding::kJournaled, StepEnding::kReplayed, StepEnding::kInTransaction,
-        StepEnding::kUnguarded, StepEnding::kClaimLost}) {
+        StepEnding::kUnguarded, StepEnding::kClaimLost, StepEnding::kTooLarge}) {
     fmt::format_to(it, "idem_steps_total{{ending=\"{}\"}} {}\n", to_string(ending), steps(ending));
   }
   fmt::format_to(it,

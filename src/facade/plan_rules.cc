@@ -70,6 +70,7 @@ PlanRules::PlanRules(const DeduplicatorOptions& options, DriverTraits traits)
         "wait_poll_interval > 0");
   }
   if (o.fallback_retention.count() <= 0) throw ConfigError("idem: fallback_retention must be > 0");
+  if (o.max_step_result_bytes == 0) throw ConfigError("idem: max_step_result_bytes must be > 0");
   check_backends(o, traits_);
   if (o.fingerprint) {
     (void)Fingerprinter(*o.fingerprint);  // validates the options as given

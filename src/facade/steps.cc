@@ -55,8 +55,15 @@ std::string StepBook::journaled(std::string_view name, JournaledStep step, bool 
   return remember(name, std::move(step));
 }
 
-std::string StepBook::kept(std::string_view name, JournaledStep step) {
-  count(StepEnding::kInTransaction);
+std::optional<StepEnding> StepBook::unjournaled(const JournaledStep& step,
+                                                bool wrote_through_transaction) const noexcept {
+  if (wrote_through_transaction) return StepEnding::kInTransaction;
+  if (step.result.size() > max_result_bytes_) return StepEnding::kTooLarge;
+  return std::nullopt;
+}
+
+std::string StepBook::kept(std::string_view name, JournaledStep step, StepEnding why) {
+  count(why);
   return remember(name, std::move(step));
 }
 

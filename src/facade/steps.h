@@ -8,6 +8,7 @@
 #include <string>
 #include <string_view>
 
+#include "idem/deduplicator.h"
 #include "idem/guard.h"
 #include "idem/metrics.h"
 
@@ -21,8 +22,11 @@ inline constexpr std::size_t kMaxStepNameBytes = 200;
 class StepBook {
  public:
   /// `metrics` (may be null) counts how each step ends (Metrics::record_step()); it must
-  /// outlive the book.
-  explicit StepBook(Metrics* metrics = nullptr) noexcept : metrics_(metrics) {}
+  /// outlive the book. Results over `max_result_bytes` are not journaled.
+  explicit StepBook(
+      Metrics* metrics = nullptr,
+      std::size_t max_result_bytes = DeduplicatorOptions{}.max_step_result_bytes) noexcept
+      : metrics_(metrics), max_result_bytes_(max_result_bytes) {}
 
   /// What an attempt does at a step: replay its journaled result, or run it and journal it
   /// with `fingerprint`.
@@ -54,16 +58,16 @@ class StepBook {
   /// it and returns its result.
   std::string journaled(std::string_view name, JournaledStep step, bool owned);
 
-  /// Whether a step that ran in a transactional call is journaled in the guard: not when it
-  /// wrote through the call's transaction. Its effect then commits once with the call's record,
-  /// or rolls back with the attempt, so a later attempt must run it again: a journaled result
-  /// would skip a write that never committed.
-  [[nodiscard]] static bool journals_in_guard(bool wrote_through_transaction) noexcept {
-    return !wrote_through_transaction;
-  }
-  /// Remembers, for this attempt only, a step that is not journaled (journals_in_guard()
-  /// false), and returns its result: reaching its name again in this attempt replays it.
-  std::string kept(std::string_view name, JournaledStep step);
+  /// Why a step that ran is not journaled in the guard, or nullopt when it is:
+  /// StepEnding::kInTransaction when it wrote through the call's transaction (its effect then
+  /// commits once with the call's record, or rolls back with the attempt, so a later attempt
+  /// must run it again: a journaled result would skip a write that never committed), and
+  /// StepEnding::kTooLarge when its result is over the book's size cap.
+  [[nodiscard]] std::optional<StepEnding> unjournaled(
+      const JournaledStep& step, bool wrote_through_transaction) const noexcept;
+  /// Remembers, for this attempt only, a step that unjournaled() keeps out of the journal for
+  /// `why`, and returns its result: reaching its name again in this attempt replays it.
+  std::string kept(std::string_view name, JournaledStep step, StepEnding why);
 
  private:
   std::string remember(std::string_view name, JournaledStep step);
@@ -72,6 +76,7 @@ class StepBook {
   }
 
   Metrics* metrics_;
+  std::size_t max_result_bytes_;
   StepJournal journal_;
   bool loaded_ = false;
 };

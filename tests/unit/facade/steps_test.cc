@@ -154,6 +154,36 @@ TEST_F(Steps, AStepNameReusedWithAnotherInputIsAnErrorAndRunsNothing) {
   EXPECT_EQ(same.response, "llm#1");
 }
 
+TEST_F(Steps, AResultOverTheSizeCapIsReturnedButNotJournaledSoARetryRunsItAgain) {
+  DeduplicatorOptions options;
+  options.guard = guard_;
+  options.local_cache_capacity = 0;
+  options.metrics = metrics_;
+  options.max_step_result_bytes = 4;  // "s#1" fits, "large#1" does not
+  Deduplicator capped(std::move(options));
+  bool fail = true;
+  const auto handler = [&](Context& context) {
+    std::string out =
+        context.step("small", [&] { return "s#" + std::to_string(++runs_["small"]); });
+    out += context.step("large", [&] { return "large#" + std::to_string(++runs_["large"]); });
+    out += context.step("large", [&]() -> std::string { throw std::logic_error("ran twice"); });
+    if (fail) throw std::runtime_error("a later step failed");
+    return out;
+  };
+  EXPECT_THROW((void)capped.run(agent_run("r1"), handler), std::runtime_error);
+  fail = false;
+  const Outcome retry = capped.run(agent_run("r1"), handler);
+  EXPECT_EQ(retry.response, "s#1large#2large#2") << "the same name in one attempt replays";
+  EXPECT_EQ(runs_, (std::map<std::string, int>{{"small", 1}, {"large", 2}}));
+  EXPECT_EQ(steps(StepEnding::kTooLarge), 2U);
+  EXPECT_EQ(steps(StepEnding::kJournaled), 1U);
+
+  DeduplicatorOptions zero;
+  zero.guard = guard_;
+  zero.max_step_result_bytes = 0;
+  EXPECT_THROW(Deduplicator{std::move(zero)}, ConfigError);
+}
+
 TEST_F(Steps, AStepOfAGuardlessDeduplicatorIsAConfigError) {
   DeduplicatorOptions options;
   options.sink = std::make_shared<InMemorySink>();
