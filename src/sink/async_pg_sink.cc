@@ -317,9 +317,15 @@ AsyncPgTransaction::~AsyncPgTransaction() {
   if (connection_ == nullptr) return;
   if (begun_ && connection_->generation() == generation_) {
     // Left open (the call's coroutine was destroyed): the session must not keep it.
-    connection_->exec(prepared(Prepared::kRollback), {}, [](std::exception_ptr, PgResultPtr) {});
+    send_rollback();
   }
   give_back();
+}
+
+void AsyncPgTransaction::send_rollback() {
+  // Queued on the connection before any statement of its next holder; its answer is not awaited
+  // (a failure means the session is gone, and the transaction with it).
+  connection_->exec(prepared(Prepared::kRollback), {}, [](std::exception_ptr, PgResultPtr) {});
 }
 
 void AsyncPgTransaction::give_back() noexcept {
@@ -435,7 +441,7 @@ asio::awaitable<void> AsyncPgTransaction::commit() {
     // A staged statement failed, so the COMMIT sharing its sync point did not run: the session
     // is still in the failed transaction. The ROLLBACK is sent before any statement of the
     // connection's next holder (its result is not awaited), and the statement's error thrown.
-    connection_->exec(prepared(Prepared::kRollback), {}, [](std::exception_ptr, PgResultPtr) {});
+    send_rollback();
     give_back();
     std::rethrow_exception(ends[i].first);
   }

@@ -160,6 +160,8 @@ class AsyncPgTransaction {
  private:
   // Fails (08006) when the session that ran BEGIN is gone.
   void check_session() const;
+  // Sends ROLLBACK without awaiting its answer.
+  void send_rollback();
   void give_back() noexcept;
 
   AsyncPgSink& sink_;
