@@ -4,11 +4,11 @@
 // transactional call, reads what the step wrote through the transaction; it decides nothing.
 #pragma once
 
+#include <cstddef>
 #include <optional>
 #include <string>
 #include <string_view>
 
-#include "idem/deduplicator.h"
 #include "idem/guard.h"
 #include "idem/metrics.h"
 
@@ -22,10 +22,9 @@ inline constexpr std::size_t kMaxStepNameBytes = 200;
 class StepBook {
  public:
   /// `metrics` (may be null) counts how each step ends (Metrics::record_step()); it must
-  /// outlive the book. Results over `max_result_bytes` are not journaled.
-  explicit StepBook(
-      Metrics* metrics = nullptr,
-      std::size_t max_result_bytes = DeduplicatorOptions{}.max_step_result_bytes) noexcept
+  /// outlive the book. Results over `max_result_bytes` (DeduplicatorOptions::
+  /// max_step_result_bytes) are not journaled.
+  StepBook(Metrics* metrics, std::size_t max_result_bytes) noexcept
       : metrics_(metrics), max_result_bytes_(max_result_bytes) {}
 
   /// What an attempt does at a step: replay its journaled result, or run it and journal it

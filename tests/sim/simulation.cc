@@ -487,8 +487,9 @@ struct Call {
   Time handler_end = 0;
   bool handler_fails = false;
   bool handler_checks_stop = true;
-  int steps_done = 0;               // the handler's steps reached
-  detail::StepBook steps;           // its view of the step journal, as BlockingCall keeps it
+  int steps_done = 0;  // the handler's steps reached
+  // Its view of the step journal, as BlockingCall keeps it (no metrics, the default size cap).
+  detail::StepBook steps{nullptr, DeduplicatorOptions{}.max_step_result_bytes};
   std::optional<Time> returned_at;  // when the handler returned holding (it believed) a claim
   // The guard's complete answered, and whether by Redis' history as it stood then the claim was
   // held when the handler returned.
