@@ -37,9 +37,12 @@
 # completion), run_transactional() 5 (the claim; BEGIN, lock and read; the INSERT; the record
 # and COMMIT; the completion).
 # with the heap bytes of a full run() in flight (its handler waiting, claims held), the loop
-# thread's CPU per call, the share of the time it ran and the share it waited, runnable, for a
-# core (on shared cores one thread gets about cores / load average of one; the rate on a core
-# of its own is 10^6 / CPU µs per call).
+# thread's CPU per call and the part of it spent in the kernel (sending, receiving, waking the
+# servers: the floor user-space work cannot cut), the share of the time it ran and the share it
+# waited, runnable, for a core (on shared cores one thread gets about cores / load average of
+# one; the rate on a core of its own is 10^6 / CPU µs per call), and the heap allocations per
+# call (every malloc of the process over the timed phase, libpq's and hiredis' too:
+# bench/allocations.h), for idem and for the hand-written method alike.
 # By default a private redis-server is started on a free port (and stopped); PostgreSQL is the
 # one of scripts/dev's services (IDEM_TEST_PG_URL), in a schema of its own (dropped).
 # Prints tables; --report-json writes
@@ -54,18 +57,22 @@
 #                      "pgbench_sink_statements_at_pg_connections_per_s", "async_of_pool_floor",
 #                      "async_loop_cpu_us_per_call", "async_loop_core_share",
 #                      "async_loop_runqueue_share",
-#                      "async_per_loop_core_s", "blocking_cpu_us_per_call"}, "bytes_per_in_flight_call",
-#                      "payload_bytes", "per_run": {…}},
+#                      "async_per_loop_core_s", "async_loop_kernel_us_per_call",
+#                      "blocking_cpu_us_per_call"}, "allocations_per_call",
+#                      "bytes_per_in_flight_call", "payload_bytes", "per_run": {…}},
 #    "run_transactional": {"in_flight", "async_per_s", "blocking_per_s", "blocking_threads",
 #                          "ratio", "pg_connections", "async_loop_cpu_us_per_call",
-#                          "blocking_cpu_us_per_call", "floors": {
+#                          "blocking_cpu_us_per_call", "async_loop_kernel_us_per_call",
+#                          "hand_written_loop_kernel_us_per_call", "allocations_per_call":
+#                          {"async", "hand_written"}, "floors": {
 #                          "pgbench_tx_at_pg_connections_per_s", "async_of_pool_floor"},
 #                          "hand_written_per_s", "of_hand_written",
 #                          "hand_written_loop_cpu_us_per_call", "pg_cpu_us_per_call": {"async",
 #                          "hand_written", "pgbench_tx"}, "pg_cpu_of_hand_written",
 #                          "per_run": {…}},
 #    "single_in_flight": {"trip_floor_us", "run": {"calls_per_s", "cpu_us_per_call",
-#                         "round_trips", "floor_us", "cpu_over_floor"}, "run_transactional": {…}},
+#                         "round_trips", "floor_us", "cpu_over_floor", "kernel_us_per_call",
+#                         "allocations_per_call"}, "run_transactional": {…}},
 #    "bytes_per_in_flight_call": N, "bytes_per_in_flight_lua_call": N, "runs", "loadavg_1_5_15"}
 # (calls per second; pgbench's rate is in calls, one call being its statements of one call).
 set -euo pipefail
@@ -223,23 +230,28 @@ if ((durable)); then
 fi
 async_s="$(med async_runs 1)" run_bytes="$(med async_runs 2)" payload_bytes="$(med async_runs 3)"
 loop_us="$(med async_runs 4)" loop_share="$(med async_runs 5)" loop_waited="$(med async_runs 6)"
+loop_kernel_us="$(med async_runs 7)" run_allocations="$(med async_runs 8)"
 blocking_s="$(med blocking_runs 1)" blocking_us="$(med blocking_runs 2)"
 floor_s="$(med floor_runs 1)" pool_floor_s="$(med pool_runs 1)"
 sink_ratio="$(ratio "$async_s" "$blocking_s")" floor_ratio="$(ratio "$async_s" "$floor_s")"
 pool_floor_ratio="$(ratio "$async_s" "$pool_floor_s")"
 loop_core_s="$(awk -v us="$loop_us" 'BEGIN {printf "%.0f", 1e6 / us}')"
 tx_async_s="$(med tx_async_runs 1)" tx_loop_us="$(med tx_async_runs 4)"
+tx_kernel_us="$(med tx_async_runs 7)" tx_allocations="$(med tx_async_runs 8)"
 tx_blocking_s="$(med tx_blocking_runs 1)" tx_blocking_us="$(med tx_blocking_runs 2)"
 tx_ratio="$(ratio "$tx_async_s" "$tx_blocking_s")"
-tx_async_pg_us="$(med tx_async_runs 8)"
+tx_async_pg_us="$(med tx_async_runs 10)"
 tx_floor_s="$(med tx_floor_runs 1)" tx_floor_pg_us="$(med tx_floor_runs 3)"
 tx_hand_s="$(med tx_hand_runs 1)" tx_hand_loop_us="$(med tx_hand_runs 4)"
-tx_hand_pg_us="$(med tx_hand_runs 8)"
+tx_hand_pg_us="$(med tx_hand_runs 10)"
+tx_hand_kernel_us="$(med tx_hand_runs 7)" tx_hand_allocations="$(med tx_hand_runs 8)"
 tx_floor_ratio="$(ratio "$tx_async_s" "$tx_floor_s")" tx_hand_ratio="$(ratio "$tx_async_s" "$tx_hand_s")"
 tx_pg_of_hand="$(ratio "$tx_async_pg_us" "$tx_hand_pg_us")"
 trip_us="$(median "${trip_runs[@]}")"
 single_run_s="$(med single_run_runs 1)" single_run_us="$(med single_run_runs 4)"
+single_run_kernel_us="$(med single_run_runs 7)" single_run_allocations="$(med single_run_runs 8)"
 single_tx_s="$(med single_tx_runs 1)" single_tx_us="$(med single_tx_runs 4)"
+single_tx_kernel_us="$(med single_tx_runs 7)" single_tx_allocations="$(med single_tx_runs 8)"
 single_run_floor="$(awk -v t="$trip_us" 'BEGIN {printf "%.1f", 2 * t}')"
 single_tx_floor="$(awk -v t="$trip_us" 'BEGIN {printf "%.1f", 5 * t}')"
 
@@ -261,8 +273,9 @@ printf '%-36s %12.0f %8s\n' "pgbench -c $pg_connections, sink statements" "$pool
 printf '%-36s %12.0f %8s\n' "async loop on a core of its own" "$loop_core_s" \
   "$(ratio "$loop_core_s" "$blocking_s")"
 percent() { awk -v s="$1" 'BEGIN {printf "%.0f", s * 100}'; }
-printf 'CPU µs per call: async loop %.1f (it ran %s %% of the time, waited for a core %s %%), blocking %.1f (all threads)\n' \
-  "$loop_us" "$(percent "$loop_share")" "$(percent "$loop_waited")" "$blocking_us"
+printf 'CPU µs per call: async loop %.1f (%.1f in the kernel; it ran %s %% of the time, waited for a core %s %%), blocking %.1f (all threads)\n' \
+  "$loop_us" "$loop_kernel_us" "$(percent "$loop_share")" "$(percent "$loop_waited")" "$blocking_us"
+printf 'heap allocations per call: async %.1f\n' "$run_allocations"
 printf 'heap bytes per in-flight run() call: %.0f (payload %d)\n' "$run_bytes" "$payload_bytes"
 
 printf '\n%-36s %12s %8s\n' "run_transactional(), one INSERT" calls_per_s ratio
@@ -272,16 +285,19 @@ printf '%-36s %12.0f %8s\n' "pgbench -c $pg_connections, its statements" "$tx_fl
   "$(ratio "$tx_floor_s" "$tx_blocking_s")"
 printf '%-36s %12.0f %8s\n' "by hand (SET NX, unique INSERT), async" "$tx_hand_s" \
   "$(ratio "$tx_hand_s" "$tx_blocking_s")"
-printf 'CPU µs per call: async loop %.1f, blocking %.1f (all threads), by hand loop %.1f\n' \
-  "$tx_loop_us" "$tx_blocking_us" "$tx_hand_loop_us"
+printf 'CPU µs per call: async loop %.1f (%.1f in the kernel), blocking %.1f (all threads), by hand loop %.1f (%.1f in the kernel)\n' \
+  "$tx_loop_us" "$tx_kernel_us" "$tx_blocking_us" "$tx_hand_loop_us" "$tx_hand_kernel_us"
+printf 'heap allocations per call: async %.1f, by hand %.1f\n' "$tx_allocations" "$tx_hand_allocations"
 printf 'PostgreSQL CPU µs per call: async %.1f, by hand %.1f (%s), pgbench %.1f\n' \
   "$tx_async_pg_us" "$tx_hand_pg_us" "$tx_pg_of_hand" "$tx_floor_pg_us"
 
-printf '\n%-36s %12s %10s %8s %10s %8s\n' "one call in flight" calls_per_s cpu_us trips floor_us ratio
-printf '%-36s %12.0f %10.1f %8d %10.1f %8s\n' "run(), guard only" "$single_run_s" "$single_run_us" 2 \
-  "$single_run_floor" "$(ratio "$single_run_us" "$single_run_floor")"
-printf '%-36s %12.0f %10.1f %8d %10.1f %8s\n' "run_transactional()" "$single_tx_s" "$single_tx_us" 5 \
-  "$single_tx_floor" "$(ratio "$single_tx_us" "$single_tx_floor")"
+printf '\n%-24s %12s %8s %10s %8s %10s %8s %8s\n' "one call in flight" calls_per_s cpu_us kernel_us trips floor_us ratio allocs
+printf '%-24s %12.0f %8.1f %10.1f %8d %10.1f %8s %8.1f\n' "run(), guard only" "$single_run_s" \
+  "$single_run_us" "$single_run_kernel_us" 2 "$single_run_floor" \
+  "$(ratio "$single_run_us" "$single_run_floor")" "$single_run_allocations"
+printf '%-24s %12.0f %8.1f %10.1f %8d %10.1f %8s %8.1f\n' "run_transactional()" "$single_tx_s" \
+  "$single_tx_us" "$single_tx_kernel_us" 5 "$single_tx_floor" \
+  "$(ratio "$single_tx_us" "$single_tx_floor")" "$single_tx_allocations"
 printf 'a round trip that wakes its peer: %.1f µs of client CPU (redis-benchmark -c 1)\n' "$trip_us"
 
 # per_run ARRAY: field 1 of each run in ARRAY as a JSON array.
@@ -308,7 +324,9 @@ json+=" \"pgbench_sink_statements_at_pg_connections_per_s\": $pool_floor_s,"
 json+=" \"async_of_pool_floor\": $pool_floor_ratio, \"async_loop_cpu_us_per_call\": $loop_us,"
 json+=" \"async_loop_core_share\": $loop_share, \"async_loop_runqueue_share\": $loop_waited,"
 json+=" \"async_per_loop_core_s\": $loop_core_s,"
+json+=" \"async_loop_kernel_us_per_call\": $loop_kernel_us,"
 json+=" \"blocking_cpu_us_per_call\": $blocking_us},"
+json+=" \"allocations_per_call\": $run_allocations,"
 json+=" \"bytes_per_in_flight_call\": $run_bytes, \"payload_bytes\": $payload_bytes,"
 json+=" \"seconds_per_slice\": $seconds, \"per_run\": {\"async\": $(per_run async_runs),"
 json+=" \"blocking\": $(per_run blocking_runs), \"pg_floor\": $(per_run floor_runs),"
@@ -317,6 +335,9 @@ json+=" \"run_transactional\": {\"in_flight\": $in_flight, \"async_per_s\": $tx_
 json+=" \"blocking_per_s\": $tx_blocking_s, \"blocking_threads\": $blocking_threads,"
 json+=" \"ratio\": $tx_ratio, \"pg_connections\": $pg_connections,"
 json+=" \"async_loop_cpu_us_per_call\": $tx_loop_us, \"blocking_cpu_us_per_call\": $tx_blocking_us,"
+json+=" \"async_loop_kernel_us_per_call\": $tx_kernel_us,"
+json+=" \"hand_written_loop_kernel_us_per_call\": $tx_hand_kernel_us,"
+json+=" \"allocations_per_call\": {\"async\": $tx_allocations, \"hand_written\": $tx_hand_allocations},"
 json+=" \"floors\": {\"pgbench_tx_at_pg_connections_per_s\": $tx_floor_s,"
 json+=" \"async_of_pool_floor\": $tx_floor_ratio},"
 json+=" \"hand_written_per_s\": $tx_hand_s, \"of_hand_written\": $tx_hand_ratio,"
@@ -325,13 +346,16 @@ json+=" \"pg_cpu_us_per_call\": {\"async\": $tx_async_pg_us, \"hand_written\": $
 json+=" \"pgbench_tx\": $tx_floor_pg_us}, \"pg_cpu_of_hand_written\": $tx_pg_of_hand,"
 json+=" \"per_run\": {\"async\": $(per_run tx_async_runs), \"blocking\": $(per_run tx_blocking_runs),"
 json+=" \"pgbench_tx\": $(per_run tx_floor_runs), \"hand_written\": $(per_run tx_hand_runs)}},"
-single_json() {  # per_s cpu_us trips floor_us
+single_json() {  # per_s cpu_us trips floor_us kernel_us allocations
   echo "{\"calls_per_s\": $1, \"cpu_us_per_call\": $2, \"round_trips\": $3, \"floor_us\": $4," \
-    "\"cpu_over_floor\": $(ratio "$2" "$4")}"
+    "\"cpu_over_floor\": $(ratio "$2" "$4"), \"kernel_us_per_call\": $5," \
+    "\"allocations_per_call\": $6}"
 }
 json+=" \"single_in_flight\": {\"trip_floor_us\": $trip_us,"
-json+=" \"run\": $(single_json "$single_run_s" "$single_run_us" 2 "$single_run_floor"),"
-json+=" \"run_transactional\": $(single_json "$single_tx_s" "$single_tx_us" 5 "$single_tx_floor")},"
+json+=" \"run\": $(single_json "$single_run_s" "$single_run_us" 2 "$single_run_floor" \
+  "$single_run_kernel_us" "$single_run_allocations"),"
+json+=" \"run_transactional\": $(single_json "$single_tx_s" "$single_tx_us" 5 "$single_tx_floor" \
+  "$single_tx_kernel_us" "$single_tx_allocations")},"
 json+=" \"bytes_per_in_flight_call\": $set_bytes, \"bytes_per_in_flight_lua_call\": $lua_bytes,"
 json+=" \"runs\": $runs, \"loadavg_1_5_15\": $(loadavg_json)}"
 write_report "$json"

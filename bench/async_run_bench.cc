@@ -16,9 +16,12 @@
 // what idem costs: the guard's claim and completion, the sink's claim row and its completion.
 //
 // async prints "<calls per s> <heap bytes per in-flight call> <payload bytes> <loop CPU µs per
-// call> <share of the time the loop thread ran> <share it waited, runnable, for a core>" (the
-// three after the rate over the timed phase, the last of them from /proc/thread-self/schedstat)
-// and "<calls made in all>" (the untimed ones too, for the servers' CPU per call): first every
+// call> <share of the time the loop thread ran> <share it waited, runnable, for a core> <loop
+// CPU µs per call spent in the kernel> <heap allocations per call>" (the five after the rate over
+// the timed phase; the wait from /proc/thread-self/schedstat, the kernel's share from
+// getrusage(RUSAGE_THREAD), the allocations the whole process's malloc() calls, -1 under a
+// sanitizer: bench/allocations.h) and "<calls made in all>" (the untimed ones too, for the
+// servers' CPU per call): first every
 // connection is opened by an untimed round of --in-flight calls; then --in-flight calls are
 // started whose handlers wait on a gate, and glibc's count of allocated heap (mallinfo2) with all
 // of them inside their handler (each holding its claim in Redis and its row in PostgreSQL), minus
@@ -44,6 +47,7 @@
 // PgAsyncConnection in pipeline mode) with --in-flight coroutines on one loop thread, and
 // prints what async prints (0 bytes).
 #include <malloc.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -68,6 +72,7 @@
 #include <utility>
 #include <vector>
 
+#include "allocations.h"
 #include "clients.h"
 #include "idem/async_deduplicator.h"
 #include "idem/deduplicator.h"
@@ -152,6 +157,14 @@ double cpu_seconds(clockid_t clock) {
   return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) / 1e9;
 }
 
+// Seconds of CPU this thread has spent in the kernel (getrusage(RUSAGE_THREAD)'s system time).
+double thread_system_seconds() {
+  rusage usage{};
+  ::getrusage(RUSAGE_THREAD, &usage);
+  return static_cast<double>(usage.ru_stime.tv_sec) +
+         static_cast<double>(usage.ru_stime.tv_usec) / 1e6;
+}
+
 // Seconds this thread has waited, runnable, for a CPU (Linux schedstat's run_delay); 0 without
 // schedstats.
 double runqueue_seconds() {
@@ -207,9 +220,11 @@ class LoopBench {
 
   struct Timed {
     long long calls = 0;
-    double elapsed = 0;  // s
-    double cpu = 0;      // s of this thread's CPU
-    double waited = 0;   // s runnable, waiting for a core
+    double elapsed = 0;         // s
+    double cpu = 0;             // s of this thread's CPU
+    double system = 0;          // s of it in the kernel
+    double waited = 0;          // s runnable, waiting for a core
+    long long allocations = 0;  // the process's heap allocations (-1: not counted)
   };
 
   // Spawns --in-flight `caller(stop)` coroutines and runs the loop for --seconds; each caller
@@ -223,7 +238,9 @@ class LoopBench {
     const long long done_before = done_;
     const auto started = Clock::now();
     const double cpu_started = cpu_seconds(CLOCK_THREAD_CPUTIME_ID);
+    const double system_started = thread_system_seconds();
     const double waited_started = runqueue_seconds();
+    const long long allocations_started = bench::allocations();
     for (int i = 0; i < args_.in_flight; ++i) {
       asio::co_spawn(io_, caller(stop), [this](std::exception_ptr error) { fail(error); });
     }
@@ -232,17 +249,21 @@ class LoopBench {
     t.calls = done_ - done_before;
     t.elapsed = std::chrono::duration<double>(Clock::now() - started).count();
     t.cpu = cpu_seconds(CLOCK_THREAD_CPUTIME_ID) - cpu_started;
+    t.system = thread_system_seconds() - system_started;
     t.waited = runqueue_seconds() - waited_started;
+    t.allocations = allocations_started < 0 ? -1 : bench::allocations() - allocations_started;
     while (callers_ > 0 && failed_ == nullptr) io_.run_one();
     return t;
   }
 
-  // Prints the async mode's seven numbers (after the loop ran out: throws the first failure).
+  // Prints the async mode's nine numbers (after the loop ran out: throws the first failure).
   void report(const Timed& t, double bytes, std::size_t payload) {
     if (failed_ != nullptr) std::rethrow_exception(failed_);
     const auto calls = static_cast<double>(t.calls);
-    std::printf("%.1f %.0f %zu %.1f %.3f %.3f %lld\n", calls / t.elapsed, bytes, payload,
-                t.cpu * 1e6 / calls, t.cpu / t.elapsed, t.waited / t.elapsed, done_);
+    const double allocations = t.allocations < 0 ? -1 : static_cast<double>(t.allocations) / calls;
+    std::printf("%.1f %.0f %zu %.1f %.3f %.3f %.1f %.1f %lld\n", calls / t.elapsed, bytes, payload,
+                t.cpu * 1e6 / calls, t.cpu / t.elapsed, t.waited / t.elapsed,
+                t.system * 1e6 / calls, allocations, done_);
   }
 
   void fail(std::exception_ptr error) {
@@ -272,7 +293,7 @@ class AsyncRun : LoopBench {
     dedup_ = std::make_unique<idem::AsyncDeduplicator>(io_.get_executor(), std::move(options));
   }
 
-  // Prints the seven numbers; throws on a failed call.
+  // Prints the nine numbers; throws on a failed call.
   void run() {
     // 1. Open every connection and grow its buffers, untimed. Three rounds before the memory
     // phase: the buffers grow with a round's bursts (a Redis connection fills one write buffer
