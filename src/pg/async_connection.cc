@@ -198,12 +198,11 @@ void PgAsyncConnection::send_unsent() {
   // the server, per sync point. Corked, the statements of this turn leave together when the cork
   // comes off below (TCP_CORK fails harmlessly on a Unix socket).
   const bool corked = syncs > 1 && set_cork(true);
-  std::vector<const char*> values;
   for (Pending& entry : pending_) {
     if (entry.sent) continue;
-    values.clear();
-    for (const auto& param : entry.params) values.push_back(param ? param->c_str() : nullptr);
-    if (!send(entry, values) || (entry.synced && PQpipelineSync(conn_) != 1)) {
+    values_.clear();
+    for (const auto& param : entry.params) values_.push_back(param ? param->c_str() : nullptr);
+    if (!send(entry, values_) || (entry.synced && PQpipelineSync(conn_) != 1)) {
       return fail(lost("send: " + trimmed(PQerrorMessage(conn_))));
     }
     entry.sent = true;

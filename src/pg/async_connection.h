@@ -232,6 +232,7 @@ class PgAsyncConnection : public std::enable_shared_from_this<PgAsyncConnection>
   bool flush_pending_ = false;
   bool send_scheduled_ = false;
   std::deque<Pending> pending_;
+  std::vector<const char*> values_;  // send_unsent()'s parameter pointers, kept for their capacity
   // The texts prepared by name: settings_.prepared, then the cached() ones in order of first use
   // (a deque: the views in cached_ stay valid).
   std::deque<std::string> texts_;
