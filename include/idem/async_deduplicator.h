@@ -184,8 +184,10 @@ class IDEM_EXPORT AsyncContext {
   /// back without awaiting it. Same journal, rules, errors and at-least-once window as
   /// Context::step() (idem::StepInputMismatch, idem::ClaimLost, idem::ConfigError without a
   /// guard); the journal is read and written on the loop. In run_transactional(), a step that
-  /// writes through `tx` is exactly-once and not journaled, as Context::step() says. Await one
-  /// step at a time.
+  /// writes through `tx` is exactly-once and not journaled, as Context::step() says; what the
+  /// transaction wrote is read again only once a statement went through `tx` since the last
+  /// reading, so a step that sends nothing through it costs no round trip to PostgreSQL. Await
+  /// one step at a time.
   template <class Fn>
   asio::awaitable<std::string> step(std::string_view name, std::string_view input, Fn fn) {
     return step_impl(name, input, std::function<asio::awaitable<std::string>()>(std::move(fn)));

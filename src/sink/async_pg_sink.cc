@@ -355,6 +355,7 @@ asio::awaitable<SinkClaim> AsyncPgTransaction::claim(std::string_view key,
                                                      std::string_view fingerprint) {
   validate_sink_claim(key, request_id);
   check_session();
+  last_writes_.reset();
   const PgSinkOptions& o = sink_.options_;
   Batch batch;
   if (pending_begin_) batch.emplace_back(prepared(Prepared::kBegin), PgParams{});
@@ -387,6 +388,7 @@ asio::awaitable<SinkClaim> AsyncPgTransaction::claim(std::string_view key,
 
 asio::awaitable<PgResultPtr> AsyncPgTransaction::exec(std::string sql, PgParams params) {
   check_session();
+  last_writes_.reset();
   if (pending_begin_) {
     pending_begin_ = false;
     Batch batch;
@@ -473,11 +475,13 @@ asio::awaitable<void> AsyncPgTransaction::rollback() {
 asio::awaitable<TransactionWrites> AsyncPgTransaction::writes() {
   check_session();
   if (pending_begin_) co_return TransactionWrites{};  // BEGIN not sent yet: nothing written
+  if (last_writes_) co_return *last_writes_;
   const PgResultPtr row = co_await connection_->exec(
       prepared(Prepared::kWrites), {},
       asio::bind_cancellation_slot(asio::cancellation_slot(), asio::use_awaitable));
-  co_return TransactionWrites{std::string_view(PQgetvalue(row.get(), 0, 0)) == "t",
-                              std::strtoll(PQgetvalue(row.get(), 0, 1), nullptr, 10)};
+  last_writes_ = TransactionWrites{std::string_view(PQgetvalue(row.get(), 0, 0)) == "t",
+                                   std::strtoll(PQgetvalue(row.get(), 0, 1), nullptr, 10)};
+  co_return *last_writes_;
 }
 
 bool AsyncPgTransaction::business_duplicate(const std::exception_ptr& error) const {

@@ -22,6 +22,7 @@
 #include <chrono>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -150,8 +151,9 @@ class AsyncPgTransaction {
   asio::awaitable<void> commit();
   /// ROLLBACK (not cancellable; nothing when the session is gone); gives the connection back.
   asio::awaitable<void> rollback();
-  /// As PgTransaction::writes(): what the transaction has written so far (one round trip once
-  /// BEGIN went; none before). Not cancellable.
+  /// As PgTransaction::writes(): what the transaction has written so far. One round trip once
+  /// BEGIN went, none before, and none when no statement went through the transaction (claim(),
+  /// exec()) since the last reading, which then still holds. Not cancellable.
   asio::awaitable<TransactionWrites> writes();
   /// Whether `error`, thrown out of the handler, is a unique violation of one of
   /// PgSinkOptions::business_constraints (the effect exists already).
@@ -170,6 +172,7 @@ class AsyncPgTransaction {
   bool begun_ = false;
   bool pending_begin_ = false;                            // BEGIN goes with the claim
   std::vector<std::pair<PgStatement, PgParams>> staged_;  // sent with COMMIT
+  std::optional<TransactionWrites> last_writes_;          // writes()'s, until the next exec()
 };
 
 }  // namespace idem::detail

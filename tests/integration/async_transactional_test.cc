@@ -29,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "counting_proxy.h"
 #include "idem/async_deduplicator.h"
 #include "idem/errors.h"
 #include "loop_probe.h"
@@ -414,6 +415,59 @@ TEST_F(AsyncTransactionalTest, AStepThatWroteThroughTheTransactionRunsAgainAfter
   EXPECT_EQ(runs,
             (std::map<std::string, int>{{"think", 1}, {"book", 2}, {"check", 1}, {"reply", 2}}))
       << "only the step that wrote through the transaction, and the one that failed, ran again";
+  dedup.close();
+}
+
+// In a transactional call a step reads what the transaction wrote before its fn and after it.
+// A reading with no statement sent through the transaction since the last one is that one
+// again, and costs no round trip: three steps that send nothing through it cost one reading in
+// all (six before readings were shared), and a step that sends an INSERT costs that statement
+// and one reading after it.
+TEST_F(AsyncTransactionalTest,
+       StepsReadTheTransactionsWritesAgainOnlyAfterAStatementWentThroughIt) {
+  const test::PgAddress address = test::parse_pg_url(pg_url_);
+  if (address.port == 0) GTEST_SKIP() << "IDEM_TEST_PG_URL is not postgresql://user@host:port/db";
+  test::CountingProxy proxy(test::CountingProxy::Protocol::kPostgres, address.host, address.port);
+  asio::io_context io;
+  AsyncDeduplicatorOptions o = options(true);
+  o.postgres->conninfo = "host=127.0.0.1 port=" + std::to_string(proxy.port()) +
+                         " dbname=" + address.database + " user=" + address.user +
+                         " sslmode=disable gssencmode=disable";
+  o.postgres->pool_size = 1;
+  AsyncDeduplicator dedup(io.get_executor(), o);
+  // The PostgreSQL round trips of a first execution of `order` whose handler takes `steps`
+  // steps, the second of which (with `insert`) sends an INSERT through the transaction.
+  const auto round_trips = [&](const std::string& order, int steps, bool insert) {
+    const auto handler = [&](AsyncTransaction& tx,
+                             AsyncContext& context) -> asio::awaitable<std::string> {
+      std::string out;
+      for (int i = 0; i < steps; ++i) {
+        out += co_await context.step(
+            "step " + std::to_string(i), [&, i]() -> asio::awaitable<std::string> {
+              if (insert && i == 1) {
+                std::vector<std::optional<std::string>> params{order};
+                (void)co_await tx.exec("INSERT INTO " + table("ledger") + " VALUES ($1, 5)",
+                                       std::move(params));
+              }
+              co_return std::to_string(i);
+            });
+      }
+      co_return out;
+    };
+    proxy.reset();
+    const Ending ending = run_to_end(io, [&]() -> asio::awaitable<Outcome> {
+      co_return co_await dedup.run_transactional(refund_request("r1", order), handler,
+                                                 asio::use_awaitable);
+    });
+    EXPECT_FALSE(ending.error) << order;
+    EXPECT_EQ(ending.outcome.kind, Outcome::Kind::kExecuted) << order;
+    return proxy.round_trips();
+  };
+  (void)round_trips("warm", 3, true);  // the connection opened, its statements prepared
+  const std::size_t none = round_trips("no-steps", 0, false);
+  EXPECT_EQ(round_trips("three-steps", 3, false), none + 1);
+  EXPECT_EQ(round_trips("three-steps-one-insert", 3, true), none + 3);
+  EXPECT_EQ(ledger_rows(), 2);
   dedup.close();
 }
 

@@ -26,20 +26,8 @@ namespace idem {
 namespace {
 
 using std::chrono::milliseconds;
-
-// The parts of a postgresql://user@host:port/db URL.
-struct PgAddress {
-  std::string host;
-  int port = 0;
-  std::string database;
-};
-
-PgAddress parse_pg_url(const std::string& url) {
-  static const std::regex form(R"(postgres(?:ql)?://[^@/]+@([^:/]+):([0-9]+)/([^?]+))");
-  std::smatch m;
-  if (!std::regex_match(url, m, form)) return {};
-  return {m[1], std::stoi(m[2]), m[3]};
-}
+using test::parse_pg_url;
+using test::PgAddress;
 
 // What one call sent, by kind of statement.
 struct Cost {

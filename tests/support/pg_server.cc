@@ -26,6 +26,14 @@
 extern char** environ;
 
 namespace idem::test {
+
+PgAddress parse_pg_url(const std::string& url) {
+  static const std::regex form(
+      R"(postgres(?:ql)?://([^@/:]+)(?::[^@/]*)?@([^:/]+):([0-9]+)/([^?]+))");
+  std::smatch m;
+  if (!std::regex_match(url, m, form)) return {};
+  return {m[1], m[2], std::stoi(m[3]), m[4]};
+}
 namespace {
 
 int free_port() {

@@ -10,6 +10,15 @@
 
 namespace idem::test {
 
+/// The parts of a postgresql://user@host:port/db URL (port 0: the URL is not of that form).
+struct PgAddress {
+  std::string user;
+  std::string host;
+  int port = 0;
+  std::string database;
+};
+[[nodiscard]] PgAddress parse_pg_url(const std::string& url);
+
 /// A schema with a unique name on the server at `url`, dropped (CASCADE) on destruction.
 class ScratchSchema {
  public:
