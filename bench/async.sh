@@ -163,12 +163,13 @@ pgbench_calls() {
     END { print tps, n }'
 }
 # with_pg_cpu COMMAND...: COMMAND's output line (its last field: the calls it made), then
-# PostgreSQL's CPU µs per call over it.
+# PostgreSQL's CPU µs per call over it (the cluster at $pg_url alone when it runs here).
+pg_postmaster="$(pg_postmaster_pid "$pg_url")"
 with_pg_cpu() {
   local before after out
-  before="$(pg_cpu_seconds)"
+  before="$(pg_cpu_seconds "$pg_postmaster")"
   out="$("$@")"
-  after="$(pg_cpu_seconds)"
+  after="$(pg_cpu_seconds "$pg_postmaster")"
   awk -v out="$out" -v a="$before" -v b="$after" 'BEGIN {
     n = split(out, f, " "); printf "%s %.1f\n", out, (b - a) * 1e6 / f[n] }'
 }

@@ -49,15 +49,30 @@ median() { printf '%s\n' "$@" | sort -g | awk '{v[NR]=$1} END {print v[int((NR+1
 # cores are noisy, so every report says how busy the machine was.
 loadavg_json() { echo "[$(cut -d' ' -f1-3 /proc/loadavg | tr ' ' ',')]"; }
 
-# pg_cpu_seconds: CPU seconds (user + system) spent so far by the PostgreSQL server processes of
-# this machine: the live ones' own, and what the postmaster has reaped of its children (the
-# backends of connections already closed). The difference over a slice, over the calls made
-# in it, is PostgreSQL's CPU per call (every cluster running here counts: keep others idle).
+# pg_postmaster_pid URL: the process ID of the postmaster of the server at URL when it runs on
+# this machine and its data directory is readable here (postmaster.pid's first line); nothing
+# otherwise.
+pg_postmaster_pid() {
+  local dir
+  dir="$(psql "$1" -Atc "SELECT current_setting('data_directory')" 2>/dev/null)" || return 0
+  [[ -n "$dir" && -r "$dir/postmaster.pid" ]] && head -1 "$dir/postmaster.pid"
+  return 0
+}
+
+# pg_cpu_seconds [POSTMASTER_PID]: CPU seconds (user + system) spent so far by PostgreSQL
+# server processes: the live ones' own, and what their postmaster has reaped of its children
+# (the backends of connections already closed). With POSTMASTER_PID, that cluster's alone (the
+# postmaster and its children); without, every cluster running on this machine. The difference
+# over a slice, over the calls made in it, is PostgreSQL's CPU per call.
 pg_cpu_seconds() {
-  cat /proc/[0-9]*/stat 2>/dev/null | awk -v hz="$(getconf CLK_TCK)" '
+  cat /proc/[0-9]*/stat 2>/dev/null | awk -v hz="$(getconf CLK_TCK)" -v pm="${1:-}" '
     $2 == "(postgres)" { own[$1] = $14 + $15; reaped[$1] = $16 + $17; parent[$1] = $4 }
     END {
-      for (p in own) { t += own[p]; if (!(parent[p] in own)) t += reaped[p] }
+      for (p in own) {
+        if (pm != "" && p != pm && parent[p] != pm) continue
+        t += own[p]
+        if (!(parent[p] in own)) t += reaped[p]
+      }
       printf "%.2f", t / hz
     }'
 }
