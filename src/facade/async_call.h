@@ -58,7 +58,6 @@ class AsyncCall : public std::enable_shared_from_this<AsyncCall> {
   using Ending = std::pair<std::exception_ptr, Outcome>;
   static asio::awaitable<Ending> drive(std::shared_ptr<AsyncCall> self);
   asio::awaitable<StepResult> perform(const Step& step);
-  asio::awaitable<StepResult> perform_in_transaction(const Step& step);
   asio::awaitable<StepResult> run_handler();
   [[nodiscard]] bool stopped() const noexcept;
   void schedule_renewal();

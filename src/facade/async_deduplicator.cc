@@ -257,21 +257,36 @@ asio::awaitable<StepResult> AsyncCall::perform(const Step& step) {
       case StepKind::kGuardRelease:
         (void)co_await dedup_->guard->release(step.key, step.owner_token);
         co_return Done{};
+      // In run_transactional() (tx_ open, from kSinkBegin to its end) the sink's claim and
+      // record go in the call's transaction: BEGIN is held back for the claim when one follows
+      // (Step::with_next), the record is staged and COMMIT carries it, and either end gives the
+      // connection back.
       case StepKind::kSinkClaim:
-        if (tx_) co_return co_await perform_in_transaction(step);
+        if (tx_) co_return co_await tx_->claim(step.key, step.request_id, step.fingerprint);
         co_return co_await dedup_->sink->claim(step.key, step.request_id, step.fingerprint,
                                                step.owner_token);
       case StepKind::kSinkComplete:
-        if (tx_) co_return co_await perform_in_transaction(step);
+        if (tx_) {  // staged: its failure is the commit's
+          tx_->record(step.key, step.request_id, step.fingerprint, step.value, step.ttl);
+          co_return Done{};
+        }
         co_return Completed{
             co_await dedup_->sink->complete(step.key, step.owner_token, step.value, step.ttl)};
       case StepKind::kSinkRelease:
         (void)co_await dedup_->sink->release(step.key, step.owner_token);
         co_return Done{};
       case StepKind::kSinkBegin:
+        tx_ = std::make_unique<AsyncPgTransaction>(*dedup_->pg);
+        co_await tx_->open(!step.with_next);
+        co_return Done{};
       case StepKind::kCommit:
+        co_await tx_->commit();
+        tx_.reset();  // the connection is back in the pool
+        co_return Done{};
       case StepKind::kRollback:
-        co_return co_await perform_in_transaction(step);
+        if (tx_) co_await tx_->rollback();
+        tx_.reset();
+        co_return Done{};
       case StepKind::kWait: {
         asio::steady_timer timer(dedup_->executor, step.at);
         std::error_code ignored;  // cut short by a stop or the deadline: the plan sees why
@@ -285,32 +300,6 @@ asio::awaitable<StepResult> AsyncCall::perform(const Step& step) {
   } catch (...) {
     if (step.kind == StepKind::kCommit) tx_.reset();  // ended, whatever it answered
     co_return classify_current();
-  }
-}
-
-// kSinkBegin opens the call's transaction (BEGIN held back for the claim when one follows:
-// Step::with_next), the claim and the staged record go in it, COMMIT carries the record, and
-// either end gives the connection back.
-asio::awaitable<StepResult> AsyncCall::perform_in_transaction(const Step& step) {
-  switch (step.kind) {
-    case StepKind::kSinkBegin:
-      tx_ = std::make_unique<AsyncPgTransaction>(*dedup_->pg);
-      co_await tx_->open(!step.with_next);
-      co_return Done{};
-    case StepKind::kSinkClaim:
-      co_return co_await tx_->claim(step.key, step.request_id, step.fingerprint);
-    case StepKind::kSinkComplete:
-      // Staged: inserted with COMMIT; its failure is the commit's.
-      tx_->record(step.key, step.request_id, step.fingerprint, step.value, step.ttl);
-      co_return Done{};
-    case StepKind::kCommit:
-      co_await tx_->commit();
-      tx_.reset();  // the connection is back in the pool
-      co_return Done{};
-    default:  // kRollback
-      if (tx_) co_await tx_->rollback();
-      tx_.reset();
-      co_return Done{};
   }
 }
 
