@@ -11,17 +11,17 @@
 #               the same with TransactionalClaim::kBusinessKey (the ledger's UNIQUE idem_key is
 #               the claim; no record of idem's)
 # and the floors that bound the ratios (docs/pg_sink.md, "What a call costs"):
-#   floor_bare_simple, floor_record_simple
-#               pgbench -M simple: the bare transaction, and the same with one INSERT of a
-#               record of idem's shape sent with COMMIT (the same round trips, one more row)
+#   floor_record
+#               pgbench -M prepared: the bare transaction with one INSERT of a record of idem's
+#               shape sent with COMMIT in one pipelined flight, as the sink sends its record (the
+#               same round trips, one more row)
 #   client_bare, client_bare_guard, client_bare_claim
 #               the bare transaction through libpqxx (the client library's share), with the
 #               guard's claim and complete around it without the facade (Redis' round trips),
 #               and with the claim only (what the completion after the commit costs)
 # A tps is the median over --runs runs (default 3) of the mean of a run's --seconds one-second
 # slices (default 5); a ratio is the median over every round of the ratio within the round
-# (client_bare_guard against client_bare, the floor_* against floor_bare_simple, the rest
-# against bare). Prints a table; --report-json writes
+# (client_bare_guard against client_bare, the rest against bare). Prints a table; --report-json writes
 #   {"clients_8": {"bare_tps", "sink_tps", "guard_sink_tps", "sink_ratio", "guard_sink_ratio",
 #                  "key_sink_tps", "key_guard_sink_tps", "key_sink_ratio", "key_guard_sink_ratio",
 #                  "floors": {…}, "tps_per_run": {…}}, "clients_1": {…}, …}
@@ -57,9 +57,10 @@ vars='\set n random(1, 1152921504606846976)
 ledger="INSERT INTO $s.ledger (idem_key, account, amount_cents) VALUES ('pgb-' || :client_id || '-' || :n, :a, 500)"
 account="UPDATE $s.accounts SET balance_cents = balance_cents - 500 WHERE id = :a"
 # A completed record as the sink writes it with COMMIT (src/sink/pg_sink.cc, kRecord).
-record="INSERT INTO $s.idem_records (ns, key, request_id, fingerprint, state, response, response_sha256, expires_at) VALUES ('bench', 'u:refund:pgb-' || :client_id || '-' || :n, 'req-pgb-' || :n, 'f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f00', 'completed', '\\x7b22737461747573223a22726566756e646564222c22616d6f756e745f63656e7473223a3530307d'::bytea, NULL, now() + 86400000::float8 * interval '1 ms')"
+record="INSERT INTO $s.idem_records (ns, key, request_id, fingerprint, state, response, response_sha256, expires_at) VALUES ('bench', 'u|refund|pgb-' || CAST(:client_id AS text) || '-' || CAST(:n AS text), 'req-pgb-' || CAST(:n AS text), 'f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f00', 'completed', '\\x7b22737461747573223a22726566756e646564222c22616d6f756e745f63656e7473223a3530307d'::bytea, NULL, now() + 86400000::float8 * interval '1 ms')"
 printf '%s\nBEGIN;\n%s;\n%s;\nCOMMIT;\n' "$vars" "$ledger" "$account" >"$work/bare.sql"
-printf '%s\nBEGIN;\n%s;\n%s;\n%s \\;\nCOMMIT;\n' "$vars" "$ledger" "$account" "$record" >"$work/record.sql"
+printf '%s\nBEGIN;\n%s;\n%s;\n\\startpipeline\n%s;\nCOMMIT;\n\\endpipeline\n' "$vars" "$ledger" "$account" \
+  "$record" >"$work/record.sql"
 
 empty_tables() { psql -q "$url" -c "TRUNCATE $s.ledger, $s.idem_records" >/dev/null; }
 
@@ -69,8 +70,7 @@ slice() {  # scenario clients secs
   local pgb=(pgbench -n -c "$2" -j "$2" -T "$3")
   case "$1" in
     bare) "${pgb[@]}" -M prepared -f "$work/bare.sql" "$url" 2>/dev/null | tps ;;
-    floor_bare_simple) "${pgb[@]}" -M simple -f "$work/bare.sql" "$url" 2>/dev/null | tps ;;
-    floor_record_simple) "${pgb[@]}" -M simple -f "$work/record.sql" "$url" 2>/dev/null | tps ;;
+    floor_record) "${pgb[@]}" -M prepared -f "$work/record.sql" "$url" 2>/dev/null | tps ;;
     client_bare) "$harness" --pg-url "$url" --schema "$schema" --mode bare --clients "$2" --seconds "$3" ;;
     client_bare_guard | client_bare_claim) "$harness" --pg-url "$url" --redis-url "$redis" --schema "$schema" --mode "${1#client_}" --clients "$2" --seconds "$3" ;;
     *) "$harness" --pg-url "$url" --redis-url "$redis" --schema "$schema" --mode "$1" --clients "$2" --seconds "$3" ;;
@@ -78,11 +78,10 @@ slice() {  # scenario clients secs
 }
 tps() { sed -n 's/^tps = \([0-9.]*\) (without initial connection time)$/\1/p'; }
 
-scenarios=(bare sink guard_sink key_sink key_guard_sink floor_bare_simple floor_record_simple client_bare client_bare_guard client_bare_claim)
+scenarios=(bare sink guard_sink key_sink key_guard_sink floor_record client_bare client_bare_guard client_bare_claim)
 # What each scenario's ratio is taken against.
 base_of() {
   case "$1" in
-    floor_*) echo floor_bare_simple ;;
     client_bare_guard | client_bare_claim) echo client_bare ;;
     *) echo bare ;;
   esac
@@ -134,9 +133,8 @@ for clients in 8 1; do
   json+=" \"guard_sink_ratio\": ${rat[guard_sink]},"
   json+=" \"key_sink_tps\": ${med[key_sink]}, \"key_guard_sink_tps\": ${med[key_guard_sink]},"
   json+=" \"key_sink_ratio\": ${rat[key_sink]}, \"key_guard_sink_ratio\": ${rat[key_guard_sink]},"
-  json+=" \"floors\": {\"bare_simple_tps\": ${med[floor_bare_simple]},"
-  json+=" \"record_simple_tps\": ${med[floor_record_simple]},"
-  json+=" \"record_ratio\": ${rat[floor_record_simple]},"
+  json+=" \"floors\": {\"record_tps\": ${med[floor_record]},"
+  json+=" \"record_ratio\": ${rat[floor_record]},"
   json+=" \"client_bare_tps\": ${med[client_bare]}, \"client_bare_ratio\": ${rat[client_bare]},"
   json+=" \"client_bare_guard_tps\": ${med[client_bare_guard]},"
   json+=" \"client_guard_ratio\": ${rat[client_bare_guard]},"

@@ -38,14 +38,9 @@
 #include <vector>
 
 #include "common/async_op.h"
+#include "pg/result.h"
 
 namespace idem::detail {
-
-struct PgResultDeleter {
-  void operator()(PGresult* result) const noexcept { PQclear(result); }
-};
-/// Owns one libpq result.
-using PgResultPtr = std::unique_ptr<PGresult, PgResultDeleter>;
 
 /// Completion signature of a statement: its result (PGRES_TUPLES_OK or PGRES_COMMAND_OK), or an
 /// exception_ptr holding idem::PostgresError (server error with its SQLSTATE, connection loss,
@@ -70,20 +65,6 @@ struct PgAsyncSettings {
   /// at their first use: the first ones; any text beyond goes unnamed. 0: none.
   std::size_t statement_cache = 0;
 };
-
-/// Parameters of a statement: text format, nullopt is SQL NULL.
-using PgParams = std::vector<std::optional<std::string>>;
-
-/// PgParams of `values` (std::string, std::string_view, std::optional<std::string> or
-/// std::nullopt), each moved or copied in once: a braced list would copy every string twice
-/// (an initializer_list's elements are const).
-template <typename... Values>
-[[nodiscard]] PgParams pg_params(Values&&... values) {
-  PgParams params;
-  params.reserve(sizeof...(Values));
-  (params.emplace_back(std::forward<Values>(values)), ...);
-  return params;
-}
 
 /// What a statement runs: SQL text (implicitly, from a string: sent unnamed, parsed and planned
 /// by the server each time), SQL text the connection prepares at its first use (cached()), or

@@ -118,29 +118,6 @@ void rethrow_end(const BatchEnds& ends, std::size_t i) {
 
 }  // namespace
 
-std::string bytea_literal(std::string_view bytes) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string text = "\\x";
-  text.reserve(2 + 2 * bytes.size());
-  for (const char c : bytes) {
-    const auto byte = static_cast<unsigned char>(c);
-    text.push_back(kHex[byte >> 4]);
-    text.push_back(kHex[byte & 0x0F]);
-  }
-  return text;
-}
-
-std::optional<std::string> bytea_value(const PGresult* result, int row, int column) {
-  if (PQgetisnull(result, row, column) != 0) return std::nullopt;
-  std::size_t size = 0;
-  unsigned char* bytes = PQunescapeBytea(
-      reinterpret_cast<const unsigned char*>(PQgetvalue(result, row, column)), &size);
-  if (bytes == nullptr) throw PostgresError("idem: postgres: cannot decode a bytea value", false);
-  std::string value(reinterpret_cast<const char*>(bytes), size);
-  PQfreemem(bytes);
-  return value;
-}
-
 AsyncPgSink::AsyncPgSink(const asio::any_io_executor& executor, const PgSinkOptions& options)
     : options_((validate_sink_options(options), options)) {
   if (options_.pooling == PgPooling::kTransaction) {
@@ -269,10 +246,7 @@ asio::awaitable<SinkClaim> AsyncPgSink::claim(std::string_view key, std::string_
       (void)co_await exec(Prepared::kTakeOver, std::move(take_over), true);
       continue;
     }
-    StoredRow stored{PQgetvalue(row, 0, 0), PQgetvalue(row, 0, 1), PQgetvalue(row, 0, 2),
-                     bytea_value(row, 0, 3), std::nullopt};
-    if (PQgetisnull(row, 0, 4) == 0) stored.response_sha256 = PQgetvalue(row, 0, 4);
-    co_return existing_claim(std::move(stored), request_id, fingerprint);
+    co_return existing_claim(row, request_id, fingerprint);
   }
   throw PostgresError("idem: postgres: the row of the key kept changing during claim", true);
 }
@@ -380,10 +354,7 @@ asio::awaitable<SinkClaim> AsyncPgTransaction::claim(std::string_view key,
                                      asio::use_awaitable);
     co_return SinkClaim{};
   }
-  StoredRow stored{PQgetvalue(row, 0, 0), PQgetvalue(row, 0, 1), PQgetvalue(row, 0, 2),
-                   bytea_value(row, 0, 3), std::nullopt};
-  if (PQgetisnull(row, 0, 4) == 0) stored.response_sha256 = PQgetvalue(row, 0, 4);
-  co_return existing_claim(std::move(stored), request_id, fingerprint);
+  co_return existing_claim(row, request_id, fingerprint);
 }
 
 asio::awaitable<PgResultPtr> AsyncPgTransaction::exec(std::string sql, PgParams params) {
@@ -412,13 +383,8 @@ void AsyncPgTransaction::record(std::string_view key, std::string_view request_i
   const std::chrono::milliseconds keep =
       retention.count() > 0 ? retention
                             : std::chrono::duration_cast<std::chrono::milliseconds>(o.retention);
-  const bool capped = response.size() > o.max_response_bytes;
-  staged_.emplace_back(
-      prepared(Prepared::kRecord),
-      pg_params(o.ns, key, request_id, fingerprint,
-                capped ? std::nullopt : std::optional<std::string>(bytea_literal(response)),
-                capped ? std::optional<std::string>(sha256_hex(response)) : std::nullopt,
-                ms_text(keep)));
+  staged_.emplace_back(prepared(Prepared::kRecord),
+                       record_params(o, key, request_id, fingerprint, response, keep));
 }
 
 asio::awaitable<void> AsyncPgTransaction::commit() {

@@ -36,11 +36,6 @@
 
 namespace idem::detail {
 
-/// `bytes` as PostgreSQL's text input of a bytea: "\x" and hex.
-[[nodiscard]] std::string bytea_literal(std::string_view bytes);
-/// A bytea column of a text-format result, decoded; nullopt for NULL.
-[[nodiscard]] std::optional<std::string> bytea_value(const PGresult* result, int row, int column);
-
 /// idem's statements (SinkStatements) as the sink's connections prepare them: the index of each
 /// in their PgAsyncSettings::prepared.
 enum class Prepared : std::size_t {

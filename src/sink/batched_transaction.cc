@@ -1,10 +1,13 @@
 #include "sink/batched_transaction.h"
 
+#include <iterator>
 #include <utility>
+
+#include "pg/cancel.h"
 
 namespace idem::detail {
 
-BatchedTransaction::BatchedTransaction(pqxx::connection_base& conn, std::string begin)
+BatchedTransaction::BatchedTransaction(pqxx::connection_base& conn, std::vector<std::string> begin)
     : pqxx::internal::namedclass("BatchedTransaction"),
       pqxx::dbtransaction(conn),
       begin_(std::move(begin)) {
@@ -13,29 +16,41 @@ BatchedTransaction::BatchedTransaction(pqxx::connection_base& conn, std::string 
 
 BatchedTransaction::~BatchedTransaction() noexcept { End(); }
 
-pqxx::result BatchedTransaction::send(const std::string& statements) {
-  if (begun_) return exec(statements);
+std::vector<PgFlightStatement> BatchedTransaction::opening(
+    std::vector<PgFlightStatement> statements) {
+  if (begun_) return statements;
   begun_ = true;  // from here on the server may hold a transaction: abort() rolls it back
-  return exec(begin_ + "; " + statements);
+  std::vector<PgFlightStatement> flight;
+  flight.reserve(begin_.size() + statements.size());
+  for (const std::string& sql : begin_) flight.push_back({sql, false, {}});
+  flight.insert(flight.end(), std::make_move_iterator(statements.begin()),
+                std::make_move_iterator(statements.end()));
+  return flight;
+}
+
+PgResultPtr BatchedTransaction::send(std::vector<PgFlightStatement> statements) {
+  return run_flight(raw_connection(*this), opening(std::move(statements)));
 }
 
 void BatchedTransaction::begin_now() {
   if (begun_) return;
   begun_ = true;
-  exec(begin_);
+  std::string sql;
+  for (const std::string& statement : begin_) sql += (sql.empty() ? "" : "; ") + statement;
+  exec(sql);
 }
 
-void BatchedTransaction::at_commit(const std::string& statements) {
-  staged_ += statements;
-  staged_ += "; ";
+void BatchedTransaction::at_commit(PgFlightStatement statement) {
+  staged_.push_back(std::move(statement));
 }
 
 void BatchedTransaction::do_commit() {
   if (!begun_ && staged_.empty()) return;  // nothing was sent: nothing to commit
-  const std::string query = (begun_ ? std::string() : begin_ + "; ") + staged_ + "COMMIT";
-  begun_ = true;
+  std::vector<PgFlightStatement> flight = opening(std::move(staged_));
+  staged_.clear();
+  flight.push_back({"COMMIT", false, {}});
   try {
-    direct_exec(query.c_str());
+    (void)run_flight(raw_connection(*this), flight);
   } catch (const std::exception& error) {
     // As pqxx::transaction's commit: a connection lost meanwhile leaves the outcome unknown.
     if (!conn().is_open()) {

@@ -1,10 +1,13 @@
 // A libpqxx transaction that spends no round trip of its own: BEGIN waits for the first
 // statements sent through it, and COMMIT carries the statements staged for it, each as one
-// multi-statement query (docs/pg_sink.md, "What a call costs").
+// pipelined flight (docs/pg_sink.md, "What a call costs").
 #pragma once
 
 #include <pqxx/pqxx>
 #include <string>
+#include <vector>
+
+#include "pg/flight.h"
 
 namespace idem::detail {
 
@@ -12,23 +15,23 @@ namespace idem::detail {
 /// libpqxx call work in it). BEGIN is held back until send() or begin_now(); statements of the
 /// caller's own (exec_params, exec_prepared) must come after one of them, since libpqxx sends
 /// those on the connection directly. commit() sends the staged statements and COMMIT as one
-/// query: when a staged statement fails, the server skips the COMMIT, the transaction is rolled
+/// flight: when a staged statement fails, the server skips the COMMIT, the transaction is rolled
 /// back and the statement's error is thrown. Not thread-safe (like any libpqxx transaction).
 class BatchedTransaction final : public pqxx::dbtransaction {
  public:
-  /// `begin` is the text that opens the transaction: "BEGIN", or "BEGIN; SET LOCAL …".
-  BatchedTransaction(pqxx::connection_base& conn, std::string begin);
+  /// `begin`: the statements that open the transaction, "BEGIN" first (then, e.g., SET LOCAL).
+  BatchedTransaction(pqxx::connection_base& conn, std::vector<std::string> begin);
   ~BatchedTransaction() noexcept override;
   BatchedTransaction(const BatchedTransaction&) = delete;
   BatchedTransaction& operator=(const BatchedTransaction&) = delete;
 
-  /// Runs `statements` (SQL text, one or more statements separated by ';') as one query,
-  /// preceded by the held-back BEGIN; returns the last statement's result.
-  pqxx::result send(const std::string& statements);
+  /// Runs `statements` as one flight (run_flight()), preceded by the held-back BEGIN; returns
+  /// the last statement's result, throws as run_flight().
+  PgResultPtr send(std::vector<PgFlightStatement> statements);
   /// Sends the held-back BEGIN on its own, if it was not sent yet.
   void begin_now();
-  /// Stages `statements` to be sent with COMMIT, before it.
-  void at_commit(const std::string& statements);
+  /// Stages `statement` to be sent with COMMIT, before it.
+  void at_commit(PgFlightStatement statement);
   /// Whether BEGIN was sent.
   [[nodiscard]] bool begun() const noexcept { return begun_; }
 
@@ -36,9 +39,11 @@ class BatchedTransaction final : public pqxx::dbtransaction {
   void do_begin() override {}  // held back: see send()
   void do_commit() override;
   void do_abort() override;
+  // `statements` with the held-back BEGIN in front, if it was not sent yet.
+  std::vector<PgFlightStatement> opening(std::vector<PgFlightStatement> statements);
 
-  std::string begin_;
-  std::string staged_;  // statements for COMMIT's query, each ending in "; "
+  std::vector<std::string> begin_;
+  std::vector<PgFlightStatement> staged_;  // statements for COMMIT's flight
   bool begun_ = false;
 };
 

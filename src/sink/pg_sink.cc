@@ -202,7 +202,7 @@ struct PgSink::Impl {
   // Runs fn(), which sends idem's own statements on tx's connection, within response_timeout; a
   // missing table or column gets detail::migrate_hint() added to its error.
   template <typename F>
-  pqxx::result run_own(pqxx::transaction_base& tx, F&& fn) const {
+  auto run_own(pqxx::transaction_base& tx, F&& fn) const -> decltype(fn()) {
     try {
       return watchdog.run(tx.conn().sock(), std::forward<F>(fn));
     } catch (const pqxx::sql_error& error) {
@@ -245,27 +245,27 @@ struct PgSink::Impl {
         conn,
         [&](std::optional<pqxx::work>& tx) {
           tx.emplace(conn);
-          if (transaction_pooling()) tx->exec0(set_local_timeouts);
+          if (transaction_pooling()) tx->exec0(local_timeouts[0] + "; " + local_timeouts[1]);
         },
         std::forward<Body>(body));
   }
 
   // What opens a transaction: BEGIN, and behind a transaction pooler the timeouts for it.
-  [[nodiscard]] std::string begin_sql() const {
-    return transaction_pooling() ? "BEGIN; " + set_local_timeouts : std::string("BEGIN");
+  [[nodiscard]] std::vector<std::string> begin_statements() const {
+    std::vector<std::string> begin{"BEGIN"};
+    if (transaction_pooling())
+      begin.insert(begin.end(), local_timeouts.begin(), local_timeouts.end());
+    return begin;
   }
 
-  // `statement` as text for a multi-statement query, with `literals` (quoted SQL literals) for
-  // its parameters: EXECUTE of the statement prepared on this connection (prepared now if it is
-  // not yet: a round trip, which the caller bounds with run_own()), or behind a transaction
-  // pooler the statement itself with the literals in place.
-  std::string text(pqxx::transaction_base& tx, Statement statement,
-                   const std::vector<std::string>& literals) const {
-    if (transaction_pooling()) return detail::bind_literals(sql[statement], literals);
+  // `statement` with `params` for a flight (BatchedTransaction): by the name it is prepared
+  // under on this connection (prepared now if it is not yet: a round trip, which the caller
+  // bounds with run_own()), or behind a transaction pooler its text, sent unnamed.
+  detail::PgFlightStatement flight(pqxx::transaction_base& tx, Statement statement,
+                                   detail::PgParams params) const {
+    if (transaction_pooling()) return {sql[statement], false, std::move(params)};
     prepare(tx, statement);
-    std::string call = std::string("EXECUTE ") + kStatementNames[statement] + "(";
-    for (std::size_t i = 0; i < literals.size(); ++i) call += (i == 0 ? "" : ", ") + literals[i];
-    return call + ")";
+    return {kStatementNames[statement], true, std::move(params)};
   }
 
   // Prepares `statement` on tx's connection unless it is already (libpqxx skips a repeat): a
@@ -391,9 +391,11 @@ struct PgSink::Impl {
 
   PgSinkOptions options;
   // The session settings of setup(), for one transaction (PgPooling::kTransaction).
-  std::string set_local_timeouts =
-      "SET LOCAL statement_timeout = " + std::to_string(options.statement_timeout.count()) +
-      "; SET LOCAL lock_timeout = " + std::to_string(options.lock_timeout.count());
+  // Behind a transaction pooler, what bounds every transaction of ours (session settings would
+  // not stay with it).
+  std::vector<std::string> local_timeouts{
+      "SET LOCAL statement_timeout = " + std::to_string(options.statement_timeout.count()),
+      "SET LOCAL lock_timeout = " + std::to_string(options.lock_timeout.count())};
   detail::SchemaNames names;
   std::array<std::string, kCount> sql;  // by Statement
   mutable detail::PgWatchdog watchdog;  // thread-safe; bounds exec() and commits
@@ -626,7 +628,7 @@ void PgTransaction::open(bool begin_now) {
   guarded([&] {
     pqxx::connection& conn = *held_->lease;
     impl.watchdog.run(conn.sock(), [&] {
-      held_->tx.emplace(conn, impl.begin_sql());
+      held_->tx.emplace(conn, impl.begin_statements());
       if (begin_now) held_->tx->begin_now();
     });
   });
@@ -641,20 +643,23 @@ SinkClaim PgTransaction::claim(std::string_view key, std::string_view request_id
   const std::string k(key);
   return guarded([&] {
     try {
-      const std::vector<std::string> literals{tx.quote(ns), tx.quote(k)};
-      const pqxx::result found = impl.run_own(tx, [&] {
+      const PgResultPtr found = impl.run_own(tx, [&] {
         // The statements' Prepares, on a connection's first use, are bounded with the send;
         // so is the record's, which record() then sends with COMMIT (no round trip of its own,
         // and no watch of its own on every call).
         impl.prepare(tx, kRecord);
-        return tx.send(impl.text(tx, kLockKey, literals) + "; " + impl.text(tx, kLookup, literals));
+        std::vector<PgFlightStatement> flight;
+        flight.push_back(impl.flight(tx, kLockKey, pg_params(ns, k)));
+        flight.push_back(impl.flight(tx, kLookup, pg_params(ns, k)));
+        return tx.send(std::move(flight));
       });
-      if (found.empty()) return SinkClaim{};
-      if (found[0][5].as<bool>()) {  // expired: the key is ours (we hold its lock)
+      if (PQntuples(found.get()) == 0) return SinkClaim{};
+      // Expired: the key is ours (we hold its lock).
+      if (std::string_view(PQgetvalue(found.get(), 0, 5)) == "t") {
         impl.exec(tx, kTakeOver, ns, k);
         return SinkClaim{};
       }
-      return PgSink::Impl::existing(found[0], request_id, fingerprint);
+      return existing_claim(found.get(), request_id, fingerprint);
     } catch (const pqxx::sql_error& error) {
       if (error.sqlstate() != kLockNotAvailable) throw;
       return PgSink::Impl::held_elsewhere();
@@ -668,16 +673,10 @@ void PgTransaction::record(std::string_view key, std::string_view request_id,
   const PgSink::Impl& impl = *sink_.impl_;
   validate_sink_claim(key, request_id);
   BatchedTransaction& tx = *held_->tx;
-  const double keep = to_ms(impl.retention_or_default(retention));
-  const bool capped = response.size() > impl.options.max_response_bytes;
-  const auto* bytes = reinterpret_cast<const unsigned char*>(response.data());
+  const std::chrono::milliseconds keep = impl.retention_or_default(retention);
   guarded([&] {
-    tx.at_commit(impl.text(tx, kRecord,
-                           {tx.quote(impl.options.ns), tx.quote(std::string(key)),
-                            tx.quote(std::string(request_id)), tx.quote(std::string(fingerprint)),
-                            capped ? std::string("NULL") : tx.quote_raw(bytes, response.size()),
-                            capped ? tx.quote(detail::sha256_hex(response)) : std::string("NULL"),
-                            std::to_string(static_cast<std::int64_t>(keep))}));
+    tx.at_commit(impl.flight(
+        tx, kRecord, record_params(impl.options, key, request_id, fingerprint, response, keep)));
   });
 }
 
@@ -759,6 +758,47 @@ SinkClaim existing_claim(StoredRow row, std::string_view request_id, std::string
   answer.response = std::move(row.response);
   if (row.response_sha256) answer.response_sha256 = std::move(*row.response_sha256);
   return answer;
+}
+
+SinkClaim existing_claim(const PGresult* lookup, std::string_view request_id,
+                         std::string_view fingerprint) {
+  StoredRow stored{PQgetvalue(lookup, 0, 0), PQgetvalue(lookup, 0, 1), PQgetvalue(lookup, 0, 2),
+                   bytea_value(lookup, 0, 3), std::nullopt};
+  if (PQgetisnull(lookup, 0, 4) == 0) stored.response_sha256 = PQgetvalue(lookup, 0, 4);
+  return existing_claim(std::move(stored), request_id, fingerprint);
+}
+
+std::string bytea_literal(std::string_view bytes) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string text = "\\x";
+  text.reserve(2 + 2 * bytes.size());
+  for (const char c : bytes) {
+    const auto byte = static_cast<unsigned char>(c);
+    text.push_back(kHex[byte >> 4]);
+    text.push_back(kHex[byte & 0x0F]);
+  }
+  return text;
+}
+
+std::optional<std::string> bytea_value(const PGresult* result, int row, int column) {
+  if (PQgetisnull(result, row, column) != 0) return std::nullopt;
+  std::size_t size = 0;
+  unsigned char* bytes = PQunescapeBytea(
+      reinterpret_cast<const unsigned char*>(PQgetvalue(result, row, column)), &size);
+  if (bytes == nullptr) throw PostgresError("idem: postgres: cannot decode a bytea value", false);
+  std::string value(reinterpret_cast<const char*>(bytes), size);
+  PQfreemem(bytes);
+  return value;
+}
+
+PgParams record_params(const PgSinkOptions& options, std::string_view key,
+                       std::string_view request_id, std::string_view fingerprint,
+                       std::string_view response, std::chrono::milliseconds retention) {
+  const bool capped = response.size() > options.max_response_bytes;
+  return pg_params(options.ns, key, request_id, fingerprint,
+                   capped ? std::nullopt : std::optional<std::string>(bytea_literal(response)),
+                   capped ? std::optional<std::string>(sha256_hex(response)) : std::nullopt,
+                   std::to_string(retention.count()));
 }
 
 }  // namespace detail

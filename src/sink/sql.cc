@@ -75,38 +75,6 @@ MigrationScript split_migrations(std::string_view sql) {
   return script;
 }
 
-std::string bind_literals(std::string_view sql, const std::vector<std::string>& literals) {
-  std::string out;
-  out.reserve(sql.size() + 64);
-  char quote = 0;  // the quote character of the string or identifier we are in, if any
-  for (std::size_t i = 0; i < sql.size(); ++i) {
-    const char c = sql[i];
-    if (quote != 0) {
-      if (c == quote) quote = 0;  // a doubled quote closes and reopens: the same text results
-      out += c;
-      continue;
-    }
-    if (c == '\'' || c == '"') {
-      quote = c;
-      out += c;
-      continue;
-    }
-    if (c != '$' || i + 1 >= sql.size() ||
-        std::isdigit(static_cast<unsigned char>(sql[i + 1])) == 0) {
-      out += c;
-      continue;
-    }
-    std::size_t number = 0;
-    const auto [end, ec] = std::from_chars(sql.data() + i + 1, sql.data() + sql.size(), number);
-    if (ec != std::errc() || number == 0 || number > literals.size()) {
-      throw Error("idem: postgres: statement parameter out of range: " + std::string(sql));
-    }
-    out += literals[number - 1];
-    i = static_cast<std::size_t>(end - sql.data()) - 1;
-  }
-  return out;
-}
-
 bool names_constraint(std::string_view message, const std::vector<std::string>& constraints) {
   const std::string_view primary = message.substr(0, message.find('\n'));
   const auto identifier_char = [](char c) {

@@ -41,13 +41,6 @@ struct MigrationScript {
 /// Splits `sql`. Throws idem::ConfigError when versions do not strictly increase.
 [[nodiscard]] MigrationScript split_migrations(std::string_view sql);
 
-/// `sql` with each parameter `$N` (N from 1) outside quoted strings and identifiers replaced by
-/// `literals[N - 1]`, which must already be SQL literals (quoted by the connection). For
-/// statements sent as text in a multi-statement query, where parameters cannot be bound.
-/// Throws idem::Error when `sql` names a parameter `literals` does not have.
-[[nodiscard]] std::string bind_literals(std::string_view sql,
-                                        const std::vector<std::string>& literals);
-
 /// True when the primary line of a server error `message` (its first line: the constraint name
 /// appears there in every locale, user data only in DETAIL) names one of `constraints` as a
 /// whole identifier.

@@ -4,6 +4,8 @@
 // caller's thread, libpq's pipeline mode on a loop). Defined in pg_sink.cc.
 #pragma once
 
+#include <libpq-fe.h>
+
 #include <chrono>
 #include <cstdint>
 #include <optional>
@@ -12,6 +14,7 @@
 
 #include "idem/pg_sink.h"
 #include "idem/sink.h"
+#include "pg/result.h"
 
 namespace idem::detail {
 
@@ -69,5 +72,23 @@ struct StoredRow {
 /// The answer to a claim of `request_id` with `fingerprint` that met the committed `row`.
 [[nodiscard]] SinkClaim existing_claim(StoredRow row, std::string_view request_id,
                                        std::string_view fingerprint);
+/// The same for the first row of a `lookup` result (text format, SinkStatements::lookup's
+/// columns); throws idem::PostgresError when its response cannot be decoded.
+[[nodiscard]] SinkClaim existing_claim(const PGresult* lookup, std::string_view request_id,
+                                       std::string_view fingerprint);
+
+/// `bytes` as PostgreSQL's text input of a bytea: "\x" and hex.
+[[nodiscard]] std::string bytea_literal(std::string_view bytes);
+/// A bytea column of a text-format result, decoded; nullopt for NULL. Throws
+/// idem::PostgresError when the value cannot be decoded.
+[[nodiscard]] std::optional<std::string> bytea_value(const PGresult* result, int row, int column);
+
+/// The parameters of SinkStatements::record: the completed record of `key`, its response as
+/// bytea (or, over options.max_response_bytes, NULL and the response's SHA-256), kept for
+/// `retention` (ms, > 0).
+[[nodiscard]] PgParams record_params(const PgSinkOptions& options, std::string_view key,
+                                     std::string_view request_id, std::string_view fingerprint,
+                                     std::string_view response,
+                                     std::chrono::milliseconds retention);
 
 }  // namespace idem::detail

@@ -35,6 +35,7 @@ struct Cost {
   std::size_t redis_round_trips = 0;
   std::map<std::string, long> statements;  // "BEGIN", "COMMIT", "ROLLBACK", "idem", "business"
   std::map<std::string, std::size_t> redis_commands;
+  std::map<char, std::size_t> pg_messages;  // PostgreSQL frontend messages by type
 
   [[nodiscard]] long count(const std::string& kind) const {
     const auto found = statements.find(kind);
@@ -174,6 +175,7 @@ class CallCounter {
     cost.pg_round_trips = pg_.round_trips();
     cost.redis_round_trips = redis_.round_trips();
     cost.redis_commands = redis_.commands();
+    cost.pg_messages = pg_.messages();
     pqxx::connection conn(admin_url_);
     pqxx::nontransaction tx(conn);
     const pqxx::result rows = tx.exec_params(
@@ -222,6 +224,9 @@ std::string describe(const Cost& cost) {
                      ", redis round trips " + std::to_string(cost.redis_round_trips) + ";";
   for (const auto& [kind, calls] : cost.statements)
     text += " " + kind + "=" + std::to_string(calls);
+  text += "; pg messages:";
+  for (const auto& [type, count] : cost.pg_messages)
+    text += std::string(" ") + type + "=" + std::to_string(count);
   text += "; redis:";
   for (const auto& [name, calls] : cost.redis_commands)
     text += " " + name + "=" + std::to_string(calls);
@@ -276,6 +281,11 @@ TEST_F(TransactionalCallTest, StatementsAndRoundTripsPerCallAreTheDocumentedOnes
   EXPECT_EQ(first.count("COMMIT"), 1) << describe(first);
   EXPECT_EQ(first.statements.size(), 4u) << describe(first);  // nothing else
   EXPECT_EQ(first.redis_round_trips, 2u) << describe(first);  // claim, complete
+  // Each round trip of idem's is one pipelined flight, its statements sent by the name they were
+  // prepared under: no simple query, and the only Parses are BEGIN's, COMMIT's and the
+  // handler's two unnamed statements (idem's lock, read and record are never parsed again).
+  EXPECT_EQ(first.pg_messages.count('Q'), 0u) << describe(first);
+  EXPECT_EQ(first.pg_messages.at('P'), 4u) << describe(first);
 
   counter.reset();
   const Outcome duplicate = dedup->run_transactional(request("r2", "o1"), refund("o1"));

@@ -75,18 +75,6 @@ TEST(PgSql, NamesConstraintMatchesWholeIdentifiersOnThePrimaryLineOnly) {
   EXPECT_FALSE(names_constraint("anything", {}));
 }
 
-TEST(PgSql, BindLiteralsFillsParametersOutsideQuotedTextOnly) {
-  EXPECT_EQ(
-      bind_literals("SELECT $1, $2, $10", {"'a'", "2", "3", "4", "5", "6", "7", "8", "9", "'ten'"}),
-      "SELECT 'a', 2, 'ten'");
-  // A table named "t$1" and the text '1 $2' stay as they are; so does a lone $.
-  EXPECT_EQ(bind_literals(R"(INSERT INTO "s"."t$1" VALUES ($1, '1 $2', 'it''s $1') -- $)",
-                          {"'x'", "'y'"}),
-            R"(INSERT INTO "s"."t$1" VALUES ('x', '1 $2', 'it''s $1') -- $)");
-  EXPECT_THROW((void)bind_literals("SELECT $3", {"1", "2"}), Error);
-  EXPECT_THROW((void)bind_literals("SELECT $0", {"1"}), Error);
-}
-
 TEST(PgSql, MigrateHintOnlyForAMissingTableOrColumn) {
   EXPECT_NE(migrate_hint("42P01").find("migrate()"), std::string_view::npos);
   EXPECT_NE(migrate_hint("42703").find("idemctl migrate"), std::string_view::npos);

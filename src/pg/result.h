@@ -1,0 +1,35 @@
+// libpq results and statement parameters, as both PostgreSQL transports use them: the loop's
+// PgAsyncConnection and the blocking sink's pipelined flights (src/pg/flight.h).
+#pragma once
+
+#include <libpq-fe.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace idem::detail {
+
+struct PgResultDeleter {
+  void operator()(PGresult* result) const noexcept { PQclear(result); }
+};
+/// Owns one libpq result.
+using PgResultPtr = std::unique_ptr<PGresult, PgResultDeleter>;
+
+/// Parameters of a statement: text format, nullopt is SQL NULL.
+using PgParams = std::vector<std::optional<std::string>>;
+
+/// PgParams of `values` (std::string, std::string_view, std::optional<std::string> or
+/// std::nullopt), each moved or copied in once: a braced list would copy every string twice
+/// (an initializer_list's elements are const).
+template <typename... Values>
+[[nodiscard]] PgParams pg_params(Values&&... values) {
+  PgParams params;
+  params.reserve(sizeof...(Values));
+  (params.emplace_back(std::forward<Values>(values)), ...);
+  return params;
+}
+
+}  // namespace idem::detail
