@@ -661,22 +661,36 @@ struct LedgerCounts {
   std::int64_t orders = 0;
 };
 
-// Counted from the ledger; asked again (up to 30 s) while PostgreSQL restarts (--chaos).
-LedgerCounts ledger_counts(const Settings& s) {
+// read(tx) in a transaction of its own, run again (up to 30 s) while PostgreSQL restarts or
+// fails over (--chaos strikes while the main phase ends).
+template <typename Read>
+auto read_ledger(const Settings& s, Read&& read) {
   const auto give_up = Clock::now() + std::chrono::seconds(30);
   for (;;) {
     try {
       pqxx::connection conn(s.pg_url);
       pqxx::work tx(conn);
-      const pqxx::row ledger =
-          tx.exec1(std::string("SELECT count(*), count(DISTINCT order_id) FROM ") + s.schema +
-                   ".refund_records");
-      return {ledger[0].as<std::int64_t>(), ledger[1].as<std::int64_t>()};
-    } catch (const pqxx::broken_connection&) {
-      if (Clock::now() > give_up) throw;
+      return read(tx);
+    } catch (const pqxx::failure& error) {
+      // The connection lost, or the server shutting down or starting up (57P01-57P03: a fast
+      // shutdown ends a session's statement with 57P01).
+      const auto* sql = dynamic_cast<const pqxx::sql_error*>(&error);
+      const bool restarting = sql != nullptr
+                                  ? sql->sqlstate().starts_with("57P0")
+                                  : dynamic_cast<const pqxx::broken_connection*>(&error) != nullptr;
+      if (!restarting || Clock::now() > give_up) throw;
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
   }
+}
+
+LedgerCounts ledger_counts(const Settings& s) {
+  return read_ledger(s, [&](pqxx::work& tx) {
+    const pqxx::row ledger =
+        tx.exec1(std::string("SELECT count(*), count(DISTINCT order_id) FROM ") + s.schema +
+                 ".refund_records");
+    return LedgerCounts{ledger[0].as<std::int64_t>(), ledger[1].as<std::int64_t>()};
+  });
 }
 
 // An order the ledger booked more than once.
@@ -689,17 +703,18 @@ struct DoubledOrder {
 };
 
 std::vector<DoubledOrder> doubled_orders(const Settings& s) {
-  pqxx::connection conn(s.pg_url);
-  pqxx::work tx(conn);
-  std::vector<DoubledOrder> orders;
-  for (const pqxx::row& row :
-       tx.exec(std::string("SELECT order_id, count(*), string_agg(request_id, ',' ORDER BY id), "
-                           "min(created_at)::text, max(created_at)::text FROM ") +
-               s.schema + ".refund_records GROUP BY order_id HAVING count(*) > 1 ORDER BY 4")) {
-    orders.push_back({row[0].as<std::string>(), row[1].as<std::int64_t>(), row[2].as<std::string>(),
-                      row[3].as<std::string>(), row[4].as<std::string>()});
-  }
-  return orders;
+  return read_ledger(s, [&](pqxx::work& tx) {
+    std::vector<DoubledOrder> orders;
+    for (const pqxx::row& row :
+         tx.exec(std::string("SELECT order_id, count(*), string_agg(request_id, ',' ORDER BY id), "
+                             "min(created_at)::text, max(created_at)::text FROM ") +
+                 s.schema + ".refund_records GROUP BY order_id HAVING count(*) > 1 ORDER BY 4")) {
+      orders.push_back({row[0].as<std::string>(), row[1].as<std::int64_t>(),
+                        row[2].as<std::string>(), row[3].as<std::string>(),
+                        row[4].as<std::string>()});
+    }
+    return orders;
+  });
 }
 
 // Of the main phase's doubled orders (`doubled`, read when it ended: --chaos strikes then),
@@ -780,6 +795,19 @@ ConfigResult run_config(const Settings& s, const std::string& config, const std:
       result.chaos.push_back(storm::run_chaos(backend, std::getenv(variable), delivered));
     }
   });
+  // However the run ends (an error too: main reports it), both threads are stopped and joined
+  // first; a joinable std::thread left behind would end the process with std::terminate.
+  struct StopsThreads {
+    std::atomic<bool>& done;
+    std::thread& progress;
+    std::thread& chaos;
+    void operator()() {
+      done = true;
+      if (progress.joinable()) progress.join();
+      if (chaos.joinable()) chaos.join();
+    }
+    ~StopsThreads() { (*this)(); }
+  } stop_threads{done, progress, chaos};
   const auto start = Clock::now();
   deliver_all(workload.deliveries);
   const auto main_end = Clock::now();
@@ -790,9 +818,7 @@ ConfigResult run_config(const Settings& s, const std::string& config, const std:
   // Late redeliveries arrive after every record of the main phase has outlived its retention.
   std::this_thread::sleep_for(s.retention + std::chrono::milliseconds(500));
   deliver_all(workload.late_deliveries);
-  done = true;
-  progress.join();
-  chaos.join();
+  stop_threads();
   log->attribute(result.chaos, main_end);
   std::cerr << "\r[" << label << "] " << result.deliveries << " deliveries in " << main_seconds
             << " s (+ late redeliveries after the retention)\n";
