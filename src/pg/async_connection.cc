@@ -18,12 +18,6 @@ std::exception_ptr lost(const std::string& message) {
   return std::make_exception_ptr(connection_error(message));
 }
 
-std::string trimmed(const char* message) {
-  std::string text = message != nullptr ? message : "";
-  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
-  return text;
-}
-
 std::exception_ptr cancelled() {
   return std::make_exception_ptr(Cancelled("idem: postgres statement cancelled"));
 }
@@ -105,7 +99,7 @@ void PgAsyncConnection::connect() {
   conn_ = PQconnectStart(settings_.conninfo.c_str());
   if (conn_ == nullptr) return fail(lost("cannot allocate a connection"));
   if (PQstatus(conn_) == CONNECTION_BAD)
-    return fail(lost("connect: " + trimmed(PQerrorMessage(conn_))));
+    return fail(lost("connect: " + pq_message(PQerrorMessage(conn_))));
   if (PQsetnonblocking(conn_, 1) != 0) return fail(lost("connect: cannot set non-blocking mode"));
   state_ = State::kConnecting;
   connect_timer_.expires_after(settings_.connect_timeout);
@@ -138,7 +132,7 @@ void PgAsyncConnection::poll_connect() {
       ++connects_;
       connect_timer_.cancel();
       if (PQenterPipelineMode(conn_) != 1)
-        return fail(lost("cannot enter pipeline mode: " + trimmed(PQerrorMessage(conn_))));
+        return fail(lost("cannot enter pipeline mode: " + pq_message(PQerrorMessage(conn_))));
       for (auto it = settings_.setup.rbegin(); it != settings_.setup.rend(); ++it) {
         Pending& entry = pending_.emplace_front();  // no op: the result is dropped
         entry.owner = this;
@@ -149,7 +143,7 @@ void PgAsyncConnection::poll_connect() {
       }
       return send_unsent();
     default:
-      return fail(lost("connect: " + trimmed(PQerrorMessage(conn_))));
+      return fail(lost("connect: " + pq_message(PQerrorMessage(conn_))));
   }
 }
 
@@ -171,12 +165,12 @@ void PgAsyncConnection::wait(bool for_write) {
 void PgAsyncConnection::on_ready() {
   if (state_ == State::kConnecting) return poll_connect();
   if (state_ != State::kReady) return;
-  if (PQconsumeInput(conn_) != 1) return fail(lost(trimmed(PQerrorMessage(conn_))));
+  if (PQconsumeInput(conn_) != 1) return fail(lost(pq_message(PQerrorMessage(conn_))));
   const std::uint64_t generation = generation_;
   if (!read_results() || generation != generation_) return;
   if (flush_pending_) {
     const int flushed = PQflush(conn_);
-    if (flushed < 0) return fail(lost(trimmed(PQerrorMessage(conn_))));
+    if (flushed < 0) return fail(lost(pq_message(PQerrorMessage(conn_))));
     flush_pending_ = flushed == 1;
     if (flush_pending_) wait(true);
   }
@@ -203,13 +197,13 @@ void PgAsyncConnection::send_unsent() {
     values_.clear();
     for (const auto& param : entry.params) values_.push_back(param ? param->c_str() : nullptr);
     if (!send(entry, values_) || (entry.synced && PQpipelineSync(conn_) != 1)) {
-      return fail(lost("send: " + trimmed(PQerrorMessage(conn_))));
+      return fail(lost("send: " + pq_message(PQerrorMessage(conn_))));
     }
     entry.sent = true;
   }
   if (corked) set_cork(false);
   const int flushed = PQflush(conn_);
-  if (flushed < 0) return fail(lost("send: " + trimmed(PQerrorMessage(conn_))));
+  if (flushed < 0) return fail(lost("send: " + pq_message(PQerrorMessage(conn_))));
   flush_pending_ = flushed == 1;
   if (flush_pending_) wait(true);
   wait(false);
@@ -307,7 +301,7 @@ void PgAsyncConnection::finish_front(PgResultPtr result) {
       error = cancelled();
     } else {
       error = std::make_exception_ptr(
-          server_error(trimmed(PQresultErrorMessage(result.get())), sqlstate));
+          server_error(pq_message(PQresultErrorMessage(result.get())), sqlstate));
     }
     result.reset();
   }

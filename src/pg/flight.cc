@@ -1,18 +1,12 @@
 #include "pg/flight.h"
 
 #include <pqxx/except>
-#include <string_view>
 
 namespace idem::detail {
 namespace {
 
-std::string trimmed(std::string_view text) {
-  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.remove_suffix(1);
-  return std::string(text);
-}
-
 [[noreturn]] void throw_lost(PGconn* conn) {
-  throw pqxx::broken_connection("idem: postgres: " + trimmed(PQerrorMessage(conn)));
+  throw pqxx::broken_connection("idem: postgres: " + pq_message(PQerrorMessage(conn)));
 }
 
 bool send(PGconn* conn, const PgFlightStatement& statement, std::vector<const char*>& values) {
@@ -60,7 +54,7 @@ PgResultPtr run_flight(PGconn* conn, const std::vector<PgFlightStatement>& state
   if (PQexitPipelineMode(conn) != 1) throw_lost(conn);
   if (failed != nullptr) {
     const char* sqlstate = PQresultErrorField(failed.get(), PG_DIAG_SQLSTATE);
-    throw pqxx::sql_error(trimmed(PQresultErrorMessage(failed.get())), "",
+    throw pqxx::sql_error(pq_message(PQresultErrorMessage(failed.get())), "",
                           sqlstate != nullptr ? sqlstate : "");
   }
   return last;

@@ -18,6 +18,14 @@ struct PgResultDeleter {
 /// Owns one libpq result.
 using PgResultPtr = std::unique_ptr<PGresult, PgResultDeleter>;
 
+/// A libpq message (PQerrorMessage, PQresultErrorMessage) without its trailing newline and
+/// spaces; "" for nullptr.
+[[nodiscard]] inline std::string pq_message(const char* message) {
+  std::string text = message != nullptr ? message : "";
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+  return text;
+}
+
 /// Parameters of a statement: text format, nullopt is SQL NULL.
 using PgParams = std::vector<std::optional<std::string>>;
 
