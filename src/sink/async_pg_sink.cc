@@ -254,11 +254,7 @@ asio::awaitable<SinkClaim> AsyncPgSink::claim(std::string_view key, std::string_
 asio::awaitable<bool> AsyncPgSink::complete(std::string_view key, std::string_view owner,
                                             std::string_view response,
                                             std::chrono::milliseconds retention) {
-  if (retention.count() < 0) throw ConfigError("idem: a sink retention must not be negative");
-  const std::chrono::milliseconds keep =
-      retention.count() > 0
-          ? retention
-          : std::chrono::duration_cast<std::chrono::milliseconds>(options_.retention);
+  const std::chrono::milliseconds keep = sink_retention(options_, retention);
   const bool capped = response.size() > options_.max_response_bytes;
   PgParams params = pg_params(
       options_.ns, key, capped ? std::nullopt : std::optional<std::string>(bytea_literal(response)),
@@ -378,13 +374,10 @@ void AsyncPgTransaction::record(std::string_view key, std::string_view request_i
                                 std::string_view fingerprint, std::string_view response,
                                 std::chrono::milliseconds retention) {
   validate_sink_claim(key, request_id);
-  if (retention.count() < 0) throw ConfigError("idem: a sink retention must not be negative");
   const PgSinkOptions& o = sink_.options_;
-  const std::chrono::milliseconds keep =
-      retention.count() > 0 ? retention
-                            : std::chrono::duration_cast<std::chrono::milliseconds>(o.retention);
-  staged_.emplace_back(prepared(Prepared::kRecord),
-                       record_params(o, key, request_id, fingerprint, response, keep));
+  staged_.emplace_back(
+      prepared(Prepared::kRecord),
+      record_params(o, key, request_id, fingerprint, response, sink_retention(o, retention)));
 }
 
 asio::awaitable<void> AsyncPgTransaction::commit() {

@@ -363,19 +363,12 @@ struct PgSink::Impl {
     return detail::existing_claim(std::move(stored), request_id, fingerprint);
   }
 
-  // `retention`, or the configured one when it is 0.
-  std::chrono::milliseconds retention_or_default(std::chrono::milliseconds retention) const {
-    if (retention.count() < 0) throw ConfigError("idem: a sink retention must not be negative");
-    if (retention.count() > 0) return retention;
-    return std::chrono::duration_cast<std::chrono::milliseconds>(options.retention);
-  }
-
   // Runs the complete statement; `owner` is the request ID in non-transactional mode.
   bool complete(pqxx::transaction_base& tx, std::string_view key, std::string_view response,
                 const std::optional<std::string>& owner,
                 std::chrono::milliseconds retention) const {
     const std::string k(key);
-    const double keep = to_ms(retention_or_default(retention));
+    const double keep = to_ms(detail::sink_retention(options, retention));
     const auto run = [&](const auto& body, const auto& sha) {
       const pqxx::result updated =
           owner ? exec(tx, kComplete, options.ns, k, body, sha, keep, *owner)
@@ -469,7 +462,8 @@ SinkClaim PgSink::claim(pqxx::transaction_base& tx, std::string_view key,
                         std::chrono::milliseconds retention) {
   // The row commits only with the business write, so it is as good as done: keep it for the
   // whole retention even if complete() is never called.
-  return impl_->claim(tx, key, request_id, fingerprint, impl_->retention_or_default(retention));
+  return impl_->claim(tx, key, request_id, fingerprint,
+                      detail::sink_retention(impl_->options, retention));
 }
 
 void PgSink::complete(pqxx::transaction_base& tx, std::string_view key, std::string_view response,
@@ -673,7 +667,7 @@ void PgTransaction::record(std::string_view key, std::string_view request_id,
   const PgSink::Impl& impl = *sink_.impl_;
   validate_sink_claim(key, request_id);
   BatchedTransaction& tx = *held_->tx;
-  const std::chrono::milliseconds keep = impl.retention_or_default(retention);
+  const std::chrono::milliseconds keep = detail::sink_retention(impl.options, retention);
   guarded([&] {
     tx.at_commit(impl.flight(
         tx, kRecord, record_params(impl.options, key, request_id, fingerprint, response, keep)));
@@ -738,6 +732,14 @@ std::chrono::milliseconds sink_lease(const PgSinkOptions& options,
   if (lease.count() < 0) throw ConfigError("idem: a sink lease must not be negative");
   return lease.count() > 0 ? lease
                            : std::chrono::duration_cast<std::chrono::milliseconds>(options.lease);
+}
+
+std::chrono::milliseconds sink_retention(const PgSinkOptions& options,
+                                         std::chrono::milliseconds retention) {
+  if (retention.count() < 0) throw ConfigError("idem: a sink retention must not be negative");
+  return retention.count() > 0
+             ? retention
+             : std::chrono::duration_cast<std::chrono::milliseconds>(options.retention);
 }
 
 SinkStatements sink_statements(const PgSinkOptions& options) {

@@ -26,6 +26,11 @@ void validate_sink_options(const PgSinkOptions& options);
 [[nodiscard]] std::chrono::milliseconds sink_lease(const PgSinkOptions& options,
                                                    std::chrono::milliseconds lease);
 
+/// How long a completed record is kept: `retention`, or the configured one when 0 (< 0:
+/// idem::ConfigError).
+[[nodiscard]] std::chrono::milliseconds sink_retention(const PgSinkOptions& options,
+                                                       std::chrono::milliseconds retention);
+
 /// The text of PgSink's statements for the records table of `options` (parameters as PgSink
 /// binds them: $1 ns, $2 key, ...).
 struct SinkStatements {

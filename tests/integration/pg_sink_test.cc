@@ -216,6 +216,26 @@ TEST_F(PgSinkTest, NonTransactionalClaimCompleteAndRelease) {
   EXPECT_EQ(after.response, std::optional<std::string>("done"));
 }
 
+TEST_F(PgSinkTest, ANegativeRetentionIsAConfigErrorAndLeavesTheClaimAsItWas) {
+  constexpr std::chrono::milliseconds kNegative(-1);
+  ASSERT_EQ(sink_->claim("k7", "req-a", "fp").status, SinkStatus::kClaimed);
+  EXPECT_THROW((void)sink_->complete("k7", "req-a", "done", kNegative), ConfigError);
+  EXPECT_THROW(sink_->transact([&](pqxx::transaction_base& tx) {
+    (void)sink_->claim(tx, "k8", "req-a", "fp", kNegative);
+  }),
+               ConfigError);
+  EXPECT_THROW(sink_->transact([&](pqxx::transaction_base& tx) {
+    ASSERT_EQ(sink_->claim(tx, "k9", "req-a", "fp").status, SinkStatus::kClaimed);
+    sink_->complete(tx, "k9", "done", kNegative);
+  }),
+               ConfigError);
+  EXPECT_EQ(record_rows(), 1);  // k7's claim, still in progress and the request's own
+  const SinkClaim k7 = sink_->claim("k7", "req-a", "fp");
+  EXPECT_EQ(k7.state, RecordState::kInProgress);
+  EXPECT_TRUE(k7.same_request);
+  EXPECT_TRUE(sink_->complete("k7", "req-a", "done"));
+}
+
 TEST_F(PgSinkTest, AnExpiredRowIsTakenOverAndPurgedInBatches) {
   for (int i = 0; i < 5; ++i)
     ASSERT_EQ(sink_->claim("e" + std::to_string(i), "r", "").status, SinkStatus::kClaimed);
