@@ -30,11 +30,14 @@ using std::chrono::seconds;
 #ifdef IDEM_WEBHOOK_ASYNC
 // ctest names the tests by suite: keep them apart.
 #define HttpWebhookTest AsyncHttpWebhookTest
+#define HttpWebhookSlowHandlerTest AsyncHttpWebhookSlowHandlerTest
 #define HttpWebhookPgConnections AsyncHttpWebhookPgConnections
 #define HttpWebhookReplayMarker AsyncHttpWebhookReplayMarker
 #endif
 
-constexpr int kHandlerDelayMs = 3000;  // each refund holds its claim this long (a slow gateway)
+// The slow handler's refunds hold their claim this long (a slow gateway), so that repeats arrive
+// while the first runs.
+constexpr int kSlowHandlerDelayMs = 3000;
 
 struct Reply {
   int status = 0;
@@ -64,10 +67,12 @@ httplib::Headers key_header(const std::string& key) {
   return {{"Idempotency-Key", "\"" + key + "\""}};
 }
 
-class HttpWebhookTest : public ::testing::Test {
+// One server per suite, whose refunds each take kDelayMs.
+template <int kDelayMs>
+class WebhookServerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    server_.start({IDEM_HTTP_WEBHOOK_BIN, "--handler-delay-ms", std::to_string(kHandlerDelayMs)},
+    server_.start({IDEM_HTTP_WEBHOOK_BIN, "--handler-delay-ms", std::to_string(kDelayMs)},
                   "webhook");
   }
 
@@ -110,7 +115,10 @@ class HttpWebhookTest : public ::testing::Test {
   static inline ExampleServer server_;
 };
 
-TEST_F(HttpWebhookTest, ConcurrentIdenticalRequestsBookOneRefund) {
+class HttpWebhookTest : public WebhookServerTest<0> {};
+class HttpWebhookSlowHandlerTest : public WebhookServerTest<kSlowHandlerDelayMs> {};
+
+TEST_F(HttpWebhookSlowHandlerTest, ConcurrentIdenticalRequestsBookOneRefund) {
   constexpr int kClients = 12;
   std::vector<Reply> replies(kClients);
   std::vector<std::thread> clients;
@@ -147,10 +155,10 @@ TEST_F(HttpWebhookTest, ConcurrentIdenticalRequestsBookOneRefund) {
 
 #ifdef IDEM_WEBHOOK_ASYNC
 // The async server on its one thread: 24 orders, each sent three times at once (a client's
-// retries), every refund waiting kHandlerDelayMs in its transaction. One at a time that would be
-// 72 s, far past the client's 10 s read timeout; on the loop (and 32 PostgreSQL connections) each
-// order books once, every other request gets 409 or the replay, and no request fails.
-TEST_F(HttpWebhookTest, ManyOrdersInFlightOnOneThreadEachBooksOnce) {
+// retries), every refund waiting kSlowHandlerDelayMs in its transaction. One at a time that would
+// be 72 s, far past the client's 10 s read timeout; on the loop (and 32 PostgreSQL connections)
+// each order books once, every other request gets 409 or the replay, and no request fails.
+TEST_F(HttpWebhookSlowHandlerTest, ManyOrdersInFlightOnOneThreadEachBooksOnce) {
   constexpr int kOrders = 24;
   constexpr int kCopies = 3;
   std::vector<Reply> replies(kOrders * kCopies);
@@ -207,10 +215,10 @@ TEST_F(HttpWebhookTest, ReusedKeyWithAnotherPayloadIs422) {
             100);
 }
 
-TEST_F(HttpWebhookTest, RepeatWhileTheFirstRunsIs409) {
+TEST_F(HttpWebhookSlowHandlerTest, RepeatWhileTheFirstRunsIs409) {
   Reply first;
   std::thread a([&] { first = refund("key-inflight", "o-4", 4, 100); });
-  // Once the claim is visible in Redis the first request holds it for kHandlerDelayMs.
+  // Once the claim is visible in Redis the first request holds it for kSlowHandlerDelayMs.
   const auto deadline = std::chrono::steady_clock::now() + seconds(5);
   while (!claimed("o-4")) {
     ASSERT_LT(std::chrono::steady_clock::now(), deadline)
