@@ -2,11 +2,14 @@
 # Proves idem is adoptable: installs it (static, then shared) and builds tests/package/consumer
 # against it with find_package(idem) and with pkg-config; each consumer runs. (add_subdirectory
 # and FetchContent consumers are ctest tests: Package.Consumer.*.)
-# Usage: tests/package/run.sh [WORK_DIR] (default: build-package/ in the source tree).
+# Usage: tests/package/run.sh [WORK_DIR] [STATIC_BUILD_DIR] (WORK_DIR default: build-package/ in
+# the source tree). STATIC_BUILD_DIR: a configured and built static build of idem (CI passes the
+# release stage's) installed as it is instead of building the static library once more.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 WORK="${1:-$ROOT/build-package}"
+STATIC_BUILD="${2:-}"
 CONSUMER="$ROOT/tests/package/consumer"
 JOBS="$(nproc)"
 rm -rf "$WORK"
@@ -33,8 +36,16 @@ build_consumer() {
 
 pc_libdir() { dirname "$(find "$WORK/$1" -name idem.pc -print -quit)"; }
 
-say "static library: install"
-install_idem static
+if [[ -n "$STATIC_BUILD" ]]; then
+  grep -q '^IDEM_INSTALL:BOOL=ON$' "$STATIC_BUILD/CMakeCache.txt" &&
+    ! grep -q '^BUILD_SHARED_LIBS:BOOL=ON$' "$STATIC_BUILD/CMakeCache.txt" ||
+    { say "$STATIC_BUILD is not a static build of idem with install rules"; exit 1; }
+  say "static library: install from $STATIC_BUILD"
+  cmake --install "$STATIC_BUILD" --prefix "$WORK/static" >/dev/null
+else
+  say "static library: install"
+  install_idem static
+fi
 say "static library: the installed idemctl runs"
 "$WORK/static/bin/idemctl" --help >/dev/null
 say "static library: find_package(idem)"
