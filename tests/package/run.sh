@@ -37,9 +37,11 @@ build_consumer() {
 pc_libdir() { dirname "$(find "$WORK/$1" -name idem.pc -print -quit)"; }
 
 if [[ -n "$STATIC_BUILD" ]]; then
-  grep -q '^IDEM_INSTALL:BOOL=ON$' "$STATIC_BUILD/CMakeCache.txt" &&
-    ! grep -q '^BUILD_SHARED_LIBS:BOOL=ON$' "$STATIC_BUILD/CMakeCache.txt" ||
-    { say "$STATIC_BUILD is not a static build of idem with install rules"; exit 1; }
+  if ! grep -q '^IDEM_INSTALL:BOOL=ON$' "$STATIC_BUILD/CMakeCache.txt" ||
+    grep -q '^BUILD_SHARED_LIBS:BOOL=ON$' "$STATIC_BUILD/CMakeCache.txt"; then
+    say "$STATIC_BUILD is not a static build of idem with install rules"
+    exit 1
+  fi
   say "static library: install from $STATIC_BUILD"
   cmake --install "$STATIC_BUILD" --prefix "$WORK/static" >/dev/null
 else
