@@ -208,10 +208,8 @@ struct PgSink::Impl {
     } catch (const pqxx::sql_error& error) {
       const std::string_view hint = detail::migrate_hint(error.sqlstate());
       if (hint.empty()) throw;
-      std::string message = error.what();
-      while (!message.empty() && (message.back() == '\n' || message.back() == ' '))
-        message.pop_back();
-      throw pqxx::sql_error(message.append(hint), error.query(), error.sqlstate().c_str());
+      throw pqxx::sql_error(detail::pq_message(error.what()).append(hint), error.query(),
+                            error.sqlstate().c_str());
     }
   }
 
