@@ -120,7 +120,7 @@ class IDEM_EXPORT AsyncResult {
 /// The call's own transaction on the loop, given to a run_transactional() handler: BEGIN was
 /// sent by the driver (with the claim's advisory lock and read, in one round trip), COMMIT
 /// follows the handler (with idem's record, in one round trip). Valid only while the handler
-/// runs, on the deduplicator's executor; one statement at a time (await each before the next).
+/// runs, on the deduplicator's executor; one exec() at a time (await each before the next).
 class IDEM_EXPORT AsyncTransaction {
  public:
   /// Made by the driver for each call; handlers only receive it.
@@ -144,6 +144,21 @@ class IDEM_EXPORT AsyncTransaction {
   /// initializer").
   asio::awaitable<AsyncResult> exec(std::string sql,
                                     std::vector<std::optional<std::string>> params = {});
+
+  /// Queues one statement whose result the handler does not need (an INSERT, an UPDATE) to go
+  /// in the transaction's next round trip instead of one of its own: ahead of the next exec(),
+  /// or, when none follows, with idem's record and COMMIT once the handler returns (a handler
+  /// that stages its writes costs its call one round trip to PostgreSQL fewer than with
+  /// exec(): docs/pg_sink.md, "What a call costs"). Parameters and preparation as exec().
+  /// Staged statements run in the order they were queued, each after everything sent before
+  /// it. Its failure is reported by what it went with: the next exec() throws it (and the
+  /// transaction is aborted), or, sent with COMMIT, nothing of the call commits and the call
+  /// ends as if the handler had thrown it (idem::PostgresError, the claim released; a unique
+  /// violation of one of PgSinkOptions::business_constraints makes the call a kDuplicate).
+  /// Sent with COMMIT, it is not cut short by a cancellation or the deadline (nothing after a
+  /// returned handler is). A handler that throws drops what it staged. Never blocks or awaits;
+  /// throws idem::PostgresError (retryable, 08006) when the transaction's connection was lost.
+  void stage(std::string sql, std::vector<std::optional<std::string>> params = {});
 
  private:
   detail::AsyncPgTransaction* tx_;

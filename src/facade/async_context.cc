@@ -49,6 +49,10 @@ asio::awaitable<AsyncResult> AsyncTransaction::exec(
       std::make_shared<const AsyncResult::Data>(AsyncResult::Data{std::move(result)}));
 }
 
+void AsyncTransaction::stage(std::string sql, std::vector<std::optional<std::string>> params) {
+  tx_->stage(std::move(sql), std::move(params));
+}
+
 // ---- AsyncContext ---------------------------------------------------------------------------
 
 std::string_view AsyncContext::request_id() const noexcept {

@@ -298,7 +298,17 @@ asio::awaitable<StepResult> AsyncCall::perform(const Step& step) {
             std::make_exception_ptr(Error("idem: internal: a step the async driver lacks")));
     }
   } catch (...) {
-    if (step.kind == StepKind::kCommit) tx_.reset();  // ended, whatever it answered
+    if (step.kind == StepKind::kCommit) {
+      // A business constraint that fired with COMMIT makes the call a duplicate.
+      const bool duplicate = tx_ != nullptr && tx_->business_duplicate(std::current_exception());
+      const bool handlers = tx_ != nullptr && tx_->handler_statement_failed();
+      tx_.reset();  // ended, whatever it answered
+      if (duplicate) co_return BusinessDuplicate{};
+      // A statement the handler staged failed: the handler's failure, not the sink's.
+      StepError error = classify_current();
+      if (handlers) error.kind = ErrorKind::kOther;
+      co_return error;
+    }
     co_return classify_current();
   }
 }

@@ -24,6 +24,7 @@
 #include "idem/request_id.h"
 #include "pg/cancel.h"
 #include "sink/pg_transaction.h"
+#include "sink/sql.h"
 
 namespace idem {
 
@@ -234,7 +235,15 @@ detail::StepResult BlockingCall::perform(const detail::Step& step, const Handler
   try {
     return perform_io(step, handler);
   } catch (...) {
-    if (step.kind == detail::StepKind::kCommit) tx_.reset();  // ended, whatever it answered
+    if (step.kind == detail::StepKind::kCommit) {
+      tx_.reset();  // ended, whatever it answered
+      // A business constraint that fired with COMMIT (a deferred one) makes the call a
+      // duplicate.
+      if (detail::business_duplicate(std::current_exception(),
+                                     shared_.pg->options().business_constraints)) {
+        return detail::BusinessDuplicate{};
+      }
+    }
     return detail::classify_current();
   }
 }

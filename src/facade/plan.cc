@@ -188,14 +188,17 @@ void CallPlan::take(Response&& response) {
 }
 
 void CallPlan::take(BusinessDuplicate) {
-  if (state_ != State::kRunHandler || !transactional()) {
-    return internal_error("a business duplicate out of a transactional kRunHandler");
+  const bool at_commit = state_ == State::kCommit;
+  if ((state_ != State::kRunHandler && !at_commit) || !transactional()) {
+    return internal_error("a business duplicate out of a transactional kRunHandler or kCommit");
   }
   // A UNIQUE constraint of the caller's own tables says the effect already exists: a
-  // duplicate, with no response to replay; nothing of this call commits.
+  // duplicate, with no response to replay; nothing of this call commits. Raised by a handler's
+  // statement, the transaction is rolled back; with COMMIT, it is over already.
   handler_returned_ = true;
   renewing_ = false;
   outcome_ = decide_repeat(Layer::kPgSink, RecordState::kCompleted, true, std::nullopt);
+  if (at_commit) return conclude(std::move(outcome_));
   go(State::kRollback);
 }
 

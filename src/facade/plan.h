@@ -96,7 +96,9 @@ enum class StepKind {
   kSinkComplete,   ///< Complete key with value, kept for ttl: in the open transaction (staged
                    ///< for COMMIT) → Done, or on its own for owner_token (kRun) → Completed
                    ///< (false: the row was no longer this attempt's).
-  kCommit,         ///< Commit the open transaction → Done.
+  kCommit,         ///< Commit the open transaction → Done, or BusinessDuplicate when a
+                   ///< business constraint of the sink fired with it (a deferred constraint,
+                   ///< a statement the handler staged): the transaction is over either way.
   kRollback,       ///< Roll the open transaction back → Done (a failure changes nothing).
   kSinkRelease,    ///< Sink::release(key, owner_token) → Done.
   kWait,           ///< Wake at `at`, or at once when the call is stopped or past its
@@ -166,7 +168,8 @@ struct Completed {  ///< kGuardComplete: whether this call still owned the claim
 struct Response {  ///< kRunHandler: the handler returned this response.
   std::string text;
 };
-struct BusinessDuplicate {};  ///< kRunHandler (transactional): a business constraint fired.
+/// kRunHandler or kCommit (transactional): a business constraint fired.
+struct BusinessDuplicate {};
 
 /// The result of the step performed, or how it failed.
 using StepResult = std::variant<Started, Done, CacheEntry, ClaimResult, Completed, SinkClaim,

@@ -353,21 +353,35 @@ asio::awaitable<SinkClaim> AsyncPgTransaction::claim(std::string_view key,
   co_return existing_claim(row, request_id, fingerprint);
 }
 
+template <typename Token>
+asio::awaitable<PgResultPtr> AsyncPgTransaction::send(PgStatement statement, PgParams params,
+                                                      Token token) {
+  if (!pending_begin_ && staged_.empty()) {
+    co_return co_await connection_->exec(std::move(statement), std::move(params), token);
+  }
+  Batch batch = std::move(staged_);
+  staged_.clear();
+  handler_staged_ = 0;
+  if (pending_begin_) batch.insert(batch.begin(), {prepared(Prepared::kBegin), PgParams{}});
+  pending_begin_ = false;
+  batch.emplace_back(std::move(statement), std::move(params));
+  BatchEnds ends = co_await exec_batch(connection_, std::move(batch), token);
+  for (std::size_t i = 0; i < ends.size(); ++i) rethrow_end(ends, i);
+  co_return std::move(ends.back().second);
+}
+
 asio::awaitable<PgResultPtr> AsyncPgTransaction::exec(std::string sql, PgParams params) {
   check_session();
   last_writes_.reset();
-  if (pending_begin_) {
-    pending_begin_ = false;
-    Batch batch;
-    batch.emplace_back(prepared(Prepared::kBegin), PgParams{});
-    batch.emplace_back(PgStatement::cached(std::move(sql)), std::move(params));
-    BatchEnds ends = co_await exec_batch(connection_, std::move(batch), asio::use_awaitable);
-    rethrow_end(ends, 0);
-    rethrow_end(ends, 1);
-    co_return std::move(ends[1].second);
-  }
-  co_return co_await connection_->exec(PgStatement::cached(std::move(sql)), std::move(params),
-                                       asio::use_awaitable);
+  co_return co_await send(PgStatement::cached(std::move(sql)), std::move(params),
+                          asio::use_awaitable);
+}
+
+void AsyncPgTransaction::stage(std::string sql, PgParams params) {
+  check_session();
+  last_writes_.reset();
+  staged_.emplace_back(PgStatement::cached(std::move(sql)), std::move(params));
+  ++handler_staged_;
 }
 
 void AsyncPgTransaction::record(std::string_view key, std::string_view request_id,
@@ -384,6 +398,9 @@ asio::awaitable<void> AsyncPgTransaction::commit() {
   check_session();
   Batch batch = std::move(staged_);
   staged_.clear();
+  // The handler's statements are batch[first, first + handler_staged_).
+  const std::size_t first = pending_begin_ ? 1 : 0;
+  const std::size_t handlers = std::exchange(handler_staged_, 0);
   if (pending_begin_) batch.insert(batch.begin(), {prepared(Prepared::kBegin), PgParams{}});
   pending_begin_ = false;
   batch.emplace_back(prepared(Prepared::kCommit), PgParams{});
@@ -404,6 +421,7 @@ asio::awaitable<void> AsyncPgTransaction::commit() {
     // connection's next holder (its result is not awaited), and the statement's error thrown.
     send_rollback();
     give_back();
+    handler_failed_ = i >= first && i < first + handlers;
     std::rethrow_exception(ends[i].first);
   }
   give_back();
@@ -412,6 +430,7 @@ asio::awaitable<void> AsyncPgTransaction::commit() {
 
 asio::awaitable<void> AsyncPgTransaction::rollback() {
   staged_.clear();
+  handler_staged_ = 0;
   const bool open = begun_ && !pending_begin_ && connection_ != nullptr &&
                     connection_->generation() == generation_;
   begun_ = false;
@@ -433,25 +452,19 @@ asio::awaitable<void> AsyncPgTransaction::rollback() {
 
 asio::awaitable<TransactionWrites> AsyncPgTransaction::writes() {
   check_session();
-  if (pending_begin_) co_return TransactionWrites{};  // BEGIN not sent yet: nothing written
+  // BEGIN not sent yet and nothing staged: nothing written.
+  if (pending_begin_ && staged_.empty()) co_return TransactionWrites{};
   if (last_writes_) co_return *last_writes_;
-  const PgResultPtr row = co_await connection_->exec(
-      prepared(Prepared::kWrites), {},
-      asio::bind_cancellation_slot(asio::cancellation_slot(), asio::use_awaitable));
+  const PgResultPtr row =
+      co_await send(prepared(Prepared::kWrites), {},
+                    asio::bind_cancellation_slot(asio::cancellation_slot(), asio::use_awaitable));
   last_writes_ = TransactionWrites{std::string_view(PQgetvalue(row.get(), 0, 0)) == "t",
                                    std::strtoll(PQgetvalue(row.get(), 0, 1), nullptr, 10)};
   co_return *last_writes_;
 }
 
 bool AsyncPgTransaction::business_duplicate(const std::exception_ptr& error) const {
-  try {
-    std::rethrow_exception(error);
-  } catch (const PostgresError& e) {
-    return e.sqlstate() == "23505" &&
-           names_constraint(e.what(), sink_.options_.business_constraints);
-  } catch (...) {
-    return false;
-  }
+  return detail::business_duplicate(error, sink_.options_.business_constraints);
 }
 
 }  // namespace idem::detail

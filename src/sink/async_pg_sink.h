@@ -135,20 +135,30 @@ class AsyncPgTransaction {
   /// transaction is aborted: roll it back). Cancellable.
   asio::awaitable<SinkClaim> claim(std::string_view key, std::string_view request_id,
                                    std::string_view fingerprint);
-  /// A statement of the handler's own, cancellable (a running one is cancelled on the server).
+  /// A statement of the handler's own, cancellable (a running one is cancelled on the server);
+  /// the statements stage()d before it go in its round trip, ahead of it (the first one that
+  /// fails is thrown).
   asio::awaitable<PgResultPtr> exec(std::string sql, PgParams params);
+  /// A statement of the handler's own whose result is not awaited: sent ahead of the next
+  /// exec(), or else with the record and COMMIT.
+  void stage(std::string sql, PgParams params);
   /// As PgTransaction::record(): stages the completed record, inserted with COMMIT.
   void record(std::string_view key, std::string_view request_id, std::string_view fingerprint,
               std::string_view response, std::chrono::milliseconds retention);
-  /// The staged record and COMMIT in one round trip, not cancellable. A staged INSERT that
-  /// fails rolls everything back (its error is thrown); a connection lost during COMMIT is an
+  /// The staged statements (the handler's, then the record) and COMMIT in one round trip, not
+  /// cancellable. A staged statement that fails rolls everything back (its error is thrown,
+  /// and handler_statement_failed() tells whose it was); a connection lost during COMMIT is an
   /// idem::CommitOutcomeUnknown. Gives the connection back.
   asio::awaitable<void> commit();
+  /// Whether commit() threw the error of a statement the handler staged (the handler's failure,
+  /// not the sink's).
+  [[nodiscard]] bool handler_statement_failed() const noexcept { return handler_failed_; }
   /// ROLLBACK (not cancellable; nothing when the session is gone); gives the connection back.
   asio::awaitable<void> rollback();
   /// As PgTransaction::writes(): what the transaction has written so far. One round trip once
   /// BEGIN went, none before, and none when no statement went through the transaction (claim(),
-  /// exec()) since the last reading, which then still holds. Not cancellable.
+  /// exec(), stage()) since the last reading, which then still holds; staged statements go
+  /// ahead of the reading, in its round trip. Not cancellable.
   asio::awaitable<TransactionWrites> writes();
   /// Whether `error`, thrown out of the handler, is a unique violation of one of
   /// PgSinkOptions::business_constraints (the effect exists already).
@@ -160,13 +170,19 @@ class AsyncPgTransaction {
   // Sends ROLLBACK without awaiting its answer.
   void send_rollback();
   void give_back() noexcept;
+  // `statement` in one round trip with what must go before it (BEGIN held back, the handler's
+  // staged statements); throws the first failure. `token`: use_awaitable, cancellable or not.
+  template <typename Token>
+  asio::awaitable<PgResultPtr> send(PgStatement statement, PgParams params, Token token);
 
   AsyncPgSink& sink_;
   std::shared_ptr<PgAsyncConnection> connection_;
   std::uint64_t generation_ = 0;  // the connection's, when BEGIN was sent
   bool begun_ = false;
   bool pending_begin_ = false;                            // BEGIN goes with the claim
-  std::vector<std::pair<PgStatement, PgParams>> staged_;  // sent with COMMIT
+  std::vector<std::pair<PgStatement, PgParams>> staged_;  // the handler's, then the record
+  std::size_t handler_staged_ = 0;                        // of staged_, the handler's (first)
+  bool handler_failed_ = false;                           // commit() threw a handler's error
   std::optional<TransactionWrites> last_writes_;          // writes()'s, until the next exec()
 };
 

@@ -94,6 +94,18 @@ bool names_constraint(std::string_view message, const std::vector<std::string>& 
   return false;
 }
 
+bool business_duplicate(const std::exception_ptr& error,
+                        const std::vector<std::string>& constraints) {
+  if (!error) return false;
+  try {
+    std::rethrow_exception(error);
+  } catch (const PostgresError& e) {
+    return e.sqlstate() == "23505" && names_constraint(e.what(), constraints);
+  } catch (...) {
+    return false;
+  }
+}
+
 std::string_view migrate_hint(std::string_view sqlstate) noexcept {
   if (sqlstate != "42P01" && sqlstate != "42703") return {};
   return " (idem's records table, or a column of a later version, is missing: run "

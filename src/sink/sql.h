@@ -2,6 +2,7 @@
 // recognising a constraint in a server error message. No I/O; unit-tested without a server.
 #pragma once
 
+#include <exception>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -46,6 +47,12 @@ struct MigrationScript {
 /// whole identifier.
 [[nodiscard]] bool names_constraint(std::string_view message,
                                     const std::vector<std::string>& constraints);
+
+/// True when `error` is an idem::PostgresError with SQLSTATE 23505 (unique_violation) whose
+/// message names one of `constraints` (PgSinkOptions::business_constraints): the caller's own
+/// table says the effect exists already.
+[[nodiscard]] bool business_duplicate(const std::exception_ptr& error,
+                                      const std::vector<std::string>& constraints);
 
 /// What to add to the error of one of idem's own statements whose SQLSTATE says the records
 /// table, or a column a later migration added, is missing (42P01 undefined_table, 42703

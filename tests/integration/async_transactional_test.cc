@@ -543,6 +543,186 @@ TEST_F(AsyncTransactionalTest, ABusinessConstraintIsADuplicateAndNothingCommits)
   io.run();
 }
 
+// The refund of `order` with its two writes staged: they go with the record and COMMIT.
+TEST_F(AsyncTransactionalTest, StagedWritesGoWithTheCommitAndSaveTheirRoundTrips) {
+  const test::PgAddress address = test::parse_pg_url(pg_url_);
+  if (address.port == 0) GTEST_SKIP() << "IDEM_TEST_PG_URL is not postgresql://user@host:port/db";
+  test::CountingProxy proxy(test::CountingProxy::Protocol::kPostgres, address.host, address.port);
+  asio::io_context io;
+  AsyncDeduplicatorOptions o = options(true);
+  o.postgres->conninfo = "host=127.0.0.1 port=" + std::to_string(proxy.port()) +
+                         " dbname=" + address.database + " user=" + address.user +
+                         " sslmode=disable gssencmode=disable";
+  o.postgres->pool_size = 1;
+  AsyncDeduplicator dedup(io.get_executor(), o);
+  int runs = 0;
+  const auto staged_refund = [&](const std::string& order) {
+    return [&, order](AsyncTransaction& tx) -> asio::awaitable<std::string> {
+      ++runs;
+      tx.stage("INSERT INTO " + table("ledger") + " VALUES ($1, 5)", {order});
+      tx.stage("UPDATE " + table("accounts") + " SET balance = balance + 5 WHERE id = 1");
+      co_return "refunded " + order;
+    };
+  };
+  const auto round_trips = [&](const std::string& order, bool staged) {
+    proxy.reset();
+    const Ending ending = run_to_end(io, [&]() -> asio::awaitable<Outcome> {
+      if (staged) {
+        co_return co_await dedup.run_transactional(refund_request("r1", order),
+                                                   staged_refund(order), asio::use_awaitable);
+      }
+      co_return co_await dedup.run_transactional(refund_request("r1", order), refund(order, &runs),
+                                                 asio::use_awaitable);
+    });
+    EXPECT_FALSE(ending.error) << order;
+    EXPECT_EQ(ending.outcome.kind, Outcome::Kind::kExecuted) << order;
+    EXPECT_EQ(ending.outcome.response, "refunded " + order);
+    return proxy.round_trips();
+  };
+  (void)round_trips("warm-exec", false);  // the connection opened, the statements prepared
+  (void)round_trips("warm-staged", true);
+  const std::size_t awaited = round_trips("o1", false);
+  EXPECT_EQ(round_trips("o2", true), awaited - 2);
+  EXPECT_EQ(ledger_rows(), 4);
+  EXPECT_EQ(balance(), 20);
+  EXPECT_EQ(records(), 4);
+  // Committed with the record: a redelivery replays it and runs nothing.
+  const Ending again = run_to_end(io, [&]() -> asio::awaitable<Outcome> {
+    co_return co_await dedup.run_transactional(refund_request("r2", "o2"), staged_refund("o2"),
+                                               asio::use_awaitable);
+  });
+  ASSERT_FALSE(again.error);
+  EXPECT_EQ(again.outcome.kind, Outcome::Kind::kDuplicate);
+  EXPECT_EQ(again.outcome.response, "refunded o2");
+  EXPECT_EQ(runs, 4);
+  dedup.close();
+}
+
+// A staged write goes ahead of the handler's next exec(), in its round trip: the exec() sees it,
+// and throws its failure.
+TEST_F(AsyncTransactionalTest, AStagedWriteGoesAheadOfTheNextExecWhichThrowsItsFailure) {
+  asio::io_context io;
+  AsyncDeduplicator dedup(io.get_executor(), options(false));
+  std::string seen;
+  const Ending ending = run_to_end(io, [&]() -> asio::awaitable<Outcome> {
+    co_return co_await dedup.run_transactional(
+        refund_request("r1", "o1"),
+        [&](AsyncTransaction& tx) -> asio::awaitable<std::string> {
+          tx.stage("INSERT INTO " + table("ledger") + " VALUES ('o1', 5)");
+          const AsyncResult rows = co_await tx.exec("SELECT count(*) FROM " + table("ledger") +
+                                                    " WHERE idem_key = 'o1'");
+          seen = std::string(rows.get(0, 0).value_or(""));
+          tx.stage("SELECT 1/0");
+          (void)co_await tx.exec("SELECT 1");
+          co_return "unreachable";
+        },
+        asio::use_awaitable);
+  });
+  EXPECT_EQ(seen, "1");
+  ASSERT_TRUE(threw<PostgresError>(ending));
+  try {
+    std::rethrow_exception(ending.error);
+  } catch (const PostgresError& e) {
+    EXPECT_EQ(e.sqlstate(), "22012");
+  }
+  EXPECT_EQ(ledger_rows(), 0);
+  EXPECT_EQ(records(), 0);
+  dedup.close();
+  io.run();
+}
+
+// Sent with COMMIT, a staged write that fails is the handler's failure (not the sink's): nothing
+// commits and the claim is released, so the retry runs; one that meets a business constraint
+// makes the call a duplicate.
+TEST_F(AsyncTransactionalTest, AStagedWriteThatFailsAtCommitIsTheHandlersFailureOrADuplicate) {
+  asio::io_context io;
+  AsyncDeduplicatorOptions o = options(true);
+  auto metrics = std::make_shared<InProcessMetrics>();
+  o.base.metrics = metrics;
+  AsyncDeduplicator dedup(io.get_executor(), o);
+  int runs = 0;
+  const auto staging = [&](std::string statement) {
+    return [&, statement](AsyncTransaction& tx) -> asio::awaitable<std::string> {
+      ++runs;
+      tx.stage("UPDATE " + table("accounts") + " SET balance = balance + 1000 WHERE id = 1");
+      tx.stage(statement);
+      co_return "staged";
+    };
+  };
+  const Ending failed = run_to_end(io, [&]() -> asio::awaitable<Outcome> {
+    co_return co_await dedup.run_transactional(refund_request("r1", "o1"), staging("SELECT 1/0"),
+                                               asio::use_awaitable);
+  });
+  ASSERT_TRUE(threw<PostgresError>(failed));
+  try {
+    std::rethrow_exception(failed.error);
+  } catch (const PostgresError& e) {
+    EXPECT_EQ(e.sqlstate(), "22012");
+  }
+  EXPECT_EQ(balance(), 0);
+  EXPECT_EQ(records(), 0);
+  EXPECT_EQ(metrics->handler_failures(), 1u);
+  EXPECT_EQ(metrics->backend_errors(Layer::kPgSink), 0u);
+  // Released: the retry runs.
+  const Ending retry = run_to_end(io, [&]() -> asio::awaitable<Outcome> {
+    co_return co_await dedup.run_transactional(refund_request("r1", "o1"), refund("o1", &runs),
+                                               asio::use_awaitable);
+  });
+  ASSERT_FALSE(retry.error);
+  EXPECT_EQ(retry.outcome.kind, Outcome::Kind::kExecuted);
+  EXPECT_EQ(runs, 2);
+  // o1's ledger row exists now: a staged INSERT of it again is a duplicate, and nothing of its
+  // call commits.
+  const Ending dup = run_to_end(io, [&]() -> asio::awaitable<Outcome> {
+    co_return co_await dedup.run_transactional(
+        refund_request("r3", "o3"), staging("INSERT INTO " + table("ledger") + " VALUES ('o1', 5)"),
+        asio::use_awaitable);
+  });
+  ASSERT_FALSE(dup.error);
+  EXPECT_EQ(dup.outcome.kind, Outcome::Kind::kDuplicate);
+  EXPECT_EQ(dup.outcome.layer, Layer::kPgSink);
+  EXPECT_FALSE(dup.outcome.response);
+  EXPECT_EQ(runs, 3);
+  EXPECT_EQ(ledger_rows(), 1);
+  EXPECT_EQ(balance(), 5);
+  EXPECT_EQ(records(), 1);
+  EXPECT_EQ(metrics->backend_errors(Layer::kPgSink), 0u);
+  dedup.close();
+  io.run();
+}
+
+// A business constraint checked at COMMIT (DEFERRABLE INITIALLY DEFERRED) makes the call a
+// duplicate as one checked at once does.
+TEST_F(AsyncTransactionalTest, ADeferredBusinessConstraintThatFiresAtCommitIsADuplicate) {
+  schema_->exec("CREATE TABLE " + table("payouts") +
+                " (k text NOT NULL, CONSTRAINT payouts_once UNIQUE (k) DEFERRABLE INITIALLY "
+                "DEFERRED)");
+  schema_->exec("INSERT INTO " + table("payouts") + " VALUES ('o1')");  // done before idem
+  asio::io_context io;
+  AsyncDeduplicatorOptions o = options(false);
+  o.postgres->business_constraints = {"payouts_once"};
+  AsyncDeduplicator dedup(io.get_executor(), o);
+  int runs = 0;
+  const Ending ending = run_to_end(io, [&]() -> asio::awaitable<Outcome> {
+    co_return co_await dedup.run_transactional(
+        refund_request("r1", "o1"),
+        [&](AsyncTransaction& tx) -> asio::awaitable<std::string> {
+          ++runs;
+          (void)co_await tx.exec("INSERT INTO " + table("payouts") + " VALUES ('o1')");
+          co_return "paid o1";
+        },
+        asio::use_awaitable);
+  });
+  ASSERT_FALSE(ending.error);
+  EXPECT_EQ(ending.outcome.kind, Outcome::Kind::kDuplicate);
+  EXPECT_EQ(ending.outcome.layer, Layer::kPgSink);
+  EXPECT_EQ(runs, 1);
+  EXPECT_EQ(count("SELECT count(*) FROM " + table("payouts")), 1);
+  EXPECT_EQ(records(), 0);
+  dedup.close();
+  io.run();
+}
+
 TEST_F(AsyncTransactionalTest, TheBusinessKeyAsTheClaimKeepsOneEffectAndNoRecord) {
   AsyncDeduplicatorOptions o = options(false);
   o.base.transactional_claim = TransactionalClaim::kBusinessKey;

@@ -749,6 +749,37 @@ TEST_F(DeduplicatorTest, ABusinessTablesUniqueViolationIsADuplicateAndTheConnect
   EXPECT_EQ(ledger_rows(), 2);
 }
 
+// A business constraint checked at COMMIT (DEFERRABLE INITIALLY DEFERRED) makes the call a
+// duplicate as one checked at once does; nothing of it commits and the guard's claim goes.
+TEST_F(DeduplicatorTest, ADeferredBusinessConstraintThatFiresAtCommitIsADuplicate) {
+  {
+    pqxx::connection conn(pg_url_);
+    pqxx::work tx(conn);
+    tx.exec0("ALTER TABLE " + schema_ +
+             ".ledger ADD CONSTRAINT ledger_order_once UNIQUE (order_id) DEFERRABLE INITIALLY "
+             "DEFERRED");
+    tx.exec0("INSERT INTO " + schema_ + ".ledger VALUES ('b1', 5)");  // done before idem was there
+    tx.commit();
+  }
+  Setup s = setup();
+  s.sink.business_constraints = {"ledger_order_once"};
+  const auto guarded = make(s);
+  int runs = 0;
+  const auto pay = [&](pqxx::transaction_base& tx) {
+    ++runs;
+    tx.exec0("INSERT INTO " + schema_ + ".ledger VALUES ('b1', 7)");  // checked at COMMIT
+    return std::string("paid b1");
+  };
+  const Outcome outcome = guarded->run_transactional(request("r1", "b1"), pay);
+  EXPECT_EQ(outcome.kind, Outcome::Kind::kDuplicate);
+  EXPECT_EQ(outcome.layer, Layer::kPgSink);
+  EXPECT_FALSE(outcome.response.has_value());
+  EXPECT_EQ(ledger_rows(), 1);
+  // Nothing recorded, the claim released: a redelivery runs and is a duplicate again.
+  EXPECT_EQ(guarded->run_transactional(request("r2", "b1"), pay).kind, Outcome::Kind::kDuplicate);
+  EXPECT_EQ(runs, 2);
+}
+
 TEST_F(DeduplicatorTest, AnotherConstraintsViolationInTheHandlerIsABusinessErrorThatReleases) {
   {
     pqxx::connection conn(pg_url_);

@@ -69,6 +69,7 @@ class ScriptedDriver {
   // What the handler does (it may advance `now`), and what happened.
   std::function<std::string()> handler = [] { return std::string("ok"); };
   bool business_duplicate = false;               // transactional: a business constraint fires
+  bool business_duplicate_at_commit = false;     // ... with COMMIT (deferred, or staged)
   std::function<void(const Step&)> before_step;  // called before each step is performed
   int handler_runs = 0;
   PlanTime now{std::chrono::hours(1)};
@@ -177,6 +178,10 @@ class ScriptedDriver {
         }
         return Done{};
       case K::kCommit:
+        if (business_duplicate_at_commit) {
+          staged_.clear();  // the server rolled it back
+          return BusinessDuplicate{};
+        }
         for (auto& [key, row] : staged_) rows[key] = row;
         staged_.clear();
         return Done{};
@@ -526,6 +531,23 @@ TEST(CallPlan, ABusinessConstraintIsADuplicateWithoutResponse) {
   EXPECT_FALSE(dup.response.has_value());
   EXPECT_EQ(trace_text(d.trace),
             "LocalGet GuardClaim SinkBegin SinkClaim RunHandler Rollback GuardRelease Emit Return");
+}
+
+TEST(CallPlan, ABusinessConstraintThatFiresWithTheCommitIsADuplicateWithoutResponse) {
+  ScriptedDriver d;
+  d.use_sink();
+  d.business_duplicate_at_commit = true;
+  const Outcome dup = d.call(request("r1"), CallMode::kTransactional);
+  EXPECT_EQ(dup.kind, Outcome::Kind::kDuplicate);
+  EXPECT_EQ(dup.layer, Layer::kPgSink);
+  EXPECT_FALSE(dup.response.has_value());
+  // The transaction is over: no rollback of it, nothing of it committed, the claim released.
+  EXPECT_EQ(trace_text(d.trace),
+            "LocalGet GuardClaim SinkBegin SinkClaim RunHandler SinkComplete Commit GuardRelease "
+            "Emit Return");
+  EXPECT_TRUE(d.rows.empty());
+  EXPECT_EQ(d.guard->size(), 0u);
+  EXPECT_EQ(d.handler_runs, 1);
 }
 
 // ---- what the transactional steps may share ---------------------------------------------------
