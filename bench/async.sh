@@ -27,15 +27,18 @@
 #   tx_hand    the second seed's method by hand, no idem (async_run_bench.cc, --mode hand):
 #              `SET NX EX` in Redis, then BEGIN, a unique-index INSERT of the key, the business
 #              INSERT and COMMIT, on the same async clients, connections and loop
-#              with PostgreSQL's CPU per call for tx_async, tx_hand and tx_floor (its server
-#              processes' user + system time from /proc over the slice, over the calls made)
+#   tx_staged / tx_staged_floor  tx_async with the handler's INSERT staged (--staged,
+#              AsyncTransaction::stage(): it goes with the record and COMMIT, 2 flights), and
+#              pgbench -c 8 running those 2 flights
+#   with PostgreSQL's CPU per call for tx_async, tx_hand, tx_staged and the pgbench floors (its
+#   server processes' user + system time from /proc over the slice, over the calls made)
 # One call in flight (single_in_flight), the way a Function Compute instance of concurrency 1
 # serves: run() with the guard alone and run_transactional(), one call after the other on the
 # loop, their loop CPU per call against the floor of their round trips: a round trip that wakes
 # its peer costs the client `trip_floor` µs of CPU on this machine (redis-benchmark -c 1, one
 # request at a time, its user + system time per request), and run() makes 2 (the claim, the
 # completion), run_transactional() 5 (the claim; BEGIN, lock and read; the INSERT; the record
-# and COMMIT; the completion).
+# and COMMIT; the completion), 4 with the INSERT staged.
 # with the heap bytes of a full run() in flight (its handler waiting, claims held), the loop
 # thread's CPU per call and the part of it spent in the kernel (sending, receiving, waking the
 # servers: the floor user-space work cannot cut), the share of the time it ran and the share it
@@ -69,10 +72,15 @@
 #                          "hand_written_per_s", "of_hand_written",
 #                          "hand_written_loop_cpu_us_per_call", "pg_cpu_us_per_call": {"async",
 #                          "hand_written", "pgbench_tx"}, "pg_cpu_of_hand_written",
-#                          "per_run": {…}},
+#                          "per_run": {…}, "staged": {"async_per_s", "ratio",
+#                          "async_loop_cpu_us_per_call", "async_loop_kernel_us_per_call",
+#                          "allocations_per_call", "floors": {…}, "of_hand_written",
+#                          "pg_cpu_us_per_call": {"async", "pgbench_tx"},
+#                          "pg_cpu_of_hand_written", "per_run": {…}}},
 #    "single_in_flight": {"trip_floor_us", "run": {"calls_per_s", "cpu_us_per_call",
 #                         "round_trips", "floor_us", "cpu_over_floor", "kernel_us_per_call",
-#                         "allocations_per_call"}, "run_transactional": {…}},
+#                         "allocations_per_call"}, "run_transactional": {…},
+#                         "run_transactional_staged": {…}},
 #    "bytes_per_in_flight_call": N, "bytes_per_in_flight_lua_call": N, "runs", "loadavg_1_5_15"}
 # (calls per second; pgbench's rate is in calls, one call being its statements of one call).
 set -euo pipefail
@@ -123,6 +131,14 @@ s="\"$schema\"" k="'u|refund|pgb-' || CAST(:client_id AS text) || '-' || CAST(:n
   echo 'COMMIT;'
   echo '\endpipeline'
 } >"$work/tx.sql"
+# The same transaction with the business INSERT staged (AsyncTransaction::stage()): it goes in
+# the COMMIT's flight, 2 flights in all.
+{
+  sed -n '1,/^\\endpipeline$/p' "$work/tx.sql"
+  echo '\startpipeline'
+  echo "INSERT INTO $s.bench_ledger (key) VALUES ($k);"
+  sed -n '/^INSERT INTO .*idem_records/,$p' "$work/tx.sql"
+} >"$work/tx_staged.sql"
 # One slice of run_with_sink: prints "<calls per s>", async "<per s> <bytes> <payload bytes> <loop
 # CPU µs per call> <ran share> <waited share> <calls in all>", blocking "<per s> <CPU µs per
 # call>"; tx_async, tx_hand and tx_floor append "<PostgreSQL CPU µs per call>".
@@ -139,12 +155,21 @@ sink_slice() {
       with_pg_cpu "$run_harness" "${common[@]}" --transactional --mode "$mode" \
         --in-flight "$in_flight" --pool "$pg_connections"
       ;;
+    tx_staged)
+      with_pg_cpu "$run_harness" "${common[@]}" --transactional --staged --mode async \
+        --in-flight "$in_flight" --pool "$pg_connections"
+      ;;
     tx_floor) with_pg_cpu pgbench_calls "$pg_connections" "$work/tx.sql" ;;
+    tx_staged_floor) with_pg_cpu pgbench_calls "$pg_connections" "$work/tx_staged.sql" ;;
     single_run)
       "$run_harness" "${common[@]}" --guard-only --mode async --in-flight 1 --pool "$pg_connections"
       ;;
     single_tx)
       "$run_harness" "${common[@]}" --transactional --mode async --in-flight 1 \
+        --pool "$pg_connections"
+      ;;
+    single_staged)
+      "$run_harness" "${common[@]}" --transactional --staged --mode async --in-flight 1 \
         --pool "$pg_connections"
       ;;
     tx_blocking)
@@ -186,7 +211,8 @@ trip_floor() {
 set_runs=() lua_runs=() rb_set=() rb_eval=() async_runs=() blocking_runs=() floor_runs=() pool_runs=()
 wait1_runs=()
 tx_async_runs=() tx_blocking_runs=() tx_floor_runs=() tx_hand_runs=()
-single_run_runs=() single_tx_runs=() trip_runs=()
+tx_staged_runs=() tx_staged_floor_runs=()
+single_run_runs=() single_tx_runs=() single_staged_runs=() trip_runs=()
 for ((r = 0; r < runs; r++)); do
   set_runs+=("$(run_async set)")
   if ((durable)); then wait1_runs+=("$(run_async set 1)"); fi
@@ -195,7 +221,7 @@ for ((r = 0; r < runs; r++)); do
   rb_eval+=("$(run_rb 50 "$requests" 16 EVALSHA "$sha" 1 key:__rand_int__ "$bench_record" 30000)")
   # The order rotates from run to run: all see the same load on a shared machine.
   sink_scenarios=(async blocking pg_floor pg_floor_pool tx_async tx_blocking tx_floor tx_hand
-    single_run single_tx)
+    tx_staged tx_staged_floor single_run single_tx single_staged)
   for ((k = 0; k < ${#sink_scenarios[@]}; k++)); do
     case "${sink_scenarios[$(((k + r) % ${#sink_scenarios[@]}))]}" in
       async) async_runs+=("$(sink_slice async)") ;;
@@ -206,8 +232,11 @@ for ((r = 0; r < runs; r++)); do
       tx_blocking) tx_blocking_runs+=("$(sink_slice tx_blocking)") ;;
       tx_floor) tx_floor_runs+=("$(sink_slice tx_floor)") ;;
       tx_hand) tx_hand_runs+=("$(sink_slice tx_hand)") ;;
+      tx_staged) tx_staged_runs+=("$(sink_slice tx_staged)") ;;
+      tx_staged_floor) tx_staged_floor_runs+=("$(sink_slice tx_staged_floor)") ;;
       single_run) single_run_runs+=("$(sink_slice single_run)") ;;
       single_tx) single_tx_runs+=("$(sink_slice single_tx)") ;;
+      single_staged) single_staged_runs+=("$(sink_slice single_staged)") ;;
     esac
   done
   trip_runs+=("$(trip_floor)")
@@ -248,6 +277,14 @@ tx_hand_pg_us="$(med tx_hand_runs 10)"
 tx_hand_kernel_us="$(med tx_hand_runs 7)" tx_hand_allocations="$(med tx_hand_runs 8)"
 tx_floor_ratio="$(ratio "$tx_async_s" "$tx_floor_s")" tx_hand_ratio="$(ratio "$tx_async_s" "$tx_hand_s")"
 tx_pg_of_hand="$(ratio "$tx_async_pg_us" "$tx_hand_pg_us")"
+staged_s="$(med tx_staged_runs 1)" staged_loop_us="$(med tx_staged_runs 4)"
+staged_kernel_us="$(med tx_staged_runs 7)" staged_allocations="$(med tx_staged_runs 8)"
+staged_pg_us="$(med tx_staged_runs 10)"
+staged_floor_s="$(med tx_staged_floor_runs 1)" staged_floor_pg_us="$(med tx_staged_floor_runs 3)"
+staged_ratio="$(ratio "$staged_s" "$tx_blocking_s")"
+staged_floor_ratio="$(ratio "$staged_s" "$staged_floor_s")"
+staged_hand_ratio="$(ratio "$staged_s" "$tx_hand_s")"
+staged_pg_of_hand="$(ratio "$staged_pg_us" "$tx_hand_pg_us")"
 trip_us="$(median "${trip_runs[@]}")"
 single_run_s="$(med single_run_runs 1)" single_run_us="$(med single_run_runs 4)"
 single_run_kernel_us="$(med single_run_runs 7)" single_run_allocations="$(med single_run_runs 8)"
@@ -255,6 +292,10 @@ single_tx_s="$(med single_tx_runs 1)" single_tx_us="$(med single_tx_runs 4)"
 single_tx_kernel_us="$(med single_tx_runs 7)" single_tx_allocations="$(med single_tx_runs 8)"
 single_run_floor="$(awk -v t="$trip_us" 'BEGIN {printf "%.1f", 2 * t}')"
 single_tx_floor="$(awk -v t="$trip_us" 'BEGIN {printf "%.1f", 5 * t}')"
+single_staged_s="$(med single_staged_runs 1)" single_staged_us="$(med single_staged_runs 4)"
+single_staged_kernel_us="$(med single_staged_runs 7)"
+single_staged_allocations="$(med single_staged_runs 8)"
+single_staged_floor="$(awk -v t="$trip_us" 'BEGIN {printf "%.1f", 4 * t}')"
 
 printf '%-22s %12s %12s %8s %10s %10s %8s\n' claim idem_per_s rb_p16_per_s ratio p99_us rb_p99_us bytes
 printf '%-22s %12.0f %12.0f %8s %10.1f %10.1f %8.0f\n' "SET NX GET / SET NX" "$set_s" "$rb_set_s" \
@@ -292,6 +333,15 @@ printf 'heap allocations per call: async %.1f, by hand %.1f\n' "$tx_allocations"
 printf 'PostgreSQL CPU µs per call: async %.1f, by hand %.1f (%s), pgbench %.1f\n' \
   "$tx_async_pg_us" "$tx_hand_pg_us" "$tx_pg_of_hand" "$tx_floor_pg_us"
 
+printf '\n%-36s %12s %8s\n' "run_transactional(), INSERT staged" calls_per_s ratio
+printf '%-36s %12.0f %8s\n' "async, 1 thread, $in_flight in flight" "$staged_s" "$staged_ratio"
+printf '%-36s %12.0f %8s\n' "pgbench -c $pg_connections, its statements" "$staged_floor_s" \
+  "$(ratio "$staged_floor_s" "$tx_blocking_s")"
+printf 'of the pool floor %s, of by hand %s; CPU µs per call: async loop %.1f (%.1f in the kernel); heap allocations per call %.1f\n' \
+  "$staged_floor_ratio" "$staged_hand_ratio" "$staged_loop_us" "$staged_kernel_us" "$staged_allocations"
+printf 'PostgreSQL CPU µs per call: async %.1f (%s of by hand), pgbench %.1f\n' \
+  "$staged_pg_us" "$staged_pg_of_hand" "$staged_floor_pg_us"
+
 printf '\n%-24s %12s %8s %10s %8s %10s %8s %8s\n' "one call in flight" calls_per_s cpu_us kernel_us trips floor_us ratio allocs
 printf '%-24s %12.0f %8.1f %10.1f %8d %10.1f %8s %8.1f\n' "run(), guard only" "$single_run_s" \
   "$single_run_us" "$single_run_kernel_us" 2 "$single_run_floor" \
@@ -299,6 +349,9 @@ printf '%-24s %12.0f %8.1f %10.1f %8d %10.1f %8s %8.1f\n' "run(), guard only" "$
 printf '%-24s %12.0f %8.1f %10.1f %8d %10.1f %8s %8.1f\n' "run_transactional()" "$single_tx_s" \
   "$single_tx_us" "$single_tx_kernel_us" 5 "$single_tx_floor" \
   "$(ratio "$single_tx_us" "$single_tx_floor")" "$single_tx_allocations"
+printf '%-24s %12.0f %8.1f %10.1f %8d %10.1f %8s %8.1f\n' "run_transactional(), staged" \
+  "$single_staged_s" "$single_staged_us" "$single_staged_kernel_us" 4 "$single_staged_floor" \
+  "$(ratio "$single_staged_us" "$single_staged_floor")" "$single_staged_allocations"
 printf 'a round trip that wakes its peer: %.1f µs of client CPU (redis-benchmark -c 1)\n' "$trip_us"
 
 # per_run ARRAY: field 1 of each run in ARRAY as a JSON array.
@@ -346,7 +399,16 @@ json+=" \"hand_written_loop_cpu_us_per_call\": $tx_hand_loop_us,"
 json+=" \"pg_cpu_us_per_call\": {\"async\": $tx_async_pg_us, \"hand_written\": $tx_hand_pg_us,"
 json+=" \"pgbench_tx\": $tx_floor_pg_us}, \"pg_cpu_of_hand_written\": $tx_pg_of_hand,"
 json+=" \"per_run\": {\"async\": $(per_run tx_async_runs), \"blocking\": $(per_run tx_blocking_runs),"
-json+=" \"pgbench_tx\": $(per_run tx_floor_runs), \"hand_written\": $(per_run tx_hand_runs)}},"
+json+=" \"pgbench_tx\": $(per_run tx_floor_runs), \"hand_written\": $(per_run tx_hand_runs)},"
+json+=" \"staged\": {\"async_per_s\": $staged_s, \"ratio\": $staged_ratio,"
+json+=" \"async_loop_cpu_us_per_call\": $staged_loop_us,"
+json+=" \"async_loop_kernel_us_per_call\": $staged_kernel_us,"
+json+=" \"allocations_per_call\": $staged_allocations,"
+json+=" \"floors\": {\"pgbench_tx_at_pg_connections_per_s\": $staged_floor_s,"
+json+=" \"async_of_pool_floor\": $staged_floor_ratio}, \"of_hand_written\": $staged_hand_ratio,"
+json+=" \"pg_cpu_us_per_call\": {\"async\": $staged_pg_us, \"pgbench_tx\": $staged_floor_pg_us},"
+json+=" \"pg_cpu_of_hand_written\": $staged_pg_of_hand,"
+json+=" \"per_run\": {\"async\": $(per_run tx_staged_runs), \"pgbench_tx\": $(per_run tx_staged_floor_runs)}}},"
 single_json() {  # per_s cpu_us trips floor_us kernel_us allocations
   echo "{\"calls_per_s\": $1, \"cpu_us_per_call\": $2, \"round_trips\": $3, \"floor_us\": $4," \
     "\"cpu_over_floor\": $(ratio "$2" "$4"), \"kernel_us_per_call\": $5," \
@@ -356,7 +418,9 @@ json+=" \"single_in_flight\": {\"trip_floor_us\": $trip_us,"
 json+=" \"run\": $(single_json "$single_run_s" "$single_run_us" 2 "$single_run_floor" \
   "$single_run_kernel_us" "$single_run_allocations"),"
 json+=" \"run_transactional\": $(single_json "$single_tx_s" "$single_tx_us" 5 "$single_tx_floor" \
-  "$single_tx_kernel_us" "$single_tx_allocations")},"
+  "$single_tx_kernel_us" "$single_tx_allocations"),"
+json+=" \"run_transactional_staged\": $(single_json "$single_staged_s" "$single_staged_us" 4 \
+  "$single_staged_floor" "$single_staged_kernel_us" "$single_staged_allocations")},"
 json+=" \"bytes_per_in_flight_call\": $set_bytes, \"bytes_per_in_flight_lua_call\": $lua_bytes,"
 json+=" \"runs\": $runs, \"loadavg_1_5_15\": $(loadavg_json)}"
 write_report "$json"

@@ -1,8 +1,9 @@
 // idem-mq-consumer consume --async: the consumer of main.cc with many entries in flight on ONE
 // thread. One io_context runs everything: the stream commands, and up to --in-flight entries at
-// once, each through idem::AsyncDeduplicator::run_transactional (the ledger row and the user's
-// total in the call's own transaction, `co_await tx.exec(...)`). The outcomes and the XACK rule
-// are main.cc's (mq::settle): an entry is XACKed only after its commit.
+// once, each through idem::AsyncDeduplicator::run_transactional (the ledger row, `co_await
+// tx.exec(...)`, and the user's total, `tx.stage(...)`, in the call's own transaction). The
+// outcomes and the XACK rule are main.cc's (mq::settle): an entry is XACKed only after its
+// commit.
 //
 // The stream commands must not block the loop either. idem's own async Redis client is internal
 // (src/redis/, not installed), so this file speaks RESP itself over an Asio TCP socket, with
@@ -132,8 +133,8 @@ asio::awaitable<std::string> book(idem::AsyncTransaction& tx, std::string schema
   std::vector<std::optional<std::string>> row{request.request_id, std::move(entry_id), request.user,
                                               request.payload};
   const idem::AsyncResult r = co_await tx.exec(ledger_insert_sql(schema), std::move(row));
-  std::vector<std::optional<std::string>> total{request.user, std::string(r.get(0, 1).value())};
-  co_await tx.exec(totals_upsert_sql(schema), std::move(total));
+  // Its result is not needed: staged, it goes with idem's record and COMMIT.
+  tx.stage(totals_upsert_sql(schema), {request.user, std::string(r.get(0, 1).value())});
   co_return "ledger entry " + std::string(r.get(0, 0).value());
 }
 
