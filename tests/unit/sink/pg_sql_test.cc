@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <stdexcept>
+
 #include "idem/errors.h"
 #include "sink/sql.h"
 
@@ -73,6 +75,21 @@ TEST(PgSql, NamesConstraintMatchesWholeIdentifiersOnThePrimaryLineOnly) {
                        "DETAIL:  Key (id)=(refund_records_idem_key_key) already exists.\n",
                        ours));
   EXPECT_FALSE(names_constraint("anything", {}));
+}
+
+TEST(PgSql, ABusinessDuplicateIsA23505ThatNamesABusinessConstraint) {
+  const std::vector<std::string> ours{"ledger_once"};
+  const auto pg = [](const std::string& what, const std::string& sqlstate) {
+    return std::make_exception_ptr(PostgresError(what, false, sqlstate));
+  };
+  const std::string violated = "ERROR:  duplicate key value violates unique constraint ";
+  EXPECT_TRUE(business_duplicate(pg(violated + "\"ledger_once\"", "23505"), ours));
+  EXPECT_FALSE(business_duplicate(pg(violated + "\"idem_records_pkey\"", "23505"), ours));
+  EXPECT_FALSE(business_duplicate(pg("ERROR:  ledger_once is deferred", "40001"), ours));
+  EXPECT_FALSE(business_duplicate(pg(violated + "\"ledger_once\"", "23505"), {}));
+  EXPECT_FALSE(business_duplicate(
+      std::make_exception_ptr(std::runtime_error(violated + "\"ledger_once\"")), ours));
+  EXPECT_FALSE(business_duplicate(nullptr, ours));
 }
 
 TEST(PgSql, MigrateHintOnlyForAMissingTableOrColumn) {
