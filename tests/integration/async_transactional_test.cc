@@ -180,6 +180,30 @@ class AsyncTransactionalTest : public ::testing::Test {
     }
   }
 
+  // The SQLSTATE of the idem::PostgresError that ended `ending`; "" for any other ending.
+  static std::string sqlstate_of(const Ending& ending) {
+    if (!ending.error) return "";
+    try {
+      std::rethrow_exception(ending.error);
+    } catch (const PostgresError& e) {
+      return e.sqlstate();
+    } catch (...) {
+      return "";
+    }
+  }
+
+  // options(true) with the sink's one connection through `proxy` (in front of `address`), so
+  // that the proxy counts its round trips.
+  [[nodiscard]] AsyncDeduplicatorOptions through(const test::CountingProxy& proxy,
+                                                 const test::PgAddress& address) const {
+    AsyncDeduplicatorOptions o = options(true);
+    o.postgres->conninfo = "host=127.0.0.1 port=" + std::to_string(proxy.port()) +
+                           " dbname=" + address.database + " user=" + address.user +
+                           " sslmode=disable gssencmode=disable";
+    o.postgres->pool_size = 1;
+    return o;
+  }
+
   // A redelivery (another request ID) of `order`, whose cancelled first call keeps its claim: it is
   // answered InProgress and runs nothing.
   void expect_claim_kept(asio::io_context& io, AsyncDeduplicator& dedup, const std::string& order) {
@@ -429,12 +453,7 @@ TEST_F(AsyncTransactionalTest,
   if (address.port == 0) GTEST_SKIP() << "IDEM_TEST_PG_URL is not postgresql://user@host:port/db";
   test::CountingProxy proxy(test::CountingProxy::Protocol::kPostgres, address.host, address.port);
   asio::io_context io;
-  AsyncDeduplicatorOptions o = options(true);
-  o.postgres->conninfo = "host=127.0.0.1 port=" + std::to_string(proxy.port()) +
-                         " dbname=" + address.database + " user=" + address.user +
-                         " sslmode=disable gssencmode=disable";
-  o.postgres->pool_size = 1;
-  AsyncDeduplicator dedup(io.get_executor(), o);
+  AsyncDeduplicator dedup(io.get_executor(), through(proxy, address));
   // The PostgreSQL round trips of a first execution of `order` whose handler takes `steps`
   // steps, the second of which (with `insert`) sends an INSERT through the transaction.
   const auto round_trips = [&](const std::string& order, int steps, bool insert) {
@@ -512,11 +531,7 @@ TEST_F(AsyncTransactionalTest, AHandlerFailureRollsBackAndReleasesTheClaim) {
         asio::use_awaitable);
   });
   ASSERT_TRUE(threw<PostgresError>(bad));
-  try {
-    std::rethrow_exception(bad.error);
-  } catch (const PostgresError& e) {
-    EXPECT_EQ(e.sqlstate(), "22012");
-  }
+  EXPECT_EQ(sqlstate_of(bad), "22012");
   EXPECT_EQ(balance(), 5);
   dedup.close();
   io.run();
@@ -549,12 +564,7 @@ TEST_F(AsyncTransactionalTest, StagedWritesGoWithTheCommitAndSaveTheirRoundTrips
   if (address.port == 0) GTEST_SKIP() << "IDEM_TEST_PG_URL is not postgresql://user@host:port/db";
   test::CountingProxy proxy(test::CountingProxy::Protocol::kPostgres, address.host, address.port);
   asio::io_context io;
-  AsyncDeduplicatorOptions o = options(true);
-  o.postgres->conninfo = "host=127.0.0.1 port=" + std::to_string(proxy.port()) +
-                         " dbname=" + address.database + " user=" + address.user +
-                         " sslmode=disable gssencmode=disable";
-  o.postgres->pool_size = 1;
-  AsyncDeduplicator dedup(io.get_executor(), o);
+  AsyncDeduplicator dedup(io.get_executor(), through(proxy, address));
   int runs = 0;
   const auto staged_refund = [&](const std::string& order) {
     return [&, order](AsyncTransaction& tx) -> asio::awaitable<std::string> {
@@ -620,11 +630,7 @@ TEST_F(AsyncTransactionalTest, AStagedWriteGoesAheadOfTheNextExecWhichThrowsItsF
   });
   EXPECT_EQ(seen, "1");
   ASSERT_TRUE(threw<PostgresError>(ending));
-  try {
-    std::rethrow_exception(ending.error);
-  } catch (const PostgresError& e) {
-    EXPECT_EQ(e.sqlstate(), "22012");
-  }
+  EXPECT_EQ(sqlstate_of(ending), "22012");
   EXPECT_EQ(ledger_rows(), 0);
   EXPECT_EQ(records(), 0);
   dedup.close();
@@ -654,11 +660,7 @@ TEST_F(AsyncTransactionalTest, AStagedWriteThatFailsAtCommitIsTheHandlersFailure
                                                asio::use_awaitable);
   });
   ASSERT_TRUE(threw<PostgresError>(failed));
-  try {
-    std::rethrow_exception(failed.error);
-  } catch (const PostgresError& e) {
-    EXPECT_EQ(e.sqlstate(), "22012");
-  }
+  EXPECT_EQ(sqlstate_of(failed), "22012");
   EXPECT_EQ(balance(), 0);
   EXPECT_EQ(records(), 0);
   EXPECT_EQ(metrics->handler_failures(), 1u);

@@ -521,30 +521,32 @@ TEST(CallPlan, ACommitWhoseOutcomeIsUnknownKeepsTheClaim) {
   EXPECT_EQ(d.guard->size(), 1u);  // the committed row (or none) decides the next attempt
 }
 
-TEST(CallPlan, ABusinessConstraintIsADuplicateWithoutResponse) {
-  ScriptedDriver d;
-  d.use_sink();
-  d.business_duplicate = true;
+// A transactional call of `d` that a business constraint ends: a duplicate of the sink without
+// response, after the steps `trace`.
+void expect_business_duplicate(ScriptedDriver& d, std::string_view trace) {
   const Outcome dup = d.call(request("r1"), CallMode::kTransactional);
   EXPECT_EQ(dup.kind, Outcome::Kind::kDuplicate);
   EXPECT_EQ(dup.layer, Layer::kPgSink);
   EXPECT_FALSE(dup.response.has_value());
-  EXPECT_EQ(trace_text(d.trace),
-            "LocalGet GuardClaim SinkBegin SinkClaim RunHandler Rollback GuardRelease Emit Return");
+  EXPECT_EQ(trace_text(d.trace), trace);
+}
+
+TEST(CallPlan, ABusinessConstraintIsADuplicateWithoutResponse) {
+  ScriptedDriver d;
+  d.use_sink();
+  d.business_duplicate = true;
+  expect_business_duplicate(
+      d, "LocalGet GuardClaim SinkBegin SinkClaim RunHandler Rollback GuardRelease Emit Return");
 }
 
 TEST(CallPlan, ABusinessConstraintThatFiresWithTheCommitIsADuplicateWithoutResponse) {
   ScriptedDriver d;
   d.use_sink();
   d.business_duplicate_at_commit = true;
-  const Outcome dup = d.call(request("r1"), CallMode::kTransactional);
-  EXPECT_EQ(dup.kind, Outcome::Kind::kDuplicate);
-  EXPECT_EQ(dup.layer, Layer::kPgSink);
-  EXPECT_FALSE(dup.response.has_value());
   // The transaction is over: no rollback of it, nothing of it committed, the claim released.
-  EXPECT_EQ(trace_text(d.trace),
-            "LocalGet GuardClaim SinkBegin SinkClaim RunHandler SinkComplete Commit GuardRelease "
-            "Emit Return");
+  expect_business_duplicate(d,
+                            "LocalGet GuardClaim SinkBegin SinkClaim RunHandler SinkComplete "
+                            "Commit GuardRelease Emit Return");
   EXPECT_TRUE(d.rows.empty());
   EXPECT_EQ(d.guard->size(), 0u);
   EXPECT_EQ(d.handler_runs, 1);
