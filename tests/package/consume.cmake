@@ -1,7 +1,8 @@
 # cmake -DMODE=subdirectory|fetchcontent -DSOURCE_DIR=<idem> -DWORK_DIR=<dir> -DCXX=<compiler>
-#       [-DJOBS=N] -P consume.cmake
+#       [-DJOBS=N] [-DBUILD=OFF] -P consume.cmake
 # Configures tests/package/consumer with idem as a subproject the MODE way (no CMAKE_BUILD_TYPE,
-# so that idem's default would show), builds it, and runs it: fails when any step does.
+# so that idem's default would show), builds it, and runs it: fails when any step does. With
+# BUILD=OFF it stops after the configure step and its checks.
 foreach(var MODE SOURCE_DIR WORK_DIR CXX)
   if(NOT DEFINED ${var})
     message(FATAL_ERROR "consume.cmake needs -D${var}=...")
@@ -25,6 +26,9 @@ step("configure (${MODE})" ${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/package/consu
 file(STRINGS ${WORK_DIR}/CMakeCache.txt build_type REGEX "^CMAKE_BUILD_TYPE:")
 if(NOT build_type STREQUAL "CMAKE_BUILD_TYPE:STRING=")
   message(FATAL_ERROR "idem as a subproject set the consumer's build type: ${build_type}")
+endif()
+if(DEFINED BUILD AND NOT BUILD)
+  return()
 endif()
 step("build" ${CMAKE_COMMAND} --build ${WORK_DIR} -j${JOBS})
 step("run" ${WORK_DIR}/idem_consumer)
