@@ -15,6 +15,11 @@
 #               pgbench -M prepared: the bare transaction with one INSERT of a record of idem's
 #               shape sent with COMMIT in one pipelined flight, as the sink sends its record (the
 #               same round trips, one more row)
+#   floor_claim
+#               floor_record with the sink's claim too: its advisory lock and its read of the
+#               record sent with BEGIN in one pipelined flight, every statement and flight of a
+#               sink's call without the client (sink against it: idem's client-side share;
+#               floor_claim against floor_record: what the lock and the read cost the server)
 #   client_bare, client_bare_guard, client_bare_claim
 #               the bare transaction through libpqxx (the client library's share), with the
 #               guard's claim and complete around it without the facade (Redis' round trips),
@@ -58,9 +63,15 @@ ledger="INSERT INTO $s.ledger (idem_key, account, amount_cents) VALUES ('pgb-' |
 account="UPDATE $s.accounts SET balance_cents = balance_cents - 500 WHERE id = :a"
 # A completed record as the sink writes it with COMMIT (src/sink/pg_sink.cc, kRecord).
 record="INSERT INTO $s.idem_records (ns, key, request_id, fingerprint, state, response, response_sha256, expires_at) VALUES ('bench', 'u|refund|pgb-' || CAST(:client_id AS text) || '-' || CAST(:n AS text), 'req-pgb-' || CAST(:n AS text), 'f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f00', 'completed', '\\x7b22737461747573223a22726566756e646564222c22616d6f756e745f63656e7473223a3530307d'::bytea, NULL, now() + 86400000::float8 * interval '1 ms')"
+# The sink's claim as it sends it with BEGIN (src/sink/pg_sink.cc, kLockKey and kLookup).
+key="'u|refund|pgb-' || CAST(:client_id AS text) || '-' || CAST(:n AS text)"
+lock="SELECT pg_advisory_xact_lock(hashtextextended($key, hashtext('bench')))"
+lookup="SELECT state, fingerprint, request_id, response, response_sha256, expires_at <= now() FROM $s.idem_records WHERE ns = 'bench' AND key = $key"
 printf '%s\nBEGIN;\n%s;\n%s;\nCOMMIT;\n' "$vars" "$ledger" "$account" >"$work/bare.sql"
 printf '%s\nBEGIN;\n%s;\n%s;\n\\startpipeline\n%s;\nCOMMIT;\n\\endpipeline\n' "$vars" "$ledger" "$account" \
   "$record" >"$work/record.sql"
+printf '%s\n\\startpipeline\nBEGIN;\n%s;\n%s;\n\\endpipeline\n%s;\n%s;\n\\startpipeline\n%s;\nCOMMIT;\n\\endpipeline\n' \
+  "$vars" "$lock" "$lookup" "$ledger" "$account" "$record" >"$work/claim.sql"
 
 empty_tables() { psql -q "$url" -c "TRUNCATE $s.ledger, $s.idem_records" >/dev/null; }
 
@@ -71,6 +82,7 @@ slice() {  # scenario clients secs
   case "$1" in
     bare) "${pgb[@]}" -M prepared -f "$work/bare.sql" "$url" 2>/dev/null | tps ;;
     floor_record) "${pgb[@]}" -M prepared -f "$work/record.sql" "$url" 2>/dev/null | tps ;;
+    floor_claim) "${pgb[@]}" -M prepared -f "$work/claim.sql" "$url" 2>/dev/null | tps ;;
     client_bare) "$harness" --pg-url "$url" --schema "$schema" --mode bare --clients "$2" --seconds "$3" ;;
     client_bare_guard | client_bare_claim) "$harness" --pg-url "$url" --redis-url "$redis" --schema "$schema" --mode "${1#client_}" --clients "$2" --seconds "$3" ;;
     *) "$harness" --pg-url "$url" --redis-url "$redis" --schema "$schema" --mode "$1" --clients "$2" --seconds "$3" ;;
@@ -78,7 +90,7 @@ slice() {  # scenario clients secs
 }
 tps() { sed -n 's/^tps = \([0-9.]*\) (without initial connection time)$/\1/p'; }
 
-scenarios=(bare sink guard_sink key_sink key_guard_sink floor_record client_bare client_bare_guard client_bare_claim)
+scenarios=(bare sink guard_sink key_sink key_guard_sink floor_record floor_claim client_bare client_bare_guard client_bare_claim)
 # What each scenario's ratio is taken against.
 base_of() {
   case "$1" in
@@ -135,6 +147,7 @@ for clients in 8 1; do
   json+=" \"key_sink_ratio\": ${rat[key_sink]}, \"key_guard_sink_ratio\": ${rat[key_guard_sink]},"
   json+=" \"floors\": {\"record_tps\": ${med[floor_record]},"
   json+=" \"record_ratio\": ${rat[floor_record]},"
+  json+=" \"claim_tps\": ${med[floor_claim]}, \"claim_ratio\": ${rat[floor_claim]},"
   json+=" \"client_bare_tps\": ${med[client_bare]}, \"client_bare_ratio\": ${rat[client_bare]},"
   json+=" \"client_bare_guard_tps\": ${med[client_bare_guard]},"
   json+=" \"client_guard_ratio\": ${rat[client_bare_guard]},"
