@@ -13,6 +13,7 @@
 #include <system_error>
 #include <utility>
 
+#include "exception_ptr.h"
 #include "facade/call_key.h"
 #include "facade/in_process.h"
 #include "facade/plan.h"
@@ -131,26 +132,8 @@ std::string_view state_name(RecordState state) {
   return state == RecordState::kCompleted ? "COMPLETED" : "IN_PROGRESS";
 }
 
-std::string what(const std::exception_ptr& error) {
-  try {
-    std::rethrow_exception(error);
-  } catch (const std::exception& e) {
-    return e.what();
-  } catch (...) {
-    return "unknown exception";
-  }
-}
-
-template <class E>
-bool is(const std::exception_ptr& error) {
-  try {
-    std::rethrow_exception(error);
-  } catch (const E&) {
-    return true;
-  } catch (...) {
-    return false;
-  }
-}
+using test::is;
+using test::what;
 
 // The failures the simulated servers and the driver report.
 std::exception_ptr pg_error(const char* text, const char* sqlstate) {

@@ -178,18 +178,6 @@ inline void expect_loop_never_blocked(const LoopProbe& probe,
   EXPECT_LT(probe.worst_gap(), kMaxDeadlineTurn) << "the loop stalled" << wall;
 }
 
-/// The message of `error` ("" when null), for a test's failure message.
-inline std::string what(const std::exception_ptr& error) {
-  if (error == nullptr) return "";
-  try {
-    std::rethrow_exception(error);
-  } catch (const std::exception& e) {
-    return e.what();
-  } catch (...) {
-    return "(not a std::exception)";
-  }
-}
-
 /// Tallies calls that must fail with `Error` (each checked by `check`) and when the last ended.
 template <typename Error>
 class FailureTally {
