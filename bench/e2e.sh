@@ -61,10 +61,11 @@ vars='\set n random(1, 1152921504606846976)
 \set a random(1, 1000)'
 ledger="INSERT INTO $s.ledger (idem_key, account, amount_cents) VALUES ('pgb-' || :client_id || '-' || :n, :a, 500)"
 account="UPDATE $s.accounts SET balance_cents = balance_cents - 500 WHERE id = :a"
-# A completed record as the sink writes it with COMMIT (src/sink/pg_sink.cc, kRecord).
-record="INSERT INTO $s.idem_records (ns, key, request_id, fingerprint, state, response, response_sha256, expires_at) VALUES ('bench', 'u|refund|pgb-' || CAST(:client_id AS text) || '-' || CAST(:n AS text), 'req-pgb-' || CAST(:n AS text), 'f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f00', 'completed', '\\x7b22737461747573223a22726566756e646564222c22616d6f756e745f63656e7473223a3530307d'::bytea, NULL, now() + 86400000::float8 * interval '1 ms')"
-# The sink's claim as it sends it with BEGIN (src/sink/pg_sink.cc, kLockKey and kLookup).
+# idem's key of a call, as the records table holds it.
 key="'u|refund|pgb-' || CAST(:client_id AS text) || '-' || CAST(:n AS text)"
+# A completed record as the sink writes it with COMMIT (src/sink/pg_sink.cc, kRecord).
+record="INSERT INTO $s.idem_records (ns, key, request_id, fingerprint, state, response, response_sha256, expires_at) VALUES ('bench', $key, 'req-pgb-' || CAST(:n AS text), 'f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f00', 'completed', '\\x7b22737461747573223a22726566756e646564222c22616d6f756e745f63656e7473223a3530307d'::bytea, NULL, now() + 86400000::float8 * interval '1 ms')"
+# The sink's claim as it sends it with BEGIN (src/sink/pg_sink.cc, kLockKey and kLookup).
 lock="SELECT pg_advisory_xact_lock(hashtextextended($key, hashtext('bench')))"
 lookup="SELECT state, fingerprint, request_id, response, response_sha256, expires_at <= now() FROM $s.idem_records WHERE ns = 'bench' AND key = $key"
 printf '%s\nBEGIN;\n%s;\n%s;\nCOMMIT;\n' "$vars" "$ledger" "$account" >"$work/bare.sql"
