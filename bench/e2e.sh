@@ -20,6 +20,11 @@
 #               record sent with BEGIN in one pipelined flight, every statement and flight of a
 #               sink's call without the client (sink against it: idem's client-side share;
 #               floor_claim against floor_record: what the lock and the read cost the server)
+#   floor_read  floor_claim without the advisory lock (floor_claim against it: what the lock costs)
+#   floor_insert_first
+#               the other claim design, measured as a floor: BEGIN with an INSERT … ON CONFLICT DO
+#               NOTHING of an in-progress record (the unique index as the lock, its answer as the
+#               read), and the record's UPDATE to completed with COMMIT
 #   client_bare, client_bare_guard, client_bare_claim
 #               the bare transaction through libpqxx (the client library's share), with the
 #               guard's claim and complete around it without the facade (Redis' round trips),
@@ -63,16 +68,35 @@ ledger="INSERT INTO $s.ledger (idem_key, account, amount_cents) VALUES ('pgb-' |
 account="UPDATE $s.accounts SET balance_cents = balance_cents - 500 WHERE id = :a"
 # idem's key of a call, as the records table holds it.
 key="'u|refund|pgb-' || CAST(:client_id AS text) || '-' || CAST(:n AS text)"
+# The record's fingerprint and stored response (a 40-byte JSON body).
+fingerprint="'f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f00'"
+response="'\\x7b22737461747573223a22726566756e646564222c22616d6f756e745f63656e7473223a3530307d'::bytea"
+retention="now() + 86400000::float8 * interval '1 ms'"
 # A completed record as the sink writes it with COMMIT (src/sink/pg_sink.cc, kRecord).
-record="INSERT INTO $s.idem_records (ns, key, request_id, fingerprint, state, response, response_sha256, expires_at) VALUES ('bench', $key, 'req-pgb-' || CAST(:n AS text), 'f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f00', 'completed', '\\x7b22737461747573223a22726566756e646564222c22616d6f756e745f63656e7473223a3530307d'::bytea, NULL, now() + 86400000::float8 * interval '1 ms')"
+record="INSERT INTO $s.idem_records (ns, key, request_id, fingerprint, state, response, response_sha256, expires_at) VALUES ('bench', $key, 'req-pgb-' || CAST(:n AS text), $fingerprint, 'completed', $response, NULL, $retention)"
 # The sink's claim as it sends it with BEGIN (src/sink/pg_sink.cc, kLockKey and kLookup).
 lock="SELECT pg_advisory_xact_lock(hashtextextended($key, hashtext('bench')))"
 lookup="SELECT state, fingerprint, request_id, response, response_sha256, expires_at <= now() FROM $s.idem_records WHERE ns = 'bench' AND key = $key"
-printf '%s\nBEGIN;\n%s;\n%s;\nCOMMIT;\n' "$vars" "$ledger" "$account" >"$work/bare.sql"
-printf '%s\nBEGIN;\n%s;\n%s;\n\\startpipeline\n%s;\nCOMMIT;\n\\endpipeline\n' "$vars" "$ledger" "$account" \
-  "$record" >"$work/record.sql"
-printf '%s\n\\startpipeline\nBEGIN;\n%s;\n%s;\n\\endpipeline\n%s;\n%s;\n\\startpipeline\n%s;\nCOMMIT;\n\\endpipeline\n' \
-  "$vars" "$lock" "$lookup" "$ledger" "$account" "$record" >"$work/claim.sql"
+# The other claim design: an in-progress record inserted with BEGIN (a competitor's insert of the
+# key waits at the unique index until this transaction ends; no row back means a duplicate),
+# completed by an UPDATE with COMMIT (no indexed column changes: a HOT update).
+insert_first="INSERT INTO $s.idem_records (ns, key, request_id, fingerprint, expires_at, owner_token) VALUES ('bench', $key, 'req-pgb-' || CAST(:n AS text), $fingerprint, $retention, '') ON CONFLICT (ns, key) DO NOTHING RETURNING 1"
+complete="UPDATE $s.idem_records SET state = 'completed', response = $response, response_sha256 = NULL WHERE ns = 'bench' AND key = $key"
+# One pgbench script: the business transaction, with the statement `closing` (if any) sent with
+# COMMIT and the statements `opening…` (if any) with BEGIN, each group one pipelined flight.
+script() {  # closing [opening…]
+  local closing="$1"
+  shift
+  printf '%s\n' "$vars"
+  if (($#)); then printf '\\startpipeline\nBEGIN;\n'; printf '%s;\n' "$@"; printf '\\endpipeline\n'; else printf 'BEGIN;\n'; fi
+  printf '%s;\n' "$ledger" "$account"
+  if [[ -n "$closing" ]]; then printf '\\startpipeline\n%s;\nCOMMIT;\n\\endpipeline\n' "$closing"; else printf 'COMMIT;\n'; fi
+}
+script "" >"$work/bare.sql"
+script "$record" >"$work/record.sql"
+script "$record" "$lock" "$lookup" >"$work/claim.sql"
+script "$record" "$lookup" >"$work/read.sql"
+script "$complete" "$insert_first" >"$work/insert_first.sql"
 
 empty_tables() { psql -q "$url" -c "TRUNCATE $s.ledger, $s.idem_records" >/dev/null; }
 
@@ -81,9 +105,7 @@ slice() {  # scenario clients secs
   empty_tables
   local pgb=(pgbench -n -c "$2" -j "$2" -T "$3")
   case "$1" in
-    bare) "${pgb[@]}" -M prepared -f "$work/bare.sql" "$url" 2>/dev/null | tps ;;
-    floor_record) "${pgb[@]}" -M prepared -f "$work/record.sql" "$url" 2>/dev/null | tps ;;
-    floor_claim) "${pgb[@]}" -M prepared -f "$work/claim.sql" "$url" 2>/dev/null | tps ;;
+    bare | floor_*) "${pgb[@]}" -M prepared -f "$work/${1#floor_}.sql" "$url" 2>/dev/null | tps ;;
     client_bare) "$harness" --pg-url "$url" --schema "$schema" --mode bare --clients "$2" --seconds "$3" ;;
     client_bare_guard | client_bare_claim) "$harness" --pg-url "$url" --redis-url "$redis" --schema "$schema" --mode "${1#client_}" --clients "$2" --seconds "$3" ;;
     *) "$harness" --pg-url "$url" --redis-url "$redis" --schema "$schema" --mode "$1" --clients "$2" --seconds "$3" ;;
@@ -91,7 +113,7 @@ slice() {  # scenario clients secs
 }
 tps() { sed -n 's/^tps = \([0-9.]*\) (without initial connection time)$/\1/p'; }
 
-scenarios=(bare sink guard_sink key_sink key_guard_sink floor_record floor_claim client_bare client_bare_guard client_bare_claim)
+scenarios=(bare sink guard_sink key_sink key_guard_sink floor_record floor_claim floor_read floor_insert_first client_bare client_bare_guard client_bare_claim)
 # What each scenario's ratio is taken against.
 base_of() {
   case "$1" in
@@ -149,6 +171,9 @@ for clients in 8 1; do
   json+=" \"floors\": {\"record_tps\": ${med[floor_record]},"
   json+=" \"record_ratio\": ${rat[floor_record]},"
   json+=" \"claim_tps\": ${med[floor_claim]}, \"claim_ratio\": ${rat[floor_claim]},"
+  json+=" \"read_tps\": ${med[floor_read]}, \"read_ratio\": ${rat[floor_read]},"
+  json+=" \"insert_first_tps\": ${med[floor_insert_first]},"
+  json+=" \"insert_first_ratio\": ${rat[floor_insert_first]},"
   json+=" \"client_bare_tps\": ${med[client_bare]}, \"client_bare_ratio\": ${rat[client_bare]},"
   json+=" \"client_bare_guard_tps\": ${med[client_bare_guard]},"
   json+=" \"client_guard_ratio\": ${rat[client_bare_guard]},"
