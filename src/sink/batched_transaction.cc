@@ -18,7 +18,7 @@ BatchedTransaction::~BatchedTransaction() noexcept { End(); }
 
 std::vector<PgFlightStatement> BatchedTransaction::opening(
     std::vector<PgFlightStatement> statements) {
-  if (begun_) return statements;
+  if (begun_ || begin_.empty()) return statements;
   begun_ = true;  // from here on the server may hold a transaction: abort() rolls it back
   std::vector<PgFlightStatement> flight;
   flight.reserve(begin_.size() + statements.size());
@@ -33,7 +33,7 @@ PgResultPtr BatchedTransaction::send(std::vector<PgFlightStatement> statements) 
 }
 
 void BatchedTransaction::begin_now() {
-  if (begun_) return;
+  if (begun_ || begin_.empty()) return;
   begun_ = true;
   std::string sql;
   for (const std::string& statement : begin_) sql += (sql.empty() ? "" : "; ") + statement;
@@ -41,6 +41,7 @@ void BatchedTransaction::begin_now() {
 }
 
 void BatchedTransaction::at_commit(PgFlightStatement statement) {
+  if (begin_.empty()) throw pqxx::usage_error("idem: a statement staged in an autocommit unit");
   staged_.push_back(std::move(statement));
 }
 

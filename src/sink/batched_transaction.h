@@ -16,10 +16,16 @@ namespace idem::detail {
 /// caller's own (exec_params, exec_prepared) must come after one of them, since libpqxx sends
 /// those on the connection directly. commit() sends the staged statements and COMMIT as one
 /// flight: when a staged statement fails, the server skips the COMMIT, the transaction is rolled
-/// back and the statement's error is thrown. Not thread-safe (like any libpqxx transaction).
+/// back and the statement's error is thrown.
+///
+/// With no opening statements it is no transaction at all but an autocommit unit (as
+/// pqxx::nontransaction, whose connection libpqxx does not hand out): each flight commits at
+/// its sync point, commit() and abort() send nothing, and nothing may be staged.
+/// Not thread-safe (like any libpqxx transaction).
 class BatchedTransaction final : public pqxx::dbtransaction {
  public:
-  /// `begin`: the statements that open the transaction, "BEGIN" first (then, e.g., SET LOCAL).
+  /// `begin`: the statements that open the transaction, "BEGIN" first (then, e.g., SET LOCAL);
+  /// empty for an autocommit unit.
   BatchedTransaction(pqxx::connection_base& conn, std::vector<std::string> begin);
   ~BatchedTransaction() noexcept override;
   BatchedTransaction(const BatchedTransaction&) = delete;
@@ -30,7 +36,8 @@ class BatchedTransaction final : public pqxx::dbtransaction {
   PgResultPtr send(std::vector<PgFlightStatement> statements);
   /// Sends the held-back BEGIN on its own, if it was not sent yet.
   void begin_now();
-  /// Stages `statement` to be sent with COMMIT, before it.
+  /// Stages `statement` to be sent with COMMIT, before it. Throws pqxx::usage_error in an
+  /// autocommit unit.
   void at_commit(PgFlightStatement statement);
   /// Whether BEGIN was sent.
   [[nodiscard]] bool begun() const noexcept { return begun_; }

@@ -199,6 +199,27 @@ struct PgSink::Impl {
     });
   }
 
+  // Whether `statement` (one that returns its rows, as kClaim) returned a row in `tx`, within
+  // response_timeout. In a pqxx::dbtransaction (every transaction and autocommit unit of the
+  // sink's own, and a caller's pqxx::work) it goes as a one-statement flight on libpq directly:
+  // through libpqxx it would cost a poll for notifications after it, one more receive per call.
+  bool returned_row(pqxx::transaction_base& tx, Statement statement,
+                    const detail::PgParams& params) const {
+    return run_own(tx, [&] {
+      auto* const own = dynamic_cast<pqxx::dbtransaction*>(&tx);
+      if (own == nullptr) {
+        prepare(tx, statement);
+        const auto values = pqxx::prepare::make_dynamic_params(params);
+        return !(transaction_pooling() ? tx.exec_params(sql[statement], values)
+                                       : tx.exec_prepared(kStatementNames[statement], values))
+                    .empty();
+      }
+      const detail::PgResultPtr result =
+          detail::run_flight(detail::raw_connection(*own), {flight(tx, statement, params)});
+      return PQntuples(result.get()) > 0;
+    });
+  }
+
   // Runs fn(), which sends idem's own statements on tx's connection, within response_timeout; a
   // missing table or column gets detail::migrate_hint() added to its error.
   template <typename F>
@@ -213,13 +234,13 @@ struct PgSink::Impl {
     }
   }
 
-  // Runs body(tx) as one short unit of its own: a nontransaction (each statement commits by
+  // Runs body(tx) as one short unit of its own: an autocommit unit (each statement commits by
   // itself) on a session of ours; behind a transaction pooler, a watched transaction (its first
   // round trip sets the timeouts with SET LOCAL), committed unless keep(result) is false.
   template <typename Body, typename Keep>
   auto autocommit(pqxx::connection& conn, Body&& body, Keep&& keep) {
     if (!transaction_pooling()) {
-      pqxx::nontransaction tx(conn);
+      detail::BatchedTransaction tx(conn, {});
       return body(tx);
     }
     std::optional<decltype(body(std::declval<pqxx::transaction_base&>()))> result;
@@ -316,15 +337,13 @@ struct PgSink::Impl {
                   std::string_view owner = {}) const {
     detail::validate_sink_claim(key, request_id, owner);
     const std::string k(key);
-    const std::string rid(request_id);
-    const std::string fp(fingerprint);
-    const std::string own(owner.empty() ? request_id : owner);
+    const detail::PgParams claim_params =
+        detail::pg_params(options.ns, key, request_id, fingerprint, std::to_string(expiry.count()),
+                          owner.empty() ? request_id : owner);
     return detail::translating([&] {
       try {
         for (int attempt = 0; attempt < kClaimAttempts; ++attempt) {
-          if (!exec(tx, kClaim, options.ns, k, rid, fp, to_ms(expiry), own).empty()) {
-            return SinkClaim{};
-          }
+          if (returned_row(tx, kClaim, claim_params)) return SinkClaim{};
           const pqxx::result found = exec(tx, kLookup, options.ns, k);
           if (found.empty()) continue;   // released or purged since the insert
           if (found[0][5].as<bool>()) {  // expired: take the key over

@@ -2,16 +2,18 @@
 // counting proxy: a flight is one round trip whose prepared statements are never parsed again,
 // it answers with its last statement's result, a failed statement throws its SQLSTATE and skips
 // the statements after it while the connection stays usable, and a lost connection is a
-// pqxx::broken_connection.
+// pqxx::broken_connection. A BatchedTransaction with no opening statements is an autocommit unit:
+// its flights commit at their sync point and its end sends nothing.
 #include <gtest/gtest.h>
 
 #include <memory>
-#include <pqxx/except>
+#include <pqxx/pqxx>
 #include <string>
 
 #include "counting_proxy.h"
 #include "pg/flight.h"
 #include "pg_server.h"
+#include "sink/batched_transaction.h"
 #include "test_env.h"
 
 namespace idem::detail {
@@ -31,10 +33,10 @@ class PgFlightTest : public ::testing::Test {
     if (address.port == 0) GTEST_SKIP() << "IDEM_TEST_PG_URL is not postgresql://user@host:port/db";
     proxy_ = std::make_unique<test::CountingProxy>(test::CountingProxy::Protocol::kPostgres,
                                                    address.host, address.port);
-    conn_.reset(PQconnectdb(("host=127.0.0.1 port=" + std::to_string(proxy_->port()) +
-                             " dbname=" + address.database + " user=" + address.user +
-                             " sslmode=disable gssencmode=disable")
-                                .c_str()));
+    proxied_ = "host=127.0.0.1 port=" + std::to_string(proxy_->port()) +
+               " dbname=" + address.database + " user=" + address.user +
+               " sslmode=disable gssencmode=disable";
+    conn_.reset(PQconnectdb(proxied_.c_str()));
     ASSERT_EQ(PQstatus(conn_.get()), CONNECTION_OK) << PQerrorMessage(conn_.get());
     exec("CREATE TEMP TABLE flight_rows (n int)");
     exec("PREPARE flight_add(int) AS INSERT INTO flight_rows VALUES ($1) RETURNING n * 2");
@@ -52,6 +54,7 @@ class PgFlightTest : public ::testing::Test {
   }
 
   std::string url_;
+  std::string proxied_;  // conninfo through the proxy
   std::unique_ptr<test::CountingProxy> proxy_;
   Conn conn_;
 };
@@ -98,6 +101,34 @@ TEST_F(PgFlightTest, ALostConnectionIsABrokenConnection) {
   }
   EXPECT_THROW((void)run_flight(conn_.get(), {{"flight_add", true, pg_params("4")}}),
                pqxx::broken_connection);
+}
+
+TEST_F(PgFlightTest, AnAutocommitUnitCommitsEachFlightAtItsSyncAndSendsNothingAtItsEnd) {
+  // A table of the test's own, so that another session can look at it.
+  const std::string table = "idem_flight_unit_" + one("SELECT pg_backend_pid()");
+  exec("CREATE TABLE " + table + " (n int)");
+  pqxx::connection conn(proxied_);
+  const auto count = [&] {
+    pqxx::connection other(url_);
+    pqxx::nontransaction look(other);
+    return look.exec1("SELECT count(*) FROM " + table)[0].as<int>();
+  };
+  {
+    BatchedTransaction unit(conn, {});
+    proxy_->reset();
+    (void)unit.send({{"INSERT INTO " + table + " VALUES (1)", false, {}}});
+    EXPECT_EQ(proxy_->round_trips(), 1u);
+    EXPECT_EQ(count(), 1);  // committed before the unit ends
+    EXPECT_THROW(unit.at_commit({"SELECT 1", false, {}}), pqxx::usage_error);
+    unit.commit();
+  }
+  {
+    BatchedTransaction unit(conn, {});
+    (void)unit.send({{"INSERT INTO " + table + " VALUES (2)", false, {}}});
+  }                                      // ended without commit(): nothing to roll back
+  EXPECT_EQ(proxy_->round_trips(), 2u);  // the two flights, no COMMIT or ROLLBACK
+  EXPECT_EQ(count(), 2);
+  exec("DROP TABLE " + table);
 }
 
 }  // namespace

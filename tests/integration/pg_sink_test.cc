@@ -515,6 +515,20 @@ TEST_F(PgSinkTest, KeywordConninfoAndTheCallersOwnConnectionWork) {
   EXPECT_EQ(sink->claim("k10", "req-c", "").response, std::optional<std::string>("own"));
 }
 
+TEST_F(PgSinkTest, AClaimInTheCallersNontransactionCommitsAtOnce) {
+  // A pqxx::nontransaction hands libpq's connection to no one: its claim goes through libpqxx.
+  pqxx::connection own(url_);
+  pqxx::nontransaction tx(own);
+  EXPECT_EQ(sink_->claim(tx, "k11", "req-a", "fp").status, SinkStatus::kClaimed);
+  const SinkClaim again = sink_->claim("k11", "req-b", "fp");  // on a pooled connection
+  EXPECT_EQ(again.status, SinkStatus::kDuplicate);             // the claim row is committed already
+  EXPECT_EQ(again.state, RecordState::kInProgress);
+  EXPECT_FALSE(again.same_request);
+  sink_->complete(tx, "k11", "response of req-a");
+  EXPECT_EQ(sink_->claim("k11", "req-b", "fp").response,
+            std::optional<std::string>("response of req-a"));
+}
+
 TEST_F(PgSinkTest, InvalidOptionsAreConfigErrors) {
   PgSinkOptions opts = options();
   opts.pool_size = 0;
