@@ -254,12 +254,8 @@ asio::awaitable<SinkClaim> AsyncPgSink::claim(std::string_view key, std::string_
 asio::awaitable<bool> AsyncPgSink::complete(std::string_view key, std::string_view owner,
                                             std::string_view response,
                                             std::chrono::milliseconds retention) {
-  const std::chrono::milliseconds keep = sink_retention(options_, retention);
-  const bool capped = response.size() > options_.max_response_bytes;
-  PgParams params = pg_params(
-      options_.ns, key, capped ? std::nullopt : std::optional<std::string>(bytea_literal(response)),
-      capped ? std::optional<std::string>(sha256_hex(response)) : std::nullopt, ms_text(keep),
-      owner);
+  PgParams params = complete_params(options_, key, response, sink_retention(options_, retention),
+                                    std::string(owner));
   const PgResultPtr updated = co_await exec(Prepared::kComplete, std::move(params), false);
   co_return std::string_view(PQcmdTuples(updated.get())) == "1";
 }

@@ -51,8 +51,6 @@ constexpr std::array<const char*, kCount> kStatementNames{
     "idem_complete", "idem_release",  "idem_renew",  "idem_purge",     "idem_inspect",
     "idem_lock_row", "idem_evict",    "idem_writes"};
 
-double to_ms(std::chrono::milliseconds duration) { return static_cast<double>(duration.count()); }
-
 }  // namespace
 
 void detail::validate_sink_options(const PgSinkOptions& options) {
@@ -199,24 +197,34 @@ struct PgSink::Impl {
     });
   }
 
-  // Whether `statement` (one that returns its rows, as kClaim) returned a row in `tx`, within
-  // response_timeout. In a pqxx::dbtransaction (every transaction and autocommit unit of the
-  // sink's own, and a caller's pqxx::work) it goes as a one-statement flight on libpq directly:
-  // through libpqxx it would cost a poll for notifications after it, one more receive per call.
-  bool returned_row(pqxx::transaction_base& tx, Statement statement,
-                    const detail::PgParams& params) const {
+  // What one of idem's statements answered: the rows it returned, and the rows an INSERT,
+  // UPDATE or DELETE changed.
+  struct Answer {
+    std::size_t rows = 0;
+    std::size_t changed = 0;
+  };
+
+  // Runs `statement` with `params` in `tx` within response_timeout. In a pqxx::dbtransaction
+  // (every autocommit unit and transaction of the sink's own, and a caller's pqxx::work) it goes
+  // as a one-statement flight on libpq directly: through libpqxx every statement is followed by
+  // a poll for notifications, one more system call. Other transactions go through libpqxx.
+  Answer run(pqxx::transaction_base& tx, Statement statement,
+             const detail::PgParams& params) const {
     return run_own(tx, [&] {
       auto* const own = dynamic_cast<pqxx::dbtransaction*>(&tx);
       if (own == nullptr) {
         prepare(tx, statement);
         const auto values = pqxx::prepare::make_dynamic_params(params);
-        return !(transaction_pooling() ? tx.exec_params(sql[statement], values)
-                                       : tx.exec_prepared(kStatementNames[statement], values))
-                    .empty();
+        const pqxx::result result = transaction_pooling()
+                                        ? tx.exec_params(sql[statement], values)
+                                        : tx.exec_prepared(kStatementNames[statement], values);
+        return Answer{result.size(), result.affected_rows()};
       }
       const detail::PgResultPtr result =
           detail::run_flight(detail::raw_connection(*own), {flight(tx, statement, params)});
-      return PQntuples(result.get()) > 0;
+      const std::string_view changed = PQcmdTuples(result.get());
+      return Answer{static_cast<std::size_t>(PQntuples(result.get())),
+                    changed.empty() ? 0 : std::stoul(std::string(changed))};
     });
   }
 
@@ -343,7 +351,7 @@ struct PgSink::Impl {
     return detail::translating([&] {
       try {
         for (int attempt = 0; attempt < kClaimAttempts; ++attempt) {
-          if (returned_row(tx, kClaim, claim_params)) return SinkClaim{};
+          if (run(tx, kClaim, claim_params).rows != 0) return SinkClaim{};
           const pqxx::result found = exec(tx, kLookup, options.ns, k);
           if (found.empty()) continue;   // released or purged since the insert
           if (found[0][5].as<bool>()) {  // expired: take the key over
@@ -384,19 +392,9 @@ struct PgSink::Impl {
   bool complete(pqxx::transaction_base& tx, std::string_view key, std::string_view response,
                 const std::optional<std::string>& owner,
                 std::chrono::milliseconds retention) const {
-    const std::string k(key);
-    const double keep = to_ms(detail::sink_retention(options, retention));
-    const auto run = [&](const auto& body, const auto& sha) {
-      const pqxx::result updated =
-          owner ? exec(tx, kComplete, options.ns, k, body, sha, keep, *owner)
-                : exec(tx, kComplete, options.ns, k, body, sha, keep, nullptr);
-      return updated.affected_rows() == 1;
-    };
-    return detail::translating([&] {
-      if (response.size() > options.max_response_bytes)
-        return run(nullptr, detail::sha256_hex(response));
-      return run(pqxx::binarystring(response.data(), response.size()), nullptr);
-    });
+    const detail::PgParams params = detail::complete_params(
+        options, key, response, detail::sink_retention(options, retention), owner);
+    return detail::translating([&] { return run(tx, kComplete, params).changed == 1; });
   }
 
   PgSinkOptions options;
@@ -532,8 +530,8 @@ bool PgSink::complete(std::string_view key, std::string_view owner, std::string_
 bool PgSink::release(std::string_view key, std::string_view owner) {
   return impl_->with_connection([&](pqxx::connection& conn) {
     return impl_->autocommit(conn, [&](pqxx::transaction_base& tx) {
-      return impl_->exec(tx, kRelease, impl_->options.ns, std::string(key), std::string(owner))
-                 .affected_rows() == 1;
+      return impl_->run(tx, kRelease, detail::pg_params(impl_->options.ns, key, owner)).changed ==
+             1;
     });
   });
 }
@@ -543,9 +541,10 @@ bool PgSink::renew(std::string_view key, std::string_view owner, std::chrono::mi
   return impl_->with_connection([&](pqxx::connection& conn) {
     return impl_->autocommit(conn, [&](pqxx::transaction_base& tx) {
       return impl_
-                 ->exec(tx, kRenew, impl_->options.ns, std::string(key), std::string(owner),
-                        to_ms(extend))
-                 .affected_rows() == 1;
+                 ->run(tx, kRenew,
+                       detail::pg_params(impl_->options.ns, key, owner,
+                                         std::to_string(extend.count())))
+                 .changed == 1;
     });
   });
 }
@@ -810,14 +809,32 @@ std::optional<std::string> bytea_value(const PGresult* result, int row, int colu
   return value;
 }
 
+namespace {
+
+// A stored response's two columns: its bytes as a bytea literal, or over the cap NULL and its
+// SHA-256.
+std::pair<std::optional<std::string>, std::optional<std::string>> response_columns(
+    const PgSinkOptions& options, std::string_view response) {
+  if (response.size() > options.max_response_bytes) return {std::nullopt, sha256_hex(response)};
+  return {bytea_literal(response), std::nullopt};
+}
+
+}  // namespace
+
 PgParams record_params(const PgSinkOptions& options, std::string_view key,
                        std::string_view request_id, std::string_view fingerprint,
                        std::string_view response, std::chrono::milliseconds retention) {
-  const bool capped = response.size() > options.max_response_bytes;
-  return pg_params(options.ns, key, request_id, fingerprint,
-                   capped ? std::nullopt : std::optional<std::string>(bytea_literal(response)),
-                   capped ? std::optional<std::string>(sha256_hex(response)) : std::nullopt,
+  auto [body, sha256] = response_columns(options, response);
+  return pg_params(options.ns, key, request_id, fingerprint, std::move(body), std::move(sha256),
                    std::to_string(retention.count()));
+}
+
+PgParams complete_params(const PgSinkOptions& options, std::string_view key,
+                         std::string_view response, std::chrono::milliseconds retention,
+                         std::optional<std::string> owner) {
+  auto [body, sha256] = response_columns(options, response);
+  return pg_params(options.ns, key, std::move(body), std::move(sha256),
+                   std::to_string(retention.count()), std::move(owner));
 }
 
 }  // namespace detail

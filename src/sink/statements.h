@@ -95,5 +95,11 @@ struct StoredRow {
                                      std::string_view request_id, std::string_view fingerprint,
                                      std::string_view response,
                                      std::chrono::milliseconds retention);
+/// The parameters of SinkStatements::complete: the response as record_params() has it, kept for
+/// `retention` (ms, > 0), by the claim of `owner` (nullopt: the claim in the same transaction).
+[[nodiscard]] PgParams complete_params(const PgSinkOptions& options, std::string_view key,
+                                       std::string_view response,
+                                       std::chrono::milliseconds retention,
+                                       std::optional<std::string> owner);
 
 }  // namespace idem::detail
