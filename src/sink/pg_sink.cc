@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <limits>
 #include <optional>
 #include <pqxx/pqxx>
@@ -210,21 +211,18 @@ struct PgSink::Impl {
   // a poll for notifications, one more system call. Other transactions go through libpqxx.
   Answer run(pqxx::transaction_base& tx, Statement statement,
              const detail::PgParams& params) const {
+    auto* const own = dynamic_cast<pqxx::dbtransaction*>(&tx);
+    if (own == nullptr) {
+      const pqxx::result result = exec(tx, statement, pqxx::prepare::make_dynamic_params(params));
+      return Answer{result.size(), result.affected_rows()};
+    }
     return run_own(tx, [&] {
-      auto* const own = dynamic_cast<pqxx::dbtransaction*>(&tx);
-      if (own == nullptr) {
-        prepare(tx, statement);
-        const auto values = pqxx::prepare::make_dynamic_params(params);
-        const pqxx::result result = transaction_pooling()
-                                        ? tx.exec_params(sql[statement], values)
-                                        : tx.exec_prepared(kStatementNames[statement], values);
-        return Answer{result.size(), result.affected_rows()};
-      }
       const detail::PgResultPtr result =
           detail::run_flight(detail::raw_connection(*own), {flight(tx, statement, params)});
-      const std::string_view changed = PQcmdTuples(result.get());
-      return Answer{static_cast<std::size_t>(PQntuples(result.get())),
-                    changed.empty() ? 0 : std::stoul(std::string(changed))};
+      const std::string_view text = PQcmdTuples(result.get());  // "" for a SELECT
+      std::size_t changed = 0;
+      (void)std::from_chars(text.data(), text.data() + text.size(), changed);
+      return Answer{static_cast<std::size_t>(PQntuples(result.get())), changed};
     });
   }
 
