@@ -140,8 +140,7 @@ class BlockingCall final : public detail::CallState, public detail::Renewable {
   mutable std::mutex mutex_;  // the plan, while the handler runs (renewals, Context)
   detail::CallPlan plan_;
   std::optional<detail::PgTransaction> tx_;  // run_transactional(): from kSinkBegin to its end
-  std::once_flag stop_once_;
-  std::optional<std::stop_source> stop_;
+  std::optional<std::stop_source> stop_;  // made by stop_token(), under mutex_
   std::optional<std::stop_callback<StopForwarder>> on_caller_stop_;
   std::optional<std::stop_callback<StopForwarder>> on_shutdown_;
   detail::StepBook steps_;  // the handler's thread only
@@ -177,12 +176,14 @@ bool BlockingCall::renew() {
 
 std::stop_token BlockingCall::stop_token() noexcept {
   // A token requested when either the caller's or the shutdown token is; made on first use, so
-  // calls whose handler never asks pay nothing.
-  std::call_once(stop_once_, [this] {
+  // calls whose handler never asks pay nothing. Under the call's mutex, not std::call_once:
+  // glibc's pthread_once wakes futex waiters with a system call on every first use.
+  std::lock_guard lock(mutex_);
+  if (!stop_) {
     stop_.emplace();
     on_caller_stop_.emplace(plan_.request().stop, StopForwarder{&*stop_});
     on_shutdown_.emplace(shared_.shutdown, StopForwarder{&*stop_});
-  });
+  }
   return stop_->get_token();
 }
 
