@@ -6,6 +6,8 @@
 #   bare        the business transaction alone as a pgbench script (-M prepared):
 #               BEGIN; INSERT INTO ledger …; UPDATE accounts …; COMMIT
 #   sink        the same statements in Deduplicator::run_transactional(), Postgres sink only
+#   sink_staged the same, the handler staging its statements (Context::stage()): they go with
+#               idem's record and COMMIT in one flight
 #   guard_sink  the same with the Redis guard too
 #   key_sink, key_guard_sink
 #               the same with TransactionalClaim::kBusinessKey (the ledger's UNIQUE idem_key is
@@ -21,6 +23,9 @@
 #               sink's call without the client (sink against it: idem's client-side share;
 #               floor_claim against floor_record: what the lock and the read cost the server)
 #   floor_read  floor_claim without the advisory lock (floor_claim against it: what the lock costs)
+#   floor_claim_staged
+#               floor_claim with the business statements in COMMIT's flight, as sink_staged sends
+#               them (sink_staged against it: idem's client-side share of that shape)
 #   floor_insert_first
 #               the other claim design, measured as a floor: BEGIN with an INSERT … ON CONFLICT DO
 #               NOTHING of an in-progress record (the unique index as the lock, its answer as the
@@ -33,6 +38,7 @@
 # slices (default 5); a ratio is the median over every round of the ratio within the round
 # (client_bare_guard against client_bare, the rest against bare). Prints a table; --report-json writes
 #   {"clients_8": {"bare_tps", "sink_tps", "guard_sink_tps", "sink_ratio", "guard_sink_ratio",
+#                  "sink_staged_tps", "sink_staged_ratio",
 #                  "key_sink_tps", "key_guard_sink_tps", "key_sink_ratio", "key_guard_sink_ratio",
 #                  "floors": {…}, "tps_per_run": {…}}, "clients_1": {…}, …}
 set -euo pipefail
@@ -83,20 +89,25 @@ lookup="SELECT state, fingerprint, request_id, response, response_sha256, expire
 insert_first="INSERT INTO $s.idem_records (ns, key, request_id, fingerprint, expires_at, owner_token) VALUES ('bench', $key, 'req-pgb-' || CAST(:n AS text), $fingerprint, $retention, '') ON CONFLICT (ns, key) DO NOTHING RETURNING 1"
 complete="UPDATE $s.idem_records SET state = 'completed', response = $response, response_sha256 = NULL WHERE ns = 'bench' AND key = $key"
 # One pgbench script: the business transaction, with the statement `closing` (if any) sent with
-# COMMIT and the statements `opening…` (if any) with BEGIN, each group one pipelined flight.
-script() {  # closing [opening…]
-  local closing="$1"
-  shift
+# COMMIT and the statements `opening…` (if any) with BEGIN, each group one pipelined flight; the
+# business statements each a round trip of their own (`business` sent) or in COMMIT's flight
+# ahead of `closing` (staged).
+script() {  # business closing [opening…]
+  local business="$1" closing="$2"
+  shift 2
+  local commit=("$closing")
+  [[ "$business" == staged ]] && commit=("$ledger" "$account" "$closing")
   printf '%s\n' "$vars"
   if (($#)); then printf '\\startpipeline\nBEGIN;\n'; printf '%s;\n' "$@"; printf '\\endpipeline\n'; else printf 'BEGIN;\n'; fi
-  printf '%s;\n' "$ledger" "$account"
-  if [[ -n "$closing" ]]; then printf '\\startpipeline\n%s;\nCOMMIT;\n\\endpipeline\n' "$closing"; else printf 'COMMIT;\n'; fi
+  [[ "$business" == sent ]] && printf '%s;\n' "$ledger" "$account"
+  if [[ -n "$closing" ]]; then printf '\\startpipeline\n'; printf '%s;\n' "${commit[@]}" COMMIT; printf '\\endpipeline\n'; else printf 'COMMIT;\n'; fi
 }
-script "" >"$work/bare.sql"
-script "$record" >"$work/record.sql"
-script "$record" "$lock" "$lookup" >"$work/claim.sql"
-script "$record" "$lookup" >"$work/read.sql"
-script "$complete" "$insert_first" >"$work/insert_first.sql"
+script sent "" >"$work/bare.sql"
+script sent "$record" >"$work/record.sql"
+script sent "$record" "$lock" "$lookup" >"$work/claim.sql"
+script staged "$record" "$lock" "$lookup" >"$work/claim_staged.sql"
+script sent "$record" "$lookup" >"$work/read.sql"
+script sent "$complete" "$insert_first" >"$work/insert_first.sql"
 
 empty_tables() { psql -q "$url" -c "TRUNCATE $s.ledger, $s.idem_records" >/dev/null; }
 
@@ -113,7 +124,7 @@ slice() {  # scenario clients secs
 }
 tps() { sed -n 's/^tps = \([0-9.]*\) (without initial connection time)$/\1/p'; }
 
-scenarios=(bare sink guard_sink key_sink key_guard_sink floor_record floor_claim floor_read floor_insert_first client_bare client_bare_guard client_bare_claim)
+scenarios=(bare sink sink_staged guard_sink key_sink key_guard_sink floor_record floor_claim floor_claim_staged floor_read floor_insert_first client_bare client_bare_guard client_bare_claim)
 # What each scenario's ratio is taken against.
 base_of() {
   case "$1" in
@@ -166,11 +177,14 @@ for clients in 8 1; do
   json+="\"clients_$clients\": {\"bare_tps\": ${med[bare]}, \"sink_tps\": ${med[sink]},"
   json+=" \"guard_sink_tps\": ${med[guard_sink]}, \"sink_ratio\": ${rat[sink]},"
   json+=" \"guard_sink_ratio\": ${rat[guard_sink]},"
+  json+=" \"sink_staged_tps\": ${med[sink_staged]}, \"sink_staged_ratio\": ${rat[sink_staged]},"
   json+=" \"key_sink_tps\": ${med[key_sink]}, \"key_guard_sink_tps\": ${med[key_guard_sink]},"
   json+=" \"key_sink_ratio\": ${rat[key_sink]}, \"key_guard_sink_ratio\": ${rat[key_guard_sink]},"
   json+=" \"floors\": {\"record_tps\": ${med[floor_record]},"
   json+=" \"record_ratio\": ${rat[floor_record]},"
   json+=" \"claim_tps\": ${med[floor_claim]}, \"claim_ratio\": ${rat[floor_claim]},"
+  json+=" \"claim_staged_tps\": ${med[floor_claim_staged]},"
+  json+=" \"claim_staged_ratio\": ${rat[floor_claim_staged]},"
   json+=" \"read_tps\": ${med[floor_read]}, \"read_ratio\": ${rat[floor_read]},"
   json+=" \"insert_first_tps\": ${med[floor_insert_first]},"
   json+=" \"insert_first_ratio\": ${rat[floor_insert_first]},"

@@ -197,6 +197,27 @@ class IDEM_EXPORT Context {
     return step(name, std::string_view(), std::forward<Fn>(fn));
   }
 
+  /// In a run_transactional() handler on a PgSink: queues one statement whose result the
+  /// handler does not need (an INSERT, an UPDATE) to go with idem's record and COMMIT once the
+  /// handler returns, in their round trip instead of one of its own (a handler that stages its
+  /// writes costs its call one round trip to PostgreSQL fewer per statement than with
+  /// tx.exec(): docs/pg_sink.md, "What a call costs"). Parameters $1… as text (std::nullopt:
+  /// NULL; one statement per call). Staged statements run in the order queued, after every
+  /// statement the handler runs through the transaction, whenever it ran them: stage only
+  /// writes that nothing later in the handler reads. A step() reading flushes them (they go
+  /// ahead of its reading, in its round trip; the first that fails is thrown there).
+  ///
+  /// The first PgSinkOptions::statement_cache distinct texts are prepared on each connection
+  /// at their first use there (that use costs a round trip) and then sent by name; later texts
+  /// and, behind a transaction pooler, every text are sent unnamed. A text that fails to
+  /// prepare throws idem::PostgresError here and leaves the transaction aborted. A staged
+  /// statement that fails with COMMIT commits nothing of the call, which ends as if the handler
+  /// had thrown its idem::PostgresError (the claim released); a unique violation of one of
+  /// PgSinkOptions::business_constraints makes the call a kDuplicate. A handler that throws
+  /// drops what it staged. Call it from the handler's thread, as the transaction's statements.
+  /// Throws idem::Error outside a run_transactional() handler on a PgSink.
+  void stage(std::string sql, std::vector<std::optional<std::string>> params = {});
+
  private:
   std::string step_impl(std::string_view name, std::string_view input,
                         const std::function<std::string()>& fn);

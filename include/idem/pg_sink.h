@@ -105,12 +105,13 @@ struct PgSinkOptions {
   /// 23505) means "this operation was already done", e.g. the seed's
   /// `refund_records_idem_key_key`. See run_business_write(). Any other 23505 is an error.
   std::vector<std::string> business_constraints{};
-  /// The async driver's statement cache: of the SQL texts that run_transactional() handlers run
-  /// through AsyncTransaction::exec(), the first `statement_cache` distinct ones are prepared on
-  /// each connection at their first use there (parsed and planned once per connection, then sent
-  /// by name); any later text is sent unnamed, parsed on every call. 0: none prepared. Each
-  /// prepared text costs its plan's memory in each server session. The blocking PgSink does not
-  /// use it (a pqxx handler prepares its own statements).
+  /// The statement cache of handlers' own texts: of the SQL texts that run_transactional()
+  /// handlers send through idem (AsyncTransaction::exec() and stage(), Context::stage()), the
+  /// first `statement_cache` distinct ones are prepared on each connection at their first use
+  /// there (parsed and planned once per connection, then sent by name); any later text is sent
+  /// unnamed, parsed on every call. 0: none prepared. Each prepared text costs its plan's memory
+  /// in each server session. Statements a handler runs through its pqxx transaction are its own
+  /// (libpqxx's prepare() and exec_prepared() prepare them).
   std::size_t statement_cache = 64;
 };
 

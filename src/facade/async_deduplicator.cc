@@ -303,11 +303,7 @@ asio::awaitable<StepResult> AsyncCall::perform(const Step& step) {
       const bool duplicate = tx_ != nullptr && tx_->business_duplicate(std::current_exception());
       const bool handlers = tx_ != nullptr && tx_->handler_statement_failed();
       tx_.reset();  // ended, whatever it answered
-      if (duplicate) co_return BusinessDuplicate{};
-      // A statement the handler staged failed: the handler's failure, not the sink's.
-      StepError error = classify_current();
-      if (handlers) error.kind = ErrorKind::kOther;
-      co_return error;
+      co_return commit_failure(std::current_exception(), duplicate, handlers);
     }
     co_return classify_current();
   }

@@ -5,9 +5,11 @@
 
 #include <chrono>
 #include <functional>
+#include <optional>
 #include <stop_token>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace idem::detail {
 
@@ -27,6 +29,8 @@ class CallState {
   /// Context::step(); `fn` runs the step.
   virtual std::string step(std::string_view name, std::string_view input,
                            const std::function<std::string()>& fn) = 0;
+  /// Context::stage().
+  virtual void stage(std::string sql, std::vector<std::optional<std::string>> params) = 0;
 };
 
 }  // namespace idem::detail

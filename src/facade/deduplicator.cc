@@ -44,6 +44,9 @@ std::string Context::step_impl(std::string_view name, std::string_view input,
                                const std::function<std::string()>& fn) {
   return state_->step(name, input, fn);
 }
+void Context::stage(std::string sql, std::vector<std::optional<std::string>> params) {
+  state_->stage(std::move(sql), std::move(params));
+}
 
 namespace {
 
@@ -119,6 +122,12 @@ class BlockingCall final : public detail::CallState, public detail::Renewable {
   std::stop_token stop_token() noexcept override;
   std::string step(std::string_view name, std::string_view input,
                    const std::function<std::string()>& fn) override;
+  void stage(std::string sql, std::vector<std::optional<std::string>> params) override {
+    if (!tx_) {
+      throw Error("idem: Context::stage() outside a run_transactional() handler on a PgSink");
+    }
+    tx_->stage(std::move(sql), std::move(params));
+  }
 
  private:
   [[nodiscard]] bool stopped() const noexcept {
@@ -237,13 +246,13 @@ detail::StepResult BlockingCall::perform(const detail::Step& step, const Handler
     return perform_io(step, handler);
   } catch (...) {
     if (step.kind == detail::StepKind::kCommit) {
+      const bool handlers = tx_ && tx_->handler_statement_failed();
       tx_.reset();  // ended, whatever it answered
-      // A business constraint that fired with COMMIT (a deferred one) makes the call a
-      // duplicate.
-      if (detail::business_duplicate(std::current_exception(),
-                                     shared_.pg->options().business_constraints)) {
-        return detail::BusinessDuplicate{};
-      }
+      return detail::commit_failure(
+          std::current_exception(),
+          detail::business_duplicate(std::current_exception(),
+                                     shared_.pg->options().business_constraints),
+          handlers);
     }
     return detail::classify_current();
   }

@@ -816,4 +816,12 @@ std::chrono::milliseconds CallPlan::record_retention() const noexcept {
   return key_.fallback ? rules_.options_.fallback_retention : std::chrono::milliseconds(0);
 }
 
+StepResult commit_failure(const std::exception_ptr& error, bool business_duplicate,
+                          bool handlers_statement) {
+  if (business_duplicate) return BusinessDuplicate{};
+  StepError failure = classify(error);
+  if (handlers_statement) failure.kind = ErrorKind::kOther;
+  return failure;
+}
+
 }  // namespace idem::detail

@@ -175,6 +175,13 @@ struct BusinessDuplicate {};
 using StepResult = std::variant<Started, Done, CacheEntry, ClaimResult, Completed, SinkClaim,
                                 Response, BusinessDuplicate, FailureDecision, StepError>;
 
+/// What a kCommit that threw `error` reports, in every driver: a unique violation of a business
+/// constraint (`business_duplicate`) makes the call a duplicate; the failure of a statement the
+/// handler staged (`handlers_statement`) is the handler's failure (kOther), not the sink's;
+/// anything else is classified as any step's failure.
+[[nodiscard]] StepResult commit_failure(const std::exception_ptr& error, bool business_duplicate,
+                                        bool handlers_statement);
+
 /// What a driver tells the plan at each step.
 struct Input {
   PlanTime now{};        ///< The driver's monotonic clock, now.

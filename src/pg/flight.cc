@@ -23,7 +23,8 @@ bool send(PGconn* conn, const PgFlightStatement& statement, std::vector<const ch
 
 }  // namespace
 
-PgResultPtr run_flight(PGconn* conn, const std::vector<PgFlightStatement>& statements) {
+PgResultPtr run_flight(PGconn* conn, const std::vector<PgFlightStatement>& statements,
+                       std::size_t* failed_index) {
   if (PQenterPipelineMode(conn) != 1) throw_lost(conn);
   std::vector<const char*> values;
   for (const PgFlightStatement& statement : statements) {
@@ -47,6 +48,7 @@ PgResultPtr run_flight(PGconn* conn, const std::vector<PgFlightStatement>& state
     if (status == PGRES_FATAL_ERROR && failed == nullptr) {
       if (PQstatus(conn) == CONNECTION_BAD) throw_lost(conn);
       failed = std::move(result);
+      if (failed_index != nullptr) *failed_index = index;
     } else if (index + 1 == statements.size()) {
       last = std::move(result);
     }

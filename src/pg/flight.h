@@ -7,6 +7,7 @@
 
 #include <libpq-fe.h>
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -26,8 +27,10 @@ struct PgFlightStatement {
 /// point and waits for their results; `conn` leaves pipeline mode before this returns or throws.
 /// Returns the last statement's result. When one fails, the server skips those after it (an
 /// open transaction is aborted then) and this throws pqxx::sql_error with the server's message
-/// and SQLSTATE; a lost connection throws pqxx::broken_connection. Blocks for the round trip:
+/// and SQLSTATE, with the failed statement's index in `statements` stored in `*failed_index` (when
+/// not null); a lost connection throws pqxx::broken_connection. Blocks for the round trip:
 /// bound it as any statement (PgWatchdog). Not thread-safe (one connection, one thread).
-PgResultPtr run_flight(PGconn* conn, const std::vector<PgFlightStatement>& statements);
+PgResultPtr run_flight(PGconn* conn, const std::vector<PgFlightStatement>& statements,
+                       std::size_t* failed_index = nullptr);
 
 }  // namespace idem::detail

@@ -36,7 +36,7 @@ PgPool::PgPool(std::string conninfo, std::size_t size, std::chrono::milliseconds
 PgPool::~PgPool() = default;
 
 PgPool::Lease PgPool::borrow() {
-  std::vector<std::unique_ptr<pqxx::connection>> stale;  // closed outside the lock
+  std::vector<std::unique_ptr<PgConnection>> stale;  // closed outside the lock
   {
     std::unique_lock lock(mutex_);
     const auto free = [this] { return !idle_.empty() || open_ < size_; };
@@ -65,7 +65,7 @@ PgPool::Lease PgPool::borrow() {
     stale.clear();
   }
   try {
-    auto conn = translating([this] { return std::make_unique<pqxx::connection>(conninfo_); });
+    auto conn = translating([this] { return std::make_unique<PgConnection>(conninfo_); });
     translating([&] { setup_(*conn); });
     return {*this, std::move(conn)};
   } catch (...) {
@@ -79,15 +79,15 @@ PoolStats PgPool::stats() const {
   return {.size = size_, .open = open_, .in_use = open_ - idle_.size(), .waiters = waiters_};
 }
 
-std::vector<std::unique_ptr<pqxx::connection>> PgPool::take_idle_locked() {
-  std::vector<std::unique_ptr<pqxx::connection>> taken = std::move(idle_);
+std::vector<std::unique_ptr<PgConnection>> PgPool::take_idle_locked() {
+  std::vector<std::unique_ptr<PgConnection>> taken = std::move(idle_);
   idle_.clear();
   open_ -= taken.size();
   return taken;
 }
 
-void PgPool::give_back(std::unique_ptr<pqxx::connection> conn, bool reuse) noexcept {
-  std::vector<std::unique_ptr<pqxx::connection>> dropped;  // closed outside the lock
+void PgPool::give_back(std::unique_ptr<PgConnection> conn, bool reuse) noexcept {
+  std::vector<std::unique_ptr<PgConnection>> dropped;  // closed outside the lock
   {
     std::lock_guard lock(mutex_);
     if (reuse) {

@@ -9,11 +9,21 @@
 #include <mutex>
 #include <pqxx/connection>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "idem/pool_stats.h"
 
 namespace idem::detail {
+
+/// A pooled libpqxx connection, with the names under which callers' own statement texts are
+/// prepared on it (registered with libpqxx's prepare(), which prepares them again after a
+/// reconnect). Whoever fills statement_names bounds it. Not thread-safe (one lease at a time).
+class PgConnection final : public pqxx::connection {
+ public:
+  using pqxx::connection::connection;
+  std::unordered_map<std::string, std::string> statement_names;  // SQL text -> statement name
+};
 
 /// Hands out at most `size` connections at once. Thread-safe. A connection is opened on demand
 /// (and prepared by `setup`), returned to the pool when its Lease ends, and destroyed instead
@@ -27,7 +37,7 @@ class PgPool {
   /// A borrowed connection; gives it back (or destroys it) when it goes out of scope.
   class Lease {
    public:
-    Lease(PgPool& pool, std::unique_ptr<pqxx::connection> conn) noexcept
+    Lease(PgPool& pool, std::unique_ptr<PgConnection> conn) noexcept
         : pool_(&pool), conn_(std::move(conn)) {}
     Lease(Lease&& other) noexcept = default;
     Lease& operator=(Lease&&) = delete;
@@ -35,14 +45,14 @@ class PgPool {
     Lease& operator=(const Lease&) = delete;
     ~Lease();
 
-    pqxx::connection& operator*() const noexcept { return *conn_; }
-    pqxx::connection* operator->() const noexcept { return conn_.get(); }
+    PgConnection& operator*() const noexcept { return *conn_; }
+    PgConnection* operator->() const noexcept { return conn_.get(); }
     /// The connection broke or is in an unknown state: destroy it instead of returning it.
     void discard() noexcept { discarded_ = true; }
 
    private:
     PgPool* pool_;
-    std::unique_ptr<pqxx::connection> conn_;
+    std::unique_ptr<PgConnection> conn_;
     bool discarded_ = false;
   };
 
@@ -62,9 +72,9 @@ class PgPool {
   [[nodiscard]] PoolStats stats() const;
 
  private:
-  void give_back(std::unique_ptr<pqxx::connection> conn, bool reuse) noexcept;
+  void give_back(std::unique_ptr<PgConnection> conn, bool reuse) noexcept;
   // Removes every idle connection from the pool (to be closed outside the lock); mutex_ held.
-  std::vector<std::unique_ptr<pqxx::connection>> take_idle_locked();
+  std::vector<std::unique_ptr<PgConnection>> take_idle_locked();
 
   const std::string conninfo_;
   const std::size_t size_;
@@ -72,7 +82,7 @@ class PgPool {
   const Setup setup_;
   mutable std::mutex mutex_;
   std::condition_variable available_;
-  std::vector<std::unique_ptr<pqxx::connection>> idle_;  // guarded by mutex_
+  std::vector<std::unique_ptr<PgConnection>> idle_;  // guarded by mutex_
   std::size_t open_ = 0;                                 // guarded by mutex_: idle + lent
   std::size_t waiters_ = 0;                              // guarded by mutex_: in borrow()
 };

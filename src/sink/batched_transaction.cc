@@ -16,20 +16,32 @@ BatchedTransaction::BatchedTransaction(pqxx::connection_base& conn, std::vector<
 
 BatchedTransaction::~BatchedTransaction() noexcept { End(); }
 
-std::vector<PgFlightStatement> BatchedTransaction::opening(
-    std::vector<PgFlightStatement> statements) {
-  if (begun_ || begin_.empty()) return statements;
-  begun_ = true;  // from here on the server may hold a transaction: abort() rolls it back
+PgResultPtr BatchedTransaction::fly(std::vector<PgFlightStatement> tail) {
   std::vector<PgFlightStatement> flight;
-  flight.reserve(begin_.size() + statements.size());
-  for (const std::string& sql : begin_) flight.push_back({sql, false, {}});
-  flight.insert(flight.end(), std::make_move_iterator(statements.begin()),
-                std::make_move_iterator(statements.end()));
-  return flight;
+  std::size_t opening = 0;
+  if (!begun_ && !begin_.empty()) {
+    begun_ = true;  // from here on the server may hold a transaction: abort() rolls it back
+    for (const std::string& sql : begin_) flight.push_back({sql, false, {}});
+    opening = flight.size();
+  }
+  const std::size_t staged = staged_.size();
+  flight.insert(flight.end(), std::make_move_iterator(staged_.begin()),
+                std::make_move_iterator(staged_.end()));
+  staged_.clear();
+  flight.insert(flight.end(), std::make_move_iterator(tail.begin()),
+                std::make_move_iterator(tail.end()));
+  failed_staged_.reset();
+  std::size_t failed = flight.size();
+  try {
+    return run_flight(raw_connection(*this), flight, &failed);
+  } catch (const pqxx::sql_error&) {
+    if (failed >= opening && failed < opening + staged) failed_staged_ = failed - opening;
+    throw;
+  }
 }
 
 PgResultPtr BatchedTransaction::send(std::vector<PgFlightStatement> statements) {
-  return run_flight(raw_connection(*this), opening(std::move(statements)));
+  return fly(std::move(statements));
 }
 
 void BatchedTransaction::begin_now() {
@@ -47,11 +59,8 @@ void BatchedTransaction::at_commit(PgFlightStatement statement) {
 
 void BatchedTransaction::do_commit() {
   if (!begun_ && staged_.empty()) return;  // nothing was sent: nothing to commit
-  std::vector<PgFlightStatement> flight = opening(std::move(staged_));
-  staged_.clear();
-  flight.push_back({"COMMIT", false, {}});
   try {
-    (void)run_flight(raw_connection(*this), flight);
+    (void)fly({{"COMMIT", false, {}}});
   } catch (const std::exception& error) {
     // As pqxx::transaction's commit: a connection lost meanwhile leaves the outcome unknown.
     if (!conn().is_open()) {
@@ -71,6 +80,7 @@ void BatchedTransaction::do_commit() {
 
 void BatchedTransaction::do_abort() {
   reactivation_avoidance_clear();
+  staged_.clear();
   if (begun_) direct_exec("ROLLBACK");
 }
 

@@ -293,6 +293,26 @@ struct PgSink::Impl {
     return {kStatementNames[statement], true, std::move(params)};
   }
 
+  // A statement of a run_transactional() handler's own (Context::stage()) for a flight on
+  // `conn`: by the name its text is prepared under there (the first statement_cache distinct
+  // texts of each connection, prepared at their first use: a round trip, which the caller bounds
+  // with run_own()), else, and behind a transaction pooler, its text, sent unnamed.
+  detail::PgFlightStatement handler_statement(detail::PgConnection& conn, std::string sql,
+                                              detail::PgParams params) const {
+    auto& names = conn.statement_names;
+    auto found = names.find(sql);
+    if (found == names.end()) {
+      if (transaction_pooling() || names.size() >= options.statement_cache) {
+        return {std::move(sql), false, std::move(params)};
+      }
+      std::string name = "idem_h" + std::to_string(names.size());
+      conn.prepare(name, sql);
+      found = names.emplace(std::move(sql), std::move(name)).first;
+    }
+    conn.prepare_now(found->second);  // a text that fails to prepare fails at each use
+    return {found->second, true, std::move(params)};
+  }
+
   // Prepares `statement` on tx's connection unless it is already (libpqxx skips a repeat): a
   // round trip the first time. Nothing behind a transaction pooler (no statement outlives the
   // transaction there).
@@ -688,6 +708,18 @@ void PgTransaction::record(std::string_view key, std::string_view request_id,
   });
 }
 
+void PgTransaction::stage(std::string sql, PgParams params) {
+  const PgSink::Impl& impl = *sink_.impl_;
+  BatchedTransaction& tx = *held_->tx;
+  guarded([&] {
+    // Its text is the handler's: no migrate hint on its errors (run_own()).
+    tx.at_commit(impl.watchdog.run(tx.conn().sock(), [&] {
+      return impl.handler_statement(*held_->lease, std::move(sql), std::move(params));
+    }));
+  });
+  ++handler_staged_;
+}
+
 bool PgTransaction::business_write(const std::function<void()>& write) {
   const PgSink::Impl& impl = *sink_.impl_;
   return guarded([&] {
@@ -695,6 +727,12 @@ bool PgTransaction::business_write(const std::function<void()>& write) {
       write();
     } catch (const pqxx::unique_violation& error) {
       if (!names_constraint(error.what(), impl.options.business_constraints)) throw;
+      return false;
+    } catch (const PostgresError&) {
+      // A statement it staged, sent ahead of Context::step()'s reading.
+      if (!business_duplicate(std::current_exception(), impl.options.business_constraints)) {
+        throw;
+      }
       return false;
     }
     return true;
@@ -704,11 +742,14 @@ bool PgTransaction::business_write(const std::function<void()>& write) {
 void PgTransaction::commit() {
   const std::unique_ptr<Held> held = std::move(held_);
   held_ = nullptr;
+  const std::size_t handlers = std::exchange(handler_staged_, 0);  // staged first, then the record
   try {
     translating(
         [&] { sink_.impl_->watchdog.run(held->lease->sock(), [&] { held->tx->commit(); }); });
   } catch (const PostgresError& error) {
     if (is_connection_loss(error.sqlstate())) held->lease.discard();
+    const std::optional<std::size_t> failed = held->tx->failed_staged();
+    handler_failed_ = failed && *failed < handlers;
     throw;
   }
 }
@@ -725,11 +766,16 @@ void PgTransaction::rollback() noexcept {
 
 TransactionWrites PgTransaction::writes() {
   BatchedTransaction& tx = *held_->tx;
-  if (!tx.begun()) return {};  // BEGIN not sent yet: nothing written
+  if (!tx.begun() && handler_staged_ == 0) return {};  // nothing sent yet: nothing written
   const PgSink::Impl& impl = *sink_.impl_;
+  handler_staged_ = 0;  // they go ahead of the reading, in its round trip
   return guarded([&] {
-    const pqxx::row row = impl.exec(tx, kWrites)[0];
-    return TransactionWrites{row[0].as<bool>(), row[1].as<std::int64_t>()};
+    const PgResultPtr row =
+        impl.run_own(tx, [&] { return tx.send({impl.flight(tx, kWrites, {})}); });
+    std::int64_t rows = 0;
+    const std::string_view text = PQgetvalue(row.get(), 0, 1);
+    (void)std::from_chars(text.data(), text.data() + text.size(), rows);
+    return TransactionWrites{std::string_view(PQgetvalue(row.get(), 0, 0)) == "t", rows};
   });
 }
 

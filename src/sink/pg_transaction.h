@@ -5,8 +5,10 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <functional>
 #include <memory>
+#include <string>
 #include <string_view>
 
 #include "idem/pg_sink.h"
@@ -44,21 +46,32 @@ class PgTransaction {
   /// inserted with COMMIT.
   void record(std::string_view key, std::string_view request_id, std::string_view fingerprint,
               std::string_view response, std::chrono::milliseconds retention);
+  /// Stages a statement of the handler's own (Context::stage()), sent ahead of the next
+  /// writes() reading or else with the record and COMMIT; prepared per PgSinkOptions::
+  /// statement_cache (a text's first use on a connection prepares it: a round trip within
+  /// response_timeout, and its failure, an idem::PostgresError, aborts the transaction).
+  void stage(std::string sql, PgParams params);
   /// Runs `write` (the handler, which writes through tx()) and answers false when it ended in a
   /// unique violation of one of PgSinkOptions::business_constraints (the transaction is left
   /// aborted: roll it back). Other libpqxx errors become idem::PostgresError; any other
   /// exception passes through.
   [[nodiscard]] bool business_write(const std::function<void()>& write);
-  /// The staged record and COMMIT in one round trip. A staged INSERT that fails rolls
-  /// everything back (its error is thrown); a connection lost during COMMIT is an
+  /// The staged statements (the handler's, then the record) and COMMIT in one round trip. A
+  /// staged statement that fails rolls everything back (its error is thrown, and
+  /// handler_statement_failed() tells whose it was); a connection lost during COMMIT is an
   /// idem::CommitOutcomeUnknown. Gives the connection back.
   void commit();
+  /// Whether commit() threw the error of a statement the handler staged (the handler's failure,
+  /// not the sink's).
+  [[nodiscard]] bool handler_statement_failed() const noexcept { return handler_failed_; }
   /// ROLLBACK, within response_timeout; a failure is swallowed (the transaction is gone with its
   /// connection). Gives the connection back.
   void rollback() noexcept;
 
   /// What the transaction has written so far (a round trip once BEGIN went, within
-  /// response_timeout), for Context::step() to tell a step that wrote through it.
+  /// response_timeout; the handler's staged statements go ahead of the reading, in its round
+  /// trip, and the first that fails is thrown), for Context::step() to tell a step that wrote
+  /// through it.
   [[nodiscard]] TransactionWrites writes();
 
   /// The open transaction, for the handler's statements.
@@ -74,6 +87,8 @@ class PgTransaction {
 
   PgSink& sink_;
   std::unique_ptr<Held> held_;
+  std::size_t handler_staged_ = 0;  // staged by the handler and not sent yet
+  bool handler_failed_ = false;     // commit() threw a handler's error
 };
 
 }  // namespace idem::detail

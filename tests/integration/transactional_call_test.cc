@@ -18,6 +18,7 @@
 #include "counting_proxy.h"
 #include "idem/deduplicator.h"
 #include "idem/errors.h"
+#include "idem/metrics.h"
 #include "pg_server.h"
 #include "refund_request.h"
 #include "test_env.h"
@@ -498,6 +499,139 @@ TEST_F(TransactionalCallTest, ThroughATransactionPoolerEveryKeyHasOneEffect) {
   holder.join();
   EXPECT_EQ(busy.kind, Outcome::Kind::kInProgress);
   EXPECT_LT(waited, std::chrono::seconds(5)) << "lock_timeout did not apply behind the pooler";
+}
+
+// The refund with its two writes staged (Context::stage()): they go with the record and COMMIT,
+// each saving the round trip tx.exec() costs, and their texts are prepared once per connection.
+TEST_F(TransactionalCallTest, StagedWritesGoWithTheCommitAndSaveTheirRoundTrips) {
+  test::CountingProxy proxy(test::CountingProxy::Protocol::kPostgres, address_.host,
+                            address_.port);
+  PgSinkOptions options = sink_options("host=127.0.0.1 port=" + std::to_string(proxy.port()) +
+                                       " dbname=" + address_.database + " user=" +
+                                       address_.user + " sslmode=disable gssencmode=disable");
+  options.pool_size = 1;
+  const auto dedup = std::make_unique<Deduplicator>(sink_only(options));
+  std::atomic<int> runs = 0;
+  const auto staged_refund = [&](const std::string& order) {
+    return [&, order](pqxx::transaction_base&, Context& context) {
+      ++runs;
+      context.stage("INSERT INTO " + table("ledger") + " VALUES ($1, 5)", {order});
+      context.stage("UPDATE " + table("accounts") + " SET balance = balance + 5 WHERE id = 1");
+      return "refunded " + order;
+    };
+  };
+  const auto round_trips = [&](const std::string& order, bool staged) {
+    proxy.reset();
+    const Outcome outcome =
+        staged ? dedup->run_transactional(request("r-" + order, order), staged_refund(order))
+               : dedup->run_transactional(request("r-" + order, order), refund(order, &runs));
+    EXPECT_EQ(outcome.kind, Outcome::Kind::kExecuted) << order;
+    EXPECT_EQ(outcome.response, "refunded " + order);
+    return proxy.round_trips();
+  };
+  (void)round_trips("warm-exec", false);  // the connection opened, idem's statements prepared
+  const std::size_t preparing = round_trips("warm-staged", true);
+  const std::size_t awaited = round_trips("o1", false);
+  const std::size_t staged = round_trips("o2", true);
+  EXPECT_EQ(staged, awaited - 2);
+  EXPECT_EQ(preparing, staged + 2);  // each text prepared at its first use on the connection
+  EXPECT_EQ(ledger_rows(), 4);
+  EXPECT_EQ(schema_->count("SELECT balance FROM " + table("accounts") + " WHERE id = 1"), 20);
+  // Committed with the record: a redelivery replays it and runs nothing.
+  const Outcome again = dedup->run_transactional(request("r-again", "o2"), staged_refund("o2"));
+  EXPECT_EQ(again.kind, Outcome::Kind::kDuplicate);
+  EXPECT_EQ(again.response, "refunded o2");
+  EXPECT_EQ(runs, 4);
+}
+
+// Sent with COMMIT, a staged write that fails is the handler's failure (not the sink's): nothing
+// commits and the claim is released, so the retry runs; one that meets a business constraint
+// makes the call a duplicate. Staging outside a transactional handler is refused.
+TEST_F(TransactionalCallTest, AStagedWriteThatFailsAtCommitIsTheHandlersFailureOrADuplicate) {
+  DeduplicatorOptions o = sink_only(sink_options(admin_url_));
+  auto metrics = std::make_shared<InProcessMetrics>();
+  o.metrics = metrics;
+  Deduplicator dedup(o);
+  std::atomic<int> runs = 0;
+  const auto staging = [&](std::string statement) {
+    return [&, statement](pqxx::transaction_base&, Context& context) {
+      ++runs;
+      context.stage("UPDATE " + table("accounts") + " SET balance = balance + 1000 WHERE id = 1");
+      context.stage(statement);
+      return std::string("staged");
+    };
+  };
+  const auto balance = [&] {
+    return schema_->count("SELECT balance FROM " + table("accounts") + " WHERE id = 1");
+  };
+  const auto records = [&] { return schema_->count("SELECT count(*) FROM " + table("idem_records")); };
+  try {
+    (void)dedup.run_transactional(request("r1", "o1"), staging("SELECT 1/0"));
+    ADD_FAILURE() << "a staged statement's failure did not end the call";
+  } catch (const PostgresError& error) {
+    EXPECT_EQ(error.sqlstate(), "22012");
+  }
+  EXPECT_EQ(balance(), 0);
+  EXPECT_EQ(records(), 0);
+  EXPECT_EQ(metrics->handler_failures(), 1u);
+  EXPECT_EQ(metrics->backend_errors(Layer::kPgSink), 0u);
+  // Released: the retry runs.
+  EXPECT_EQ(dedup.run_transactional(request("r1", "o1"), refund("o1", &runs)).kind,
+            Outcome::Kind::kExecuted);
+  EXPECT_EQ(runs, 2);
+  // o1's ledger row exists now: a staged INSERT of it again is a duplicate, and nothing of its
+  // call commits.
+  const Outcome dup = dedup.run_transactional(
+      request("r3", "o3"), staging("INSERT INTO " + table("ledger") + " VALUES ('o1', 5)"));
+  EXPECT_EQ(dup.kind, Outcome::Kind::kDuplicate);
+  EXPECT_EQ(dup.layer, Layer::kPgSink);
+  EXPECT_FALSE(dup.response);
+  EXPECT_EQ(runs, 3);
+  EXPECT_EQ(ledger_rows(), 1);
+  EXPECT_EQ(balance(), 5);
+  EXPECT_EQ(records(), 1);
+  EXPECT_EQ(metrics->backend_errors(Layer::kPgSink), 0u);
+  // run() has no transaction to stage in.
+  EXPECT_THROW((void)dedup.run(request("r4", "o4"),
+                               [](Context& context) {
+                                 context.stage("SELECT 1");
+                                 return std::string("unreachable");
+                               }),
+               Error);
+}
+
+// A step() reading sends the staged writes ahead of it, in its round trip: a statement the step
+// runs through the transaction sees them, and the first that fails is thrown there.
+TEST_F(TransactionalCallTest, AStepReadingSendsTheStagedWritesAheadOfIt) {
+  DeduplicatorOptions o = sink_only(sink_options(admin_url_));
+  RedisGuardOptions guard;
+  guard.redis.url = redis_url_;
+  guard.ns = schema_->name() + "-steps";
+  o.guard = std::make_shared<RedisGuard>(guard);
+  Deduplicator dedup(o);
+  std::string seen;
+  const Outcome outcome = dedup.run_transactional(
+      request("r1", "o1"), [&](pqxx::transaction_base& tx, Context& context) {
+        context.stage("INSERT INTO " + table("ledger") + " VALUES ('o1', 5)");
+        seen = context.step("count", [&] {
+          return tx.exec1("SELECT count(*) FROM " + table("ledger"))[0].as<std::string>();
+        });
+        return std::string("done");
+      });
+  EXPECT_EQ(outcome.kind, Outcome::Kind::kExecuted);
+  EXPECT_EQ(seen, "1");
+  EXPECT_EQ(ledger_rows(), 1);
+  EXPECT_THROW((void)dedup.run_transactional(request("r2", "o2"),
+                                             [&](pqxx::transaction_base& tx, Context& context) {
+                                               context.stage("SELECT 1/0");
+                                               (void)context.step("after", [&] {
+                                                 (void)tx.exec0("SELECT 1");
+                                                 return std::string("unreachable");
+                                               });
+                                               return std::string("unreachable");
+                                             }),
+               PostgresError);
+  EXPECT_EQ(ledger_rows(), 1);
 }
 
 }  // namespace
