@@ -195,9 +195,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--setup", args.setup, "Create the tables and exit");
   app.add_option("--mode", args.mode, "What to run")
-      ->check(CLI::IsMember(
-          {"bare", "bare_guard", "bare_claim", "sink", "sink_staged", "guard_sink", "key_sink",
-           "key_guard_sink"}))
+      ->check(CLI::IsMember({"bare", "bare_guard", "bare_claim", "sink", "sink_staged",
+                             "guard_sink", "key_sink", "key_guard_sink"}))
       ->capture_default_str();
   app.add_option("--clients", args.clients, "Client threads")
       ->check(CLI::Range(1, 256))

@@ -149,7 +149,7 @@ class BlockingCall final : public detail::CallState, public detail::Renewable {
   mutable std::mutex mutex_;  // the plan, while the handler runs (renewals, Context)
   detail::CallPlan plan_;
   std::optional<detail::PgTransaction> tx_;  // run_transactional(): from kSinkBegin to its end
-  std::optional<std::stop_source> stop_;  // made by stop_token(), under mutex_
+  std::optional<std::stop_source> stop_;     // made by stop_token(), under mutex_
   std::optional<std::stop_callback<StopForwarder>> on_caller_stop_;
   std::optional<std::stop_callback<StopForwarder>> on_shutdown_;
   detail::StepBook steps_;  // the handler's thread only

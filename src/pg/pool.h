@@ -83,8 +83,8 @@ class PgPool {
   mutable std::mutex mutex_;
   std::condition_variable available_;
   std::vector<std::unique_ptr<PgConnection>> idle_;  // guarded by mutex_
-  std::size_t open_ = 0;                                 // guarded by mutex_: idle + lent
-  std::size_t waiters_ = 0;                              // guarded by mutex_: in borrow()
+  std::size_t open_ = 0;                             // guarded by mutex_: idle + lent
+  std::size_t waiters_ = 0;                          // guarded by mutex_: in borrow()
 };
 
 }  // namespace idem::detail

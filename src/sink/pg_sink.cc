@@ -296,7 +296,7 @@ struct PgSink::Impl {
   // A statement of a run_transactional() handler's own (Context::stage()) for a flight on
   // `conn`: by the name its text is prepared under there (the first statement_cache distinct
   // texts of each connection, prepared at their first use: a round trip, which the caller bounds
-  // with run_own()), else, and behind a transaction pooler, its text, sent unnamed.
+  // with the watchdog), else, and behind a transaction pooler, its text, sent unnamed.
   detail::PgFlightStatement handler_statement(detail::PgConnection& conn, std::string sql,
                                               detail::PgParams params) const {
     auto& names = conn.statement_names;
@@ -770,8 +770,9 @@ TransactionWrites PgTransaction::writes() {
   const PgSink::Impl& impl = *sink_.impl_;
   handler_staged_ = 0;  // they go ahead of the reading, in its round trip
   return guarded([&] {
-    const PgResultPtr row =
-        impl.run_own(tx, [&] { return tx.send({impl.flight(tx, kWrites, {})}); });
+    // Not run_own(): neither the reading nor the handler's statements are on idem's table.
+    const PgResultPtr row = impl.watchdog.run(
+        tx.conn().sock(), [&] { return tx.send({impl.flight(tx, kWrites, {})}); });
     std::int64_t rows = 0;
     const std::string_view text = PQgetvalue(row.get(), 0, 1);
     (void)std::from_chars(text.data(), text.data() + text.size(), rows);

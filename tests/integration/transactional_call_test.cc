@@ -504,11 +504,10 @@ TEST_F(TransactionalCallTest, ThroughATransactionPoolerEveryKeyHasOneEffect) {
 // The refund with its two writes staged (Context::stage()): they go with the record and COMMIT,
 // each saving the round trip tx.exec() costs, and their texts are prepared once per connection.
 TEST_F(TransactionalCallTest, StagedWritesGoWithTheCommitAndSaveTheirRoundTrips) {
-  test::CountingProxy proxy(test::CountingProxy::Protocol::kPostgres, address_.host,
-                            address_.port);
+  test::CountingProxy proxy(test::CountingProxy::Protocol::kPostgres, address_.host, address_.port);
   PgSinkOptions options = sink_options("host=127.0.0.1 port=" + std::to_string(proxy.port()) +
-                                       " dbname=" + address_.database + " user=" +
-                                       address_.user + " sslmode=disable gssencmode=disable");
+                                       " dbname=" + address_.database + " user=" + address_.user +
+                                       " sslmode=disable gssencmode=disable");
   options.pool_size = 1;
   const auto dedup = std::make_unique<Deduplicator>(sink_only(options));
   std::atomic<int> runs = 0;
@@ -564,7 +563,9 @@ TEST_F(TransactionalCallTest, AStagedWriteThatFailsAtCommitIsTheHandlersFailureO
   const auto balance = [&] {
     return schema_->count("SELECT balance FROM " + table("accounts") + " WHERE id = 1");
   };
-  const auto records = [&] { return schema_->count("SELECT count(*) FROM " + table("idem_records")); };
+  const auto records = [&] {
+    return schema_->count("SELECT count(*) FROM " + table("idem_records"));
+  };
   try {
     (void)dedup.run_transactional(request("r1", "o1"), staging("SELECT 1/0"));
     ADD_FAILURE() << "a staged statement's failure did not end the call";
