@@ -218,8 +218,10 @@ class Consumer {
     const idem::Request request = mq::to_request(e, reclaimed);
     idem::Outcome outcome;
     try {
-      outcome = dedup_->run_transactional(
-          request, [&](pqxx::transaction_base& tx) { return book(tx, e, request); });
+      outcome = dedup_->run_transactional(request,
+                                          [&](pqxx::transaction_base& tx, idem::Context& context) {
+                                            return book(tx, context, e, request);
+                                          });
     } catch (const idem::Error& error) {
       // A backend failed mid-call, or the entry is malformed: leave it pending.
       ++counts_["errors"];
@@ -235,10 +237,12 @@ class Consumer {
   }
 
   // The business effect, in idem's transaction.
-  std::string book(pqxx::transaction_base& tx, const Entry& e, const idem::Request& request) {
+  std::string book(pqxx::transaction_base& tx, idem::Context& context, const Entry& e,
+                   const idem::Request& request) {
     const pqxx::row r = tx.exec_params1(mq::ledger_insert_sql(schema_), request.request_id, e.id,
                                         request.user, request.payload);
-    tx.exec_params0(mq::totals_upsert_sql(schema_), request.user, r[1].as<long long>());
+    // Its result is not needed: staged, it goes with idem's record and COMMIT.
+    context.stage(mq::totals_upsert_sql(schema_), {request.user, r[1].as<std::string>()});
     return "ledger entry " + r[0].as<std::string>();
   }
 
