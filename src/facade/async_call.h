@@ -54,10 +54,15 @@ class AsyncCall : public std::enable_shared_from_this<AsyncCall> {
   std::size_t running_at_ = 0;
 
  private:
-  // The call's end: an exception, or the outcome (no exception is thrown to carry it).
-  using Ending = std::pair<std::exception_ptr, Outcome>;
-  static asio::awaitable<Ending> drive(std::shared_ptr<AsyncCall> self);
-  asio::awaitable<StepResult> perform(const Step& step);
+  // Runs the plan to its end: returns the exception the call ends with, or null when it ends
+  // with plan_.outcome() (no exception is thrown to carry it).
+  static asio::awaitable<std::exception_ptr> drive(std::shared_ptr<AsyncCall> self);
+  // Gives the plan `result`, performs the steps of the process it asks for, and returns the
+  // first step to await (its operation, not yet started), or nothing when the plan has ended.
+  // Not a coroutine: neither the step nor its result takes room in drive()'s frame, which
+  // lives as long as the call.
+  std::optional<asio::awaitable<StepResult>> advance(StepResult result);
+  asio::awaitable<StepResult> perform(Step step);
   asio::awaitable<StepResult> run_handler();
   [[nodiscard]] bool stopped() const noexcept;
   void schedule_renewal();
@@ -79,6 +84,7 @@ class AsyncCall : public std::enable_shared_from_this<AsyncCall> {
   bool interruptible_ = false;              // the step under way may be cut short
   bool handler_running_ = false;
   bool finished_ = false;
+  bool threw_ = false;  // the plan ended the call with kThrow: drive() returns plan_.error()
 };
 
 }  // namespace idem::detail

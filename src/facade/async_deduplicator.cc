@@ -187,9 +187,10 @@ void AsyncCall::start() {
   if (plan_.deadline() != PlanTime::max()) dedup_->deadlines.enqueue(*this);
   asio::co_spawn(
       dedup_->executor, drive(self),
-      asio::bind_cancellation_slot(signal_.slot(), [self](std::exception_ptr error, Ending ending) {
-        if (error) ending.first = error;  // thrown by the driver itself
-        self->finish(ending.first, std::move(ending.second));
+      asio::bind_cancellation_slot(signal_.slot(), [self](std::exception_ptr error,
+                                                          std::exception_ptr thrown) {
+        if (error) thrown = error;  // thrown by the driver itself
+        self->finish(thrown, thrown ? Outcome{} : self->plan_.outcome());
       }));
 }
 
@@ -215,38 +216,40 @@ bool AsyncCall::stopped() const noexcept {
          dedup_->shut_down.load(std::memory_order_relaxed);
 }
 
-asio::awaitable<AsyncCall::Ending> AsyncCall::drive(std::shared_ptr<AsyncCall> self) {
+asio::awaitable<std::exception_ptr> AsyncCall::drive(std::shared_ptr<AsyncCall> self) {
   // The driver reacts to cancellation itself: operations it awaits after one still run (the
   // releases and completions the plan asks for).
   co_await asio::this_coro::throw_if_cancelled(false);
   AsyncCall& call = *self;
-  Input input{SteadyClock::now(), call.stopped(), Started{}};
+  std::optional<asio::awaitable<StepResult>> next = call.advance(Started{});
+  while (next) next = call.advance(co_await *std::move(next));
+  co_return call.threw_ ? call.plan_.error() : nullptr;
+}
+
+std::optional<asio::awaitable<StepResult>> AsyncCall::advance(StepResult result) {
+  const InProcess in_process(dedup_->rules, dedup_->cache.get());
   for (;;) {
-    const Step step = call.plan_.resume(std::move(input));
+    interruptible_ = false;
+    Step step = plan_.resume(Input{SteadyClock::now(), stopped(), std::move(result)});
     if (step.kind == StepKind::kReturn || step.kind == StepKind::kThrow) {
-      (void)InProcess(call.dedup_->rules, call.dedup_->cache.get()).perform(step);  // its notes
+      (void)in_process.perform(step);  // its notes
+      threw_ = step.kind == StepKind::kThrow;
+      return std::nullopt;
     }
-    if (step.kind == StepKind::kReturn) co_return Ending{nullptr, call.plan_.outcome()};
-    if (step.kind == StepKind::kThrow) co_return Ending{call.plan_.error(), {}};
-    call.interruptible_ = step.interruptible;
-    if (std::optional<StepResult> done =
-            InProcess(call.dedup_->rules, call.dedup_->cache.get()).perform(step)) {
-      input.result = *std::move(done);  // no coroutine frame for the steps of the process
-    } else if (step.kind == StepKind::kRunHandler) {
-      // Not through perform(), whose frame holds room for every backend step's operation and
-      // would stay allocated for as long as the handler runs.
-      input.result = co_await call.run_handler();
-    } else {
-      input.result = co_await call.perform(step);
+    interruptible_ = step.interruptible;
+    if (std::optional<StepResult> done = in_process.perform(step)) {
+      result = *std::move(done);  // no coroutine frame for the steps of the process
+      continue;
     }
-    call.interruptible_ = false;
-    input.now = SteadyClock::now();
-    input.stopped = call.stopped();
+    // The handler not through perform(), whose frame holds room for every backend step's
+    // operation and would stay allocated for as long as the handler runs.
+    if (step.kind == StepKind::kRunHandler) return run_handler();
+    return perform(std::move(step));
   }
 }
 
 // A backend step (the others are the process's: InProcess), its failure classified for the plan.
-asio::awaitable<StepResult> AsyncCall::perform(const Step& step) {
+asio::awaitable<StepResult> AsyncCall::perform(Step step) {
   try {
     switch (step.kind) {
       case StepKind::kGuardClaim:
