@@ -185,13 +185,12 @@ void AsyncCall::start() {
     on_request_stop_.emplace(request_.stop, ForwardRequestStop{self, dedup_->executor});
   }
   if (plan_.deadline() != PlanTime::max()) dedup_->deadlines.enqueue(*this);
-  asio::co_spawn(
-      dedup_->executor, drive(self),
-      asio::bind_cancellation_slot(signal_.slot(), [self](std::exception_ptr error,
-                                                          std::exception_ptr thrown) {
-        if (error) thrown = error;  // thrown by the driver itself
-        self->finish(thrown, thrown ? Outcome{} : self->plan_.outcome());
-      }));
+  asio::co_spawn(dedup_->executor, drive(self),
+                 asio::bind_cancellation_slot(
+                     signal_.slot(), [self](std::exception_ptr error, std::exception_ptr thrown) {
+                       if (error) thrown = error;  // thrown by the driver itself
+                       self->finish(thrown, thrown ? Outcome{} : self->plan_.outcome());
+                     }));
 }
 
 void AsyncCall::interrupt(bool deadline) {
