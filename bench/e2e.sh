@@ -9,6 +9,8 @@
 #   sink_staged the same, the handler staging its statements (Context::stage()): they go with
 #               idem's record and COMMIT in one flight
 #   guard_sink  the same with the Redis guard too
+#   guard_sink_staged
+#               guard_sink with the handler staging, as sink_staged
 #   key_sink, key_guard_sink
 #               the same with TransactionalClaim::kBusinessKey (the ledger's UNIQUE idem_key is
 #               the claim; no record of idem's)
@@ -38,7 +40,8 @@
 # slices (default 5); a ratio is the median over every round of the ratio within the round
 # (client_bare_guard against client_bare, the rest against bare). Prints a table; --report-json writes
 #   {"clients_8": {"bare_tps", "sink_tps", "guard_sink_tps", "sink_ratio", "guard_sink_ratio",
-#                  "sink_staged_tps", "sink_staged_ratio",
+#                  "sink_staged_tps", "sink_staged_ratio", "guard_sink_staged_tps",
+#                  "guard_sink_staged_ratio",
 #                  "key_sink_tps", "key_guard_sink_tps", "key_sink_ratio", "key_guard_sink_ratio",
 #                  "floors": {…}, "tps_per_run": {…}}, "clients_1": {…}, …}
 set -euo pipefail
@@ -124,7 +127,7 @@ slice() {  # scenario clients secs
 }
 tps() { sed -n 's/^tps = \([0-9.]*\) (without initial connection time)$/\1/p'; }
 
-scenarios=(bare sink sink_staged guard_sink key_sink key_guard_sink floor_record floor_claim floor_claim_staged floor_read floor_insert_first client_bare client_bare_guard client_bare_claim)
+scenarios=(bare sink sink_staged guard_sink guard_sink_staged key_sink key_guard_sink floor_record floor_claim floor_claim_staged floor_read floor_insert_first client_bare client_bare_guard client_bare_claim)
 # What each scenario's ratio is taken against.
 base_of() {
   case "$1" in
@@ -178,6 +181,8 @@ for clients in 8 1; do
   json+=" \"guard_sink_tps\": ${med[guard_sink]}, \"sink_ratio\": ${rat[sink]},"
   json+=" \"guard_sink_ratio\": ${rat[guard_sink]},"
   json+=" \"sink_staged_tps\": ${med[sink_staged]}, \"sink_staged_ratio\": ${rat[sink_staged]},"
+  json+=" \"guard_sink_staged_tps\": ${med[guard_sink_staged]},"
+  json+=" \"guard_sink_staged_ratio\": ${rat[guard_sink_staged]},"
   json+=" \"key_sink_tps\": ${med[key_sink]}, \"key_guard_sink_tps\": ${med[key_guard_sink]},"
   json+=" \"key_sink_ratio\": ${rat[key_sink]}, \"key_guard_sink_ratio\": ${rat[key_guard_sink]},"
   json+=" \"floors\": {\"record_tps\": ${med[floor_record]},"

@@ -11,6 +11,7 @@
 //   sink_staged     the same, the handler staging its two statements (Context::stage()): they go
 //                   with idem's record and COMMIT, two round trips fewer
 //   guard_sink      the same with the Redis guard in front
+//   guard_sink_staged  guard_sink with the handler staging, as sink_staged
 //   key_sink        run_transactional() with TransactionalClaim::kBusinessKey (the ledger's
 //                   UNIQUE idem_key is the claim; no record of idem's)
 //   key_guard_sink  the same with the Redis guard
@@ -128,7 +129,7 @@ std::unique_ptr<idem::Deduplicator> deduplicator(const Args& args) {
   if (args.mode.starts_with("bare")) return nullptr;
   idem::DeduplicatorOptions options;
   options.sink = std::make_shared<idem::PgSink>(sink_options(args));
-  if (args.mode == "guard_sink" || args.mode == "key_guard_sink") options.guard = redis_guard(args);
+  if (args.mode.find("guard_sink") != std::string::npos) options.guard = redis_guard(args);
   if (args.mode == "key_sink" || args.mode == "key_guard_sink") {
     options.transactional_claim = idem::TransactionalClaim::kBusinessKey;
   }
@@ -140,7 +141,7 @@ double run(const Args& args) {
   const auto dedup = deduplicator(args);
   const auto guard = args.mode.starts_with("bare_") ? redis_guard(args) : nullptr;
   const bool complete = args.mode == "bare_guard";  // bare_claim: what the completion costs
-  const bool staged = args.mode == "sink_staged";
+  const bool staged = args.mode.ends_with("_staged");
   return bench::calls_per_second(args.clients, args.seconds, [&](int c, const auto& measure) {
     std::mt19937 rng(static_cast<unsigned>(c) + 1);
     std::uniform_int_distribution<int> account(1, kAccounts);
@@ -196,7 +197,7 @@ int main(int argc, char** argv) {
   app.add_flag("--setup", args.setup, "Create the tables and exit");
   app.add_option("--mode", args.mode, "What to run")
       ->check(CLI::IsMember({"bare", "bare_guard", "bare_claim", "sink", "sink_staged",
-                             "guard_sink", "key_sink", "key_guard_sink"}))
+                             "guard_sink", "guard_sink_staged", "key_sink", "key_guard_sink"}))
       ->capture_default_str();
   app.add_option("--clients", args.clients, "Client threads")
       ->check(CLI::Range(1, 256))

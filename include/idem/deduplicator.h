@@ -123,8 +123,10 @@ class CallState;
 }
 
 /// What a running handler may know and do. Passed by reference to handlers that take it;
-/// valid only during the handler call. Thread-safe. (detail::CallState is the driver's side of
-/// the call: each driver of the call plan implements it.)
+/// valid only during the handler call. Thread-safe, but for stage(), which is called from the
+/// handler's own thread as the transaction's statements are, and step(), called one at a time.
+/// (detail::CallState is the driver's side of the call: each driver of the call plan implements
+/// it.)
 class IDEM_EXPORT Context {
  public:
   /// Made by the driver (Deduplicator) for each call; handlers only receive it.
