@@ -62,7 +62,10 @@ class AsyncCall : public std::enable_shared_from_this<AsyncCall> {
   // Not a coroutine: neither the step nor its result takes room in drive()'s frame, which
   // lives as long as the call.
   std::optional<asio::awaitable<StepResult>> advance(StepResult result);
-  asio::awaitable<StepResult> perform(Step step);
+  asio::awaitable<StepResult> guard_step(Step step);
+  asio::awaitable<StepResult> sink_step(Step step);
+  asio::awaitable<StepResult> transaction_step(Step step);
+  asio::awaitable<StepResult> wait_step(PlanTime at);
   asio::awaitable<StepResult> run_handler();
   [[nodiscard]] bool stopped() const noexcept;
   void schedule_renewal();

@@ -240,15 +240,34 @@ std::optional<asio::awaitable<StepResult>> AsyncCall::advance(StepResult result)
       result = *std::move(done);  // no coroutine frame for the steps of the process
       continue;
     }
-    // The handler not through perform(), whose frame holds room for every backend step's
-    // operation and would stay allocated for as long as the handler runs.
-    if (step.kind == StepKind::kRunHandler) return run_handler();
-    return perform(std::move(step));
+    switch (step.kind) {
+      case StepKind::kRunHandler:
+        return run_handler();
+      case StepKind::kGuardClaim:
+      case StepKind::kGuardComplete:
+      case StepKind::kGuardRelease:
+        return guard_step(std::move(step));
+      case StepKind::kSinkClaim:
+      case StepKind::kSinkComplete:
+      case StepKind::kSinkRelease:
+        return sink_step(std::move(step));
+      case StepKind::kSinkBegin:
+      case StepKind::kCommit:
+      case StepKind::kRollback:
+        return transaction_step(std::move(step));
+      case StepKind::kWait:
+        return wait_step(step.at);
+      default:
+        result = classify(
+            std::make_exception_ptr(Error("idem: internal: a step the async driver lacks")));
+    }
   }
 }
 
-// A backend step (the others are the process's: InProcess), its failure classified for the plan.
-asio::awaitable<StepResult> AsyncCall::perform(Step step) {
+// The backend steps (the others are the process's: InProcess), each failure classified for the
+// plan: one coroutine per layer, so that each frame stays within what Asio recycles (1 020
+// bytes; a larger frame is allocated afresh for every step).
+asio::awaitable<StepResult> AsyncCall::guard_step(Step step) {
   try {
     switch (step.kind) {
       case StepKind::kGuardClaim:
@@ -256,13 +275,22 @@ asio::awaitable<StepResult> AsyncCall::perform(Step step) {
       case StepKind::kGuardComplete:
         co_return Completed{
             co_await dedup_->guard->complete(step.key, step.owner_token, step.value, step.ttl)};
-      case StepKind::kGuardRelease:
+      default:  // kGuardRelease
         (void)co_await dedup_->guard->release(step.key, step.owner_token);
         co_return Done{};
-      // In run_transactional() (tx_ open, from kSinkBegin to its end) the sink's claim and
-      // record go in the call's transaction: BEGIN is held back for the claim when one follows
-      // (Step::with_next), the record is staged and COMMIT carries it, and either end gives the
-      // connection back.
+    }
+  } catch (...) {
+    co_return classify_current();
+  }
+}
+
+// In run_transactional() (tx_ open, from kSinkBegin to its end) the sink's claim and record go
+// in the call's transaction: BEGIN is held back for the claim when one follows
+// (Step::with_next), the record is staged and COMMIT carries it, and either end gives the
+// connection back.
+asio::awaitable<StepResult> AsyncCall::sink_step(Step step) {
+  try {
+    switch (step.kind) {
       case StepKind::kSinkClaim:
         if (tx_) co_return co_await tx_->claim(step.key, step.request_id, step.fingerprint);
         co_return co_await dedup_->sink->claim(step.key, step.request_id, step.fingerprint,
@@ -274,9 +302,18 @@ asio::awaitable<StepResult> AsyncCall::perform(Step step) {
         }
         co_return Completed{
             co_await dedup_->sink->complete(step.key, step.owner_token, step.value, step.ttl)};
-      case StepKind::kSinkRelease:
+      default:  // kSinkRelease
         (void)co_await dedup_->sink->release(step.key, step.owner_token);
         co_return Done{};
+    }
+  } catch (...) {
+    co_return classify_current();
+  }
+}
+
+asio::awaitable<StepResult> AsyncCall::transaction_step(Step step) {
+  try {
+    switch (step.kind) {
       case StepKind::kSinkBegin:
         tx_ = std::make_unique<AsyncPgTransaction>(*dedup_->pg);
         co_await tx_->open(!step.with_next);
@@ -285,30 +322,26 @@ asio::awaitable<StepResult> AsyncCall::perform(Step step) {
         co_await tx_->commit();
         tx_.reset();  // the connection is back in the pool
         co_return Done{};
-      case StepKind::kRollback:
+      default:  // kRollback
         if (tx_) co_await tx_->rollback();
         tx_.reset();
         co_return Done{};
-      case StepKind::kWait: {
-        asio::steady_timer timer(dedup_->executor, step.at);
-        std::error_code ignored;  // cut short by a stop or the deadline: the plan sees why
-        co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ignored));
-        co_return Done{};
-      }
-      default:
-        co_return classify(
-            std::make_exception_ptr(Error("idem: internal: a step the async driver lacks")));
     }
   } catch (...) {
-    if (step.kind == StepKind::kCommit) {
-      // A business constraint that fired with COMMIT makes the call a duplicate.
-      const bool duplicate = tx_ != nullptr && tx_->business_duplicate(std::current_exception());
-      const bool handlers = tx_ != nullptr && tx_->handler_statement_failed();
-      tx_.reset();  // ended, whatever it answered
-      co_return commit_failure(std::current_exception(), duplicate, handlers);
-    }
-    co_return classify_current();
+    if (step.kind != StepKind::kCommit) co_return classify_current();
+    // A business constraint that fired with COMMIT makes the call a duplicate.
+    const bool duplicate = tx_ != nullptr && tx_->business_duplicate(std::current_exception());
+    const bool handlers = tx_ != nullptr && tx_->handler_statement_failed();
+    tx_.reset();  // ended, whatever it answered
+    co_return commit_failure(std::current_exception(), duplicate, handlers);
   }
+}
+
+asio::awaitable<StepResult> AsyncCall::wait_step(PlanTime at) {
+  asio::steady_timer timer(dedup_->executor, at);
+  std::error_code ignored;  // cut short by a stop or the deadline: the plan sees why
+  co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ignored));
+  co_return Done{};
 }
 
 asio::awaitable<StepResult> AsyncCall::run_handler() {
