@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <array>
 #include <atomic>
 #include <barrier>
 #include <chrono>
@@ -34,6 +35,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -43,6 +45,34 @@
 namespace {
 
 constexpr int kAccounts = 1000;
+
+// What each MODE runs (the list at the top of the file).
+struct Mode {
+  std::string_view name;
+  bool facade = false;    // through Deduplicator::run_transactional(), else the bare transaction
+  bool guard = false;     // the Redis guard: the facade's, or RedisGuard's own calls around it
+  bool complete = false;  // bare: RedisGuard::complete() after the commit
+  bool staged = false;    // the handler stages its statements (Context::stage())
+  bool business_key = false;  // TransactionalClaim::kBusinessKey
+};
+constexpr std::array<Mode, 9> kModes = {{
+    {.name = "bare"},
+    {.name = "bare_guard", .guard = true, .complete = true},
+    {.name = "bare_claim", .guard = true},
+    {.name = "sink", .facade = true},
+    {.name = "sink_staged", .facade = true, .staged = true},
+    {.name = "guard_sink", .facade = true, .guard = true},
+    {.name = "guard_sink_staged", .facade = true, .guard = true, .staged = true},
+    {.name = "key_sink", .facade = true, .business_key = true},
+    {.name = "key_guard_sink", .facade = true, .guard = true, .business_key = true},
+}};
+
+const Mode* find_mode(std::string_view name) {
+  for (const Mode& mode : kModes) {
+    if (mode.name == name) return &mode;
+  }
+  return nullptr;
+}
 
 struct Args {
   std::string pg_url;
@@ -125,23 +155,20 @@ std::shared_ptr<idem::RedisGuard> redis_guard(const Args& args) {
   return std::make_shared<idem::RedisGuard>(guard);
 }
 
-std::unique_ptr<idem::Deduplicator> deduplicator(const Args& args) {
-  if (args.mode.starts_with("bare")) return nullptr;
+std::unique_ptr<idem::Deduplicator> deduplicator(const Args& args, const Mode& mode) {
+  if (!mode.facade) return nullptr;
   idem::DeduplicatorOptions options;
   options.sink = std::make_shared<idem::PgSink>(sink_options(args));
-  if (args.mode.find("guard_sink") != std::string::npos) options.guard = redis_guard(args);
-  if (args.mode == "key_sink" || args.mode == "key_guard_sink") {
-    options.transactional_claim = idem::TransactionalClaim::kBusinessKey;
-  }
+  if (mode.guard) options.guard = redis_guard(args);
+  if (mode.business_key) options.transactional_claim = idem::TransactionalClaim::kBusinessKey;
   return std::make_unique<idem::Deduplicator>(std::move(options));
 }
 
 double run(const Args& args) {
   const BusinessSql sql = business_sql(args.schema);
-  const auto dedup = deduplicator(args);
-  const auto guard = args.mode.starts_with("bare_") ? redis_guard(args) : nullptr;
-  const bool complete = args.mode == "bare_guard";  // bare_claim: what the completion costs
-  const bool staged = args.mode.ends_with("_staged");
+  const Mode& mode = *find_mode(args.mode);  // checked by the command line
+  const auto dedup = deduplicator(args, mode);
+  const auto guard = !mode.facade && mode.guard ? redis_guard(args) : nullptr;
   return bench::calls_per_second(args.clients, args.seconds, [&](int c, const auto& measure) {
     std::mt19937 rng(static_cast<unsigned>(c) + 1);
     std::uniform_int_distribution<int> account(1, kAccounts);
@@ -160,13 +187,13 @@ double run(const Args& args) {
         pqxx::work tx(*own);
         business_write(tx, sql, key, a);
         tx.commit();
-        if (complete)
+        if (mode.complete)
           (void)guard->complete("u:refund:" + key, claim.owner_token, R"({"status":"refunded"})");
         return;
       }
       const idem::Outcome outcome = dedup->run_transactional(
           request_for(key, a), [&](pqxx::transaction_base& tx, idem::Context& context) {
-            if (staged) {
+            if (mode.staged) {
               context.stage(sql.ledger, {key, std::to_string(a), "500"});
               context.stage(sql.account, {"500", std::to_string(a)});
             } else {
@@ -175,7 +202,7 @@ double run(const Args& args) {
             return std::string(R"({"status":"refunded","amount_cents":500})");
           });
       if (outcome.kind != idem::Outcome::Kind::kExecuted) {
-        throw std::runtime_error("a new key was not executed");
+        throw std::runtime_error("a new key was not executed: " + outcome.error);
       }
     };
     measure(once);
@@ -196,8 +223,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--setup", args.setup, "Create the tables and exit");
   app.add_option("--mode", args.mode, "What to run")
-      ->check(CLI::IsMember({"bare", "bare_guard", "bare_claim", "sink", "sink_staged",
-                             "guard_sink", "guard_sink_staged", "key_sink", "key_guard_sink"}))
+      ->check([](const std::string& name) {
+        return find_mode(name) ? std::string() : "not a mode (see the top of bench/e2e_bench.cc)";
+      })
       ->capture_default_str();
   app.add_option("--clients", args.clients, "Client threads")
       ->check(CLI::Range(1, 256))

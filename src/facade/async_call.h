@@ -87,7 +87,6 @@ class AsyncCall : public std::enable_shared_from_this<AsyncCall> {
   bool interruptible_ = false;              // the step under way may be cut short
   bool handler_running_ = false;
   bool finished_ = false;
-  bool threw_ = false;  // the plan ended the call with kThrow: drive() returns plan_.error()
 };
 
 }  // namespace idem::detail

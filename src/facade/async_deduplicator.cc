@@ -222,7 +222,7 @@ asio::awaitable<std::exception_ptr> AsyncCall::drive(std::shared_ptr<AsyncCall> 
   AsyncCall& call = *self;
   std::optional<asio::awaitable<StepResult>> next = call.advance(Started{});
   while (next) next = call.advance(co_await *std::move(next));
-  co_return call.threw_ ? call.plan_.error() : nullptr;
+  co_return call.plan_.threw() ? call.plan_.error() : nullptr;
 }
 
 std::optional<asio::awaitable<StepResult>> AsyncCall::advance(StepResult result) {
@@ -232,7 +232,6 @@ std::optional<asio::awaitable<StepResult>> AsyncCall::advance(StepResult result)
     Step step = plan_.resume(Input{SteadyClock::now(), stopped(), std::move(result)});
     if (step.kind == StepKind::kReturn || step.kind == StepKind::kThrow) {
       (void)in_process.perform(step);  // its notes
-      threw_ = step.kind == StepKind::kThrow;
       return std::nullopt;
     }
     interruptible_ = step.interruptible;

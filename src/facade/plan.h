@@ -228,6 +228,9 @@ class CallPlan {
   [[nodiscard]] Outcome outcome() noexcept { return std::move(outcome_); }
   /// kThrow: the exception to rethrow.
   [[nodiscard]] std::exception_ptr error() const noexcept { return error_; }
+  /// True once the plan has returned kThrow (error() is then the call's end; error() alone
+  /// does not say so, since a call that returns an outcome may have recorded one too).
+  [[nodiscard]] bool threw() const noexcept { return state_ == State::kThrow; }
 
   // ---- the deadline ------------------------------------------------------------------------
   /// When the call's deadline passes (PlanTime::max() without one): a driver interrupts an

@@ -102,7 +102,11 @@ class ScriptedDriver {
       trace.push_back(step.kind);
       if (step.with_next) with_next.push_back(step.kind);
       if (before_step) before_step(step);
-      if (step.kind == K::kReturn || step.kind == K::kThrow) (void)in_process.perform(step);
+      if (step.kind == K::kReturn || step.kind == K::kThrow) {
+        (void)in_process.perform(step);
+        // The async driver tells the two ends apart by threw() alone.
+        EXPECT_EQ(plan.threw(), step.kind == K::kThrow) << trace_text(trace);
+      }
       if (step.kind == K::kReturn) return plan.outcome();
       if (step.kind == K::kThrow) std::rethrow_exception(plan.error());
       if (const auto fault = faults.find(step.kind); fault != faults.end()) {
