@@ -185,9 +185,10 @@ class IDEM_EXPORT AsyncContext {
   /// True once a renewal found the claim lost or failed, or the lease ran out by the local
   /// monotonic clock (see Context::lease_lost()).
   [[nodiscard]] bool lease_lost() const noexcept;
-  /// Extends this call's Redis lease by the guard's lease, on the loop. Completes with false
-  /// when the claim was lost (the handler should stop), true when the call holds no Redis
-  /// claim; throws idem::RedisError when Redis fails.
+  /// As Context::renew(), on the loop: the Redis claim to the guard's lease from now and, in
+  /// run(), the sink row to the sink's lease. Completes with false when a claim was lost (the
+  /// handler should stop), true when the call holds neither; throws idem::RedisError or
+  /// idem::PostgresError when a backend fails.
   [[nodiscard]] asio::awaitable<bool> renew();
   /// True once the call was cancelled (an Asio cancellation, its deadline, shutdown()).
   [[nodiscard]] bool stop_requested() const noexcept;

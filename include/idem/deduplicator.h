@@ -143,9 +143,10 @@ class IDEM_EXPORT Context {
   /// Time left on this call's Redis lease as last extended, by the local monotonic clock, in ms
   /// (informational: Redis' own TTL decides). Zero when the call holds no Redis claim.
   [[nodiscard]] std::chrono::milliseconds remaining_lease() const noexcept;
-  /// Extends this call's Redis lease by the guard's configured lease. Returns false when the
-  /// claim was lost (the lease ended and someone else claimed the key): the handler should
-  /// stop. True when the call holds no Redis claim. Throws idem::BackendError (RedisError).
+  /// Extends this call's Redis claim to the guard's configured lease from now and, in run(),
+  /// its sink row to the sink's lease. Returns false when a claim was lost (the lease ended and
+  /// someone else claimed the key): the handler should stop. True when the call holds neither.
+  /// Throws idem::BackendError (RedisError, or PostgresError for the sink row).
   bool renew();
   /// True once a renewal (manual or automatic) found the claim lost or failed, or once the
   /// lease as last extended has run out by the local monotonic clock (a handler that outlived
@@ -231,8 +232,9 @@ struct DeduplicatorOptions {
   /// Layer 1, the request-ID layer's local cache: remember up to this many keys completed in
   /// this process and answer their repeats without a network round trip. 0 turns it off.
   std::size_t local_cache_capacity = 10000;
-  /// How long layer 1 remembers a completed key, in ms. Keep it no longer than the guard's
-  /// retention, so a repeat after the retention reaches the sink.
+  /// How long layer 1 remembers a completed key, in ms, > 0 when the cache is on (else
+  /// idem::ConfigError). An entry never outlives its record: the facade caps it at
+  /// fallback_retention for a fallback key and, without a sink, at the guard's retention.
   std::chrono::milliseconds local_cache_ttl{std::chrono::seconds(30)};
   /// Layer 2: a RedisGuard (shared across processes) or an InMemoryGuard (one process).
   /// Shared so several deduplicators can use one pool.
@@ -244,8 +246,8 @@ struct DeduplicatorOptions {
   /// mismatch fingerprint never includes the bucket.
   std::optional<FingerprintOptions> fingerprint = FingerprintOptions{};
   /// RFC 6901 JSON Pointers of the payload members that carry the request ID (where
-  /// request_id_from_json() reads it and inject_request_id() writes it: "/requestId"). They are
-  /// left out of the fingerprint (added to FingerprintOptions::exclude), so a message re-sent
+  /// request_id_from_json() reads it and inject_request_id_json() writes it: "/requestId"). They
+  /// are left out of the fingerprint (added to FingerprintOptions::exclude), so a message re-sent
   /// with a new request ID is a duplicate, not a mismatch. A member the fingerprint's `include`
   /// names explicitly stays in; nothing is left out of a seed-compatible fingerprint
   /// (domain_separated false), which must hash what the seed hashed. {} leaves them in.
@@ -267,22 +269,25 @@ struct DeduplicatorOptions {
   MissingKeyPolicy on_missing_key = MissingKeyPolicy::kReject;
   /// Concurrent-duplicate policy. Default: answer InProgress at once.
   ConcurrentDuplicatePolicy on_concurrent_duplicate = ConcurrentDuplicatePolicy::kReturnInProgress;
-  /// With kWaitForResult: longest wait for the first execution, in ms.
+  /// With kWaitForResult: longest wait for the first execution, in ms, >= 0.
   std::chrono::milliseconds wait_for_result{std::chrono::seconds(5)};
-  /// With kWaitForResult: pause between polls, in ms.
+  /// With kWaitForResult: pause between polls, in ms, > 0.
   std::chrono::milliseconds wait_poll_interval{std::chrono::milliseconds(20)};
   /// Intents whose handler is naturally idempotent (updates, notifications): a retry of the
   /// same request ID (REPEAT_SAME) while the first is in progress runs the handler too, without
   /// a claim, instead of answering InProgress.
   std::set<std::string, std::less<>> reentrant_intents{};
   /// Decides what a handler exception does to the claim. Empty: always release. Called with
-  /// the exception; must not throw. Not called for a cancellation or a commit of the handler's
-  /// own whose outcome is unknown (FailureAction says what happens then).
+  /// the exception, on the calling thread (the loop thread for AsyncDeduplicator), by any
+  /// number of calls at once: it must be thread-safe. If it throws, the claim is released. Not
+  /// called for a cancellation, a stop or deadline that came while the handler ran, or a commit
+  /// of the handler's own whose outcome is unknown (the claim is kept until its lease ends).
   std::function<FailureDecision(std::exception_ptr)> on_handler_failure{};
-  /// Renews the Redis lease of a running handler at this interval; 0 (default) turns automatic
-  /// renewal off. One helper thread per Deduplicator (started on first use) renews every
-  /// running handler's lease in turn, so a renewal waiting on a slow Redis delays the others.
-  /// Failures show in Context::lease_lost().
+  /// Renews the Redis lease of a running handler at this interval, in ms, >= 0; 0 (default)
+  /// turns automatic renewal off. Keep it well under the guard's lease (a third of it, say), or
+  /// the lease may run out between renewals. One helper thread per Deduplicator (started on first
+  /// use) renews every running handler's lease in turn, so a renewal waiting on a slow Redis delays
+  /// the others. Failures show in Context::lease_lost().
   std::chrono::milliseconds auto_renew_interval{0};
   /// How long a completion the guard failed to save (Guard::complete() threw: Redis down, slow
   /// or failing over) is sent again, in ms, >= 0: after 100 ms, then at intervals doubling up to
@@ -302,17 +307,21 @@ struct DeduplicatorOptions {
 
   /// Counters and histograms (e.g. an InProcessMetrics); null for none.
   std::shared_ptr<Metrics> metrics{};
-  /// Called once per decision with the request ID, key, fingerprint, layer, outcome, latency and
-  /// attempt; nothing is logged when empty. An exception it throws is swallowed.
+  /// Called once per DecisionEvent (a decision, a handler failure, a failed release before the
+  /// handler: see DecisionEvent) with the request ID, key, fingerprint, layer, outcome, latency
+  /// and attempt; nothing is logged when empty. Called on the calling thread (the loop thread
+  /// for AsyncDeduplicator), by any number of calls at once: it must be thread-safe. An
+  /// exception it throws is swallowed.
   std::function<void(const DecisionEvent&)> on_decision{};
 };
 
 /// The idempotency facade. Thread-safe: one instance serves all threads.
 ///
-/// Order of work: layer 1 (local cache) → claim in Redis → claim of the key in the Postgres
-/// transaction (its lock and a read of its record, sent with BEGIN) → handler → the record,
-/// written once and sent with COMMIT → complete in Redis → local cache
-/// (docs/pg_sink.md, "What a call costs"). A crash
+/// Order of work of run_transactional(): layer 1 (local cache) → claim in Redis → claim of the
+/// key in the Postgres transaction (its lock and a read of its record, sent with BEGIN) →
+/// handler → the record, written once and sent with COMMIT → complete in Redis → local cache
+/// (docs/pg_sink.md, "What a call costs"). run() commits the sink's claim in a short
+/// transaction of its own before the handler and completes it after. A crash
 /// between commit and the Redis complete is safe: the Postgres row decides the next attempt.
 ///
 /// Throws idem::InvalidRequestId, idem::InvalidKey, idem::PayloadError, idem::MissingKey for
@@ -351,13 +360,13 @@ class IDEM_EXPORT Deduplicator {
   /// Runs `handler` (`std::string(pqxx::transaction_base&)` or
   /// `std::string(pqxx::transaction_base&, Context&)`) inside the sink's transaction, after the
   /// key is claimed there (DeduplicatorOptions::transactional_claim), so the claim and the
-  /// handler's writes commit together or not at all. Requires a sink (idem::ConfigError
-  /// otherwise). When the call's stop is requested (Request::stop, shutdown()) while the
-  /// handler runs, the statement it runs then is cancelled on the server (PQcancel, from a
-  /// helper thread: the thread that requests the stop never waits for the server), and the
-  /// SQLSTATE 57014 that ends it makes the call throw idem::Cancelled (the transaction rolled
-  /// back, the claim kept until its lease ends), not idem::PostgresError. A statement the
-  /// handler starts after the stop is not cancelled: check Context::stop_token().
+  /// handler's writes commit together or not at all. Requires a PgSink (with another sink or
+  /// none, each call throws idem::ConfigError). When the call's stop is requested (Request::stop,
+  /// shutdown()) while the handler runs, the statement it runs then is cancelled on the server
+  /// (PQcancel, from a helper thread: the thread that requests the stop never waits for the
+  /// server), and the SQLSTATE 57014 that ends it makes the call throw idem::Cancelled (the
+  /// transaction rolled back, the claim kept until its lease ends), not idem::PostgresError. A
+  /// statement the handler starts after the stop is not cancelled: check Context::stop_token().
   template <class Handler>
   [[nodiscard]] Outcome run_transactional(const Request& request, Handler&& handler) {
     return run_handler(

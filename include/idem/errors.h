@@ -1,21 +1,26 @@
 // idem's error hierarchy. Decisions (duplicate, in progress, mismatch) are values
-// (see deduplicator.h); only bad configuration, bad input and failing backends throw.
+// (see deduplicator.h); bad configuration or input, failing backends, stopped calls and a
+// handler's journal conflicts throw.
 //
 //   idem::Error (std::runtime_error)
-//   ├── ConfigError          invalid options, detected once in a constructor
+//   ├── ConfigError          invalid options, or an argument the configured backends cannot serve
 //   ├── InvalidRequestId     a request ID or Idempotency-Key that fails validation (HTTP 400)
 //   ├── InvalidKey           an idempotency-key component that is empty or otherwise unusable
 //   ├── PayloadError         a payload that cannot be fingerprinted (byte offset when known)
 //   ├── MissingKey           a request with nothing to deduplicate on, under the reject policy
 //   ├── ClockMovedBackwards  a Snowflake generator whose clock stepped back too far
-//   ├── Cancelled            thrown by a handler to signal cancellation (claim is kept)
+//   ├── Cancelled            a call stopped, or its handler cancelled (see the class)
+//   │   └── DeadlineExceeded the same, because the call's deadline passed
+//   ├── StepInputMismatch    Context::step() journaled with another input
+//   ├── ClaimLost            Context::step() refused by fencing: the claim is another's now
 //   └── BackendError         a backend failed; retryable() says if the same call may succeed
 //       ├── RedisError
 //       │   └── ForeignRecord   a value under an idem key that idem did not write, or damaged
 //       └── PostgresError    with sqlstate() when the server sent one
 //           └── CommitOutcomeUnknown  the connection died during COMMIT: committed or not?
 //
-// All are safe to copy and to catch by const reference.
+// All are safe to copy and to catch by const reference. Besides these, idem lets std::bad_alloc
+// through, and AsyncResult::get() throws std::out_of_range.
 #pragma once
 
 #include <cstddef>
@@ -29,13 +34,16 @@
 
 namespace idem {
 
-/// Base of every exception idem throws.
+/// Base of every exception idem throws of its own (see the list at the top of this file).
 class IDEM_EXPORT Error : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
 
-/// Options that cannot work (negative lease, pool size 0, malformed URL, ...).
+/// Options that cannot work (negative lease, pool size 0, malformed URL, ...): mostly from
+/// constructors, also from a call given an unusable argument (a zero duration, a bad JSON
+/// pointer) or one the configured backends cannot serve (run_transactional() without a PgSink,
+/// Context::step() without a guard).
 class IDEM_EXPORT ConfigError : public Error {
  public:
   using Error::Error;
@@ -80,17 +88,20 @@ class IDEM_EXPORT ClockMovedBackwards : public Error {
   using Error::Error;
 };
 
-/// Thrown by (or on behalf of) a handler that was cancelled. The Deduplicator rolls back and
-/// keeps the claim until its lease ends; it never releases on cancellation.
+/// A call that was stopped (Request::stop, shutdown(), an Asio cancellation), thrown by the
+/// facade or by (or on behalf of) a handler that was cancelled. Stopped before its handler
+/// started, a call releases the claims it took (nothing ran); once the handler has started, the
+/// transaction rolls back and the claim is kept until its lease ends (the handler may have had
+/// effects outside it).
 class IDEM_EXPORT Cancelled : public Error {
  public:
   Cancelled() : Error("idem: handler cancelled") {}
   using Error::Error;
 };
 
-/// A call of an AsyncDeduplicator whose deadline (AsyncDeduplicatorOptions::deadline) passed
-/// while its handler ran: the handler was cancelled, and the claim is kept until its lease ends,
-/// as for any cancellation.
+/// A call of an AsyncDeduplicator whose deadline (AsyncDeduplicatorOptions::deadline) passed:
+/// before its handler started (the claims are released, nothing ran) or while it ran (the
+/// handler was cancelled and the claim is kept until its lease ends), as for any Cancelled.
 class IDEM_EXPORT DeadlineExceeded : public Cancelled {
  public:
   /// `what` says which deadline passed.

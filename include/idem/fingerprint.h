@@ -65,6 +65,7 @@ struct FingerprintOptions {
   /// (default) means the whole payload. The selected document keeps the payload's structure:
   /// an object keeps only the members on an included path, an array only the included
   /// elements (in order); a container that selects nothing is left out. "" selects everything.
+  /// An include pointer inside an excluded member is a ConfigError.
   std::vector<std::string> include{};
   /// RFC 6901 JSON Pointers of parts left out, e.g. {"/timestamp", "/traceId"}. Applied after
   /// include; an exclude that matches nothing is ignored. "" is a ConfigError.
@@ -84,7 +85,9 @@ struct FingerprintOptions {
   /// `md5(json.dumps(...))`; scope and time bucket must then be unused.
   bool domain_separated = true;
   /// Width of a time bucket; 0 (default) means no bucket. The same content in another bucket is
-  /// another fingerprint. Whole seconds, at least 1 when set.
+  /// another fingerprint. Whole seconds, at least 1 when set. Bucket k holds the wall-clock
+  /// times [k·width, (k+1)·width) seconds since the Unix epoch (UTC), so services with the same
+  /// width share buckets.
   std::chrono::seconds time_bucket{0};
   /// Hex digits kept of the digest (a prefix), 1..64 for SHA-256 and 1..32 for MD5. Default 32
   /// (128 bits); the seed used 16.
@@ -141,7 +144,8 @@ class IDEM_EXPORT Fingerprinter {
   [[nodiscard]] const FingerprintOptions& options() const noexcept { return options_; }
 
   /// 8 lowercase hex digits naming the options that shape a digest (form, hash, include,
-  /// exclude, absent_include, domain_separated, hex_length; not the time bucket, the depth or
+  /// exclude, absent_include, embedded_json, domain_separated, hex_length; not the time bucket,
+  /// the depth or
   /// size limits): two Fingerprinters with the same tag make the same fingerprint of a payload.
   /// The facade stores `tag.fingerprint` in its records (see fingerprints_match()).
   [[nodiscard]] const std::string& options_tag() const noexcept { return options_tag_; }

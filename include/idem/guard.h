@@ -79,8 +79,9 @@ class IDEM_EXPORT Guard {
   /// Deletes the record if and only if `owner_token` owns it and it is IN_PROGRESS. Returns
   /// whether it deleted. Never deletes another owner's claim.
   virtual bool release(std::string_view key, std::string_view owner_token) = 0;
-  /// Extends the IN_PROGRESS claim owned by `owner_token` to `lease` (ms) from now. Returns
-  /// false when the caller no longer owns it.
+  /// Extends the IN_PROGRESS claim owned by `owner_token` to `lease` (ms, > 0, else
+  /// idem::ConfigError; unlike Sink::renew(), 0 does not mean the configured lease) from now.
+  /// Returns false when the caller no longer owns it.
   virtual bool renew(std::string_view key, std::string_view owner_token,
                      std::chrono::milliseconds lease) = 0;
   /// The step journal of `key`: the steps that attempts of the call journaled with
@@ -98,7 +99,7 @@ class IDEM_EXPORT Guard {
   /// The lease a fresh claim gets, in ms.
   [[nodiscard]] virtual std::chrono::milliseconds lease() const noexcept = 0;
   /// How long a COMPLETED record is kept when complete() is given 0, in ms; 0 when unknown
-  /// (the default, for guards written before it). The facade's local cache never answers a key
+  /// (the default). The facade's local cache never answers a key
   /// longer than this when no sink keeps the record longer.
   [[nodiscard]] virtual std::chrono::milliseconds retention() const noexcept {
     return std::chrono::milliseconds(0);

@@ -1,6 +1,7 @@
 // Idempotency keys: which business operation a request performs, as an injective key text.
 // The one home of the key grammar: the facade's three key forms (business, `id:`, `fp:`) are
 // encoded and decoded here, and the guards and the sink check every key text against it.
+// Every function here is pure (it keeps no state): thread-safe.
 #pragma once
 
 #include <cstddef>
@@ -112,7 +113,8 @@ IDEM_EXPORT void validate_key_text(std::string_view text);
 
 /// The fallback idempotency key `fp:{user}:{intent}:{fingerprint_hex}` for a request that
 /// carries no request ID (KeyText with KeyForm::kFallback); each component is escaped, so no
-/// component can forge another. Throws idem::InvalidKey when a component is empty.
+/// component can forge another. Throws idem::InvalidKey when a component is empty or, escaped,
+/// longer than kMaxKeyComponentBytes.
 [[nodiscard]] IDEM_EXPORT std::string fallback_key(std::string_view user, std::string_view intent,
                                                    std::string_view fingerprint_hex);
 

@@ -32,11 +32,11 @@ struct DecisionEvent {
   std::chrono::microseconds latency{0};              ///< Whole call, handler included.
   int attempt = 1;  ///< Request::attempt: the delivery count the caller reported.
   /// The handler was called and the call ended in an exception instead of an outcome: the
-  /// handler's own (a business failure; its claim was released), or idem's completion or the
-  /// commit after the handler returned. The exception still propagates to the caller; `outcome`
-  /// is then kExecuted and `layer` kHandler. A cancellation (idem::Cancelled) and an error
-  /// before the handler (bad input, a ConfigError) emit no event, unless a release of a claim
-  /// the call took failed (see ended_before_handler).
+  /// handler's own (a business failure; the claim then follows the FailureAction), or idem's
+  /// completion or the commit after the handler returned. The exception still propagates to the
+  /// caller; `outcome` is then kExecuted and `layer` kHandler. A cancellation (idem::Cancelled) and
+  /// an error before the handler (bad input, a ConfigError) emit no event, unless a release of a
+  /// claim the call took failed (see ended_before_handler).
   bool handler_failed = false;
   /// handler_failed: the exception's what() as thrown, or "unknown exception". It may hold line
   /// breaks (PostgreSQL's messages do) and any byte: escape it before a line-based log.
@@ -76,7 +76,7 @@ enum class StepEnding : std::uint8_t {
   kTooLarge,
 };
 /// The label of `ending`: "journaled", "replayed", "in_transaction", "unguarded", "claim_lost",
-/// "too_large".
+/// "too_large". Thread-safe.
 [[nodiscard]] IDEM_EXPORT std::string_view to_string(StepEnding ending) noexcept;
 
 /// Receives the facade's counts. Implementations must be thread-safe and must not throw.

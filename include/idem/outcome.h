@@ -18,12 +18,12 @@ enum class Layer {
   kFingerprint,  ///< Layer 3, the payload fingerprint. It stores nothing itself: a fallback
                  ///< key's duplicate or a mismatch is reported under the layer whose record
                  ///< answered (request_id, redis_guard, pg_sink), so the facade never reports
-                 ///< this layer today; Metrics implementations may see it from other callers.
+                 ///< this layer; Metrics implementations may see it from other callers.
   kPgSink,       ///< Layer 4: the Postgres unique index.
 };
 
 /// Stable lowercase name of a layer ("handler", "request_id", "redis_guard", "fingerprint",
-/// "pg_sink"), for metrics labels and logs.
+/// "pg_sink"), for metrics labels and logs. Thread-safe.
 [[nodiscard]] IDEM_EXPORT std::string_view to_string(Layer layer) noexcept;
 
 /// The result of Deduplicator::run(). A value, not an exception: duplicates are normal.
@@ -75,7 +75,7 @@ struct Outcome {
 };
 
 /// Stable lowercase name of an outcome kind ("executed", "duplicate", "in_progress",
-/// "mismatch", "unavailable"), for metrics labels and logs.
+/// "mismatch", "unavailable"), for metrics labels and logs. Thread-safe.
 [[nodiscard]] IDEM_EXPORT std::string_view to_string(Outcome::Kind kind) noexcept;
 
 }  // namespace idem

@@ -98,10 +98,11 @@ struct RedisGuardOptions {
   RedisOptions redis{};             ///< Where Redis is and how to connect.
   CircuitBreakerOptions breaker{};  ///< When to stop trying Redis for a while.
   /// First component of every Redis key: `{prefix}:{ns}:{key text}`. Escaped like a key
-  /// component (see escape_key_component()). Must be non-empty.
+  /// component (see escape_key_component()). Must be non-empty and, escaped, at most
+  /// kMaxKeyComponentBytes (idem::ConfigError otherwise).
   std::string prefix = "idem";
   /// Namespace (service or tenant), second component of every Redis key. Escaped like a key
-  /// component. Must be non-empty.
+  /// component. Must be non-empty and, escaped, at most kMaxKeyComponentBytes (ConfigError).
   std::string ns = "default";
   /// TTL of an IN_PROGRESS claim (the lease), in ms, > 0, at most 100 years.
   std::chrono::milliseconds lease{std::chrono::seconds(30)};
@@ -188,11 +189,14 @@ class IDEM_EXPORT RedisGuard final : public Guard {
   [[nodiscard]] ClaimResult claim(std::string_view key, std::string_view request_id,
                                   std::string_view fingerprint) override;
 
-  /// Claims every key of `requests` in one pipelined round trip; answer i belongs to
-  /// requests[i]. Each claim is atomic on its own (not the batch as a whole). Throws
-  /// idem::RedisError when the round trip fails (then no answer is known), and when one key's
-  /// answer is an error or a foreign value (idem::ForeignRecord): then the claims the batch did
-  /// make are released first (owner-checked, best effort), so no key stays held by it.
+  /// Claims every key of `requests` in one pipelined round trip per node (the whole batch on a
+  /// standalone server, one pipeline per master in a cluster; a claim redirected because its
+  /// slot moved is sent again on its own); answer i belongs to requests[i]. Each claim is atomic
+  /// on its own (not the batch as a whole). Throws idem::InvalidKey before any I/O when a key
+  /// fails validate_key_text(), idem::RedisError when a round trip fails (then no answer is known),
+  /// and when one key's answer is an error or a foreign value (idem::ForeignRecord): then the
+  /// claims the batch did make are released first (owner-checked, best effort), so no key stays
+  /// held by it.
   [[nodiscard]] std::vector<ClaimResult> claim_batch(const std::vector<ClaimRequest>& requests);
 
   /// Marks the claim COMPLETED with `response` (verbatim, or only its SHA-256 above

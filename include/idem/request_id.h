@@ -26,14 +26,14 @@ inline constexpr std::size_t kMaxRequestIdBytes = 64;
 [[nodiscard]] IDEM_EXPORT bool is_valid_request_id(std::string_view id) noexcept;
 
 /// Throws idem::InvalidRequestId (with a message that never echoes raw input bytes) unless
-/// is_valid_request_id(id).
+/// is_valid_request_id(id). Thread-safe.
 IDEM_EXPORT void validate_request_id(std::string_view id);
 
 /// The opt-in alternative to rejecting an invalid request ID: `raw` itself when it is valid,
 /// else "sha256~" and the first 32 hex digits (128 bits) of SHA-256(raw). The result is always
 /// valid, never holds a byte of an invalid `raw` (no control byte reaches a log or header),
 /// and is the same for the same bytes, so retries still match; unlike stripping, "a\nb" and
-/// "ab" stay different. Thread-safe.
+/// "ab" stay different. Throws idem::Error if OpenSSL's SHA-256 fails. Thread-safe.
 [[nodiscard]] IDEM_EXPORT std::string request_id_or_digest(std::string_view raw);
 
 /// Generates RFC 9562 version 7 UUIDs: 48-bit Unix millisecond timestamp, version and variant
@@ -67,6 +67,7 @@ class IDEM_EXPORT Uuid7Generator {
 
 /// `value` as an RFC 8941 sf-string: quoted, `"` and `\` escaped. Throws
 /// idem::InvalidRequestId for bytes an sf-string cannot hold (controls, non-ASCII).
+/// Thread-safe.
 [[nodiscard]] IDEM_EXPORT std::string format_sf_string(std::string_view value);
 
 /// Inbound or outbound header list: (name, value) pairs in wire order. Names compare
@@ -82,7 +83,7 @@ enum class RequestIdHeader {
   kFcRequestId,      ///< `x-fc-request-id` (Function Compute): the plain value.
 };
 
-/// The header's canonical name, e.g. "Idempotency-Key".
+/// The header's canonical name, e.g. "Idempotency-Key". Thread-safe.
 [[nodiscard]] IDEM_EXPORT std::string_view header_name(RequestIdHeader header) noexcept;
 
 /// A request ID taken from inbound headers.

@@ -43,7 +43,8 @@ struct SinkClaim {
 };
 
 /// A sink in its non-transactional form: each call commits on its own. The row of a key is
-/// owned by the request ID that claimed it (a generated ID when the request had none).
+/// owned by its claim's owner token (the facade gives each attempt its own), or by the claim's
+/// request ID when it gave none (see claim()).
 /// Implementations are thread-safe; their backend's failures throw idem::BackendError
 /// (PgSink: idem::PostgresError).
 class IDEM_EXPORT Sink {
@@ -79,7 +80,7 @@ class IDEM_EXPORT Sink {
   /// sink's configured lease; < 0: idem::ConfigError) from now. Returns false when the row is
   /// no longer `owner`'s (its lease ended and it was taken over) or is completed. The facade
   /// renews the row with the Redis lease while a run() handler works. Default: nothing to renew
-  /// (true), for sinks written before it.
+  /// (true).
   virtual bool renew(std::string_view key, std::string_view owner,
                      std::chrono::milliseconds lease) {
     (void)key;

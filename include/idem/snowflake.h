@@ -97,6 +97,7 @@ inline constexpr std::size_t kSnowflakeBase32Length = 13;
 /// text). Thread-safe.
 [[nodiscard]] IDEM_EXPORT std::string snowflake_to_decimal(std::uint64_t id);
 /// Parses decimal text made only of digits; std::nullopt when malformed or over 64 bits.
+/// Thread-safe.
 [[nodiscard]] IDEM_EXPORT std::optional<std::uint64_t> snowflake_from_decimal(
     std::string_view text) noexcept;
 
@@ -104,7 +105,7 @@ inline constexpr std::size_t kSnowflakeBase32Length = 13;
 /// zero-padded, so the text sorts like the numbers. Thread-safe.
 [[nodiscard]] IDEM_EXPORT std::string snowflake_to_base32(std::uint64_t id);
 /// Parses 13 Crockford base32 characters, case-insensitive, with Crockford's aliases
-/// (O→0, I and L→1); std::nullopt when malformed or over 64 bits.
+/// (O→0, I and L→1); std::nullopt when malformed or over 64 bits. Thread-safe.
 [[nodiscard]] IDEM_EXPORT std::optional<std::uint64_t> snowflake_from_base32(
     std::string_view text) noexcept;
 
@@ -124,6 +125,7 @@ class IDEM_EXPORT SeedIdFormat {
   explicit SeedIdFormat(std::string key);
 
   /// The formatted ID for `snowflake` and `user_id` (any bytes; fewer than 8 are all used).
+  /// Throws idem::Error if OpenSSL's HMAC fails. Thread-safe (const).
   [[nodiscard]] std::string format(std::uint64_t snowflake, std::string_view user_id) const;
 
  private:

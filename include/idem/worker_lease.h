@@ -15,7 +15,8 @@ namespace idem {
 /// Options of a WorkerIdLease; validated by its constructor (idem::ConfigError).
 struct WorkerIdLeaseOptions {
   /// Where the lease lives. Only url, connect_timeout, command_timeout and keepalive are used
-  /// (one connection, owned by the lease).
+  /// (one connection, owned by the lease): url names one server (redis://, rediss:// or
+  /// unix://); a redis-sentinel:// URL is a ConfigError.
   RedisOptions redis{};
   /// The worker ID to lease, 0–1023. Required: the default -1 is a ConfigError.
   std::int32_t worker_id = -1;

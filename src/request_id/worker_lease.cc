@@ -29,6 +29,9 @@ const WorkerIdLeaseOptions& validated(const WorkerIdLeaseOptions& options) {
           "renew_interval must be > 0 and at most ttl / 2");
   require(options.redis.connect_timeout.count() > 0, "redis.connect_timeout must be > 0");
   require(options.redis.command_timeout.count() > 0, "redis.command_timeout must be > 0");
+  require(!options.redis.url.starts_with("redis-sentinel://"),
+          "redis.url must name one server (redis://, rediss:// or unix://): the lease does not "
+          "follow a Sentinel");
   return options;
 }
 

@@ -188,6 +188,14 @@ TEST_F(WorkerLeaseTest, BackgroundThreadRenews) {
   EXPECT_GT(pttl(14), 0);
 }
 
+// A redis-sentinel:// URL parses (it has no host of its own: the Sentinels find the master),
+// and the lease's one connection would have gone to an empty host instead of the master.
+TEST_F(WorkerLeaseTest, ASentinelUrlIsAConfigErrorNotAConnectionToAnEmptyHost) {
+  auto bad = options(12);
+  bad.redis.url = "redis-sentinel://127.0.0.1:26379#mymaster";
+  EXPECT_THROW(WorkerIdLease{bad}, ConfigError);
+}
+
 TEST_F(WorkerLeaseTest, RejectsBadOptions) {
   auto bad = options(-1);
   EXPECT_THROW(WorkerIdLease{bad}, ConfigError);
