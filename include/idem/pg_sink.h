@@ -211,15 +211,15 @@ class IDEM_EXPORT PgSink final : public Sink {
   /// Reads the committed row of `key` (an encoded key text) in this namespace without claiming
   /// or changing it; nullopt when there is none. A claim still uncommitted in another
   /// transaction is invisible. An expired row not purged yet is returned with a negative ttl.
-  /// owner_token is always empty (the sink's owner is the row's request_id). For operators and
-  /// tools (idemctl inspect), not for deciding requests.
+  /// owner_token is the row's owner, what release() checks. For operators and tools (idemctl
+  /// inspect), not for deciding requests.
   [[nodiscard]] std::optional<RecordInfo> inspect(std::string_view key);
 
   /// Deletes the row of `key` in this namespace whatever its request ID, in one short
   /// transaction that locks the row first (waiting up to lock_timeout for an open claim of it):
   /// an operator's way to free a claim stuck until its lease ends. With kInProgressOnly a
   /// COMPLETED row is kept (kCompleted); with kAnyState it is deleted too, and the next
-  /// request with this key runs its side effect again. Prefer release(key, request_id).
+  /// request with this key runs its side effect again. Prefer release(key, owner).
   ForceReleaseStatus force_release(std::string_view key, ForceReleaseScope scope);
 
   /// Deletes rows whose expiry (Postgres' now()) has passed, at most `batch_size` (≥ 1) per

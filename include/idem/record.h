@@ -18,8 +18,9 @@ enum class RecordState {
 /// for operators and tools such as idemctl, never for deciding a request.
 struct RecordInfo {
   RecordState state = RecordState::kInProgress;  ///< IN_PROGRESS or COMPLETED.
-  /// Redis: the owner token of the claiming attempt (32 lowercase hex), what release() checks.
-  /// Empty for a Postgres row (the sink's owner is its request_id).
+  /// The owner of the claim, what release() checks: in Redis the claiming attempt's token (32
+  /// lowercase hex); in Postgres the claim's owner token (in run(), the facade's attempt ID, a
+  /// UUIDv7), or its request ID when the claim gave none.
   std::string owner_token{};
   /// Request ID of the claim; empty when the request had none.
   std::string request_id{};

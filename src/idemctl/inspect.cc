@@ -28,7 +28,7 @@ std::string iso_time(std::chrono::system_clock::time_point at) {
 
 // One backend's answer as JSON: {configured, found, state, owner, ...} or {configured, error}.
 nlohmann::json describe(bool configured, const std::optional<RecordInfo>& info,
-                        const std::optional<std::string>& error, bool postgres) {
+                        const std::optional<std::string>& error) {
   nlohmann::json out = {{"configured", configured}};
   if (!configured) return out;
   if (error) {
@@ -38,7 +38,7 @@ nlohmann::json describe(bool configured, const std::optional<RecordInfo>& info,
   out["found"] = info.has_value();
   if (!info) return out;
   out["state"] = state_name(info->state);
-  out["owner"] = postgres ? info->request_id : info->owner_token;
+  out["owner"] = info->owner_token;
   out["request_id"] = info->request_id;
   out["fingerprint"] = info->fingerprint;
   out["ttl_ms"] = info->ttl ? nlohmann::json(info->ttl->count()) : nlohmann::json(nullptr);
@@ -72,8 +72,7 @@ void print_steps(const nlohmann::json& steps) {
   }
 }
 
-void print_text(const std::string& name, const std::string& where, const nlohmann::json& d,
-                bool postgres) {
+void print_text(const std::string& name, const std::string& where, const nlohmann::json& d) {
   if (!d["configured"].get<bool>()) {
     std::cout << name << ": not configured\n";
     return;
@@ -92,8 +91,8 @@ void print_text(const std::string& name, const std::string& where, const nlohman
     return value.get<std::string>().empty() ? std::string("-") : value.get<std::string>();
   };
   std::cout << "  state            " << d["state"].get<std::string>() << "\n";
-  std::cout << "  owner            " << text_or_dash(d["owner"])
-            << (postgres ? "  (the row's request ID)" : "  (owner token)") << "\n";
+  std::cout << "  owner            " << text_or_dash(d["owner"]) << "  (owner token)"
+            << "\n";
   std::cout << "  request_id       " << text_or_dash(d["request_id"]) << "\n";
   std::cout << "  fingerprint      " << text_or_dash(d["fingerprint"]) << "\n";
   std::cout << "  ttl_ms           "
@@ -137,16 +136,16 @@ int run(const InspectFlags& flags) {
   const std::optional<std::string> pg_error =
       sink ? backend_error([&] { in_pg = sink->inspect(key); }) : std::nullopt;
 
-  nlohmann::json redis = describe(guard != nullptr, in_redis, redis_error, false);
+  nlohmann::json redis = describe(guard != nullptr, in_redis, redis_error);
   if (!journal.empty()) redis["steps"] = describe_steps(journal);
-  const nlohmann::json pg = describe(sink != nullptr, in_pg, pg_error, true);
+  const nlohmann::json pg = describe(sink != nullptr, in_pg, pg_error);
   if (flags.json) {
     print_json(
         {{"key", key}, {"namespace", flags.backends.ns}, {"redis", redis}, {"postgres", pg}});
   } else {
     std::cout << "key " << key << "\n";
-    print_text("redis", flags.backends.redis_label(), redis, false);
-    print_text("postgres", flags.backends.pg_label(), pg, true);
+    print_text("redis", flags.backends.redis_label(), redis);
+    print_text("postgres", flags.backends.pg_label(), pg);
   }
   for (const auto& [name, error] :
        {std::pair{"redis", redis_error}, std::pair{"postgres", pg_error}}) {

@@ -12,7 +12,7 @@ struct ReleaseFlags {
   BackendFlags backends{};
   KeyFlags key{};
   std::string owner{};     // Redis owner token
-  std::string pg_owner{};  // PostgreSQL: the row's request ID
+  std::string pg_owner{};  // PostgreSQL: the row's owner token
   bool force = false;
   bool yes = false;
   bool include_completed = false;
@@ -49,8 +49,7 @@ std::string explain(Result result, bool postgres, bool force) {
     case Result::kNotFound:
       return "not found (no record of the key)";
     case Result::kNotOwner:
-      return postgres ? "not released: the row belongs to another request ID"
-                      : "not released: the claim belongs to another owner token";
+      return "not released: the claim belongs to another owner token";
     case Result::kCompleted:
       return force ? "kept: the record is COMPLETED (add --include-completed to delete it)"
                    : "kept: the record is COMPLETED; an owner never releases a completed record";
@@ -65,11 +64,9 @@ std::string explain(Result result, bool postgres, bool force) {
 }
 
 // Why an owner-checked release deleted nothing, from the record as it is now.
-// (The owner is the token in Redis, the request ID in PostgreSQL; `postgres` says which.)
-Result why_not_released(const std::optional<RecordInfo>& info, std::string_view owner,
-                        bool postgres) {
+Result why_not_released(const std::optional<RecordInfo>& info, std::string_view owner) {
   if (!info) return Result::kNotFound;
-  if (owner != (postgres ? info->request_id : info->owner_token)) return Result::kNotOwner;
+  if (owner != info->owner_token) return Result::kNotOwner;
   return info->state == RecordState::kCompleted ? Result::kCompleted : Result::kNotOwner;
 }
 
@@ -116,7 +113,7 @@ int run(const ReleaseFlags& flags) {
   if (!redis_asked && !pg_asked) {
     throw CommandError(kUsage,
                        "nothing to release: give --owner (Redis owner token), --pg-owner "
-                       "(PostgreSQL request ID) or --force, for a configured backend");
+                       "(PostgreSQL owner) or --force, for a configured backend");
   }
   if (flags.force) confirm(flags, key);
   const ForceReleaseScope scope =
@@ -132,16 +129,16 @@ int run(const ReleaseFlags& flags) {
   BackendResult pg{"postgres", true, sink ? Result::kSkipped : Result::kNotConfigured, {}};
   // One backend (RedisGuard or PgSink): forced, or owner-checked with the reason when nothing
   // was deleted.
-  const auto release_in = [&](auto& backend, const std::string& owner, bool postgres) {
+  const auto release_in = [&](auto& backend, const std::string& owner) {
     if (flags.force) return from_force(backend.force_release(key, scope));
     return backend.release(key, owner) ? Result::kReleased
-                                       : why_not_released(backend.inspect(key), owner, postgres);
+                                       : why_not_released(backend.inspect(key), owner);
   };
   if (redis_asked) {
-    redis.error = backend_error([&] { redis.result = release_in(*guard, flags.owner, false); });
+    redis.error = backend_error([&] { redis.result = release_in(*guard, flags.owner); });
   }
   if (pg_asked) {
-    pg.error = backend_error([&] { pg.result = release_in(*sink, flags.pg_owner, true); });
+    pg.error = backend_error([&] { pg.result = release_in(*sink, flags.pg_owner); });
   }
 
   nlohmann::json json = {{"key", key}, {"namespace", flags.backends.ns}, {"force", flags.force}};
@@ -182,7 +179,8 @@ Command add_release_command(CLI::App& app) {
       "--owner", flags->owner, "Redis: the claim's owner token, as `idemctl inspect` shows it");
   CLI::Option* pg_owner = sub->add_option(
       "--pg-owner", flags->pg_owner,
-      "PostgreSQL: the row's owner, i.e. its request ID, as `idemctl inspect` shows it");
+      "PostgreSQL: the row's owner token (its request ID when claimed without one), as "
+      "`idemctl inspect` shows it");
   CLI::Option* force = sub->add_flag(
       "--force", flags->force,
       "Release whoever owns the claim (asks for confirmation on a terminal: type the key or "

@@ -148,7 +148,7 @@ std::array<std::string, kCount> statements(const std::string& table) {
   sql[kInspect] =
       "SELECT state, request_id, fingerprint, octet_length(response), response_sha256,"
       " floor(extract(epoch FROM expires_at - now()) * 1000)::bigint,"
-      " floor(extract(epoch FROM expires_at) * 1000)::bigint FROM " +
+      " floor(extract(epoch FROM expires_at) * 1000)::bigint, owner_token FROM " +
       table + " WHERE ns = $1 AND key = $2";
   sql[kLockRow] = "SELECT state FROM " + table + " WHERE ns = $1 AND key = $2 FOR UPDATE";
   sql[kEvict] = "DELETE FROM " + table + " WHERE ns = $1 AND key = $2";
@@ -583,6 +583,7 @@ std::optional<RecordInfo> PgSink::inspect(std::string_view key) {
     info.ttl = std::chrono::milliseconds(row[5].as<std::int64_t>());
     info.expires_at =
         std::chrono::system_clock::time_point(std::chrono::milliseconds(row[6].as<std::int64_t>()));
+    info.owner_token = row[7].as<std::string>();
     return info;
   });
 }

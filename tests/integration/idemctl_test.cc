@@ -363,6 +363,29 @@ TEST_F(IdemctlTest, ReleaseRefusesAnotherOwnerAndReleasesForTheOwner) {
   EXPECT_TRUE(contains(again.out, "postgres: skipped (no --pg-owner)")) << again.out;
 }
 
+// The facade's run() claims a sink row with an owner token of the attempt's own, not its request
+// ID: inspect showed the request ID as the owner, and a release by it never matched the row.
+TEST_F(IdemctlTest, APostgresRowClaimedWithAnOwnerTokenIsShownAndReleasedByThatToken) {
+  const std::string key = "u:refund:o3";
+  const std::string token = "0193a5c4-7e21-7b3d-9c4f-2a1b3c4d5e6f";
+  sink_->migrate();
+  ASSERT_EQ(sink_->claim(key, "req-3", "fp-3", token).status, SinkStatus::kClaimed);
+
+  const CtlRun shown = idemctl(both({"inspect", key, "--json"}));
+  ASSERT_EQ(shown.code, kOk) << shown.describe();
+  EXPECT_EQ(shown.json()["postgres"]["owner"], token);
+  EXPECT_EQ(shown.json()["postgres"]["request_id"], "req-3");
+
+  const CtlRun by_request_id = idemctl(both({"release", key, "--pg-owner", "req-3"}));
+  EXPECT_EQ(by_request_id.code, kNotOwner) << by_request_id.describe();
+  EXPECT_TRUE(sink_->inspect(key).has_value());
+
+  const CtlRun by_token = idemctl(both({"release", key, "--pg-owner", token, "--json"}));
+  ASSERT_EQ(by_token.code, kOk) << by_token.describe();
+  EXPECT_EQ(by_token.json()["postgres"]["status"], "released");
+  EXPECT_FALSE(sink_->inspect(key).has_value());
+}
+
 TEST_F(IdemctlTest, ReleaseByTheOwnerKeepsACompletedRecord) {
   const std::string key = "u:refund:o1";
   const std::string owner = claim_both(key);

@@ -119,7 +119,7 @@ TEST_F(PgSinkInspectTest, ShowsARowThenItsCompletionAndExpiry) {
   ASSERT_TRUE(claimed.has_value());
   EXPECT_EQ(claimed->state, RecordState::kInProgress);
   EXPECT_EQ(claimed->request_id, "req-1");
-  EXPECT_TRUE(claimed->owner_token.empty());
+  EXPECT_EQ(claimed->owner_token, "req-1");  // claimed without an owner token: its request ID
   EXPECT_EQ(claimed->fingerprint, "fp-1");
   ASSERT_TRUE(claimed->ttl.has_value());
   EXPECT_GT(*claimed->ttl, milliseconds(0));
