@@ -49,7 +49,8 @@ enum class PgPooling {
 
 /// Options of a PgSink. Validated once by the PgSink constructor (idem::ConfigError).
 struct PgSinkOptions {
-  /// libpq connection string: a `postgresql://` URL or `key=value` keywords. Required. For a
+  /// libpq connection string: a `postgresql://` URL or `key=value` keywords. Required; one libpq
+  /// cannot parse (an unknown keyword, bad percent-encoding) is an idem::ConfigError. For a
   /// primary with standbys, list every host and let libpq find the one that accepts writes:
   /// `host=a,b port=5432,5432 target_session_attrs=read-write` (docs/operations.md, "High
   /// availability").
@@ -57,9 +58,11 @@ struct PgSinkOptions {
   /// Session (default) or transaction pooling between the sink and PostgreSQL; see PgPooling.
   PgPooling pooling = PgPooling::kSession;
   /// Schema of the records. Quoted as an identifier, so any non-empty name without a NUL
-  /// byte is safe (used exactly as given, case included). migrate() creates it.
+  /// byte is safe (used exactly as given, case included; PostgreSQL keeps the first 63 bytes
+  /// of a longer one). migrate() creates it.
   std::string schema = "public";
-  /// Table of the records, in `schema`; quoted like it. migrate() creates it.
+  /// Table of the records, in `schema`; quoted like it, up to 48 bytes (migrate() creates it
+  /// and an index named `<table>_expires_at_idx`, which must fit PostgreSQL's 63).
   std::string table = "idem_records";
   /// Namespace (service or tenant) stored with each row; part of the unique key. Non-empty.
   std::string ns = "default";
@@ -163,15 +166,16 @@ class IDEM_EXPORT PgSink final : public Sink {
   /// `fingerprint` may be empty. `tx` normally comes from transact(); on a connection of the
   /// caller's own the sink prepares its statements on first use, but that connection's own lock
   /// and statement timeouts apply. The row commits only with `tx`, so it is kept for `retention`
-  /// in ms (0: PgSinkOptions::retention) even if complete() is never called.
+  /// in ms (0: PgSinkOptions::retention; < 0: idem::ConfigError) even if complete() is never
+  /// called.
   [[nodiscard]] SinkClaim claim(pqxx::transaction_base& tx, std::string_view key,
                                 std::string_view request_id, std::string_view fingerprint,
                                 std::chrono::milliseconds retention = std::chrono::milliseconds(0));
 
   /// Marks the row of `key`, claimed earlier in `tx`, COMPLETED with `response` (size-capped)
-  /// and keeps it for `retention` in ms (0: PgSinkOptions::retention; a payload-keyed request's
-  /// fallback key is kept shorter), inside `tx`, before commit. Throws idem::Error when `tx`
-  /// holds no in-progress claim of `key`.
+  /// and keeps it for `retention` in ms (0: PgSinkOptions::retention; < 0: idem::ConfigError;
+  /// a payload-keyed request's fallback key is kept shorter), inside `tx`, before commit. Throws
+  /// idem::Error when `tx` holds no in-progress claim of `key`.
   void complete(pqxx::transaction_base& tx, std::string_view key, std::string_view response,
                 std::chrono::milliseconds retention = std::chrono::milliseconds(0));
 
@@ -211,20 +215,22 @@ class IDEM_EXPORT PgSink final : public Sink {
   /// Reads the committed row of `key` (an encoded key text) in this namespace without claiming
   /// or changing it; nullopt when there is none. A claim still uncommitted in another
   /// transaction is invisible. An expired row not purged yet is returned with a negative ttl.
-  /// owner_token is the row's owner, what release() checks. For operators and tools (idemctl
-  /// inspect), not for deciding requests.
+  /// owner_token is the row's owner, what release() checks. Throws idem::InvalidKey when `key`
+  /// fails validate_key_text(). For operators and tools (idemctl inspect), not for deciding
+  /// requests.
   [[nodiscard]] std::optional<RecordInfo> inspect(std::string_view key);
 
   /// Deletes the row of `key` in this namespace whatever its request ID, in one short
   /// transaction that locks the row first (waiting up to lock_timeout for an open claim of it):
   /// an operator's way to free a claim stuck until its lease ends. With kInProgressOnly a
   /// COMPLETED row is kept (kCompleted); with kAnyState it is deleted too, and the next
-  /// request with this key runs its side effect again. Prefer release(key, owner).
+  /// request with this key runs its side effect again. Prefer release(key, owner). Throws
+  /// idem::InvalidKey when `key` fails validate_key_text().
   ForceReleaseStatus force_release(std::string_view key, ForceReleaseScope scope);
 
   /// Deletes rows whose expiry (Postgres' now()) has passed, at most `batch_size` (≥ 1) per
   /// short transaction, skipping rows locked by others, until a batch comes back short.
-  /// Returns how many rows were deleted.
+  /// Returns how many rows were deleted. batch_size 0 is an idem::ConfigError.
   std::size_t purge_expired(std::size_t batch_size = 1000);
 
   /// The options in force (as validated by the constructor).

@@ -16,14 +16,15 @@ namespace idem {
 
 /// What a sink claim found.
 enum class SinkStatus {
-  kClaimed,    ///< The row was inserted in the caller's transaction: go on with the business write.
-  kDuplicate,  ///< A committed row already holds the key (see SinkClaim::state).
+  kClaimed,     ///< The row was inserted (in the caller's transaction, or committed on its own):
+                ///< go on with the business write.
+  kDuplicate,   ///< A committed row already holds the key (see SinkClaim::state).
   kInProgress,  ///< PgSink: another transaction holds an uncommitted claim of the key and did
                 ///< not finish within PgSinkOptions::lock_timeout. The caller's transaction is
                 ///< aborted by the cancelled wait: roll it back (transact() does so by itself).
 };
 
-/// Answer of PgSink::claim().
+/// Answer of Sink::claim() (and of PgSink's claim in a transaction).
 struct SinkClaim {
   SinkStatus status = SinkStatus::kClaimed;  ///< What the claim found.
   /// State of the existing row (kInProgress for a fresh claim or an open competitor).
@@ -60,9 +61,9 @@ class IDEM_EXPORT Sink {
   /// IN_PROGRESS for the sink's lease, and answers kClaimed; a row past its expiry is taken
   /// over. An existing row answers kDuplicate with its state, fingerprint match and response.
   /// `fingerprint` may be empty (no verdict). The row is owned by `owner_token` (at most 64
-  /// bytes; the facade gives each attempt its own, a fencing token), or by `request_id` when
-  /// it is empty: complete(), release() and renew() act only for that owner, so an earlier
-  /// attempt of the same request never completes or releases a later attempt's takeover.
+  /// bytes, else idem::InvalidKey; the facade gives each attempt its own, a fencing token), or by
+  /// `request_id` when it is empty: complete(), release() and renew() act only for that owner, so
+  /// an earlier attempt of the same request never completes or releases a later attempt's takeover.
   [[nodiscard]] virtual SinkClaim claim(std::string_view key, std::string_view request_id,
                                         std::string_view fingerprint,
                                         std::string_view owner_token = {}) = 0;

@@ -1,6 +1,9 @@
 #include "pg/errors.h"
 
+#include <libpq-fe.h>
+
 #include <array>
+#include <memory>
 #include <string_view>
 
 namespace idem::detail {
@@ -51,6 +54,20 @@ PostgresError server_error(const std::string& message, const std::string& sqlsta
   bool retryable = is_connection_loss(sqlstate) || sqlstate.starts_with("40");
   for (std::string_view code : kRetryable) retryable = retryable || sqlstate == code;
   return {"idem: postgres: " + message, retryable, sqlstate};
+}
+
+void validate_conninfo(const std::string& conninfo) {
+  char* error = nullptr;
+  const std::unique_ptr<PQconninfoOption, decltype(&PQconninfoFree)> parsed(
+      PQconninfoParse(conninfo.c_str(), &error), &PQconninfoFree);
+  if (parsed) return;
+  const std::unique_ptr<char, decltype(&PQfreemem)> owned(error, &PQfreemem);
+  const std::string shown = redact_credentials(conninfo);
+  // libpq's reason may quote the bad token, a password's included: left out when one is there.
+  std::string why = error != nullptr && shown == conninfo ? std::string(error) : "";
+  while (!why.empty() && (why.back() == '\n' || why.back() == ' ')) why.pop_back();
+  throw ConfigError("idem: postgres: bad connection string '" + shown + "'" +
+                    (why.empty() ? "" : ": " + why));
 }
 
 PostgresError connection_error(const std::string& message) {

@@ -28,6 +28,11 @@ inline constexpr const char* kConnectionLostSqlstate = "08006";
 /// retryable, SQLSTATE kConnectionLostSqlstate.
 [[nodiscard]] PostgresError connection_error(const std::string& message);
 
+/// Throws idem::ConfigError (its message redacted of credentials) unless libpq can parse
+/// `conninfo`, a keyword/value string or a postgresql:// URI (PQconninfoParse(): unknown
+/// keywords, bad percent-encoding, malformed URIs). Values are checked only when connecting.
+void validate_conninfo(const std::string& conninfo);
+
 /// True when `sqlstate` says the connection is gone (or going), or leads to a server that can no
 /// longer take writes (25006, a demoted primary): it must not be reused.
 [[nodiscard]] bool is_connection_loss(const std::string& sqlstate) noexcept;

@@ -82,6 +82,16 @@ void detail::validate_sink_options(const PgSinkOptions& options) {
   }
   (void)detail::quote_identifier(options.schema);  // throws ConfigError
   (void)detail::quote_identifier(options.table);
+  // Longer names would be truncated by the server: the table's derived names would then collide
+  // (with each other, or with the table's own), and migrate() would skip creating one of them.
+  constexpr std::size_t kMaxTableBytes =
+      detail::kMaxIdentifierBytes - detail::SchemaNames::kExpiresIndexSuffix.size();
+  if (options.table.size() > kMaxTableBytes) {
+    throw ConfigError("idem: PgSinkOptions::table is at most " + std::to_string(kMaxTableBytes) +
+                      " bytes (PostgreSQL keeps 63, and migrate() names an index " +
+                      "<table>_expires_at_idx)");
+  }
+  detail::validate_conninfo(options.conninfo);
 }
 
 namespace {
@@ -568,6 +578,7 @@ bool PgSink::renew(std::string_view key, std::string_view owner, std::chrono::mi
 }
 
 std::optional<RecordInfo> PgSink::inspect(std::string_view key) {
+  validate_key_text(key);  // as RedisGuard's: a text no claim could have made is an error
   return impl_->with_connection([&](pqxx::connection& conn) -> std::optional<RecordInfo> {
     pqxx::nontransaction tx(conn);
     const pqxx::result found = impl_->exec(tx, kInspect, impl_->options.ns, std::string(key));
@@ -589,6 +600,7 @@ std::optional<RecordInfo> PgSink::inspect(std::string_view key) {
 }
 
 ForceReleaseStatus PgSink::force_release(std::string_view key, ForceReleaseScope scope) {
+  validate_key_text(key);
   const std::string k(key);
   ForceReleaseStatus status = ForceReleaseStatus::kReleased;
   impl_->with_connection([&](pqxx::connection& conn) {

@@ -20,8 +20,8 @@ std::string quote_identifier(std::string_view name) {
 }
 
 SchemaNames SchemaNames::for_table(std::string schema, std::string table) {
-  std::string versions = table + "_versions";
-  std::string expires_index = table + "_expires_at_idx";
+  std::string versions = table + std::string(kVersionsSuffix);
+  std::string expires_index = table + std::string(kExpiresIndexSuffix);
   return {std::move(schema), std::move(table), std::move(versions), std::move(expires_index)};
 }
 

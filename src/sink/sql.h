@@ -14,9 +14,17 @@ namespace idem::detail {
 /// NUL byte.
 [[nodiscard]] std::string quote_identifier(std::string_view name);
 
+/// Longest identifier PostgreSQL keeps, in bytes (NAMEDATALEN - 1): it truncates longer ones,
+/// so two long names may become one.
+inline constexpr std::size_t kMaxIdentifierBytes = 63;
+
 /// The identifiers the migration script refers to as :"schema", :"table", :"versions" and
 /// :"expires_index" (psql variable syntax).
 struct SchemaNames {
+  /// What for_table() appends to the table's name; the longest decides how long it may be.
+  static constexpr std::string_view kVersionsSuffix = "_versions";
+  static constexpr std::string_view kExpiresIndexSuffix = "_expires_at_idx";
+
   std::string schema;
   std::string table;
   std::string versions;

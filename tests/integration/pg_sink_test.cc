@@ -542,5 +542,40 @@ TEST_F(PgSinkTest, InvalidOptionsAreConfigErrors) {
   EXPECT_THROW((void)sink_->claim("k", std::string(65, 'r'), ""), InvalidRequestId);
 }
 
+// PostgreSQL keeps 63 bytes of a name: a 62-byte table's `<table>_versions` and
+// `<table>_expires_at_idx` were both cut to `<table>_`, so migrate() skipped the index and still
+// reported success; at 63 bytes the versions table took the records table's own name.
+TEST_F(PgSinkTest, ATableNameTooLongForItsDerivedNamesIsAConfigErrorNotAHalfMigration) {
+  PgSinkOptions opts = options();
+  opts.table = std::string(48, 't');  // 48 + "_expires_at_idx" = 63 bytes
+  PgSink longest(opts);
+  longest.migrate();
+  EXPECT_EQ(
+      schema_->count("SELECT count(*) FROM pg_indexes WHERE schemaname = '" + schema_->name() +
+                     "' AND indexname = '" + opts.table + "_expires_at_idx'"),
+      1);
+  for (const std::size_t bytes : {49, 62, 63}) {
+    opts.table = std::string(bytes, 't');
+    EXPECT_THROW(PgSink{opts}, ConfigError) << bytes;
+  }
+}
+
+// A connection string libpq cannot parse was taken as given: every call then failed as a
+// retryable outage (kUnavailable) instead of the configuration error it is.
+TEST_F(PgSinkTest, AMalformedConnectionStringIsAConfigErrorNotAnOutage) {
+  PgSinkOptions opts = options();
+  for (const char* bad :
+       {"postgresql://%zz", "host=127.0.0.1 bogus=1", "postgresql://u:p%zz@h/db"}) {
+    opts.conninfo = bad;
+    try {
+      PgSink sink(opts);
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const ConfigError& error) {
+      EXPECT_EQ(std::string(error.what()).find("p%zz"), std::string::npos)
+          << "the password shows: " << error.what();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace idem

@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "idem/errors.h"
 #include "idem/pg_sink.h"
 #include "idem/redis_guard.h"
 #include "pg_server.h"
@@ -146,6 +147,16 @@ TEST_F(PgSinkInspectTest, ShowsARowThenItsCompletionAndExpiry) {
   schema_->exec("UPDATE " + schema_->name() +
                 ".idem_records SET expires_at = now() - interval '5 seconds'");
   EXPECT_LT(*sink_->inspect("u:pay:o1")->ttl, milliseconds(-4000));
+}
+
+// RedisGuard's inspect and force_release throw InvalidKey for a text no claim could have made;
+// PgSink's answered "not found" for it, hiding the caller's mistake.
+TEST_F(PgSinkInspectTest, AKeyTextNoClaimCouldHaveMadeIsAnInvalidKeyNotNotFound) {
+  sink_->migrate();
+  for (const char* bad : {"u i", "u:pay:{o1}", ""}) {
+    EXPECT_THROW((void)sink_->inspect(bad), InvalidKey) << bad;
+    EXPECT_THROW((void)sink_->force_release(bad, ForceReleaseScope::kAnyState), InvalidKey) << bad;
+  }
 }
 
 TEST_F(PgSinkInspectTest, ForceReleaseDeletesAnyRequestsRowButKeepsCompletedUnlessAsked) {

@@ -60,11 +60,10 @@ TEST(RedactCredentials, MalformedPostgresConnectionStringsCarryNoPassword) {
                                "host=127.0.0.1 port=1 password=S3cretPW connect_timeout=1 x"}) {
     PgSinkOptions options;
     options.conninfo = conninfo;
-    PgSink sink(options);
     try {
-      sink.migrate();
-      ADD_FAILURE() << "no PostgresError for " << conninfo;
-    } catch (const PostgresError& error) {
+      PgSink sink(options);  // libpq cannot parse either: a ConfigError before any connection
+      ADD_FAILURE() << "no ConfigError for " << conninfo;
+    } catch (const ConfigError& error) {
       EXPECT_EQ(std::string(error.what()).find("S3cretPW"), std::string::npos) << error.what();
     }
   }
