@@ -45,7 +45,12 @@ bool looks_like_conninfo(std::string_view url) {
          url.find('=') != std::string_view::npos;
 }
 
-// `text` with every byte outside printable ASCII written as \xNN, for messages.
+std::string where(std::string_view url, std::string_view rest) {
+  return redact(url) + " (" + std::string(rest) + ")";
+}
+
+}  // namespace
+
 std::string printable(std::string_view text) {
   std::string out;
   for (const char c : text) {
@@ -60,12 +65,6 @@ std::string printable(std::string_view text) {
   }
   return out;
 }
-
-std::string where(std::string_view url, std::string_view rest) {
-  return redact(url) + " (" + std::string(rest) + ")";
-}
-
-}  // namespace
 
 std::string redact(std::string_view text) {
   std::string out = redact_credentials(text);

@@ -99,6 +99,10 @@ void add_json_flag(CLI::App& app, bool& json);
 /// `text` with the password of every URL or `password=` keyword in it replaced by `***`.
 [[nodiscard]] std::string redact(std::string_view text);
 
+/// `text` with every byte outside printable ASCII written as \xNN: for messages and for stored
+/// fields shown on a terminal (a request ID may hold a newline or an escape sequence).
+[[nodiscard]] std::string printable(std::string_view text);
+
 /// Prints `value` as one JSON document on stdout (invalid UTF-8 replaced, never thrown on).
 void print_json(const nlohmann::json& value);
 

@@ -65,8 +65,8 @@ nlohmann::json describe_steps(const StepJournal& journal) {
 void print_steps(const nlohmann::json& steps) {
   std::cout << "  steps            " << steps.size() << " journaled\n";
   for (const nlohmann::json& step : steps) {
-    const std::string input = step["input_sha256"].get<std::string>();
-    std::cout << "    " << step["name"].get<std::string>() << "  result "
+    const std::string input = printable(step["input_sha256"].get<std::string>());
+    std::cout << "    " << printable(step["name"].get<std::string>()) << "  result "
               << step["result_bytes"].dump() << " bytes, input "
               << (input.empty() ? std::string("none") : "sha256 " + input) << "\n";
   }
@@ -87,8 +87,11 @@ void print_text(const std::string& name, const std::string& where, const nlohman
     if (d.contains("steps")) print_steps(d["steps"]);
     return;
   }
+  // Stored fields are the callers' bytes: written escaped, so none forges a line or sends a
+  // terminal escape sequence.
   const auto text_or_dash = [](const nlohmann::json& value) {
-    return value.get<std::string>().empty() ? std::string("-") : value.get<std::string>();
+    return value.get<std::string>().empty() ? std::string("-")
+                                            : printable(value.get<std::string>());
   };
   std::cout << "  state            " << d["state"].get<std::string>() << "\n";
   std::cout << "  owner            " << text_or_dash(d["owner"]) << "  (owner token)"

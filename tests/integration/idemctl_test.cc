@@ -258,6 +258,27 @@ TEST_F(IdemctlTest, InspectShowsAClaimInBothBackendsThenItsCompletion) {
   }
 }
 
+// A claim's request ID and fingerprint are the caller's bytes: inspect printed them raw, so one
+// holding a newline forged a line of the report and one holding ESC drove the terminal.
+TEST_F(IdemctlTest, InspectWritesStoredFieldsEscapedSoNoneForgesALineOrDrivesTheTerminal) {
+  const std::string key = "u:refund:o4";
+  const std::string forged = "r1\n  state            completed";
+  (void)guard_->claim(key, forged, "fp\x1b]0;pwned\x07");
+  sink_->migrate();
+  ASSERT_EQ(sink_->claim(key, forged, "fp").status, SinkStatus::kClaimed);
+
+  const CtlRun text = idemctl(both({"inspect", key}));
+  ASSERT_EQ(text.code, kOk) << text.describe();
+  EXPECT_FALSE(contains(text.out, "\x1b")) << text.out;
+  EXPECT_FALSE(contains(text.out, "\n  state            completed")) << text.out;
+  EXPECT_TRUE(contains(text.out, "r1\\x0A  state")) << text.out;
+  EXPECT_TRUE(contains(text.out, "fp\\x1B]0;pwned\\x07")) << text.out;
+  // --json keeps the bytes (JSON escapes them itself).
+  const CtlRun json = idemctl(both({"inspect", key, "--json"}));
+  ASSERT_EQ(json.code, kOk) << json.describe();
+  EXPECT_EQ(json.json()["redis"]["request_id"], forged);
+}
+
 TEST_F(IdemctlTest, InspectShowsAStepJournalThatOutlivedItsReleasedClaim) {
   const std::string key = IdempotencyKey{"u:1", "agent", "run 9"}.encode();
   const ClaimResult claim = guard_->claim(key, "req-9", "");
