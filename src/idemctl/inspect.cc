@@ -94,8 +94,7 @@ void print_text(const std::string& name, const std::string& where, const nlohman
                                             : printable(value.get<std::string>());
   };
   std::cout << "  state            " << d["state"].get<std::string>() << "\n";
-  std::cout << "  owner            " << text_or_dash(d["owner"]) << "  (owner token)"
-            << "\n";
+  std::cout << "  owner            " << text_or_dash(d["owner"]) << "  (owner token)\n";
   std::cout << "  request_id       " << text_or_dash(d["request_id"]) << "\n";
   std::cout << "  fingerprint      " << text_or_dash(d["fingerprint"]) << "\n";
   std::cout << "  ttl_ms           "

@@ -29,9 +29,6 @@ const WorkerIdLeaseOptions& validated(const WorkerIdLeaseOptions& options) {
           "renew_interval must be > 0 and at most ttl / 2");
   require(options.redis.connect_timeout.count() > 0, "redis.connect_timeout must be > 0");
   require(options.redis.command_timeout.count() > 0, "redis.command_timeout must be > 0");
-  require(!options.redis.url.starts_with("redis-sentinel://"),
-          "redis.url must name one server (redis://, rediss:// or unix://): the lease does not "
-          "follow a Sentinel");
   return options;
 }
 
@@ -53,7 +50,11 @@ struct WorkerIdLease::Impl {
         ttl_text(std::to_string(options.ttl.count())),
         ttl(options.ttl),
         renew_interval(options.renew_interval),
-        clock(options.clock ? options.clock : system_clock()) {}
+        clock(options.clock ? options.clock : system_clock()) {
+    require(settings.endpoint.sentinels.empty(),
+            "redis.url must name one server (redis://, rediss:// or unix://): the lease does not "
+            "follow a Sentinel");
+  }
 
   // The connection, reopened after a failure. Caller holds `mu`.
   detail::Connection& connection() {
