@@ -39,12 +39,6 @@ void remember_secret(std::string_view url) {
   if (!secret.empty()) secrets().emplace_back(secret);
 }
 
-// A libpq connection string: a URI or `keyword=value` pairs (checked further by libpq).
-bool looks_like_conninfo(std::string_view url) {
-  return url.starts_with("postgresql://") || url.starts_with("postgres://") ||
-         url.find('=') != std::string_view::npos;
-}
-
 std::string where(std::string_view url, std::string_view rest) {
   return redact(url) + " (" + std::string(rest) + ")";
 }
@@ -96,11 +90,6 @@ std::unique_ptr<RedisGuard> BackendFlags::guard() const {
 std::unique_ptr<PgSink> BackendFlags::sink() const {
   if (pg_url.empty()) return nullptr;
   remember_secret(pg_url);
-  if (!looks_like_conninfo(pg_url)) {
-    throw CommandError(kUsage, "--pg " + redact(pg_url) +
-                                   ": not a libpq connection string (postgresql://user@host:"
-                                   "port/db, or keyword=value pairs)");
-  }
   PgSinkOptions options;
   options.conninfo = pg_url;
   options.schema = pg_schema;
@@ -120,6 +109,10 @@ std::string BackendFlags::redis_label() const {
 
 std::string BackendFlags::pg_label() const {
   return where(pg_url, pg_schema + "." + pg_table + ", namespace " + ns);
+}
+
+std::string BackendFlags::pg_table_label() const {
+  return where(pg_url, pg_schema + "." + pg_table);
 }
 
 void add_backend_flags(CLI::App& app, BackendFlags& flags, Backends which) {
@@ -162,7 +155,7 @@ std::string KeyFlags::key_text() const {
       throw CommandError(kUsage, "give either KEY or --user/--intent/--biz-key, not both");
     }
     try {
-      (void)KeyText::decode(text);
+      validate_key_text(text);
     } catch (const InvalidKey& error) {
       throw CommandError(kUsage, "malformed key text '" + printable(text) + "': " + error.what());
     }
@@ -188,9 +181,10 @@ std::string KeyFlags::key_text() const {
 
 void add_key_flags(CLI::App& app, KeyFlags& flags) {
   app.add_option("KEY", flags.text,
-                 "Encoded key text as idem prints it: user:intent:biz_key, "
-                 "id:user:intent:request_id or fp:user:intent:fingerprint (components escaped: "
-                 "%3A for ':', %25 for '%', ...)");
+                 "Key text as idem stores it: a facade key (user:intent:biz_key, "
+                 "id:user:intent:request_id or fp:user:intent:fingerprint, components escaped: "
+                 "%3A for ':', %25 for '%', ...) or a key given to the guard or the sink as is "
+                 "(order-7)");
   app.add_option("--user", flags.user, "Key component: user (raw, idemctl escapes it)");
   app.add_option("--intent", flags.intent, "Key component: intent (raw)");
   app.add_option("--biz-key", flags.biz_key, "Key component: business key (raw)");
@@ -200,7 +194,7 @@ void add_key_flags(CLI::App& app, KeyFlags& flags) {
                  "Instead of --biz-key: the facade's fallback key (fp:user:intent:hex)");
 }
 
-std::optional<std::string> backend_error(const std::function<void()>& body) {
+std::optional<BackendFailure> backend_error(const std::function<void()>& body) {
   // libpq's messages end in a newline, and may span lines: one line per message here.
   const auto one_line = [](std::string text) {
     text.erase(text.find_last_not_of(" \t\n") + 1);
@@ -211,14 +205,16 @@ std::optional<std::string> backend_error(const std::function<void()>& body) {
   try {
     body();
     return std::nullopt;
+  } catch (const ForeignRecord& error) {
+    return BackendFailure{one_line(redact(error.what())), true};
   } catch (const PostgresError& error) {
+    // The library's message already says to migrate (a missing table or column).
     constexpr std::string_view kUndefinedTable = "42P01";
-    return one_line(redact(error.what())) +
-           (error.sqlstate() == kUndefinedTable
-                ? " (run `idemctl migrate`, or check --schema/--table)"
-                : "");
+    return BackendFailure{one_line(redact(error.what())) + (error.sqlstate() == kUndefinedTable
+                                                                ? " (or check --schema/--table)"
+                                                                : "")};
   } catch (const BackendError& error) {
-    return one_line(redact(error.what()));
+    return BackendFailure{one_line(redact(error.what()))};
   }
 }
 

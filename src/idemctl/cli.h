@@ -20,7 +20,7 @@ namespace idem::ctl {
 /// idemctl's exit codes (docs/operations.md, "idemctl").
 enum ExitCode : int {
   kOk = 0,           ///< Done.
-  kFailure = 1,      ///< Anything unexpected (a bug, a malformed record).
+  kFailure = 1,      ///< Anything unexpected (a bug, a value idem did not write under the key).
   kUsage = 2,        ///< Bad arguments: unknown flag, malformed key text or URL, nothing to do.
   kNotFound = 3,     ///< No record of the key in any backend asked.
   kNotOwner = 4,     ///< release: the record belongs to another owner; nothing was deleted.
@@ -63,6 +63,8 @@ struct BackendFlags {
   [[nodiscard]] std::string redis_label() const;
   /// Where PostgreSQL is, for messages: its URL without the password, schema.table, namespace.
   [[nodiscard]] std::string pg_label() const;
+  /// As pg_label() without the namespace: for the commands over every namespace of the table.
+  [[nodiscard]] std::string pg_table_label() const;
 };
 
 /// Which backends a command talks to.
@@ -71,7 +73,7 @@ enum class Backends { kRedisAndPg, kPgOnly };
 /// Adds the connection flags (with their IDEM_* environment variables) to `app`.
 void add_backend_flags(CLI::App& app, BackendFlags& flags, Backends which);
 
-/// The key of a command: an encoded key text, or its components.
+/// The key of a command: a key text, or the components of a facade key.
 struct KeyFlags {
   std::string text{};
   std::string user{};
@@ -79,10 +81,12 @@ struct KeyFlags {
   std::string biz_key{};
   std::string request_id{};
   std::string fingerprint{};
-  /// The encoded key text the guard and the sink store: KEY as given (validated), or built from
-  /// --user/--intent and one of --biz-key (`user:intent:biz_key`), --request-id
-  /// (`id:user:intent:request_id`), --fingerprint (`fp:user:intent:hex`). Throws
-  /// CommandError(kUsage) on a malformed KEY or an incomplete set of flags.
+  /// The key text the guard and the sink store: KEY as given, checked as the library checks
+  /// every key text (validate_key_text(): a facade key, or any text a caller of the guard or
+  /// the sink could have used, such as `order-7`), or built from --user/--intent and one of
+  /// --biz-key (`user:intent:biz_key`), --request-id (`id:user:intent:request_id`),
+  /// --fingerprint (`fp:user:intent:hex`). Throws CommandError(kUsage) on a malformed KEY or an
+  /// incomplete set of flags.
   [[nodiscard]] std::string key_text() const;
 };
 
@@ -92,9 +96,21 @@ void add_key_flags(CLI::App& app, KeyFlags& flags);
 /// Adds --json to `app`.
 void add_json_flag(CLI::App& app, bool& json);
 
-/// Runs `body` (calls to one backend); the redacted message of the idem::BackendError it threw,
-/// nullopt when it returned.
-[[nodiscard]] std::optional<std::string> backend_error(const std::function<void()>& body);
+/// How calls to one backend failed: the redacted message of the idem::BackendError, on one line,
+/// and what it means.
+struct BackendFailure {
+  std::string message{};
+  /// A value under the key that idem did not write, or a damaged record (idem::ForeignRecord):
+  /// exit kFailure, status "foreign". Otherwise the backend failed or cannot be reached: exit
+  /// kUnavailable, status "unavailable".
+  bool foreign = false;
+  [[nodiscard]] ExitCode code() const noexcept { return foreign ? kFailure : kUnavailable; }
+  [[nodiscard]] const char* status() const noexcept { return foreign ? "foreign" : "unavailable"; }
+};
+
+/// Runs `body` (calls to one backend); how it failed, nullopt when it returned. Other
+/// exceptions than idem::BackendError pass through.
+[[nodiscard]] std::optional<BackendFailure> backend_error(const std::function<void()>& body);
 
 /// `text` with the password of every URL or `password=` keyword in it replaced by `***`.
 [[nodiscard]] std::string redact(std::string_view text);

@@ -26,13 +26,15 @@ std::string iso_time(std::chrono::system_clock::time_point at) {
   return std::string(text, size) + "." + std::to_string(1000 + ms.count() % 1000).substr(1) + "Z";
 }
 
-// One backend's answer as JSON: {configured, found, state, owner, ...} or {configured, error}.
+// One backend's answer as JSON: {configured, found, state, owner, ...} or {configured, error,
+// foreign}.
 nlohmann::json describe(bool configured, const std::optional<RecordInfo>& info,
-                        const std::optional<std::string>& error) {
+                        const std::optional<BackendFailure>& failure) {
   nlohmann::json out = {{"configured", configured}};
   if (!configured) return out;
-  if (error) {
-    out["error"] = *error;
+  if (failure) {
+    out["error"] = failure->message;
+    out["foreign"] = failure->foreign;
     return out;
   }
   out["found"] = info.has_value();
@@ -79,7 +81,8 @@ void print_text(const std::string& name, const std::string& where, const nlohman
   }
   std::cout << name << ": " << where << "\n";
   if (d.contains("error")) {
-    std::cout << "  unavailable: " << d["error"].get<std::string>() << "\n";
+    std::cout << (d["foreign"].get<bool>() ? "  foreign record: " : "  unavailable: ")
+              << d["error"].get<std::string>() << "\n";
     return;
   }
   if (!d["found"].get<bool>()) {
@@ -128,14 +131,14 @@ int run(const InspectFlags& flags) {
   std::optional<RecordInfo> in_redis;
   StepJournal journal;
   std::optional<RecordInfo> in_pg;
-  std::optional<std::string> redis_error;
+  std::optional<BackendFailure> redis_error;
   if (guard) {
     redis_error = backend_error([&] {
       in_redis = guard->inspect(key);
       journal = guard->steps(key);
     });
   }
-  const std::optional<std::string> pg_error =
+  const std::optional<BackendFailure> pg_error =
       sink ? backend_error([&] { in_pg = sink->inspect(key); }) : std::nullopt;
 
   nlohmann::json redis = describe(guard != nullptr, in_redis, redis_error);
@@ -151,8 +154,10 @@ int run(const InspectFlags& flags) {
   }
   for (const auto& [name, error] :
        {std::pair{"redis", redis_error}, std::pair{"postgres", pg_error}}) {
-    if (error) std::cerr << "idemctl: " << name << " unavailable: " << *error << "\n";
+    if (error)
+      std::cerr << "idemctl: " << name << " " << error->status() << ": " << error->message << "\n";
   }
+  if ((redis_error && redis_error->foreign) || (pg_error && pg_error->foreign)) return kFailure;
   if (redis_error || pg_error) return kUnavailable;
   return in_redis || !journal.empty() || in_pg ? kOk : kNotFound;
 }
@@ -172,7 +177,8 @@ Command add_inspect_command(CLI::App& app) {
   add_json_flag(*sub, flags->json);
   sub->footer(
       "Exit: 0 found in a backend (a record, or a step journal), 3 found in none, 2 bad "
-      "arguments, 6 a backend is unavailable (the others are still shown).");
+      "arguments, 1 a value idem did not write under the key, 6 a backend is unavailable (the "
+      "others are still shown).");
   return {sub, [flags] { return run(*flags); }};
 }
 

@@ -1,6 +1,8 @@
 // idemctl: operations CLI for idem's Redis guard and PostgreSQL sink. `idemctl --help`, and
 // docs/operations.md ("idemctl") for commands, exit codes and examples.
+#include <algorithm>
 #include <iostream>
+#include <iterator>
 
 #include "cli.h"
 #include "idem/errors.h"
@@ -20,6 +22,15 @@ int main(int argc, char** argv) {
   const Command commands[] = {add_migrate_command(app), add_inspect_command(app),
                               add_release_command(app), add_purge_command(app),
                               add_stats_command(app)};
+  // CLI11 reads an unknown first word as a missing subcommand; name it instead.
+  if (argc > 1 && argv[1][0] != '-') {
+    const auto known = [&](const Command& command) { return command.app->get_name() == argv[1]; };
+    if (std::none_of(std::begin(commands), std::end(commands), known)) {
+      std::cerr << "idemctl: unknown command '" << printable(argv[1])
+                << "' (migrate, inspect, release, purge or stats; idemctl --help)\n";
+      return kUsage;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {

@@ -19,11 +19,12 @@ std::unique_ptr<PgSink> required_sink(const PgFlags& flags) {
   return sink;
 }
 
-// Runs `body` against PostgreSQL; a backend error ends the command as unavailable.
+// Runs `body` against PostgreSQL; a backend error ends the command (as unavailable).
 template <class Body>
 void on_postgres(const PgFlags& flags, Body&& body) {
   if (const auto error = backend_error(body)) {
-    throw CommandError(kUnavailable, "postgres " + flags.backends.pg_label() + ": " + *error);
+    throw CommandError(error->code(),
+                       "postgres " + flags.backends.pg_table_label() + ": " + error->message);
   }
 }
 

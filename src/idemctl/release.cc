@@ -20,7 +20,16 @@ struct ReleaseFlags {
 };
 
 // What happened in one backend, as printed ("status" in JSON).
-enum class Result { kReleased, kNotFound, kNotOwner, kCompleted, kSkipped, kNotConfigured, kError };
+enum class Result {
+  kReleased,
+  kNotFound,
+  kNotOwner,
+  kCompleted,
+  kSkipped,
+  kNotConfigured,
+  kForeign,
+  kUnavailable
+};
 
 const char* result_name(Result result) {
   switch (result) {
@@ -36,13 +45,15 @@ const char* result_name(Result result) {
       return "skipped";
     case Result::kNotConfigured:
       return "not_configured";
-    case Result::kError:
+    case Result::kForeign:
+      return "foreign";
+    case Result::kUnavailable:
       return "unavailable";
   }
   return "?";
 }
 
-std::string explain(Result result, bool postgres, bool force) {
+std::string explain(Result result, const char* owner_flag, bool force) {
   switch (result) {
     case Result::kReleased:
       return "released";
@@ -54,10 +65,12 @@ std::string explain(Result result, bool postgres, bool force) {
       return force ? "kept: the record is COMPLETED (add --include-completed to delete it)"
                    : "kept: the record is COMPLETED; an owner never releases a completed record";
     case Result::kSkipped:
-      return postgres ? "skipped (no --pg-owner)" : "skipped (no --owner)";
+      return std::string("skipped (no ") + owner_flag + ")";
     case Result::kNotConfigured:
       return "not configured";
-    case Result::kError:
+    case Result::kForeign:
+      return "not released: the value under the key is not an idem record (--force removes it)";
+    case Result::kUnavailable:
       return "unavailable";
   }
   return "?";
@@ -79,7 +92,7 @@ Result from_force(ForceReleaseStatus status) {
     case ForceReleaseStatus::kCompleted:
       return Result::kCompleted;
   }
-  return Result::kError;
+  return Result::kUnavailable;
 }
 
 // Asks on the terminal; throws CommandError(kRefused) unless confirmed (or --yes).
@@ -121,12 +134,12 @@ int run(const ReleaseFlags& flags) {
 
   struct BackendResult {
     const char* name;
-    bool postgres;
+    const char* owner_flag;
     Result result;
-    std::optional<std::string> error;
+    std::optional<BackendFailure> error;
   };
-  BackendResult redis{"redis", false, guard ? Result::kSkipped : Result::kNotConfigured, {}};
-  BackendResult pg{"postgres", true, sink ? Result::kSkipped : Result::kNotConfigured, {}};
+  BackendResult redis{"redis", "--owner", guard ? Result::kSkipped : Result::kNotConfigured, {}};
+  BackendResult pg{"postgres", "--pg-owner", sink ? Result::kSkipped : Result::kNotConfigured, {}};
   // One backend (RedisGuard or PgSink): forced, or owner-checked with the reason when nothing
   // was deleted.
   const auto release_in = [&](auto& backend, const std::string& owner) {
@@ -144,21 +157,25 @@ int run(const ReleaseFlags& flags) {
   nlohmann::json json = {{"key", key}, {"namespace", flags.backends.ns}, {"force", flags.force}};
   if (!flags.json) std::cout << "key " << key << "\n";
   for (BackendResult* outcome : {&redis, &pg}) {
-    if (outcome->error) outcome->result = Result::kError;
+    if (outcome->error) {
+      outcome->result = outcome->error->foreign ? Result::kForeign : Result::kUnavailable;
+    }
     json[outcome->name] = {{"status", result_name(outcome->result)}};
     if (outcome->error) {
-      json[outcome->name]["error"] = *outcome->error;
-      std::cerr << "idemctl: " << outcome->name << " unavailable: " << *outcome->error << "\n";
+      json[outcome->name]["error"] = outcome->error->message;
+      std::cerr << "idemctl: " << outcome->name << " " << outcome->error->status() << ": "
+                << outcome->error->message << "\n";
     }
     if (!flags.json) {
-      std::cout << outcome->name << ": " << explain(outcome->result, outcome->postgres, flags.force)
-                << "\n";
+      std::cout << outcome->name << ": "
+                << explain(outcome->result, outcome->owner_flag, flags.force) << "\n";
     }
   }
   if (flags.json) print_json(json);
 
   const auto any = [&](Result result) { return redis.result == result || pg.result == result; };
-  if (any(Result::kError)) return kUnavailable;
+  if (any(Result::kForeign)) return kFailure;
+  if (any(Result::kUnavailable)) return kUnavailable;
   if (any(Result::kNotOwner)) return kNotOwner;
   if (any(Result::kCompleted)) return kRefused;
   return any(Result::kReleased) ? kOk : kNotFound;
@@ -197,7 +214,8 @@ Command add_release_command(CLI::App& app) {
   sub->footer(
       "Exit: 0 released (in every backend asked that had the record), 3 not found anywhere, "
       "4 not owner (nothing deleted there), 5 refused (COMPLETED record, or --force not "
-      "confirmed), 2 bad arguments, 6 a backend is unavailable.");
+      "confirmed), 2 bad arguments, 1 a value idem did not write under the key (only --force "
+      "removes it), 6 a backend is unavailable.");
   return {sub, [flags] { return run(*flags); }};
 }
 

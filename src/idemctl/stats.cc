@@ -60,8 +60,9 @@ Stats parse(std::string_view text) {
   Stats stats;
   while (!text.empty()) {
     const std::size_t end = std::min(text.find('\n'), text.size());
-    const std::string_view line = text.substr(0, end);
+    std::string_view line = text.substr(0, end);
     text.remove_prefix(std::min(end + 1, text.size()));
+    if (line.ends_with('\r')) line.remove_suffix(1);  // served with CRLF line ends
     if (line.empty() || line.front() == '#') continue;
     const std::size_t name_end = line.find_first_of("{ ");
     if (name_end == std::string_view::npos) continue;
@@ -99,9 +100,12 @@ std::string fetch(const std::string& url, std::chrono::milliseconds timeout) {
     throw CommandError(kUsage, "--url " + redact(url) + ": not an http:// or https:// URL");
   }
   std::string rest = url.substr(scheme_end + 3);
-  const std::size_t path_start = rest.find_first_of("/?#");
-  const std::string path = path_start == std::string::npos ? "/metrics" : rest.substr(path_start);
+  rest = rest.substr(0, rest.find('#'));  // a fragment is never sent
+  const std::size_t path_start = rest.find_first_of("/?");
   std::string authority = rest.substr(0, path_start);
+  // No path: /metrics, with the URL's query if it has one.
+  std::string path = path_start == std::string::npos ? "" : rest.substr(path_start);
+  if (!path.starts_with('/')) path.insert(0, "/metrics");
   std::string user;
   std::string password;
   if (const std::size_t at = authority.rfind('@'); at != std::string::npos) {

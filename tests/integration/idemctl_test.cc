@@ -23,6 +23,7 @@
 #include "idem/pg_sink.h"
 #include "idem/redis_guard.h"
 #include "pg_server.h"
+#include "redis_server.h"
 #include "test_env.h"
 
 extern char** environ;
@@ -32,6 +33,7 @@ namespace {
 
 // idemctl's documented exit codes (docs/operations.md).
 constexpr int kOk = 0;
+constexpr int kFailure = 1;
 constexpr int kUsage = 2;
 constexpr int kNotFound = 3;
 constexpr int kNotOwner = 4;
@@ -357,6 +359,44 @@ TEST_F(IdemctlTest, KeyComponentsAndTheFacadesRequestIdAndFallbackKeysAreAccepte
   EXPECT_EQ(id_flag.json()["key"], by_request);
 }
 
+TEST_F(IdemctlTest, APlainKeyTextTheLibraryAcceptsIsInspectedAndReleased) {
+  // A caller of the guard or the sink may use any key text validate_key_text() accepts.
+  for (const std::string key : {"order-7", "a:b", "fp:a:b:c:d"}) {
+    const std::string token = claim_both(key);
+    const CtlRun inspect = idemctl(both({"inspect", key, "--json"}));
+    ASSERT_EQ(inspect.code, kOk) << key << inspect.describe();
+    EXPECT_EQ(inspect.json()["redis"]["owner"], token) << key;
+    EXPECT_EQ(inspect.json()["postgres"]["state"], "in_progress") << key;
+    const CtlRun release = idemctl(both({"release", key, "--owner", token, "--pg-owner", "req-1"}));
+    EXPECT_EQ(release.code, kOk) << key << release.describe();
+    EXPECT_FALSE(guard_->inspect(key).has_value()) << key;
+    EXPECT_FALSE(sink_->inspect(key).has_value()) << key;
+  }
+}
+
+TEST_F(IdemctlTest, AForeignValueUnderTheKeyIsAFailureNotAnUnavailableBackend) {
+  sink_->migrate();
+  ASSERT_EQ(test::redis_cli(redis_url_, {"SET", guard_->redis_key("u:refund:o9"), "req-123"}),
+            "OK");
+  const CtlRun inspect = idemctl(both({"inspect", "u:refund:o9", "--json"}));
+  EXPECT_EQ(inspect.code, kFailure) << inspect.describe();
+  EXPECT_EQ(inspect.json()["redis"]["foreign"], true) << inspect.out;
+  EXPECT_TRUE(contains(inspect.json()["redis"]["error"], "not an idem record")) << inspect.out;
+  EXPECT_EQ(inspect.json()["postgres"]["found"], false) << inspect.out;  // still reported
+  EXPECT_TRUE(contains(inspect.err, "redis foreign")) << inspect.err;
+  const CtlRun text = idemctl(both({"inspect", "u:refund:o9"}));
+  EXPECT_EQ(text.code, kFailure) << text.describe();
+  EXPECT_TRUE(contains(text.out, "foreign record: ")) << text.out;
+
+  const CtlRun owner = idemctl(both({"release", "u:refund:o9", "--owner", "req-123", "--json"}));
+  EXPECT_EQ(owner.code, kFailure) << owner.describe();
+  EXPECT_EQ(owner.json()["redis"]["status"], "foreign") << owner.out;
+  EXPECT_EQ(test::redis_cli(redis_url_, {"GET", guard_->redis_key("u:refund:o9")}), "req-123");
+  const CtlRun forced = idemctl(both({"release", "u:refund:o9", "--force", "--yes"}));
+  EXPECT_EQ(forced.code, kOk) << forced.describe();
+  EXPECT_EQ(guard_->claim("u:refund:o9", "req-2", "").status, ClaimStatus::kFirst);
+}
+
 TEST_F(IdemctlTest, ReleaseRefusesAnotherOwnerAndReleasesForTheOwner) {
   const std::string key = "u:refund:o1";
   const std::string owner = claim_both(key);
@@ -501,12 +541,15 @@ TEST_F(IdemctlTest, EnvironmentConfiguresAndAFlagWins) {
 }
 
 TEST_F(IdemctlTest, BadInputAndUnreachableBackendsHaveTheirExitCodesAndHidePasswords) {
-  const CtlRun bad_key = idemctl(both({"inspect", "a:b"}));
+  const CtlRun bad_key = idemctl(both({"inspect", "a:b:c%41"}));
   EXPECT_EQ(bad_key.code, kUsage) << bad_key.describe();
   EXPECT_TRUE(contains(bad_key.err, "malformed key text")) << bad_key.err;
-  for (const char* bad : {"a:b:c%41", "ab", "id::a:b", "fp:a:b:c:d", "a:b:c\n"}) {
+  for (const char* bad : {"id::a:b", "a:b:c\n", "a{b}:c", "a b", "a:", "%zz"}) {
     EXPECT_EQ(idemctl(both({"inspect", bad})).code, kUsage) << bad;
   }
+  const CtlRun bogus = idemctl({"bogus"});
+  EXPECT_EQ(bogus.code, kUsage) << bogus.describe();
+  EXPECT_TRUE(contains(bogus.err, "unknown command 'bogus'")) << bogus.err;
 
   const CtlRun bad_url = idemctl({"inspect", "u:i:k", "--redis", "http://user:hunter2@host/0"});
   EXPECT_EQ(bad_url.code, kUsage) << bad_url.describe();
@@ -525,6 +568,13 @@ TEST_F(IdemctlTest, BadInputAndUnreachableBackendsHaveTheirExitCodesAndHidePassw
   const CtlRun no_table = idemctl(pg_only({"inspect", "u:i:k"}));  // never migrated
   EXPECT_EQ(no_table.code, kUnavailable) << no_table.describe();
   EXPECT_TRUE(contains(no_table.err, "idemctl migrate")) << no_table.err;
+  EXPECT_EQ(no_table.err.find("idemctl migrate"), no_table.err.rfind("idemctl migrate"))
+      << "the hint to migrate, given twice: " << no_table.err;
+  // purge works on every namespace of the table: its errors name none.
+  const CtlRun purge_down = idemctl(
+      {"purge", "--expired", "--pg", "postgresql://idem@127.0.0.1:1/idem?connect_timeout=5"});
+  EXPECT_EQ(purge_down.code, kUnavailable) << purge_down.describe();
+  EXPECT_FALSE(contains(purge_down.err, "namespace")) << purge_down.err;
 
   const CtlRun redis_down =
       idemctl({"inspect", "u:i:k", "--json", "--redis", "redis://:s3cret@127.0.0.1:1/0"});
@@ -624,6 +674,32 @@ TEST(IdemctlStats, ReadsTheDuplicateRateAndPerLayerCounts) {
   EXPECT_TRUE(contains(text.out, "repeat rate      0.5000")) << text.out;
   EXPECT_TRUE(contains(text.out, "of 12 decisions")) << text.out;
   EXPECT_TRUE(contains(text.out, "handler failures 2")) << text.out;
+}
+
+TEST(IdemctlStats, MetricsServedWithCrlfLineEndsAreRead) {
+  InProcessMetrics metrics;
+  record(metrics, Layer::kHandler, Outcome::Kind::kExecuted, 3);
+  record(metrics, Layer::kRedisGuard, Outcome::Kind::kDuplicate, 1);
+  std::string crlf;
+  for (const char c : metrics.prometheus_text()) {
+    if (c == '\n') crlf += '\r';
+    crlf += c;
+  }
+  MetricsServer server(crlf);
+  const CtlRun json = idemctl({"stats", "--url", server.url(), "--json"});
+  ASSERT_EQ(json.code, kOk) << json.describe();
+  EXPECT_EQ(json.json()["total_decisions"], 4);
+  EXPECT_DOUBLE_EQ(json.json()["duplicate_rate"].get<double>(), 0.25);
+}
+
+TEST(IdemctlStats, AUrlWithoutAPathGetsMetricsAndKeepsItsQuery) {
+  InProcessMetrics metrics;
+  record(metrics, Layer::kHandler, Outcome::Kind::kExecuted, 2);
+  MetricsServer server(metrics.prometheus_text());
+  for (const char* tail : {"", "/metrics", "?format=text", "/metrics?format=text#top", "#top"}) {
+    const CtlRun run = idemctl({"stats", "--url", server.url(tail), "--json"});
+    EXPECT_EQ(run.code, kOk) << tail << run.describe();
+  }
 }
 
 TEST(IdemctlStats, UnreachableUrlAndAnswersWithoutIdemMetricsAreErrors) {
