@@ -58,14 +58,14 @@ class IDEM_EXPORT Uuid7Generator {
   std::unique_ptr<State> state_;
 };
 
-/// Parses an RFC 8941 Item whose bare item is an sf-string (§3.3.3: double-quoted, the only
+/// Parses an RFC 9651 Item whose bare item is an sf-string (§3.3.3: double-quoted, the only
 /// escapes `\"` and `\\`, bytes 0x20–0x7E only), with any parameters (§3.1.2) parsed and
-/// ignored, and the leading and trailing spaces RFC 8941 §4.2 discards. Returns the
+/// ignored, and the leading and trailing spaces RFC 9651 §4.2 discards. Returns the
 /// unescaped string, or std::nullopt when `value` is not exactly such an Item (a token, a
 /// list, trailing bytes...). Thread-safe.
 [[nodiscard]] IDEM_EXPORT std::optional<std::string> parse_sf_string(std::string_view value);
 
-/// `value` as an RFC 8941 sf-string: quoted, `"` and `\` escaped. Throws
+/// `value` as an RFC 9651 sf-string: quoted, `"` and `\` escaped. Throws
 /// idem::InvalidRequestId for bytes an sf-string cannot hold (controls, non-ASCII).
 /// Thread-safe.
 [[nodiscard]] IDEM_EXPORT std::string format_sf_string(std::string_view value);
@@ -77,7 +77,7 @@ using Headers = std::vector<std::pair<std::string, std::string>>;
 /// The headers that carry a request ID, in extraction precedence order.
 enum class RequestIdHeader {
   kIdempotencyKey,   ///< `Idempotency-Key` (IETF draft-ietf-httpapi-idempotency-key-header): an RFC
-                     ///< 8941 sf-string.
+                     ///< 9651 sf-string.
   kXIdempotencyKey,  ///< `X-Idempotency-Key`: the plain value.
   kXRequestId,       ///< `X-Request-ID`: the plain value; invalid → replaced by a generated ID.
   kFcRequestId,      ///< `x-fc-request-id` (Function Compute): the plain value.

@@ -36,7 +36,7 @@ bool iequals(std::string_view a, std::string_view b) noexcept {
   return true;
 }
 
-// RFC 8941 §4.2 parser for one Item whose bare item must be a String. The other bare-item
+// RFC 9651 §4.2 parser for one Item whose bare item must be a String. The other bare-item
 // types are parsed only where parameters may hold them.
 class SfItemParser {
  public:
@@ -331,7 +331,7 @@ std::optional<InboundRequestId> extract_request_id(const Headers& headers,
     }
     if (source == RequestIdHeader::kIdempotencyKey) {
       std::optional<std::string> id = parse_sf_string(*value);
-      if (!id) throw InvalidRequestId("idem: Idempotency-Key is not an RFC 8941 sf-string");
+      if (!id) throw InvalidRequestId("idem: Idempotency-Key is not an RFC 9651 sf-string");
       validate_request_id(*id);
       return InboundRequestId{std::move(*id), source, false};
     }

@@ -88,8 +88,9 @@ void detail::validate_sink_options(const PgSinkOptions& options) {
       detail::kMaxIdentifierBytes - detail::SchemaNames::kExpiresIndexSuffix.size();
   if (options.table.size() > kMaxTableBytes) {
     throw ConfigError("idem: PgSinkOptions::table is at most " + std::to_string(kMaxTableBytes) +
-                      " bytes (PostgreSQL keeps 63, and migrate() names an index " +
-                      "<table>_expires_at_idx)");
+                      " bytes (PostgreSQL keeps " + std::to_string(detail::kMaxIdentifierBytes) +
+                      " of a name, and migrate() names an index <table>" +
+                      std::string(detail::SchemaNames::kExpiresIndexSuffix) + ")");
   }
   detail::validate_conninfo(options.conninfo);
 }

@@ -62,7 +62,7 @@ std::string refund_body(const std::string& order, int account, std::int64_t amou
          R"(,"amount_cents":)" + std::to_string(amount) + "}";
 }
 
-// The Idempotency-Key header holding `key` (an RFC 8941 string: quoted).
+// The Idempotency-Key header holding `key` (an RFC 9651 string: quoted).
 httplib::Headers key_header(const std::string& key) {
   return {{"Idempotency-Key", "\"" + key + "\""}};
 }
