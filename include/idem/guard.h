@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <functional>
 #include <map>
 #include <optional>
@@ -104,6 +105,10 @@ class IDEM_EXPORT Guard {
   [[nodiscard]] virtual std::chrono::milliseconds retention() const noexcept {
     return std::chrono::milliseconds(0);
   }
+  /// The largest response complete() keeps, in bytes: a repeat of a larger one is a duplicate
+  /// without a response. The facade's local cache then replays none either. Default: no cap
+  /// (SIZE_MAX).
+  [[nodiscard]] virtual std::size_t max_response_bytes() const noexcept { return SIZE_MAX; }
 };
 
 }  // namespace idem

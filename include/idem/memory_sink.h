@@ -54,6 +54,8 @@ class IDEM_EXPORT InMemorySink final : public Sink {
   bool release(std::string_view key, std::string_view owner) override;
   bool renew(std::string_view key, std::string_view owner,
              std::chrono::milliseconds lease) override;
+  /// InMemorySinkOptions::max_response_bytes.
+  [[nodiscard]] std::size_t max_response_bytes() const noexcept override;
 
   /// The live row of `key` (expired rows are not returned), for tests and tools: owner_token is
   /// the row's owner (its token, or its request ID), ttl is by this sink's clock.

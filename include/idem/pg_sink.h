@@ -212,6 +212,9 @@ class IDEM_EXPORT PgSink final : public Sink {
   bool renew(std::string_view key, std::string_view owner,
              std::chrono::milliseconds lease = std::chrono::milliseconds(0)) override;
 
+  /// PgSinkOptions::max_response_bytes.
+  [[nodiscard]] std::size_t max_response_bytes() const noexcept override;
+
   /// Reads the committed row of `key` (an encoded key text) in this namespace without claiming
   /// or changing it; nullopt when there is none. A claim still uncommitted in another
   /// transaction is invisible. An expired row not purged yet is returned with a negative ttl.

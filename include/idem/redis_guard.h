@@ -272,6 +272,8 @@ class IDEM_EXPORT RedisGuard final : public Guard {
   [[nodiscard]] std::chrono::milliseconds lease() const noexcept override;
   /// RedisGuardOptions::retention.
   [[nodiscard]] std::chrono::milliseconds retention() const noexcept override;
+  /// RedisGuardOptions::max_response_bytes.
+  [[nodiscard]] std::size_t max_response_bytes() const noexcept override;
 
  private:
   struct Impl;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -89,6 +90,10 @@ class IDEM_EXPORT Sink {
     (void)lease;
     return true;
   }
+  /// The largest response complete() keeps, in bytes: a repeat of a larger one is a duplicate
+  /// without a response. The facade's local cache then replays none either. Default: no cap
+  /// (SIZE_MAX).
+  [[nodiscard]] virtual std::size_t max_response_bytes() const noexcept { return SIZE_MAX; }
 };
 
 }  // namespace idem

@@ -74,7 +74,11 @@ DriverTraits traits_of(const AsyncDeduplicatorOptions& options, const AsyncGuard
       .own_guard = options.redis.has_value(),
       .own_guard_lease = redis != nullptr ? redis->lease() : std::chrono::milliseconds(0),
       .own_guard_retention = redis != nullptr ? redis->retention() : std::chrono::milliseconds(0),
-      .own_sink = options.postgres.has_value()};
+      .own_guard_max_response_bytes =
+          options.redis ? options.redis->max_response_bytes : std::size_t{SIZE_MAX},
+      .own_sink = options.postgres.has_value(),
+      .own_sink_max_response_bytes =
+          options.postgres ? options.postgres->max_response_bytes : std::size_t{SIZE_MAX}};
 }
 
 // `options.base` without the backends the driver reaches itself (the plan knows of them by

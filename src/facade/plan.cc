@@ -13,13 +13,13 @@ namespace {
 constexpr std::string_view kDeadlineText =
     "idem: the call's deadline passed (AsyncDeduplicatorOptions::deadline)";
 
-// The local cache's entry of a completed key: "<fingerprint>\0<response>" (a fingerprint is hex:
-// it holds no NUL).
-std::string local_entry(std::string_view fingerprint, std::string_view response) {
+// The local cache's entry of a completed key: "<fingerprint>\0<response>", or "<fingerprint>"
+// alone when the response is not kept (a fingerprint is hex: it holds no NUL).
+std::string local_entry(std::string_view fingerprint, const std::string* response) {
   std::string entry;
-  entry.reserve(fingerprint.size() + 1 + response.size());
-  entry.append(fingerprint).push_back('\0');
-  entry.append(response);
+  entry.reserve(fingerprint.size() + 1 + (response != nullptr ? response->size() : 0));
+  entry.append(fingerprint);
+  if (response != nullptr) entry.append(1, '\0').append(*response);
   return entry;
 }
 
@@ -143,8 +143,9 @@ void CallPlan::take(CacheEntry&& found) {
   const std::string_view stored_fingerprint = std::string_view(entry).substr(0, split);
   const bool matches = stored_fingerprint.empty() || key_.fingerprint.empty() ||
                        stored_fingerprint == key_.fingerprint;
-  finish(decide_repeat(Layer::kRequestId, RecordState::kCompleted, matches,
-                       split == std::string::npos ? std::string() : entry.substr(split + 1)));
+  finish(decide_repeat(
+      Layer::kRequestId, RecordState::kCompleted, matches,
+      split == std::string::npos ? std::optional<std::string>() : entry.substr(split + 1)));
 }
 
 void CallPlan::take(ClaimResult&& claim) {
@@ -575,7 +576,9 @@ void CallPlan::conclude(Outcome outcome) {
 
 void CallPlan::begin_completion() {
   if (rules_.options_.local_cache_capacity > 0) {
-    local_entry_ = local_entry(key_.fingerprint, response_);
+    // A response over a layer's cap is replayed by none: the cache keeps it no more than they.
+    const bool kept = response_.size() <= rules_.replay_cap_;
+    local_entry_ = local_entry(key_.fingerprint, kept ? &response_ : nullptr);
     return go(State::kLocalPut);
   }
   if (holds_claim()) return go(State::kGuardComplete);

@@ -45,8 +45,10 @@ struct DriverTraits {
   bool own_guard = false;
   std::chrono::milliseconds own_guard_lease{0};
   std::chrono::milliseconds own_guard_retention{0};
-  /// A sink the driver reaches itself, not DeduplicatorOptions::sink.
+  std::size_t own_guard_max_response_bytes = SIZE_MAX;
+  /// A sink the driver reaches itself, not DeduplicatorOptions::sink, and its response cap.
   bool own_sink = false;
+  std::size_t own_sink_max_response_bytes = SIZE_MAX;
 };
 
 /// What the plan needs of a deduplicator's options, validated once (every ConfigError of the
@@ -71,6 +73,9 @@ class PlanRules {
   RedisFailurePolicy redis_failure_ = RedisFailurePolicy::kFailClosed;
   std::chrono::milliseconds guard_lease_{0};
   std::chrono::milliseconds guard_retention_{0};  // 0: unknown
+  // The largest response every layer keeps (Guard/Sink::max_response_bytes()): the local cache
+  // replays no larger one.
+  std::size_t replay_cap_ = SIZE_MAX;
 };
 
 /// How the handler of a call runs.

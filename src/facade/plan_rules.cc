@@ -91,6 +91,12 @@ PlanRules::PlanRules(const DeduplicatorOptions& options, DriverTraits traits)
     guard_lease_ = o.guard->lease();
     guard_retention_ = o.guard->retention();
   }
+  replay_cap_ = std::min({traits_.own_guard ? traits_.own_guard_max_response_bytes
+                          : o.guard         ? o.guard->max_response_bytes()
+                                            : SIZE_MAX,
+                          traits_.own_sink ? traits_.own_sink_max_response_bytes
+                          : o.sink         ? o.sink->max_response_bytes()
+                                           : SIZE_MAX});
 }
 
 }  // namespace idem::detail

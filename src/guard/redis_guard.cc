@@ -571,6 +571,10 @@ std::chrono::milliseconds RedisGuard::retention() const noexcept {
   return impl_->options.retention;
 }
 
+std::size_t RedisGuard::max_response_bytes() const noexcept {
+  return impl_->options.max_response_bytes;
+}
+
 void RedisGuard::ping() {
   impl_->with_connection(impl_->protocol.key_prefix(), [](Connection& connection) {
     const ReplyPtr reply =

@@ -109,6 +109,10 @@ bool InMemorySink::release(std::string_view key, std::string_view owner) {
   return true;
 }
 
+std::size_t InMemorySink::max_response_bytes() const noexcept {
+  return state_->options.max_response_bytes;
+}
+
 bool InMemorySink::renew(std::string_view key, std::string_view owner,
                          std::chrono::milliseconds lease) {
   if (lease.count() < 0) throw ConfigError("idem: a sink lease must not be negative");

@@ -565,6 +565,10 @@ bool PgSink::release(std::string_view key, std::string_view owner) {
   });
 }
 
+std::size_t PgSink::max_response_bytes() const noexcept {
+  return impl_->options.max_response_bytes;
+}
+
 bool PgSink::renew(std::string_view key, std::string_view owner, std::chrono::milliseconds lease) {
   const std::chrono::milliseconds extend = detail::sink_lease(impl_->options, lease);
   return impl_->with_connection([&](pqxx::connection& conn) {

@@ -251,6 +251,21 @@ void outcome_table(std::vector<Scenario>& t) {
                .events = {"#0 executed handler", "#1 duplicate pg_sink"},
                .metrics = "decisions=2",
                .not_on = {{"sim", kNoSizeCap}}});
+  // The local cache replayed a response over the cap in full, where the layers replay none.
+  t.push_back({.name = "ARepeatOfAResponseOverTheSizeCapInTheSameProcessHasNoBodyEither",
+               .area = area,
+               .row = kOverCap,
+               .guard = false,
+               .sink = true,
+               .sink_max_response_bytes = 8,
+               .calls = {{.request = order("r1"),
+                          .handler = returns("a response over the cap"),
+                          .ending = "executed handler response=a response over the cap"},
+                         {.request = order("r1"), .ending = "duplicate request_id no_response"}},
+               .held = {{.sink = "completed(sha256)", .local = "hit()"}},
+               .events = {"#0 executed handler", "#1 duplicate request_id"},
+               .metrics = "decisions=2",
+               .not_on = {{"sim", kNoSizeCap}}});
   t.push_back({.name = "ARepeatWhileTheFirstRunsIsInProgress",
                .area = area,
                .row = kInProgress,

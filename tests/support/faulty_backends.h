@@ -71,6 +71,9 @@ class FaultyGuard final : public Guard {
   [[nodiscard]] std::chrono::milliseconds retention() const noexcept override {
     return inner_->retention();
   }
+  [[nodiscard]] std::size_t max_response_bytes() const noexcept override {
+    return inner_->max_response_bytes();
+  }
 
  private:
   std::shared_ptr<Guard> inner_;
@@ -120,6 +123,9 @@ class FaultySink final : public Sink {
              std::chrono::milliseconds lease) override {
     before_renew();
     return inner_->renew(key, owner, lease);
+  }
+  [[nodiscard]] std::size_t max_response_bytes() const noexcept override {
+    return inner_->max_response_bytes();
   }
 
  private:
