@@ -179,11 +179,13 @@ class IDEM_EXPORT PgSink final : public Sink {
   void complete(pqxx::transaction_base& tx, std::string_view key, std::string_view response,
                 std::chrono::milliseconds retention = std::chrono::milliseconds(0));
 
-  /// Runs the caller's business write `write(tx)` under a savepoint. Returns true when it
-  /// succeeded; returns false when it raised a unique violation (SQLSTATE 23505) of one of
-  /// PgSinkOptions::business_constraints: the write is undone and `tx` stays usable (roll it
-  /// back to leave no claim row: transact_if()). Any other error propagates (a 23505 of another
-  /// constraint as a non-retryable idem::PostgresError).
+  /// Runs the caller's business write under a savepoint: `write` gets a pqxx::subtransaction of
+  /// `tx` and sends its statements through it (exec(), exec_params(), exec_prepared()). Returns
+  /// true when it succeeded; returns false when it raised a unique violation (SQLSTATE 23505) of
+  /// one of PgSinkOptions::business_constraints: the write is undone and `tx` stays usable (roll
+  /// it back to leave no claim row: transact_if()). Any other error propagates (a 23505 of
+  /// another constraint as a non-retryable idem::PostgresError). Throws idem::Error when `tx` is
+  /// no pqxx::dbtransaction (a nontransaction has no savepoints).
   [[nodiscard]] bool run_business_write(pqxx::transaction_base& tx,
                                         const std::function<void(pqxx::transaction_base&)>& write);
 

@@ -56,6 +56,17 @@ PostgresError server_error(const std::string& message, const std::string& sqlsta
   return {"idem: postgres: " + message, retryable, sqlstate};
 }
 
+PostgresError rolled_back_commit_error() {
+  return PostgresError(
+      "idem: postgres: the transaction was rolled back, not committed: one of its statements "
+      "failed earlier and its error was not rethrown (nothing of it was written)",
+      false, kAbortedTransactionSqlstate);
+}
+
+void check_committed(std::string_view command_status) {
+  if (command_status != "COMMIT") throw rolled_back_commit_error();
+}
+
 void validate_conninfo(const std::string& conninfo) {
   char* error = nullptr;
   const std::unique_ptr<PQconninfoOption, decltype(&PQconninfoFree)> parsed(

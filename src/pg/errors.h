@@ -3,6 +3,7 @@
 
 #include <pqxx/except>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "idem/errors.h"
@@ -27,6 +28,19 @@ inline constexpr const char* kConnectionLostSqlstate = "08006";
 /// A connection lost or never made (client side; `message` is redacted of credentials):
 /// retryable, SQLSTATE kConnectionLostSqlstate.
 [[nodiscard]] PostgresError connection_error(const std::string& message);
+
+/// SQLSTATE of a transaction a failed statement aborted: in_failed_sql_transaction.
+inline constexpr const char* kAbortedTransactionSqlstate = "25P02";
+
+/// The error of a COMMIT that could not commit: a statement of the transaction had failed (its
+/// error caught and not rethrown, or swallowed by libpqxx), so PostgreSQL rolled it all back
+/// (it answers such a COMMIT with ROLLBACK, and no error). Not retryable as is: the handler
+/// went on as if its write had succeeded. SQLSTATE kAbortedTransactionSqlstate.
+[[nodiscard]] PostgresError rolled_back_commit_error();
+
+/// Throws rolled_back_commit_error() when `command_status`, what PostgreSQL answered a COMMIT
+/// with (PQcmdStatus()), is not "COMMIT".
+void check_committed(std::string_view command_status);
 
 /// Throws idem::ConfigError (its message redacted of credentials) unless libpq can parse
 /// `conninfo`, a keyword/value string or a postgresql:// URI (PQconninfoParse(): unknown

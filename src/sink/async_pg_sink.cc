@@ -422,6 +422,7 @@ asio::awaitable<void> AsyncPgTransaction::commit() {
   }
   give_back();
   rethrow_end(ends, ends.size() - 1);
+  check_committed(PQcmdStatus(ends.back().second.get()));
 }
 
 asio::awaitable<void> AsyncPgTransaction::rollback() {

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "pg/cancel.h"
+#include "pg/errors.h"
 
 namespace idem::detail {
 
@@ -59,8 +60,9 @@ void BatchedTransaction::at_commit(PgFlightStatement statement) {
 
 void BatchedTransaction::do_commit() {
   if (!begun_ && staged_.empty()) return;  // nothing was sent: nothing to commit
+  PgResultPtr committed;
   try {
-    (void)fly({{"COMMIT", false, {}}});
+    committed = fly({{"COMMIT", false, {}}});
   } catch (const std::exception& error) {
     // As pqxx::transaction's commit: a connection lost meanwhile leaves the outcome unknown.
     if (!conn().is_open()) {
@@ -76,9 +78,11 @@ void BatchedTransaction::do_commit() {
     }
     throw;
   }
+  check_committed(PQcmdStatus(committed.get()));
 }
 
 void BatchedTransaction::do_abort() {
+  aborted_ = true;
   reactivation_avoidance_clear();
   staged_.clear();
   if (begun_) direct_exec("ROLLBACK");

@@ -48,6 +48,9 @@ class BatchedTransaction final : public pqxx::dbtransaction {
   [[nodiscard]] std::optional<std::size_t> failed_staged() const noexcept { return failed_staged_; }
   /// Whether BEGIN was sent.
   [[nodiscard]] bool begun() const noexcept { return begun_; }
+  /// Whether it was aborted: by abort(), or by libpqxx when a statement sent with exec() failed
+  /// in it (libpqxx then refuses to commit it).
+  [[nodiscard]] bool aborted() const noexcept { return aborted_; }
 
  private:
   void do_begin() override {}  // held back: see send()
@@ -61,6 +64,7 @@ class BatchedTransaction final : public pqxx::dbtransaction {
   std::vector<PgFlightStatement> staged_;  // statements for the next flight
   std::optional<std::size_t> failed_staged_;
   bool begun_ = false;
+  bool aborted_ = false;
 };
 
 }  // namespace idem::detail

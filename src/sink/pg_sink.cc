@@ -519,18 +519,23 @@ void PgSink::complete(pqxx::transaction_base& tx, std::string_view key, std::str
 
 bool PgSink::run_business_write(pqxx::transaction_base& tx,
                                 const std::function<void(pqxx::transaction_base&)>& write) {
+  auto* outer = dynamic_cast<pqxx::dbtransaction*>(&tx);
+  if (outer == nullptr) {
+    throw Error("idem: run_business_write() needs a transaction with savepoints (transact())");
+  }
   return detail::translating([&] {
-    tx.exec0("SAVEPOINT idem_business_write");
-    bool wrote = true;
+    // A subtransaction, not SAVEPOINT statements on `tx`: libpqxx aborts the whole transaction
+    // a failed exec() ran in, so a write sent with exec() must fail in a transaction of its own.
+    pqxx::subtransaction savepoint(*outer, "idem_business_write");
     try {
-      write(tx);
+      write(savepoint);
     } catch (const pqxx::unique_violation& error) {
       if (!detail::names_constraint(error.what(), impl_->options.business_constraints)) throw;
-      wrote = false;
+      savepoint.abort();  // ROLLBACK TO SAVEPOINT, unless libpqxx sent it already
+      return false;
     }
-    if (!wrote) tx.exec0("ROLLBACK TO SAVEPOINT idem_business_write");
-    tx.exec0("RELEASE SAVEPOINT idem_business_write");
-    return wrote;
+    savepoint.commit();  // RELEASE SAVEPOINT
+    return true;
   });
 }
 
@@ -761,6 +766,9 @@ void PgTransaction::commit() {
   const std::unique_ptr<Held> held = std::move(held_);
   held_ = nullptr;
   const std::size_t handlers = std::exchange(handler_staged_, 0);  // staged first, then the record
+  // A statement sent with exec() failed and libpqxx aborted the transaction: the handler caught
+  // the error and returned, but nothing of the transaction can commit.
+  if (held->tx->aborted()) throw rolled_back_commit_error();
   try {
     translating(
         [&] { sink_.impl_->watchdog.run(held->lease->sock(), [&] { held->tx->commit(); }); });

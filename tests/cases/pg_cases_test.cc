@@ -140,6 +140,40 @@ TEST_F(Cases, C11_UniqueViolationNeverPoisonsTheTransactionOrThePool) {
   expect_connection_usable(*sink);
 }
 
+// libpqxx 6 aborts a whole transaction when a statement sent with exec() fails (exec_params()
+// does not): the business write still reports its constraint's violation as false, and the
+// transaction stays usable.
+TEST_F(Cases, C11_ABusinessWriteSentWithExecIsFalseAndLeavesTheTransactionUsable) {
+  auto sink = make_sink(1);
+  schema_->exec("INSERT INTO " + table("refunds") + " VALUES ('order-9', 5)");
+  const std::string key = IdempotencyKey{"u1", "refund", "order-9"}.encode();
+  bool wrote = true;
+  std::int64_t after = 0;
+  const bool committed = sink->transact_if([&](pqxx::transaction_base& tx) {
+    EXPECT_EQ(sink->claim(tx, key, "req-1", "fp").status, SinkStatus::kClaimed);
+    wrote = sink->run_business_write(tx, [&](pqxx::transaction_base& w) {
+      w.exec0("INSERT INTO " + table("refunds") + " VALUES ('order-9', 5)");
+    });
+    after = tx.exec1("SELECT 1")[0].as<std::int64_t>();  // the transaction is still open
+    return wrote;
+  });
+  EXPECT_FALSE(wrote);
+  EXPECT_EQ(after, 1);
+  EXPECT_FALSE(committed);
+  EXPECT_EQ(records(), 0);
+  expect_connection_usable(*sink);
+
+  // The write succeeds through exec() too, and commits with the claim.
+  EXPECT_TRUE(sink->transact_if([&](pqxx::transaction_base& tx) {
+    EXPECT_EQ(sink->claim(tx, key, "req-2", "fp").status, SinkStatus::kClaimed);
+    return sink->run_business_write(tx, [&](pqxx::transaction_base& w) {
+      w.exec0("UPDATE " + table("accounts") + " SET balance = balance + 5 WHERE id = 1");
+    });
+  }));
+  EXPECT_EQ(balance(), 5);
+  EXPECT_EQ(records(), 1);
+}
+
 TEST_F(Cases, C14_RedeliveryAfterTheGuardRetentionIsASinkDuplicate) {
   auto sink = make_sink();
   // The key comes from the business identity of message M, not from a per-delivery ID.

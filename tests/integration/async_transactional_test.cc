@@ -750,6 +750,54 @@ TEST_F(AsyncTransactionalTest, TheBusinessKeyAsTheClaimKeepsOneEffectAndNoRecord
   EXPECT_THROW(AsyncDeduplicator(io.get_executor(), o), ConfigError);
 }
 
+// PostgreSQL answers the COMMIT of a transaction a failed statement aborted with ROLLBACK, and no
+// error: with nothing else in that flight (kBusinessKey writes no record), a handler that caught
+// its failed statement and returned ended kExecuted although nothing was written.
+TEST_F(AsyncTransactionalTest,
+       AHandlerThatCaughtItsFailedStatementIsNotExecutedWhenNothingCommits) {
+  for (const TransactionalClaim mode :
+       {TransactionalClaim::kRecord, TransactionalClaim::kBusinessKey}) {
+    AsyncDeduplicatorOptions o = options(false);
+    o.base.transactional_claim = mode;
+    asio::io_context io;
+    AsyncDeduplicator dedup(io.get_executor(), o);
+    const std::string order = mode == TransactionalClaim::kRecord ? "c1" : "c2";
+    const std::int64_t records_before = records();
+    const Ending caught = run_to_end(io, [&]() -> asio::awaitable<Outcome> {
+      co_return co_await dedup.run_transactional(
+          refund_request("r-" + order, order),
+          [&](AsyncTransaction& tx) -> asio::awaitable<std::string> {
+            (void)co_await tx.exec("INSERT INTO " + table("ledger") + " VALUES ('" + order +
+                                   "', 5)");
+            try {
+              (void)co_await tx.exec("SELECT 1/0");
+            } catch (const PostgresError&) {
+              // swallowed: the transaction is aborted all the same
+            }
+            co_return "booked";
+          },
+          asio::use_awaitable);
+    });
+    ASSERT_TRUE(threw<PostgresError>(caught)) << static_cast<int>(mode);
+    EXPECT_EQ(sqlstate_of(caught), "25P02");
+    EXPECT_EQ(ledger_rows(), 0);
+    EXPECT_EQ(records(), records_before);
+    // Nothing was written, so the claim was released: the retry runs.
+    int runs = 0;
+    const Ending retry = run_to_end(io, [&]() -> asio::awaitable<Outcome> {
+      co_return co_await dedup.run_transactional(refund_request("r-" + order, order),
+                                                 refund(order, &runs), asio::use_awaitable);
+    });
+    ASSERT_FALSE(retry.error);
+    EXPECT_EQ(retry.outcome.kind, Outcome::Kind::kExecuted);
+    EXPECT_EQ(runs, 1);
+    EXPECT_EQ(ledger_rows(), 1);
+    schema_->exec("DELETE FROM " + table("ledger"));
+    dedup.close();
+    io.run();
+  }
+}
+
 TEST_F(AsyncTransactionalTest, ConcurrentDeliveriesOfOneKeyOnOneLoopRunOneHandler) {
   AsyncDeduplicatorOptions o = options(false);  // no guard: the key's lock decides
   o.postgres->pool_size = 4;

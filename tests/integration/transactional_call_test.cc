@@ -413,6 +413,47 @@ TEST_F(TransactionalCallTest, TheBusinessKeyAsTheClaimKeepsOneEffectAndNoRecord)
   EXPECT_THROW(Deduplicator{unchecked}, ConfigError);
 }
 
+// A handler that caught the failure of its own statement and returned: with exec_params() the
+// server rolls the COMMIT back (answering ROLLBACK, no error); with exec() libpqxx aborts the
+// transaction itself. Either way nothing was written, so the call is no kExecuted (that was
+// replayed as done, the write lost, in kBusinessKey mode) but a PostgresError 25P02 (it was an
+// untranslated pqxx::usage_error after exec()), and the claim is released.
+TEST_F(TransactionalCallTest, AHandlerThatCaughtItsFailedStatementIsNotExecutedWhenNothingCommits) {
+  for (const TransactionalClaim mode :
+       {TransactionalClaim::kRecord, TransactionalClaim::kBusinessKey}) {
+    Deduplicator dedup(sink_only(sink_options(admin_url_), mode));
+    for (const bool plain_exec : {false, true}) {
+      const std::string order =
+          std::string(plain_exec ? "x" : "p") + (mode == TransactionalClaim::kRecord ? "1" : "2");
+      const std::int64_t before = ledger_rows();
+      try {
+        (void)dedup.run_transactional(
+            request("r-" + order, order), [&](pqxx::transaction_base& tx) -> std::string {
+              tx.exec_params0("INSERT INTO " + table("ledger") + " VALUES ($1, 5)", order);
+              try {
+                if (plain_exec) {
+                  tx.exec0("SELECT 1/0");
+                } else {
+                  tx.exec_params0("SELECT 1/$1::int", 0);
+                }
+              } catch (const pqxx::sql_error&) {
+                // swallowed
+              }
+              return "booked";
+            });
+        ADD_FAILURE() << order << ": ended without an error";
+      } catch (const PostgresError& error) {
+        EXPECT_EQ(error.sqlstate(), "25P02") << order << error.what();
+      }
+      EXPECT_EQ(ledger_rows(), before) << order;
+      // Released: the retry runs and writes.
+      const Outcome retry = dedup.run_transactional(request("r-" + order, order), refund(order));
+      EXPECT_EQ(retry.kind, Outcome::Kind::kExecuted) << order;
+      EXPECT_EQ(ledger_rows(), before + 1) << order;
+    }
+  }
+}
+
 // A row of the key written meanwhile by a writer that does not take the key's lock (here a
 // plain INSERT from another connection; an older idem, say): the record sent with COMMIT fails,
 // so COMMIT never runs, the business work is rolled back, the call throws and the connection
