@@ -110,6 +110,10 @@ inline Failure classify_failure(const std::exception_ptr& error, const std::stri
     return {400, e.what()};
   } catch (const idem::InvalidKey& e) {  // e.g. an X-Client-Id over the size limit
     return {400, e.what()};
+  } catch (const idem::CommitOutcomeUnknown& e) {
+    // Not retryable as is, but it may have committed: a retry gets the stored answer or 409.
+    log("failed", e);
+    return {503, "storage failed; retry later"};
   } catch (const idem::BackendError& e) {
     log("failed", e);
     if (e.retryable()) return {503, "storage failed; retry later"};

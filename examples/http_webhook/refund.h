@@ -162,9 +162,11 @@ inline idem::Request refund_request(const idem::Headers& headers, const std::str
 using examples::Answer;
 
 /// An error answer: `{"error": message}`, and the headers `status` calls for (Retry-After on 409
-/// and 503).
+/// and 503). Bytes of `message` that are not UTF-8 (a malformed body it quotes) become U+FFFD.
 inline Answer error_answer(int status, const std::string& message) {
-  return examples::make_answer(status, nlohmann::json{{"error", message}}.dump());
+  return examples::make_answer(
+      status, nlohmann::json{{"error", message}}.dump(-1, ' ', false,
+                                                      nlohmann::json::error_handler_t::replace));
 }
 
 /// The answer to an outcome (draft-ietf-httpapi-idempotency-key-header). A replay carries

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <limits>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <pqxx/pqxx>
 #include <string>
 #include <thread>
@@ -257,6 +258,17 @@ TEST_F(HttpWebhookTest, OversizeClientIdIs400NotUnavailable) {
       post(body, {{"Idempotency-Key", "\"big-client\""}, {"X-Client-Id", std::string(3000, 'c')}});
   EXPECT_EQ(reply.status, 400) << reply.body;
   EXPECT_EQ(refunds("o-8"), 0);
+}
+
+// The 400's message quotes the body, and a byte that is no UTF-8 made the JSON writer throw: the
+// client got an empty reply, not the 400.
+TEST_F(HttpWebhookTest, ABodyThatIsNotUtf8Is400NotADroppedConnection) {
+  const std::string body =
+      "{\"order_id\":\"o-9\",\"account\":9,\"amount_cents\":100,\"x\":\"\xff\"}";
+  const Reply reply = post(body, {{"Idempotency-Key", "\"utf8-key\""}});
+  EXPECT_EQ(reply.status, 400) << reply.body;
+  EXPECT_TRUE(nlohmann::json::accept(reply.body)) << reply.body;
+  EXPECT_EQ(refunds("o-9"), 0);
 }
 
 // With a wrong Redis password the service refuses to start: since the facade fails open, it
