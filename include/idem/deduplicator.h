@@ -248,7 +248,8 @@ struct DeduplicatorOptions {
   /// RFC 6901 JSON Pointers of the payload members that carry the request ID (where
   /// request_id_from_json() reads it and inject_request_id_json() writes it: "/requestId"). They
   /// are left out of the fingerprint (added to FingerprintOptions::exclude), so a message re-sent
-  /// with a new request ID is a duplicate, not a mismatch. A member the fingerprint's `include`
+  /// under its biz_key with a new request ID is a duplicate, not a mismatch (without a biz_key
+  /// the request ID is the key: a new one is a new request). A member the fingerprint's `include`
   /// names explicitly stays in; nothing is left out of a seed-compatible fingerprint
   /// (domain_separated false), which must hash what the seed hashed. {} leaves them in.
   /// Records keep the fingerprint options' tag (Fingerprinter::options_tag()), so changing these
