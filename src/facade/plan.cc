@@ -485,10 +485,26 @@ void CallPlan::failed_after_handler(StepError error) {
     return finish_executed();
   }
   commit_unknown_ = state_ == State::kCommit && error.kind == ErrorKind::kCommitUnknown;
-  error_ = error.error;
+  // A commit that failed after the stop or the deadline interrupted the handler (a statement
+  // it cancelled aborted the transaction, and the handler returned all the same): the call
+  // ends as that interruption, as a handler that threw it does.
+  cancelled_ = state_ == State::kCommit && (stopped_ || past_deadline()) && !commit_unknown_;
+  error_ = cancelled_ ? interruption_error("its transaction could not commit: " + error.what)
+                      : error.error;
   handler_error_ = std::move(error);
   if (state_ == State::kSinkComplete) return go(State::kRollback);
   after_failure();
+}
+
+std::exception_ptr CallPlan::interruption_error(const std::string& what) const {
+  if (past_deadline() && !stopped_) {
+    return std::make_exception_ptr(DeadlineExceeded(
+        "idem: the call's deadline passed while its handler ran; its claim is kept until its "
+        "lease ends"));
+  }
+  return std::make_exception_ptr(Cancelled("idem: the handler was cancelled (" + what +
+                                           "); its claim is kept until its "
+                                           "lease ends"));
 }
 
 void CallPlan::handler_failed(StepError error) {
@@ -499,17 +515,10 @@ void CallPlan::handler_failed(StepError error) {
   // statement or operation was cancelled by it.
   cancelled_ = error.kind == ErrorKind::kCancelled || error.kind == ErrorKind::kAborted ||
                (interrupted && error.kind == ErrorKind::kQueryCancelled);
-  if (!cancelled_) {
-    error_ = error.error;
-  } else if (past_deadline() && !stopped_) {
-    error_ = std::make_exception_ptr(DeadlineExceeded(
-        "idem: the call's deadline passed while its handler ran; its claim is kept until its "
-        "lease ends"));
-  } else if (interrupted || error.kind != ErrorKind::kCancelled) {
-    error_ = std::make_exception_ptr(Cancelled("idem: the handler was cancelled (" + error.what +
-                                               "); its claim is kept until its lease ends"));
+  if (cancelled_ && (interrupted || error.kind != ErrorKind::kCancelled)) {
+    error_ = interruption_error(error.what);
   } else {
-    error_ = error.error;  // the handler's own idem::Cancelled
+    error_ = error.error;  // a business failure, or the handler's own idem::Cancelled
   }
   // A handler whose own COMMIT lost its answer may have had its effect: like a commit of idem's
   // whose outcome is unknown, its claims are kept until their leases end.

@@ -336,6 +336,9 @@ class CallPlan {
   // Failures.
   void failed_after_handler(StepError error);
   void handler_failed(StepError error);
+  // The error of a call its stop or deadline interrupted while its handler ran (`what`: how it
+  // showed): DeadlineExceeded or Cancelled, its claims kept until their leases end.
+  [[nodiscard]] std::exception_ptr interruption_error(const std::string& what) const;
   void after_failure();
   void apply(FailureDecision decision);
   void store_failed();

@@ -85,6 +85,14 @@ std::function<std::exception_ptr()> pg_statement_timeout() {
   };
 }
 
+// A COMMIT of a transaction a failed statement aborted: SQLSTATE 25P02, not retryable.
+std::function<std::exception_ptr()> pg_aborted_transaction() {
+  return [] {
+    return std::make_exception_ptr(PostgresError(
+        "idem: postgres: the transaction was rolled back, not committed", false, "25P02"));
+  };
+}
+
 Fault stop_at(Op op, int nth = 1) { return Fault{.op = op, .nth = nth, .stop = true}; }
 Fault deadline_at(Op op, int nth = 1) { return Fault{.op = op, .nth = nth, .deadline = true}; }
 Fault fail_at(Op op, std::function<std::exception_ptr()> error, int nth = 1) {
@@ -1747,6 +1755,36 @@ void transactions(std::vector<Scenario>& t) {
        .held = {{.guard = "absent", .sink = "absent", .local = "miss"}},
        .events = {},
        .metrics = "releases=1",
+       .needs_transactions = true});
+  // A statement the stop (or the deadline) cancelled aborted the transaction, the handler caught
+  // that and returned, and the COMMIT failed: the call ended as a non-retryable PostgresError.
+  t.push_back({.name = "ACommitThatFailsAfterAStopCutTheHandlerShortIsACancellation",
+               .area = area,
+               .row = kHandlerCancelled,
+               .sink = true,
+               .calls = {{.request = order("r1"),
+                          .transactional = true,
+                          .ending = "throws Cancelled",
+                          .runs = 1}},
+               .faults = {stop_at(Op::kHandler), fail_at(Op::kCommit, pg_aborted_transaction())},
+               .held = {{.guard = "in_progress", .sink = "absent", .local = "miss"}},
+               .events = {},
+               .metrics = "sink_errors=1",
+               .needs_transactions = true});
+  t.push_back(
+      {.name = "ACommitThatFailsAfterTheDeadlineCutTheHandlerShortIsDeadlineExceeded",
+       .area = area,
+       .row = kHandlerCancelled,
+       .sink = true,
+       .calls = {{.request = order("r1"),
+                  .transactional = true,
+                  .ending = "throws DeadlineExceeded",
+                  .runs = 1}},
+       .faults = {deadline_at(Op::kHandler), fail_at(Op::kCommit, pg_aborted_transaction())},
+       .held = {{.guard = "in_progress", .sink = "absent", .local = "miss"}},
+       .events = {},
+       .metrics = "sink_errors=1",
+       .needs_deadline = true,
        .needs_transactions = true});
   t.push_back({.name = "TransactionalCommitRefusedRollsBackAndReleases",
                .area = area,

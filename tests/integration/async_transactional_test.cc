@@ -921,11 +921,17 @@ TEST_F(AsyncTransactionalTest, CallsWaitingForAHeldConnectionAllGoOnWhenItIsGive
 
 // The handler of each stopped call: a ledger row, then a statement that would hold the
 // connection for 10 s, marked so pg_stat_activity finds it.
-auto sleeper(const std::string& ledger, const std::string& marker, bool* sleeping) {
-  return [ledger, marker, sleeping](AsyncTransaction& tx) -> asio::awaitable<std::string> {
+// `swallow`: the handler catches its cancelled statement's error and returns.
+auto sleeper(const std::string& ledger, const std::string& marker, bool* sleeping,
+             bool swallow = false) {
+  return [ledger, marker, sleeping, swallow](AsyncTransaction& tx) -> asio::awaitable<std::string> {
     (void)co_await tx.exec("INSERT INTO " + ledger + " VALUES ('o1', 5)");
     *sleeping = true;
-    (void)co_await tx.exec("SELECT pg_sleep(10) /* " + marker + " */");
+    try {
+      (void)co_await tx.exec("SELECT pg_sleep(10) /* " + marker + " */");
+    } catch (const std::exception&) {
+      if (!swallow) throw;
+    }
     co_return "slept";
   };
 }
@@ -963,6 +969,41 @@ TEST_F(AsyncTransactionalTest, ACancelledCallCancelsItsStatementOnTheServerAndKe
   expect_claim_kept(io, dedup, "o1");
   dedup.close();
   io.run();
+}
+
+// The statement the cancellation cut short aborted the transaction; the handler caught that and
+// returned, so the COMMIT failed: the call ended as a PostgresError 25P02 (or, writing no record
+// in kBusinessKey mode, as kExecuted with nothing written), not as the cancellation it was.
+TEST_F(AsyncTransactionalTest, AHandlerThatSwallowsItsCancelledStatementStillEndsCancelled) {
+  for (const TransactionalClaim mode :
+       {TransactionalClaim::kRecord, TransactionalClaim::kBusinessKey}) {
+    AsyncDeduplicatorOptions o = options(true);
+    o.base.transactional_claim = mode;
+    asio::io_context io;
+    AsyncDeduplicator dedup(io.get_executor(), o);
+    const std::string marker = prefix_ + "-swallow" + std::to_string(static_cast<int>(mode));
+    bool sleeping = false;
+    asio::cancellation_signal cancel;
+    const Ending ending = run_to_end(io, [&]() -> asio::awaitable<Outcome> {
+      asio::co_spawn(
+          co_await asio::this_coro::executor,
+          [&]() -> asio::awaitable<void> {
+            co_await sleep_for(300ms);
+            cancel.emit(asio::cancellation_type::terminal);
+          },
+          asio::detached);
+      co_return co_await dedup.run_transactional(
+          refund_request("r1", "o1"), sleeper(table("ledger"), marker, &sleeping, true),
+          asio::bind_cancellation_slot(cancel.slot(), asio::use_awaitable));
+    });
+    EXPECT_TRUE(sleeping);
+    EXPECT_TRUE(threw<Cancelled>(ending)) << static_cast<int>(mode);
+    EXPECT_EQ(ledger_rows(), 0);
+    expect_claim_kept(io, dedup, "o1");
+    dedup.close();
+    io.run();
+    prefix_ += "x";  // the next mode's keys are new
+  }
 }
 
 TEST_F(AsyncTransactionalTest, ACallPastItsDeadlineCancelsItsStatementOnTheServer) {
