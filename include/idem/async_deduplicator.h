@@ -131,10 +131,12 @@ class IDEM_EXPORT AsyncTransaction {
   /// prepared on each connection at their first use and then sent by name: a text whose result
   /// columns changed since (ALTER TABLE under a `SELECT *`) fails once per connection with
   /// SQLSTATE 0A000 and is prepared again at its next use; a handler must not DEALLOCATE or
-  /// DISCARD them. Throws idem::PostgresError (sqlstate()) on a
-  /// failed statement (the transaction is then aborted: let it propagate, or the COMMIT
-  /// fails); a unique violation of one of PgSinkOptions::business_constraints that the
-  /// handler lets propagate makes the call a kDuplicate (nothing of it commits). A statement
+  /// DISCARD them, nor end the transaction itself (COMMIT, ROLLBACK, PREPARE TRANSACTION: idem's
+  /// record would then be written outside it). Throws idem::PostgresError (sqlstate()) on a
+  /// failed statement (the transaction is then aborted: let it propagate, or the COMMIT fails
+  /// and the call throws PostgresError 25P02, nothing of it written); a unique violation of one
+  /// of PgSinkOptions::business_constraints that the handler lets propagate makes the call a
+  /// kDuplicate (nothing of it commits). A statement
   /// under way when the call is cancelled (an Asio cancellation, its deadline, shutdown()) is
   /// cancelled on the server too (PQcancel, off the loop), and ends the call as a cancellation
   /// (idem::Cancelled / DeadlineExceeded, the claim kept until its lease ends), never as a

@@ -368,6 +368,10 @@ class IDEM_EXPORT Deduplicator {
   /// server), and the SQLSTATE 57014 that ends it makes the call throw idem::Cancelled (the
   /// transaction rolled back, the claim kept until its lease ends), not idem::PostgresError. A
   /// statement the handler starts after the stop is not cancelled: check Context::stop_token().
+  /// A statement of the handler that failed aborts the transaction: a handler that catches the
+  /// error and returns makes the call throw PostgresError 25P02 (nothing of it committed, the
+  /// claim released). The handler must not end the transaction itself (COMMIT, ROLLBACK,
+  /// PREPARE TRANSACTION, libpqxx's commit()): idem's record would then be written outside it.
   template <class Handler>
   [[nodiscard]] Outcome run_transactional(const Request& request, Handler&& handler) {
     return run_handler(
