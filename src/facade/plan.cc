@@ -485,10 +485,12 @@ void CallPlan::failed_after_handler(StepError error) {
     return finish_executed();
   }
   commit_unknown_ = state_ == State::kCommit && error.kind == ErrorKind::kCommitUnknown;
-  // A commit that failed after the stop or the deadline interrupted the handler (a statement
-  // it cancelled aborted the transaction, and the handler returned all the same): the call
-  // ends as that interruption, as a handler that threw it does.
-  cancelled_ = state_ == State::kCommit && (stopped_ || past_deadline()) && !commit_unknown_;
+  // A commit that failed because an earlier statement had aborted the transaction, after the
+  // stop or the deadline interrupted the handler (the statement it cancelled, whose error the
+  // handler swallowed before it returned): the call ends as that interruption, as a handler
+  // that threw it does. Any other commit failure is the commit's own, stop or not.
+  cancelled_ = state_ == State::kCommit && (stopped_ || past_deadline()) &&
+               error.kind == ErrorKind::kAbortedTransaction;
   error_ = cancelled_ ? interruption_error("its transaction could not commit: " + error.what)
                       : error.error;
   handler_error_ = std::move(error);

@@ -5,6 +5,7 @@
 #include <system_error>
 
 #include "idem/errors.h"
+#include "pg/errors.h"
 
 namespace idem::detail {
 namespace {
@@ -14,6 +15,7 @@ ErrorKind kind_of(const std::exception& e) {
   if (const auto* pg = dynamic_cast<const PostgresError*>(&e)) {
     if (pg->commit_outcome_unknown()) return ErrorKind::kCommitUnknown;
     if (pg->sqlstate() == kQueryCanceledSqlstate) return ErrorKind::kQueryCancelled;
+    if (pg->sqlstate() == kAbortedTransactionSqlstate) return ErrorKind::kAbortedTransaction;
     return ErrorKind::kBackend;
   }
   if (dynamic_cast<const BackendError*>(&e) != nullptr) return ErrorKind::kBackend;

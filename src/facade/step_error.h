@@ -14,9 +14,11 @@ enum class ErrorKind {
                     ///< or libpqxx's in_doubt_error from a handler's own transaction).
   kQueryCancelled,  ///< A PostgreSQL statement ended with SQLSTATE 57014 (query_canceled): a
                     ///< cancel request or statement_timeout.
-  kCancelled,       ///< idem::Cancelled (or a subclass, such as DeadlineExceeded).
-  kAborted,         ///< An operation aborted by a cancellation: Asio's operation_aborted.
-  kOther,           ///< Anything else: a handler's own exception, bad input, a ConfigError.
+  kAbortedTransaction,  ///< A PostgreSQL statement or COMMIT failed with SQLSTATE 25P02
+                        ///< (in_failed_sql_transaction): an earlier statement had failed.
+  kCancelled,           ///< idem::Cancelled (or a subclass, such as DeadlineExceeded).
+  kAborted,             ///< An operation aborted by a cancellation: Asio's operation_aborted.
+  kOther,               ///< Anything else: a handler's own exception, bad input, a ConfigError.
 };
 
 /// A failed step: its class, the exception (rethrown as is when the call ends with it) and its
@@ -30,7 +32,7 @@ struct StepError {
 /// Whether a failure of this kind is a backend's (an idem::BackendError).
 [[nodiscard]] constexpr bool is_backend(ErrorKind kind) noexcept {
   return kind == ErrorKind::kBackend || kind == ErrorKind::kCommitUnknown ||
-         kind == ErrorKind::kQueryCancelled;
+         kind == ErrorKind::kQueryCancelled || kind == ErrorKind::kAbortedTransaction;
 }
 
 /// SQLSTATE query_canceled.
