@@ -505,8 +505,7 @@ std::exception_ptr CallPlan::interruption_error(const std::string& what) const {
         "lease ends"));
   }
   return std::make_exception_ptr(Cancelled("idem: the handler was cancelled (" + what +
-                                           "); its claim is kept until its "
-                                           "lease ends"));
+                                           "); its claim is kept until its lease ends"));
 }
 
 void CallPlan::handler_failed(StepError error) {

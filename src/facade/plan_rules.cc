@@ -87,16 +87,17 @@ PlanRules::PlanRules(const DeduplicatorOptions& options, DriverTraits traits)
   if (traits_.own_guard) {
     guard_lease_ = traits_.own_guard_lease;
     guard_retention_ = traits_.own_guard_retention;
+    replay_cap_ = traits_.own_guard_max_response_bytes;
   } else if (o.guard) {
     guard_lease_ = o.guard->lease();
     guard_retention_ = o.guard->retention();
+    replay_cap_ = o.guard->max_response_bytes();
   }
-  replay_cap_ = std::min({traits_.own_guard ? traits_.own_guard_max_response_bytes
-                          : o.guard         ? o.guard->max_response_bytes()
-                                            : SIZE_MAX,
-                          traits_.own_sink ? traits_.own_sink_max_response_bytes
-                          : o.sink         ? o.sink->max_response_bytes()
-                                           : SIZE_MAX});
+  if (traits_.own_sink) {
+    replay_cap_ = std::min(replay_cap_, traits_.own_sink_max_response_bytes);
+  } else if (o.sink) {
+    replay_cap_ = std::min(replay_cap_, o.sink->max_response_bytes());
+  }
 }
 
 }  // namespace idem::detail

@@ -152,14 +152,14 @@ int run(const InspectFlags& flags) {
     print_text("redis", flags.backends.redis_label(), redis);
     print_text("postgres", flags.backends.pg_label(), pg);
   }
+  int code = in_redis || !journal.empty() || in_pg ? kOk : kNotFound;
   for (const auto& [name, error] :
        {std::pair{"redis", redis_error}, std::pair{"postgres", pg_error}}) {
-    if (error)
-      std::cerr << "idemctl: " << name << " " << error->status() << ": " << error->message << "\n";
+    if (!error) continue;
+    std::cerr << "idemctl: " << name << " " << error->status() << ": " << error->message << "\n";
+    if (code != kFailure) code = error->code();  // a foreign value outweighs an outage
   }
-  if ((redis_error && redis_error->foreign) || (pg_error && pg_error->foreign)) return kFailure;
-  if (redis_error || pg_error) return kUnavailable;
-  return in_redis || !journal.empty() || in_pg ? kOk : kNotFound;
+  return code;
 }
 
 }  // namespace
