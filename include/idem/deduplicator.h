@@ -234,7 +234,8 @@ struct DeduplicatorOptions {
   std::size_t local_cache_capacity = 10000;
   /// How long layer 1 remembers a completed key, in ms, > 0 when the cache is on (else
   /// idem::ConfigError). An entry never outlives its record: the facade caps it at
-  /// fallback_retention for a fallback key and, without a sink, at the guard's retention.
+  /// fallback_retention for a fallback key, and otherwise at the longest retention of the guard
+  /// and the sink (Guard/Sink::retention(), when both say it).
   std::chrono::milliseconds local_cache_ttl{std::chrono::seconds(30)};
   /// Layer 2: a RedisGuard (shared across processes) or an InMemoryGuard (one process).
   /// Shared so several deduplicators can use one pool.
@@ -249,7 +250,9 @@ struct DeduplicatorOptions {
   /// request_id_from_json() reads it and inject_request_id_json() writes it: "/requestId"). They
   /// are left out of the fingerprint (added to FingerprintOptions::exclude), so a message re-sent
   /// under its biz_key with a new request ID is a duplicate, not a mismatch (without a biz_key
-  /// the request ID is the key: a new one is a new request). A member the fingerprint's `include`
+  /// the request ID is the key: a new one is a new request). They stay in a fallback key (a
+  /// request with neither request ID nor business key is keyed by its payload): a payload that
+  /// carries another request ID is another request there too. A member the fingerprint's `include`
   /// names explicitly stays in; nothing is left out of a seed-compatible fingerprint
   /// (domain_separated false), which must hash what the seed hashed. {} leaves them in.
   /// Records keep the fingerprint options' tag (Fingerprinter::options_tag()), so changing these
@@ -286,7 +289,8 @@ struct DeduplicatorOptions {
   std::function<FailureDecision(std::exception_ptr)> on_handler_failure{};
   /// Renews the Redis lease of a running handler at this interval, in ms, >= 0; 0 (default)
   /// turns automatic renewal off. Keep it well under the guard's lease (a third of it, say), or
-  /// the lease may run out between renewals. One helper thread per Deduplicator (started on first
+  /// the lease may run out between renewals; one as long as the lease or longer is an
+  /// idem::ConfigError. One helper thread per Deduplicator (started on first
   /// use) renews every running handler's lease in turn, so a renewal waiting on a slow Redis delays
   /// the others. Failures show in Context::lease_lost().
   std::chrono::milliseconds auto_renew_interval{0};
@@ -332,13 +336,19 @@ struct DeduplicatorOptions {
 /// shutdown() or when Request::stop is requested before the handler starts (the handler never runs,
 /// nothing commits, the claims taken are released; a claim waiting on the sink's lock is cancelled
 /// on the server); and whatever the handler throws, unchanged (a release that failed after it is
-/// told in DecisionEvent::release_error). An unreachable backend is not an exception: it is
-/// Outcome::Kind::kUnavailable with Outcome::error. A completion that failed after the handler
-/// ran is not one either: Outcome::save_error.
+/// told in DecisionEvent::release_error), except that in run_transactional() a statement of the
+/// handler that failed (a pqxx::sql_error) reaches the caller as idem::PostgresError with its
+/// SQLSTATE (PostgresError::sqlstate()), as DeduplicatorOptions::on_handler_failure sees it. An
+/// unreachable backend is not an exception: it is Outcome::Kind::kUnavailable with Outcome::error.
+/// A completion that failed after the handler ran is not one either: Outcome::save_error.
 class IDEM_EXPORT Deduplicator {
  public:
-  /// Throws idem::ConfigError on inconsistent options.
+  /// Throws idem::ConfigError on inconsistent options, and when no layer can stop a duplicate
+  /// (no guard, no sink, local cache off).
   explicit Deduplicator(DeduplicatorOptions options);
+  /// Requests stop as shutdown() does, then waits for the calls in flight on other threads to
+  /// return (a handler that ignores its stop token is waited for until it returns). Must not be
+  /// called from a handler.
   ~Deduplicator();
   Deduplicator(const Deduplicator&) = delete;
   Deduplicator& operator=(const Deduplicator&) = delete;
@@ -346,6 +356,8 @@ class IDEM_EXPORT Deduplicator {
   /// Runs `handler` (`std::string()` or `std::string(Context&)`, returning the response to
   /// store) at most once per idempotency key. With a sink, the claim row is committed in its
   /// own short transaction before the handler and completed after it (non-transactional mode).
+  /// With the local cache alone (no guard, no sink) only a repeat that comes after the first
+  /// call completed, in this process, is stopped: concurrent calls of one key all run.
   template <class Handler>
   [[nodiscard]] Outcome run(const Request& request, Handler&& handler) {
     return run_handler(request, false,

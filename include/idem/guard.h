@@ -100,8 +100,8 @@ class IDEM_EXPORT Guard {
   /// The lease a fresh claim gets, in ms.
   [[nodiscard]] virtual std::chrono::milliseconds lease() const noexcept = 0;
   /// How long a COMPLETED record is kept when complete() is given 0, in ms; 0 when unknown
-  /// (the default). The facade's local cache never answers a key
-  /// longer than this when no sink keeps the record longer.
+  /// (the default). The facade's local cache never answers a key longer than the longest
+  /// retention of its guard and sink, when both say it.
   [[nodiscard]] virtual std::chrono::milliseconds retention() const noexcept {
     return std::chrono::milliseconds(0);
   }

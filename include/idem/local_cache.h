@@ -16,8 +16,9 @@ namespace idem {
 
 /// Options of a LocalCache; validated by its constructor (idem::ConfigError).
 struct LocalCacheOptions {
-  /// Most entries held at once, >= `shards`. Split evenly across the shards: each shard
-  /// evicts its least recently used entry when full. Default 10 000.
+  /// Most entries held at once, >= `shards` and <= LocalCache::kMaxEntries. Split evenly
+  /// across the shards: each shard evicts its least recently used entry when full. Default
+  /// 10 000.
   std::size_t max_entries = 10000;
   /// How long an entry is answered after its put(), in ms (a get() does not extend it); > 0.
   /// Default 60 s. Keep it shorter than the Redis retention so this layer never replays what
@@ -45,8 +46,11 @@ class IDEM_EXPORT LocalCache {
   /// Upper bound of the extra heap bytes of a key or response longer than 15 bytes, beyond
   /// its length (terminating NUL and allocator rounding).
   static constexpr std::size_t kLongStringOverheadBytes = 24;
+  /// The largest max_entries: 2^27 entries, whose hash buckets alone take 1 GiB.
+  static constexpr std::size_t kMaxEntries = std::size_t{1} << 27;
 
-  /// Throws idem::ConfigError for max_entries < shards, ttl <= 0 or a bad shard count.
+  /// Throws idem::ConfigError for max_entries < shards or > kMaxEntries, ttl <= 0 or a bad
+  /// shard count.
   explicit LocalCache(LocalCacheOptions options = {});
   ~LocalCache();
   LocalCache(const LocalCache&) = delete;

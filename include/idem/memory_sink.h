@@ -56,6 +56,8 @@ class IDEM_EXPORT InMemorySink final : public Sink {
              std::chrono::milliseconds lease) override;
   /// InMemorySinkOptions::max_response_bytes.
   [[nodiscard]] std::size_t max_response_bytes() const noexcept override;
+  /// InMemorySinkOptions::retention.
+  [[nodiscard]] std::chrono::milliseconds retention() const noexcept override;
 
   /// The live row of `key` (expired rows are not returned), for tests and tools: owner_token is
   /// the row's owner (its token, or its request ID), ttl is by this sink's clock.

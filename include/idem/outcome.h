@@ -51,12 +51,15 @@ struct Outcome {
   /// that failed (Redis unreachable at that moment) leaves it false unless the lease had run out by
   /// the local clock; and a handler that starts after its lease already ran out (a process paused
   /// between the claim and the handler) is told only through this flag and
-  /// Context::lease_lost(), it is not stopped from starting.
+  /// Context::lease_lost(), it is not stopped from starting. A layer whose claim was lost did
+  /// not save this call's response either (its completion is refused; save_error does not name
+  /// it): when no other layer saved it, a later repeat runs the handler again.
   bool lease_lost = false;
   /// kExecuted: empty when every layer holding this call's claim saved the handler's response
   /// (the guard's completion after its resends, DeduplicatorOptions::save_retry_for);
   /// otherwise what failed, as "layer: error" for each layer whose completion failed (e.g.
-  /// "redis_guard: idem: redis: connection refused"; "; " between two). The handler ran and
+  /// "redis_guard: idem: redis: connection refused"; "; " between two; a completion refused
+  /// because the claim was lost is told by lease_lost instead). The handler ran and
   /// `response` is its own, but that layer's record stays IN_PROGRESS until its lease ends: a
   /// repeat meanwhile gets kInProgress from it, and after the lease one that no other layer
   /// answers (a guard without a sink, the sink's row in run()) runs the handler again. What to do:

@@ -216,6 +216,8 @@ class IDEM_EXPORT PgSink final : public Sink {
 
   /// PgSinkOptions::max_response_bytes.
   [[nodiscard]] std::size_t max_response_bytes() const noexcept override;
+  /// PgSinkOptions::retention, in ms.
+  [[nodiscard]] std::chrono::milliseconds retention() const noexcept override;
 
   /// Reads the committed row of `key` (an encoded key text) in this namespace without claiming
   /// or changing it; nullopt when there is none. A claim still uncommitted in another

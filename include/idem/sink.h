@@ -94,6 +94,12 @@ class IDEM_EXPORT Sink {
   /// without a response. The facade's local cache then replays none either. Default: no cap
   /// (SIZE_MAX).
   [[nodiscard]] virtual std::size_t max_response_bytes() const noexcept { return SIZE_MAX; }
+  /// How long a COMPLETED row is kept when complete() is given 0, in ms; 0 when unknown (the
+  /// default). The facade's local cache never answers a key longer than the longest retention
+  /// of its guard and sink, when both say it.
+  [[nodiscard]] virtual std::chrono::milliseconds retention() const noexcept {
+    return std::chrono::milliseconds(0);
+  }
 };
 
 }  // namespace idem

@@ -78,7 +78,11 @@ DriverTraits traits_of(const AsyncDeduplicatorOptions& options, const AsyncGuard
           options.redis ? options.redis->max_response_bytes : std::size_t{SIZE_MAX},
       .own_sink = options.postgres.has_value(),
       .own_sink_max_response_bytes =
-          options.postgres ? options.postgres->max_response_bytes : std::size_t{SIZE_MAX}};
+          options.postgres ? options.postgres->max_response_bytes : std::size_t{SIZE_MAX},
+      .own_sink_retention =
+          options.postgres
+              ? std::chrono::duration_cast<std::chrono::milliseconds>(options.postgres->retention)
+              : std::chrono::milliseconds(0)};
 }
 
 // `options.base` without the backends the driver reaches itself (the plan knows of them by
@@ -401,18 +405,24 @@ asio::awaitable<bool> AsyncCall::renew() {
   const std::string sink_owner(step->sink_owner);
   const PlanTime sent = SteadyClock::now();
   const InProcess in_process(dedup_->rules, dedup_->cache.get());
-  bool owned = true;
-  try {
-    if (!token.empty()) owned = co_await dedup_->guard->renew(key, token, step->lease);
-    if (!sink_owner.empty()) {
-      owned = co_await dedup_->sink->renew(key, sink_owner, std::chrono::milliseconds(0)) && owned;
+  RenewalAnswers answers;
+  if (!token.empty()) {
+    try {
+      answers.guard = answers.of(co_await dedup_->guard->renew(key, token, step->lease));
+    } catch (...) {
+      answers.failed(answers.guard);
     }
-  } catch (...) {
-    if (handler_running_) in_process.renewed(plan_, sent, std::nullopt);
-    throw;
   }
-  if (handler_running_) in_process.renewed(plan_, sent, owned);
-  co_return owned;
+  if (!sink_owner.empty()) {
+    try {
+      answers.sink =
+          answers.of(co_await dedup_->sink->renew(key, sink_owner, std::chrono::milliseconds(0)));
+    } catch (...) {
+      answers.failed(answers.sink);
+    }
+  }
+  if (handler_running_) in_process.renewed(plan_, sent, answers);
+  co_return answers.answer();
 }
 
 asio::awaitable<std::string> AsyncCall::step(std::string_view name, std::string_view input,

@@ -48,7 +48,7 @@ CallKey CallKey::of(const PlanRules& rules, const Request& request,
     // A fallback key needs something to key on: a selection of nothing (absent members, or
     // only null, "", [] and {}) would give every such payload one key.
     const Fingerprinter* keyer =
-        rules.bucketed_fingerprinter_ ? &*rules.bucketed_fingerprinter_ : fingerprinter;
+        rules.fallback_fingerprinter_ ? &*rules.fallback_fingerprinter_ : fingerprinter;
     const Fingerprinter::Window window =
         keyer->fingerprint_window(request.payload, scope, wall_now);
     if (window.selects_nothing) {

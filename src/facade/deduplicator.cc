@@ -4,6 +4,7 @@
 // steps (local cache, metrics, events, the failure decision) in facade/in_process.cc.
 #include "idem/deduplicator.h"
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
@@ -163,24 +164,25 @@ bool BlockingCall::renew() {
   }
   if (!step) return true;
   const auto sent = SteadyClock::now();
-  std::optional<bool> owned;
-  try {
-    owned = true;
-    if (!step->owner_token.empty()) {
-      owned = options_.guard->renew(step->key, step->owner_token, step->lease);
+  detail::RenewalAnswers answers;
+  if (!step->owner_token.empty()) {
+    try {
+      answers.guard = answers.of(options_.guard->renew(step->key, step->owner_token, step->lease));
+    } catch (...) {
+      answers.failed(answers.guard);
     }
-    if (!step->sink_owner.empty()) {
-      owned =
-          options_.sink->renew(step->key, step->sink_owner, std::chrono::milliseconds(0)) && *owned;
+  }
+  if (!step->sink_owner.empty()) {
+    try {
+      answers.sink = answers.of(
+          options_.sink->renew(step->key, step->sink_owner, std::chrono::milliseconds(0)));
+    } catch (...) {
+      answers.failed(answers.sink);
     }
-  } catch (...) {
-    std::lock_guard lock(mutex_);
-    in_process_.renewed(plan_, sent, std::nullopt);
-    throw;
   }
   std::lock_guard lock(mutex_);
-  in_process_.renewed(plan_, sent, owned);
-  return *owned;
+  in_process_.renewed(plan_, sent, answers);
+  return answers.answer();
 }
 
 std::stop_token BlockingCall::stop_token() noexcept {
@@ -365,6 +367,7 @@ struct Deduplicator::Impl {
   detail::PlanRules rules;
   std::unique_ptr<LocalCache> cache;
   std::stop_source shutdown;
+  std::atomic<std::size_t> calls{0};  // in flight; the destructor waits for none
   Uuid7Generator owner_ids;
   detail::Renewer renewer;  // last: its thread stops before the rest goes
   Shared shared{rules, cache.get(), dynamic_cast<PgSink*>(rules.options().sink.get()), renewer,
@@ -374,12 +377,25 @@ struct Deduplicator::Impl {
 Deduplicator::Deduplicator(DeduplicatorOptions options)
     : impl_(std::make_unique<Impl>(std::move(options))) {}
 
-Deduplicator::~Deduplicator() = default;
+Deduplicator::~Deduplicator() {
+  // As shutdown(), then wait for the calls in flight: each ends soon (a stopped call throws
+  // Cancelled before its handler, a running handler is told by its stop token), and none may
+  // outlive the state it uses.
+  impl_->shutdown.request_stop();
+  for (std::size_t n = impl_->calls.load(); n != 0; n = impl_->calls.load()) impl_->calls.wait(n);
+}
 
 void Deduplicator::shutdown() noexcept { impl_->shutdown.request_stop(); }
 
 Outcome Deduplicator::run_handler(const Request& request, bool transactional,
                                   const ErasedHandler& handler) {
+  impl_->calls.fetch_add(1);
+  struct Leaving {
+    Impl& impl;
+    ~Leaving() {
+      if (impl.calls.fetch_sub(1) == 1 && impl.shutdown.stop_requested()) impl.calls.notify_all();
+    }
+  } leaving{*impl_};
   const detail::CallMode mode =
       transactional ? detail::CallMode::kTransactional : detail::CallMode::kRun;
   BlockingCall call(impl_->shared, request, mode,

@@ -66,11 +66,12 @@ std::unique_ptr<LocalCache> local_cache_for(const DeduplicatorOptions& options) 
       .shards = std::min<std::size_t>(16, std::bit_floor(options.local_cache_capacity))});
 }
 
-void InProcess::renewed(CallPlan& plan, PlanTime sent, std::optional<bool> owned) const noexcept {
+void InProcess::renewed(CallPlan& plan, PlanTime sent,
+                        const RenewalAnswers& answers) const noexcept {
   if (Metrics* metrics = rules_->options().metrics.get()) {
-    metrics->record_renewal(owned.value_or(false));
+    metrics->record_renewal(answers.extended());
   }
-  plan.renewed(sent, owned);
+  plan.renewed(sent, answers);
 }
 
 }  // namespace idem::detail

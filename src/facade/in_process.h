@@ -28,7 +28,7 @@ class InProcess {
   [[nodiscard]] std::optional<StepResult> perform(const Step& step) const;
 
   /// Reports a renewal to `plan` (CallPlan::renewed) and records it in the metrics.
-  void renewed(CallPlan& plan, PlanTime sent, std::optional<bool> owned) const noexcept;
+  void renewed(CallPlan& plan, PlanTime sent, const RenewalAnswers& answers) const noexcept;
 
  private:
   const PlanRules* rules_;

@@ -776,17 +776,31 @@ std::optional<JournalTarget> CallPlan::step_journal() const {
   return JournalTarget{key_.key, owner_token_};
 }
 
-void CallPlan::renewed(PlanTime sent, std::optional<bool> owned) noexcept {
-  if (!owned) {
-    lease_lost_ = true;  // keep trying: Redis may come back before the lease ends
-    next_renewal_ = sent + rules_.options_.auto_renew_interval;
-  } else if (*owned) {
+void CallPlan::renewed(PlanTime sent, const RenewalAnswers& answers) noexcept {
+  if (answers.guard == RenewalAnswer::kOwned) {
     lease_deadline_ = std::max(lease_deadline_, sent + rules_.guard_lease_);
-    next_renewal_ = sent + rules_.options_.auto_renew_interval;
-  } else {
-    lease_lost_ = true;
-    renewing_ = false;  // someone else holds the key: stop
   }
+  guard_claim_lost_ = guard_claim_lost_ || answers.guard == RenewalAnswer::kLost;
+  sink_row_renewal_lost_ = sink_row_renewal_lost_ || answers.sink == RenewalAnswer::kLost;
+  lease_lost_ = lease_lost_ || !answers.extended();
+  // Each layer is renewed until it is found lost: the sink's row outlives a lost Redis claim.
+  const bool guard_left = holds_claim() && !guard_claim_lost_;
+  const bool sink_left = holds_sink_row_ && !sink_row_renewal_lost_;
+  if (!guard_left && !sink_left) renewing_ = false;
+  next_renewal_ = sent + rules_.options_.auto_renew_interval;
+}
+
+bool RenewalAnswers::extended() const noexcept {
+  const auto fine = [](RenewalAnswer a) {
+    return a == RenewalAnswer::kNotAsked || a == RenewalAnswer::kOwned;
+  };
+  return fine(guard) && fine(sink);
+}
+
+bool RenewalAnswers::answer() const {
+  if (guard == RenewalAnswer::kLost || sink == RenewalAnswer::kLost) return false;
+  if (failure) std::rethrow_exception(failure);
+  return true;
 }
 
 std::chrono::milliseconds CallPlan::remaining_lease(PlanTime now) const noexcept {
@@ -813,12 +827,12 @@ bool CallPlan::sink_records() const noexcept {
 }
 
 std::chrono::milliseconds CallPlan::local_ttl() const noexcept {
-  // Never longer than the record itself is kept: a fallback key's only fallback_retention; with
-  // the guard alone, the guard's retention (a sink keeps its rows far longer).
+  // Never longer than the record itself is kept: a fallback key's only fallback_retention;
+  // another, the longest retention of the guard and the sink.
   const DeduplicatorOptions& o = rules_.options_;
   if (key_.fallback) return std::min(o.local_cache_ttl, o.fallback_retention);
-  if (!rules_.sink_ && rules_.guard_retention_.count() > 0) {
-    return std::min(o.local_cache_ttl, rules_.guard_retention_);
+  if (rules_.record_lifetime_.count() > 0) {
+    return std::min(o.local_cache_ttl, rules_.record_lifetime_);
   }
   return o.local_cache_ttl;
 }

@@ -46,9 +46,11 @@ struct DriverTraits {
   std::chrono::milliseconds own_guard_lease{0};
   std::chrono::milliseconds own_guard_retention{0};
   std::size_t own_guard_max_response_bytes = SIZE_MAX;
-  /// A sink the driver reaches itself, not DeduplicatorOptions::sink, and its response cap.
+  /// A sink the driver reaches itself, not DeduplicatorOptions::sink, its response cap and
+  /// retention.
   bool own_sink = false;
   std::size_t own_sink_max_response_bytes = SIZE_MAX;
+  std::chrono::milliseconds own_sink_retention{0};
 };
 
 /// What the plan needs of a deduplicator's options, validated once (every ConfigError of the
@@ -66,13 +68,17 @@ class PlanRules {
   friend struct CallKey;
   DeduplicatorOptions options_;
   DriverTraits traits_;
-  std::optional<Fingerprinter> fingerprinter_;           // no time bucket: mismatch detection
-  std::optional<Fingerprinter> bucketed_fingerprinter_;  // fallback keys, when a bucket is set
+  std::optional<Fingerprinter> fingerprinter_;  // no time bucket: mismatch detection
+  // Fallback keys, when they differ from fingerprinter_: a time bucket, or request-ID members
+  // the mismatch fingerprint leaves out.
+  std::optional<Fingerprinter> fallback_fingerprinter_;
   bool guard_ = false;  // a guard: DeduplicatorOptions::guard, or the driver's own
   bool sink_ = false;   // a sink: DeduplicatorOptions::sink, or the driver's own
   RedisFailurePolicy redis_failure_ = RedisFailurePolicy::kFailClosed;
   std::chrono::milliseconds guard_lease_{0};
-  std::chrono::milliseconds guard_retention_{0};  // 0: unknown
+  // The longest a layer keeps a completed record (Guard/Sink::retention()): the local cache
+  // keeps an entry no longer. 0: unknown (a layer does not say).
+  std::chrono::milliseconds record_lifetime_{0};
   // The largest response every layer keeps (Guard/Sink::max_response_bytes()): the local cache
   // replays no larger one.
   std::size_t replay_cap_ = SIZE_MAX;
@@ -204,6 +210,38 @@ struct RenewalStep {
   std::string_view sink_owner{};
 };
 
+/// What one layer answered to its part of a RenewalStep.
+enum class RenewalAnswer : std::uint8_t {
+  kNotAsked,  ///< The step named no claim of this layer.
+  kOwned,     ///< Extended.
+  kLost,      ///< The claim is gone or another owner's: its renewal stops.
+  kFailed,    ///< The backend failed: the claim may be lost; its renewal goes on trying.
+};
+
+/// The answers to one RenewalStep. A driver sends each layer's part whatever the other one
+/// answered: when Redis is down or lost the claim, the sink's row is all that still stops a
+/// duplicate, and must not expire under a running handler.
+struct RenewalAnswers {
+  RenewalAnswer guard = RenewalAnswer::kNotAsked;
+  RenewalAnswer sink = RenewalAnswer::kNotAsked;
+  std::exception_ptr failure;  ///< The first failed part's exception.
+
+  /// kOwned or kLost.
+  [[nodiscard]] static RenewalAnswer of(bool owned) noexcept {
+    return owned ? RenewalAnswer::kOwned : RenewalAnswer::kLost;
+  }
+  /// Inside a catch block: `layer` (guard or sink) failed with the exception in flight.
+  void failed(RenewalAnswer& layer) noexcept {
+    layer = RenewalAnswer::kFailed;
+    if (!failure) failure = std::current_exception();
+  }
+  /// True when no part was lost or failed.
+  [[nodiscard]] bool extended() const noexcept;
+  /// Context::renew()'s answer: false when a layer's claim was lost; otherwise rethrows the
+  /// first failure; otherwise true.
+  [[nodiscard]] bool answer() const;
+};
+
 /// Where a call's steps are journaled (see CallPlan::step_journal()).
 struct JournalTarget {
   std::string_view key{};          ///< The claimed key.
@@ -249,9 +287,10 @@ class CallPlan {
   /// The renewal to perform (the handler's Context::renew() asks for it too); nullopt when the
   /// call holds nothing to renew.
   [[nodiscard]] std::optional<RenewalStep> renewal() const noexcept;
-  /// A renewal sent at `sent` answered `owned` (false: the claim is lost), or failed (nullopt:
-  /// the claim may be lost; automatic renewal goes on trying).
-  void renewed(PlanTime sent, std::optional<bool> owned) noexcept;
+  /// The renewal sent at `sent` got `answers`. A layer's lost or failed part makes
+  /// lease_lost() true; automatic renewal stops once every layer the call holds was lost, and
+  /// goes on trying after a failure (the backend may come back before the lease ends).
+  void renewed(PlanTime sent, const RenewalAnswers& answers) noexcept;
   /// Time left on the claim's lease at `now` (by the driver's clock: Redis' own TTL decides);
   /// zero without a claim.
   [[nodiscard]] std::chrono::milliseconds remaining_lease(PlanTime now) const noexcept;
@@ -405,7 +444,9 @@ class CallPlan {
   // The lease while the handler runs.
   PlanTime lease_deadline_{};
   bool lease_lost_ = false;
-  bool renewing_ = false;  // automatic renewal is on for this call
+  bool renewing_ = false;               // automatic renewal is on for this call
+  bool guard_claim_lost_ = false;       // a renewal found the guard's claim lost
+  bool sink_row_renewal_lost_ = false;  // a renewal found the sink's row lost
   PlanTime next_renewal_{};
 
   // The end.

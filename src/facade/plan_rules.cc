@@ -74,29 +74,51 @@ PlanRules::PlanRules(const DeduplicatorOptions& options, DriverTraits traits)
   check_backends(o, traits_);
   if (o.fingerprint) {
     (void)Fingerprinter(*o.fingerprint);  // validates the options as given
-    const FingerprintOptions options = without_request_id_fields(*o.fingerprint, o);
-    if (options.time_bucket.count() > 0) bucketed_fingerprinter_.emplace(options);
-    FingerprintOptions unbucketed = options;
+    FingerprintOptions unbucketed = without_request_id_fields(*o.fingerprint, o);
     unbucketed.time_bucket = std::chrono::seconds(0);
-    fingerprinter_.emplace(unbucketed);
+    const bool left_out = unbucketed.exclude.size() != o.fingerprint->exclude.size();
+    fingerprinter_.emplace(std::move(unbucketed));
+    // A fallback key keeps the request-ID members: without a request ID or a business key, a
+    // message whose payload carries another request ID is another request.
+    if (o.fingerprint->time_bucket.count() > 0 || left_out) {
+      fallback_fingerprinter_.emplace(*o.fingerprint);
+    }
   }
   guard_ = o.guard != nullptr || traits_.own_guard;
   sink_ = o.sink != nullptr || traits_.own_sink;
+  if (!guard_ && !sink_ && o.local_cache_capacity == 0) {
+    throw ConfigError(
+        "idem: no layer to stop a duplicate: set a guard, a sink or the local cache "
+        "(local_cache_capacity > 0)");
+  }
   redis_failure_ = o.on_redis_failure.value_or(sink_ ? RedisFailurePolicy::kFailOpen
                                                      : RedisFailurePolicy::kFailClosed);
+  std::chrono::milliseconds guard_retention{0};
+  std::chrono::milliseconds sink_retention{0};
   if (traits_.own_guard) {
     guard_lease_ = traits_.own_guard_lease;
-    guard_retention_ = traits_.own_guard_retention;
+    guard_retention = traits_.own_guard_retention;
     replay_cap_ = traits_.own_guard_max_response_bytes;
   } else if (o.guard) {
     guard_lease_ = o.guard->lease();
-    guard_retention_ = o.guard->retention();
+    guard_retention = o.guard->retention();
     replay_cap_ = o.guard->max_response_bytes();
   }
   if (traits_.own_sink) {
+    sink_retention = traits_.own_sink_retention;
     replay_cap_ = std::min(replay_cap_, traits_.own_sink_max_response_bytes);
   } else if (o.sink) {
+    sink_retention = o.sink->retention();
     replay_cap_ = std::min(replay_cap_, o.sink->max_response_bytes());
+  }
+  if (o.auto_renew_interval.count() > 0 && guard_lease_.count() > 0 &&
+      o.auto_renew_interval >= guard_lease_) {
+    throw ConfigError(
+        "idem: auto_renew_interval must be shorter than the guard's lease (a third of it, say): "
+        "a renewal would come after the lease ended");
+  }
+  if ((!guard_ || guard_retention.count() > 0) && (!sink_ || sink_retention.count() > 0)) {
+    record_lifetime_ = std::max(guard_retention, sink_retention);
   }
 }
 

@@ -74,6 +74,10 @@ LocalCache::LocalCache(LocalCacheOptions options)
   if (capacity_ < shard_count_) {
     throw ConfigError("idem: LocalCache max_entries must be at least the shard count");
   }
+  if (capacity_ > kMaxEntries) {
+    throw ConfigError("idem: LocalCache max_entries must be at most " +
+                      std::to_string(kMaxEntries) + " (local_cache_capacity)");
+  }
   if (ttl_.count() <= 0) throw ConfigError("idem: LocalCache ttl must be positive");
   shard_shift_ = 64 - static_cast<std::size_t>(std::countr_zero(shard_count_));
   shards_ = std::make_unique<Shard[]>(shard_count_);

@@ -113,6 +113,10 @@ std::size_t InMemorySink::max_response_bytes() const noexcept {
   return state_->options.max_response_bytes;
 }
 
+std::chrono::milliseconds InMemorySink::retention() const noexcept {
+  return state_->options.retention;
+}
+
 bool InMemorySink::renew(std::string_view key, std::string_view owner,
                          std::chrono::milliseconds lease) {
   if (lease.count() < 0) throw ConfigError("idem: a sink lease must not be negative");

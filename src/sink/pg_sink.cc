@@ -574,6 +574,10 @@ std::size_t PgSink::max_response_bytes() const noexcept {
   return impl_->options.max_response_bytes;
 }
 
+std::chrono::milliseconds PgSink::retention() const noexcept {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(impl_->options.retention);
+}
+
 bool PgSink::renew(std::string_view key, std::string_view owner, std::chrono::milliseconds lease) {
   const std::chrono::milliseconds extend = detail::sink_lease(impl_->options, lease);
   return impl_->with_connection([&](pqxx::connection& conn) {

@@ -1216,6 +1216,26 @@ void failed_writes(std::vector<Scenario>& t) {
                .held = {{.guard = "in_progress", .local = "hit(done)"}},
                .events = {"#0 executed handler"},
                .metrics = "decisions=1 renewals_failed=1"});
+  // The sink's row is all that stops a duplicate while Redis is down: its renewal must not
+  // depend on the Redis claim's.
+  t.push_back(
+      {.name = "ARenewalRenewsTheSinkRowWhileRedisFails",
+       .area = area,
+       .row = kFirstTime,
+       .sink = true,
+       .calls = {{.request = order("r1"),
+                  .handler = {.renew = true, .survive_failed_renewal = true},
+                  .ending = "executed handler response=done lease_lost",
+                  .saw = "key=ok request_id=r1 fingerprint=yes attempt=1 renewal_failed "
+                         "lease_lost"}},
+       .faults = {{.op = Op::kGuardRenew,
+                   .error = redis_timeout(),
+                   .act = [](World& w) { w.advance_sink(milliseconds(20'000)); }},
+                  {.op = Op::kSinkComplete,
+                   .act = [](World& w) { w.advance_sink(milliseconds(20'000)); }}},
+       .held = {{.guard = "completed(done)", .sink = "completed(done)", .local = "hit(done)"}},
+       .events = {"#0 executed handler"},
+       .metrics = "decisions=1 renewals_failed=1"});
   t.push_back({.name = "AHandlerThatRenewsItsLeaseKeepsIt",
                .area = area,
                .row = kFirstTime,

@@ -161,7 +161,14 @@ StepResult SimTestDriver::run_handler(detail::CallPlan& plan) {
   StepResult result = detail::Done{};
   try {
     if (behaviour.on_start) behaviour.on_start();
-    if (behaviour.renew) saw.renewed = renew(plan);
+    if (behaviour.renew) {
+      try {
+        saw.renewed = renew(plan);
+      } catch (const BackendError&) {
+        if (!behaviour.survive_failed_renewal) throw;
+        saw.renewal_failed = true;
+      }
+    }
     if (behaviour.act != test::Behaviour::Act::kWaitUntilStopped) {
       result = detail::Response{test::detail_drivers::act(behaviour)};
     } else if (stopped(plan.request())) {
@@ -185,24 +192,25 @@ StepResult SimTestDriver::run_handler(detail::CallPlan& plan) {
 bool SimTestDriver::renew(detail::CallPlan& plan) {
   const std::optional<detail::RenewalStep> step = plan.renewal();
   if (!step) return true;
-  std::optional<bool> owned;
-  try {
-    bool guard_owned = true;
-    bool sink_owned = true;
-    if (!step->owner_token.empty()) {
-      guard_owned = rules_.options().guard->renew(step->key, step->owner_token, step->lease);
+  detail::RenewalAnswers answers;
+  if (!step->owner_token.empty()) {
+    try {
+      answers.guard =
+          answers.of(rules_.options().guard->renew(step->key, step->owner_token, step->lease));
+    } catch (...) {
+      answers.failed(answers.guard);
     }
-    if (!step->sink_owner.empty()) {
-      sink_owned =
-          rules_.options().sink->renew(step->key, step->sink_owner, std::chrono::milliseconds(0));
-    }
-    owned = guard_owned && sink_owned;
-  } catch (...) {
-    in_process_.renewed(plan, now(), std::nullopt);
-    throw;
   }
-  in_process_.renewed(plan, now(), owned);
-  return *owned;
+  if (!step->sink_owner.empty()) {
+    try {
+      answers.sink = answers.of(
+          rules_.options().sink->renew(step->key, step->sink_owner, std::chrono::milliseconds(0)));
+    } catch (...) {
+      answers.failed(answers.sink);
+    }
+  }
+  in_process_.renewed(plan, now(), answers);
+  return answers.answer();
 }
 
 }  // namespace idem::conformance

@@ -91,6 +91,7 @@ std::string render_saw(const test::Saw& saw, const std::string& key) {
   text += saw.fingerprint.empty() ? " fingerprint=no" : " fingerprint=yes";
   text += " attempt=" + std::to_string(saw.attempt);
   if (saw.renewed) text += *saw.renewed ? " renewed=true" : " renewed=false";
+  if (saw.renewal_failed) text += " renewal_failed";
   if (saw.lease_lost) text += " lease_lost";
   return text;
 }

@@ -1985,29 +1985,42 @@ void Simulation::renew(Call& c) {
   if (!step) return;
   const detail::RenewalStep& renewal = *step;
   const PlanTime sent = p.plan_time(now_);
-  std::exception_ptr failure;
   Time at = now_;
-  // As the blocking driver: the Redis claim, then the run() call's sink row; both must hold.
-  std::optional<bool> owned = true;
+  // As the blocking driver: the Redis claim, then the run() call's sink row, each whatever the
+  // other answered.
+  detail::RenewalAnswers answers;
+  const auto answer = [&](detail::RenewalAnswer& layer, std::optional<bool> owned,
+                          const std::exception_ptr& failure) {
+    if (owned) {
+      layer = answers.of(*owned);
+    } else {
+      layer = detail::RenewalAnswer::kFailed;
+      if (!answers.failure) answers.failure = failure;
+    }
+  };
   if (!renewal.owner_token.empty()) {
-    owned = redis(
+    std::exception_ptr failure;
+    const std::optional<bool> owned = redis(
         c, [&] { return redis_->renew(renewal.key, renewal.owner_token, renewal.lease); }, failure,
         at);
     if (owned && *owned) c.guard_expires = redis_->expiry(c.key, c.owner_token).value_or(now_);
+    answer(answers.guard, owned, failure);
   }
-  if (owned && !renewal.sink_owner.empty()) {
+  if (!renewal.sink_owner.empty()) {
+    std::exception_ptr failure;
+    std::optional<bool> owned;
     if (autocommit(c, failure, at)) {
-      const bool row = pg_->renew(renewal.key, renewal.sink_owner, milliseconds(0));
-      if (row) c.sink_expires = pg_->row(renewal.key)->expires;
-      owned = row && *owned;
-    } else {
-      owned.reset();
+      owned = pg_->renew(renewal.key, renewal.sink_owner, milliseconds(0));
+      if (*owned) c.sink_expires = pg_->row(renewal.key)->expires;
     }
+    answer(answers.sink, owned, failure);
   }
   if (tracing()) {
-    trace(c, "renew -> " + (owned ? std::string(*owned ? "extended" : "lost") : what(failure)));
+    trace(c, std::string("renew -> ") + (answers.extended() ? "extended"
+                                         : answers.failure  ? what(answers.failure)
+                                                            : "lost"));
   }
-  in_process(c).renewed(*c.plan, sent, owned);
+  in_process(c).renewed(*c.plan, sent, answers);
 }
 
 // ---- the end of a call -------------------------------------------------------------------------

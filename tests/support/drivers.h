@@ -65,6 +65,9 @@ struct Behaviour {
   std::string response = "done";
   /// Context::renew() once it started (after on_start); its answer goes to Saw::renewed.
   bool renew = false;
+  /// With `renew`: a renewal that throws a BackendError is caught (Saw::renewal_failed) and the
+  /// handler goes on, instead of letting it through.
+  bool survive_failed_renewal = false;
   /// Runs first, on the handler's thread (request the stop, move a clock, act on a backend).
   std::function<void()> on_start{};
 };
@@ -77,6 +80,7 @@ struct Saw {
   std::string fingerprint;
   int attempt = 0;
   std::optional<bool> renewed;  ///< Behaviour::renew: what Context::renew() answered.
+  bool renewal_failed = false;  ///< Behaviour::survive_failed_renewal: the renewal threw.
   bool lease_lost = false;      ///< Context::lease_lost() when it ended.
 };
 
@@ -187,7 +191,14 @@ class BlockingTestDriver final : public TestDriver {
       ~Last() { saw.lease_lost = context.lease_lost(); }
     } last{context, saw};
     if (behaviour.on_start) behaviour.on_start();
-    if (behaviour.renew) saw.renewed = context.renew();
+    if (behaviour.renew) {
+      try {
+        saw.renewed = context.renew();
+      } catch (const BackendError&) {
+        if (!behaviour.survive_failed_renewal) throw;
+        saw.renewal_failed = true;
+      }
+    }
     if (behaviour.act != Behaviour::Act::kWaitUntilStopped) return detail_drivers::act(behaviour);
     std::mutex mutex;
     std::condition_variable_any stopped;
@@ -253,7 +264,14 @@ class AsyncTestDriver final : public TestDriver {
     std::string response;
     try {
       if (behaviour.on_start) behaviour.on_start();
-      if (behaviour.renew) saw.renewed = co_await context.renew();
+      if (behaviour.renew) {
+        try {
+          saw.renewed = co_await context.renew();
+        } catch (const BackendError&) {
+          if (!behaviour.survive_failed_renewal) throw;
+          saw.renewal_failed = true;
+        }
+      }
       if (behaviour.act != Behaviour::Act::kWaitUntilStopped) {
         response = detail_drivers::act(behaviour);
       } else if (context.stop_requested()) {

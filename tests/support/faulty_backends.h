@@ -127,6 +127,9 @@ class FaultySink final : public Sink {
   [[nodiscard]] std::size_t max_response_bytes() const noexcept override {
     return inner_->max_response_bytes();
   }
+  [[nodiscard]] std::chrono::milliseconds retention() const noexcept override {
+    return inner_->retention();
+  }
 
  private:
   std::shared_ptr<Sink> inner_;

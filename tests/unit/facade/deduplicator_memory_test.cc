@@ -1,7 +1,10 @@
 // The facade with the in-memory guard only: its rules without any server.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <future>
+#include <memory>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -105,6 +108,78 @@ TEST(InMemoryFacadeConfig, RunTransactionalWithoutSinkIsAConfigError) {
   EXPECT_THROW((void)dedup.run_transactional(request("r1", "b1"),
                                              [](pqxx::transaction_base&) { return std::string(); }),
                ConfigError);
+}
+
+// A deduplicator that can stop nothing (a null guard and sink from a wiring mistake, the local
+// cache off) is refused, not run as one that silently lets every duplicate through.
+TEST(InMemoryFacadeConfig, NoLayerAtAllIsAConfigError) {
+  DeduplicatorOptions o;
+  o.local_cache_capacity = 0;
+  EXPECT_THROW(Deduplicator{o}, ConfigError);
+  o.local_cache_capacity = 16;  // the local cache alone: layer 1, one process
+  EXPECT_NO_THROW(Deduplicator{o});
+}
+
+// A renewal interval as long as the lease can never renew in time.
+TEST(InMemoryFacadeConfig, AnAutoRenewIntervalAsLongAsTheLeaseIsAConfigError) {
+  DeduplicatorOptions o;
+  o.guard = std::make_shared<InMemoryGuard>(
+      InMemoryGuardOptions{.lease = std::chrono::milliseconds(3000)});
+  o.auto_renew_interval = std::chrono::milliseconds(3000);
+  EXPECT_THROW(Deduplicator{o}, ConfigError);
+  o.auto_renew_interval = std::chrono::milliseconds(1000);
+  EXPECT_NO_THROW(Deduplicator{o});
+}
+
+// Destroying a deduplicator while another thread's call runs (the natural "shutdown, then
+// destroy") requests the handler's stop and waits for the call to return: no use after free.
+TEST(InMemoryFacadeShutdown, DestroyingItWaitsForTheCallsInFlight) {
+  DeduplicatorOptions o;
+  o.guard = std::make_shared<InMemoryGuard>();
+  auto dedup = std::make_unique<Deduplicator>(o);
+  std::promise<void> started;
+  std::atomic<bool> handler_ended{false};
+  std::thread caller([&] {
+    try {
+      (void)dedup->run(request("r1", "b1"), [&](Context& context) -> std::string {
+        started.set_value();
+        while (!context.stop_token().stop_requested()) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));  // still running after stop
+        handler_ended = true;
+        throw Cancelled();
+      });
+    } catch (const Cancelled&) {
+    }
+  });
+  started.get_future().wait();
+  dedup->shutdown();
+  dedup.reset();  // returns once the call is over, the handler's end and the claim's keeping too
+  EXPECT_TRUE(handler_ended);
+  caller.join();
+}
+
+// Without a request ID or business key the payload is the key, request-ID members included: a
+// payload that carries another request ID is another request, not a replay of the first.
+TEST(InMemoryFacadeInput, AFallbackKeyKeepsTheRequestIdInThePayload) {
+  DeduplicatorOptions o;
+  o.guard = std::make_shared<InMemoryGuard>();
+  Deduplicator dedup(o);
+  int runs = 0;
+  const auto handler = [&] { return "ran " + std::to_string(++runs); };
+  EXPECT_EQ(dedup.run(request("", "", R"({"requestId":"r-1","amount":5})"), handler).kind,
+            Outcome::Kind::kExecuted);
+  EXPECT_EQ(dedup.run(request("", "", R"({"requestId":"r-2","amount":5})"), handler).kind,
+            Outcome::Kind::kExecuted);
+  EXPECT_EQ(dedup.run(request("", "", R"({"amount":5,"requestId":"r-1"})"), handler).kind,
+            Outcome::Kind::kDuplicate);
+  // Under a business key the request ID stays out of the fingerprint: a resend is a duplicate.
+  EXPECT_EQ(dedup.run(request("", "b1", R"({"requestId":"r-1","amount":5})"), handler).kind,
+            Outcome::Kind::kExecuted);
+  EXPECT_EQ(dedup.run(request("", "b1", R"({"requestId":"r-3","amount":5})"), handler).kind,
+            Outcome::Kind::kDuplicate);
+  EXPECT_EQ(runs, 3);
 }
 
 TEST(InMemoryFacadeInput, InvalidRequestIdIsRejectedBeforeAnyClaim) {

@@ -748,10 +748,13 @@ TEST(CallPlan, RenewalIsDueAtIntervalsWhileTheHandlerRunsAndExtendsTheLease) {
     EXPECT_EQ(plan.remaining_lease(started), milliseconds(1000));
     d.now += milliseconds(300);
     const RenewalStep step = *plan.renewal();
-    plan.renewed(d.now, d.guard->renew(step.key, step.owner_token, step.lease));
+    RenewalAnswers answers;
+    answers.guard = answers.of(d.guard->renew(step.key, step.owner_token, step.lease));
+    plan.renewed(d.now, answers);
     EXPECT_EQ(plan.remaining_lease(d.now), milliseconds(1000));
     EXPECT_EQ(plan.renewal_due(), d.now + milliseconds(300));
-    plan.renewed(d.now + milliseconds(300), std::nullopt);  // Redis did not answer this one
+    answers.guard = RenewalAnswer::kFailed;  // Redis did not answer this one
+    plan.renewed(d.now + milliseconds(300), answers);
     EXPECT_TRUE(plan.lease_lost(d.now));
     EXPECT_TRUE(plan.renewal_due().has_value());  // it keeps trying
     checked = true;
@@ -777,17 +780,50 @@ TEST(CallPlan, AHandlerPastItsLeaseIsToldWhileItRuns) {
   EXPECT_TRUE(told);
 }
 
+// A renewal's answers: the guard's part, and the sink's.
+RenewalAnswers answered(RenewalAnswer guard, RenewalAnswer sink = RenewalAnswer::kNotAsked) {
+  RenewalAnswers answers;
+  answers.guard = guard;
+  answers.sink = sink;
+  return answers;
+}
+
 TEST(CallPlan, ARenewalThatFindsTheClaimGoneStopsRenewing) {
   ScriptedDriver d;
   d.options.auto_renew_interval = milliseconds(100);
   d.changed();
   d.handler = [&] {
-    d.plan()->renewed(d.now, false);
+    d.plan()->renewed(d.now, answered(RenewalAnswer::kLost));
     EXPECT_TRUE(d.plan()->lease_lost(d.now));
     EXPECT_FALSE(d.plan()->renewal_due().has_value());
     return std::string("ok");
   };
   EXPECT_TRUE(d.call(request("r1")).lease_lost);
+}
+
+// With a sink, a run() call holds a row of its own: a Redis claim found lost, or a Redis that
+// fails, does not stop the row's renewal (the row is then all that stops a duplicate).
+TEST(CallPlan, ARedisClaimFoundLostOrFailingKeepsTheSinkRowRenewed) {
+  for (const RenewalAnswer redis : {RenewalAnswer::kLost, RenewalAnswer::kFailed}) {
+    ScriptedDriver d;
+    d.options.auto_renew_interval = milliseconds(100);
+    d.use_sink();
+    bool checked = false;
+    d.handler = [&] {
+      CallPlan& plan = *d.plan();
+      EXPECT_FALSE(plan.renewal()->sink_owner.empty());
+      plan.renewed(d.now, answered(redis, RenewalAnswer::kOwned));
+      EXPECT_TRUE(plan.lease_lost(d.now));
+      EXPECT_EQ(plan.renewal_due(), d.now + milliseconds(100));
+      EXPECT_FALSE(plan.renewal()->sink_owner.empty());
+      plan.renewed(d.now, answered(redis, RenewalAnswer::kLost));
+      EXPECT_EQ(plan.renewal_due().has_value(), redis == RenewalAnswer::kFailed);
+      checked = true;
+      return std::string("ok");
+    };
+    (void)d.call(request("r1"));
+    EXPECT_TRUE(checked);
+  }
 }
 
 // The local cache never keeps a completed key longer than its record is kept (a fallback key's
@@ -809,8 +845,12 @@ TEST(CallPlan, TheLocalCacheNeverOutlivesTheRecord) {
   d.use_sink();
   d.changed();
   (void)d.call(request("r2", "b2"));  // a sink keeps the row far longer: the cache's own 30 s
+  d.sink = std::make_shared<InMemorySink>(InMemorySinkOptions{.retention = milliseconds(3000)});
+  d.use_sink();
+  d.changed();
+  (void)d.call(request("r3", "b3"));  // a sink that keeps it 3 s: the longer of 5 s and 3 s
   EXPECT_EQ(ttls, (std::vector<milliseconds>{milliseconds(5000), milliseconds(2000),
-                                             milliseconds(30000)}));
+                                             milliseconds(30000), milliseconds(5000)}));
 }
 
 // ---- metrics and events ------------------------------------------------------------------------

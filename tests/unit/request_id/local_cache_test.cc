@@ -136,6 +136,9 @@ TEST(LocalCache, RejectsBadOptions) {
   EXPECT_THROW(LocalCache(options(64, 0)), ConfigError);
   EXPECT_THROW(LocalCache(options(1024, 512)), ConfigError);
   EXPECT_THROW(LocalCache(options(64, 1, nullptr, std::chrono::milliseconds(0))), ConfigError);
+  // A capacity no machine can hold is a ConfigError, not std::bad_alloc from the constructor.
+  EXPECT_THROW(LocalCache(options(LocalCache::kMaxEntries + 1, 16)), ConfigError);
+  EXPECT_THROW(LocalCache(options(SIZE_MAX, 16)), ConfigError);
 }
 
 TEST(LocalCache, MemoryPerEntryStaysWithinTheDocumentedBound) {
