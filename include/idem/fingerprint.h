@@ -143,10 +143,10 @@ class IDEM_EXPORT Fingerprinter {
   /// The options in force.
   [[nodiscard]] const FingerprintOptions& options() const noexcept { return options_; }
 
-  /// 8 lowercase hex digits naming the options that shape a digest (form, hash, include,
-  /// exclude, absent_include, embedded_json, domain_separated, hex_length; not the time bucket,
-  /// the depth or
-  /// size limits): two Fingerprinters with the same tag make the same fingerprint of a payload.
+  /// 8 lowercase hex digits naming the options that shape a digest (form, hash, include and
+  /// exclude as sets, whatever their order, absent_include, embedded_json in order,
+  /// domain_separated, hex_length; not the time bucket, the depth or size limits): two
+  /// Fingerprinters with the same tag make the same fingerprint of a payload.
   /// The facade stores `tag.fingerprint` in its records (see fingerprints_match()).
   [[nodiscard]] const std::string& options_tag() const noexcept { return options_tag_; }
 

@@ -104,7 +104,9 @@ struct InboundRequestId {
 /// field of the same name or an invalid value throws idem::InvalidRequestId (HTTP 400): a
 /// key is never stripped or truncated into another key. An invalid `X-Request-ID` (a
 /// tracing header, not a key) is replaced by `generate()` and reported in `replaced`;
-/// `generate` null means a process-wide Uuid7Generator. Thread-safe if `generate` is.
+/// `generate` null means a process-wide Uuid7Generator; a `generate` that returns an invalid
+/// request ID throws idem::ConfigError (a server fault, not the client's: not
+/// InvalidRequestId). Thread-safe if `generate` is.
 [[nodiscard]] IDEM_EXPORT std::optional<InboundRequestId> extract_request_id(
     const Headers& headers, const std::function<std::string()>& generate = {});
 

@@ -382,7 +382,10 @@ template <CanonicalForm kForm>
 bool CanonicalWriter::write_entry(const std::string_view* key, std::size_t value, std::size_t depth,
                                   const SelectionNode* child, bool selected, bool first) {
   const Pick choice = pick(child, selected);
-  if (choice == Pick::kDrop) return false;
+  if (choice == Pick::kDrop) {
+    check_unwritten(value, depth);
+    return false;
+  }
   const char type = tape_type(tape_[value]);
   if (choice == Pick::kProbe && type != '{' && type != '[') return false;
   const std::size_t mark = size_;
@@ -400,6 +403,32 @@ bool CanonicalWriter::write_entry(const std::string_view* key, std::size_t value
     return false;
   }
   return true;
+}
+
+void CanonicalWriter::check_unwritten(std::size_t index, std::size_t depth) {
+  const char type = tape_type(tape_[index]);
+  if (type != '{' && type != '[') return;
+  ++depth;  // as write_value() counts it
+  if (depth > options_.max_depth) throw PayloadError("JSON nesting deeper than the limit");
+  const std::size_t end = tape_payload(tape_[index]) & 0xFFFFFFFF;
+  if (type == '[') {
+    for (std::size_t i = index + 1; i + 1 < end; i = tape_after(tape_, i))
+      check_unwritten(i, depth);
+    return;
+  }
+  const std::size_t begin = members_.size();
+  for (std::size_t i = index + 1; i + 1 < end; i = tape_after(tape_, i + 1)) {
+    members_.push_back({0, tape_string(strings_, tape_[i]), i + 1});
+  }
+  const auto first = members_.begin() + static_cast<std::ptrdiff_t>(begin);
+  std::sort(first, members_.end(), [](const Member& a, const Member& b) { return a.key < b.key; });
+  if (std::adjacent_find(first, members_.end(), [](const Member& a, const Member& b) {
+        return a.key == b.key;
+      }) != members_.end()) {
+    throw PayloadError("duplicate JSON member name");
+  }
+  for (std::size_t i = begin; i < members_.size(); ++i) check_unwritten(members_[i].value, depth);
+  members_.resize(begin);
 }
 
 template <CanonicalForm kForm>

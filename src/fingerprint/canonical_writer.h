@@ -65,6 +65,10 @@ class CanonicalWriter {
   template <CanonicalForm kForm>
   bool write_entry(const std::string_view* key, std::size_t value, std::size_t depth,
                    const SelectionNode* child, bool selected, bool first);
+  // Checks the value at tape index `index`, which the selection leaves out, as the writers
+  // check what they write (the payload as a whole must be valid): its nesting (it sits at
+  // `depth`, as write_value() is given it) and its member names. Throws idem::PayloadError.
+  void check_unwritten(std::size_t index, std::size_t depth);
   // Each writes the value at tape index `index` and returns the index after it.
   template <CanonicalForm kForm>
   std::size_t write_value(std::size_t index, std::size_t depth, const SelectionNode* node,

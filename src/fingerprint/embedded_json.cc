@@ -3,6 +3,8 @@
 #include <openssl/evp.h>
 #include <simdjson.h>
 
+#include <algorithm>
+#include <optional>
 #include <string>
 
 #include "fingerprint/json_validator.h"
@@ -63,13 +65,27 @@ bool flagged(simdjson::ondemand::parser& parser, const simdjson::padded_string& 
   return doc.at_pointer(flag).get_bool().get(value) == simdjson::SUCCESS && value;
 }
 
-}  // namespace
+// How deep the document at `pointer` may nest: what max_depth leaves below the member (an
+// object there is as deep as the pointer has segments, plus one).
+std::size_t depth_left(const std::string& pointer, std::size_t max_depth) {
+  const auto segments = static_cast<std::size_t>(std::count(pointer.begin(), pointer.end(), '/'));
+  return max_depth > segments ? max_depth - segments : 0;
+}
 
-std::string_view decode_embedded_json(std::string_view json,
-                                      const std::vector<EmbeddedJson>& members,
-                                      std::size_t max_depth, std::string& buffer) {
+[[noreturn]] void throw_not_a_document(const std::string& pointer,
+                                       const std::optional<PayloadProblem>& problem) {
+  throw PayloadError(
+      "idem: the string at " + pointer + " does not hold a JSON document: " +
+      (problem ? problem->message + " at byte " + std::to_string(problem->offset) + " of it"
+               : std::string("it does not parse")));
+}
+
+// Replaces each listed member holding a string by its document, as decode_embedded_json()
+// says, after `check(member, document)` accepted the document (it throws when not).
+template <class Check>
+std::string_view replace_members(std::string_view json, const std::vector<EmbeddedJson>& members,
+                                 std::string& buffer, Check&& check) {
   thread_local simdjson::ondemand::parser parser;
-  thread_local simdjson::dom::parser validator;
   std::string_view current = json;
   std::string next;
   for (const EmbeddedJson& member : members) {
@@ -80,14 +96,7 @@ std::string_view decode_embedded_json(std::string_view json,
     std::string document = flagged(parser, padded, member.base64_flag)
                                ? base64_decode(text, member.pointer)
                                : std::string(text);
-    simdjson::dom::element ignored;
-    if (validator.parse(document).get(ignored) != simdjson::SUCCESS) {
-      const std::optional<PayloadProblem> problem = find_payload_problem(document, max_depth);
-      throw PayloadError(
-          "idem: the string at " + member.pointer + " does not hold a JSON document: " +
-          (problem ? problem->message + " at byte " + std::to_string(problem->offset) + " of it"
-                   : std::string("it does not parse")));
-    }
+    check(member, document);
     const std::size_t at = static_cast<std::size_t>(raw.data() - padded.data());
     next.clear();
     next.reserve(current.size() - raw.size() + document.size());
@@ -96,6 +105,34 @@ std::string_view decode_embedded_json(std::string_view json,
     current = buffer;
   }
   return current;
+}
+
+}  // namespace
+
+std::string_view decode_embedded_json(std::string_view json,
+                                      const std::vector<EmbeddedJson>& members,
+                                      std::size_t max_depth, std::string& buffer) {
+  thread_local simdjson::dom::parser validator;
+  return replace_members(
+      json, members, buffer, [&](const EmbeddedJson& member, const std::string& document) {
+        simdjson::dom::element ignored;
+        if (validator.parse(document).get(ignored) != simdjson::SUCCESS) {
+          throw_not_a_document(
+              member.pointer,
+              find_payload_problem(document, depth_left(member.pointer, max_depth)));
+        }
+      });
+}
+
+void throw_embedded_payload_error(std::string_view json, const std::vector<EmbeddedJson>& members,
+                                  std::size_t max_depth) {
+  std::string buffer;
+  (void)replace_members(json, members, buffer,
+                        [&](const EmbeddedJson& member, const std::string& document) {
+                          const std::optional<PayloadProblem> problem =
+                              find_payload_problem(document, depth_left(member.pointer, max_depth));
+                          if (problem) throw_not_a_document(member.pointer, problem);
+                        });
 }
 
 }  // namespace idem::detail

@@ -26,4 +26,11 @@ namespace idem::detail {
                                                     const std::vector<EmbeddedJson>& members,
                                                     std::size_t max_depth, std::string& buffer);
 
+/// When the canonical writer rejected the payload decode_embedded_json() made of `json`: throws
+/// idem::PayloadError naming the member whose document holds the problem (a duplicate member
+/// name, nesting deeper than max_depth allows below the member), with its byte offset inside
+/// the decoded text. Returns when every document is fine (the problem is in `json` itself).
+void throw_embedded_payload_error(std::string_view json, const std::vector<EmbeddedJson>& members,
+                                  std::size_t max_depth);
+
 }  // namespace idem::detail

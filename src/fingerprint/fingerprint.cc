@@ -1,5 +1,6 @@
 #include "idem/fingerprint.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -41,6 +42,7 @@ std::string_view canonical_bytes(ThreadState& state, std::string_view json,
                            " bytes is over the limit of " + std::to_string(options.max_bytes),
                        options.max_bytes);
   }
+  const std::string_view payload = json;
   if (!options.embedded_json.empty()) {
     json = detail::decode_embedded_json(json, options.embedded_json, options.max_depth,
                                         state.embedded);
@@ -52,7 +54,10 @@ std::string_view canonical_bytes(ThreadState& state, std::string_view json,
                .selection = selection,
                .absent_include_is_error = options.absent_include == AbsentInclude::kError});
   } catch (const PayloadError& error) {  // the writer knows what, not where
-    detail::throw_payload_error(json, options.max_depth, error.what());
+    if (!options.embedded_json.empty()) {
+      detail::throw_embedded_payload_error(payload, options.embedded_json, options.max_depth);
+    }
+    detail::throw_payload_error(payload, options.max_depth, error.what());
   }
 }
 
@@ -105,19 +110,25 @@ std::string digest_hex(ThreadState& state, const FingerprintOptions& options,
 }
 
 // The options_tag() of `options`: SHA-256 of every option that shapes a digest, each
-// length-prefixed (pointers in the order given: reordering them is a new tag, never a false one).
+// length-prefixed. The include and exclude pointers are sets: sorted, each once, so that the
+// same selection written in another order keeps its tag (the embedded_json members keep their
+// order, which matters: a later one may be inside an earlier one's document).
 std::string tag_of(const FingerprintOptions& options) {
   std::string description;
   const auto field = [&](std::string_view value) {
     append_length(description, value.size());
     description.append(value);
   };
+  const auto pointer_set = [&](std::vector<std::string> pointers) {
+    std::sort(pointers.begin(), pointers.end());
+    pointers.erase(std::unique(pointers.begin(), pointers.end()), pointers.end());
+    field(std::to_string(pointers.size()));
+    for (const std::string& pointer : pointers) field(pointer);
+  };
   field(version_tag(options.form));
   field(options.hash == HashAlgorithm::kSha256 ? "sha256" : "md5");
-  field(std::to_string(options.include.size()));
-  for (const std::string& pointer : options.include) field(pointer);
-  field(std::to_string(options.exclude.size()));
-  for (const std::string& pointer : options.exclude) field(pointer);
+  pointer_set(options.include);
+  pointer_set(options.exclude);
   field(options.absent_include == AbsentInclude::kSkip ? "skip" : "error");
   if (!options.embedded_json.empty()) {  // absent from the tags of options without it
     field(std::to_string(options.embedded_json.size()));

@@ -68,6 +68,25 @@ void append_utf8(std::string& out, std::uint32_t code_point) {
 
 bool is_digit(char c) { return c >= '0' && c <= '9'; }
 
+// `text` (payload bytes) for a message that may be logged or sent back: printable ASCII as is,
+// any other byte, '"' and '\' as \xHH, at most the first 64 bytes (then "..."). No raw control
+// byte or terminal escape of the payload reaches the message, and its size stays bounded.
+std::string quoted_for_message(std::string_view text) {
+  constexpr std::size_t kMaxBytes = 64;
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  std::string out = "\"";
+  for (const char c : text.substr(0, kMaxBytes)) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte >= 0x20 && byte < 0x7F && c != '"' && c != '\\') {
+      out.push_back(c);
+    } else {
+      out.append({'\\', 'x', kHex[byte >> 4], kHex[byte & 0x0F]});
+    }
+  }
+  out += text.size() > kMaxBytes ? "...\"" : "\"";
+  return out;
+}
+
 // Recursive descent over a UTF-8-valid text; stops at the first problem.
 class Scanner {
  public:
@@ -154,7 +173,7 @@ class Scanner {
       std::string name;
       if (!string(name)) return false;
       if (!names.insert(name).second)
-        return fail("duplicate JSON member name \"" + name + "\"", name_offset);
+        return fail("duplicate JSON member name " + quoted_for_message(name), name_offset);
       skip_whitespace();
       if (at_end() || peek() != ':') return unexpected();
       ++pos_;

@@ -109,6 +109,8 @@ class SfItemParser {
     if (c == '*' || is_alpha(c)) return token();
     if (c == ':') return byte_sequence();
     if (c == '?') return boolean();
+    if (c == '@') return date();
+    if (c == '%') return display_string();
     return false;
   }
 
@@ -153,6 +155,43 @@ class SfItemParser {
     if (!at('0') && !at('1')) return false;
     ++pos_;
     return true;
+  }
+
+  // §4.2.9: "@" and an Integer.
+  bool date() noexcept {
+    ++pos_;
+    const std::size_t start = pos_;
+    return number() && in_.substr(start, pos_ - start).find('.') == std::string_view::npos;
+  }
+
+  // §4.2.10: '%' '"', printable ASCII with '%' and '"' written as %xx (lowercase hex), '"'; the
+  // bytes it decodes to are UTF-8.
+  bool display_string() {
+    ++pos_;
+    if (!at('"')) return false;
+    ++pos_;
+    std::string bytes;
+    const auto hex = [](char c) -> int {
+      if (is_digit(c)) return c - '0';
+      if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+      return -1;
+    };
+    while (pos_ < in_.size()) {
+      const char c = in_[pos_++];
+      if (c == '"') return simdjson::validate_utf8(bytes.data(), bytes.size());
+      if (c < 0x20 || c > 0x7e) return false;
+      if (c != '%') {
+        bytes.push_back(c);
+        continue;
+      }
+      if (pos_ + 2 > in_.size()) return false;
+      const int high = hex(in_[pos_]);
+      const int low = hex(in_[pos_ + 1]);
+      if (high < 0 || low < 0) return false;
+      bytes.push_back(static_cast<char>(high << 4 | low));
+      pos_ += 2;
+    }
+    return false;  // no closing quote
   }
 
   std::string_view in_;
@@ -323,7 +362,11 @@ std::optional<InboundRequestId> extract_request_id(const Headers& headers,
       if (fields == 1 && is_valid_request_id(*value))
         return InboundRequestId{*value, source, false};
       std::string id = generate ? generate() : default_generate();
-      validate_request_id(id);
+      if (!is_valid_request_id(id)) {  // the server's generator, not the client, is at fault
+        throw ConfigError(
+            "idem: the generate callback of extract_request_id() returned an "
+            "invalid request ID (value not echoed)");
+      }
       return InboundRequestId{std::move(id), source, true};
     }
     if (fields > 1) {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
 
 #include "idem/errors.h"
 #include "idem/fingerprint.h"
@@ -78,6 +79,40 @@ TEST(EmbeddedJson, AStringThatHoldsNoJsonOrNoBase64IsAPayloadErrorNamingTheMembe
   }
   EXPECT_THROW((void)fp.fingerprint(fc_http_event("***", true, "1")), PayloadError);
   EXPECT_THROW((void)fp.fingerprint(fc_http_event("eyJh", true, "1")), PayloadError);  // {"a
+}
+
+// A problem the canonical writer finds inside a decoded document (a duplicate member name,
+// nesting too deep) names the member and its offset in the decoded text, as one simdjson
+// rejects does; the offset is not into the payload.
+TEST(EmbeddedJson, AProblemInsideTheDocumentNamesTheMemberAndItsOffsetInTheDecodedText) {
+  const Fingerprinter fp(http_body_options());
+  // {"orderId":1,"orderId":2}, escaped in the string, and base64-encoded.
+  for (const auto& [body, base64] :
+       {std::pair<std::string, bool>{R"({\"orderId\":1,\"orderId\":2})", false},
+        {"eyJvcmRlcklkIjoxLCJvcmRlcklkIjoyfQ==", true}}) {
+    try {
+      (void)fp.fingerprint(fc_http_event(body, base64, "1"));
+      ADD_FAILURE() << "no error";
+    } catch (const PayloadError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("the string at /body does not hold a JSON document: duplicate JSON "
+                          "member name \"orderId\" at byte 13 of it"),
+                std::string::npos)
+          << what;
+      EXPECT_FALSE(e.offset().has_value()) << what;
+    }
+  }
+  const Fingerprinter shallow({.embedded_json = {{.pointer = "/body"}}, .max_depth = 4});
+  EXPECT_NO_THROW((void)shallow.canonicalize(R"({"body":"[[[1]]]"})"));  // 1 + 3 levels
+  try {
+    (void)shallow.canonicalize(R"({"body":"[[[[1]]]]"})");  // 1 + 4 levels
+    ADD_FAILURE() << "no error";
+  } catch (const PayloadError& e) {
+    EXPECT_NE(std::string(e.what()).find("/body does not hold a JSON document: JSON nesting deeper "
+                                         "than the limit of 3 at byte 3 of it"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(EmbeddedJson, BadOptionsAreConfigErrorsAndTheOptionsAreInTheTag) {

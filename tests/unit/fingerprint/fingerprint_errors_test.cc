@@ -61,6 +61,40 @@ TEST(PayloadErrors, DuplicateMemberNamesAfterUnescaping) {
   EXPECT_EQ(canonicalize_json(R"({"a":{"a":1},"b":{"a":2}})"), R"({"a":{"a":1},"b":{"a":2}})");
 }
 
+// The payload as a whole must be valid, whatever the selection leaves out of the digest: an
+// exclude or an include does not start or stop rejecting traffic.
+TEST(PayloadErrors, ADuplicateNameOrDeepNestingTheSelectionLeavesOutIsStillAnError) {
+  const std::string duplicate = R"({"x":{"a":1,"a":2}})";
+  EXPECT_EQ(error_offset(duplicate, "duplicate JSON member name \"a\"", {.exclude = {"/x"}}), 12u);
+  EXPECT_EQ(error_offset(R"({"x":{"a":1,"\u0061":2}})", "duplicate", {.exclude = {"/x"}}), 12u);
+  EXPECT_EQ(error_offset(R"({"y":1,"x":{"a":1,"a":2}})", "duplicate", {.include = {"/y"}}), 18u);
+  EXPECT_EQ(error_offset(R"({"x":{"k":{"z":1,"z":2}},"y":1})", "duplicate", {.exclude = {"/x/k"}}),
+            17u);
+  const std::string deep =
+      R"({"x":)" + std::string(200, '[') + std::string(200, ']') + R"(,"y":1})";
+  EXPECT_EQ(error_offset(deep, "nesting deeper than the limit of 128", {.exclude = {"/x"}}), 132u);
+  EXPECT_EQ(error_offset(deep, "nesting deeper", {.include = {"/y"}}), 132u);
+  EXPECT_EQ(Fingerprinter({.exclude = {"/x"}}).canonicalize(R"({"x":{"a":{"b":[1]}},"y":1})"),
+            R"({"y":1})");
+}
+
+// A duplicate member name is payload text: quoted with every byte that is not printable ASCII
+// as \xHH, and cut after 64 bytes, so a client cannot write lines into a log or a 400 answer.
+TEST(PayloadErrors, ADuplicateNameIsQuotedEscapedAndBoundedInTheMessage) {
+  // As JSON text: CR, LF and ESC escaped; the decoded name holds them raw.
+  const std::string name = R"(x\r\nLOG: forged\u001b[31m)" + std::string(5000, 'n');
+  try {
+    (void)canonicalize_json("{\"" + name + "\":1,\"" + name + "\":2}");
+    ADD_FAILURE() << "no PayloadError";
+  } catch (const PayloadError& error) {
+    const std::string what = error.what();
+    EXPECT_EQ(what.find_first_of(std::string("\r\n\x1b\0", 4)), std::string::npos) << what;
+    EXPECT_NE(what.find(R"("x\x0D\x0ALOG: forged\x1B[31mnnn)"), std::string::npos) << what;
+    EXPECT_LT(what.size(), 200u) << what;
+    EXPECT_NE(what.find("...\" at byte"), std::string::npos) << what;
+  }
+}
+
 TEST(PayloadErrors, NestingLimitWithoutStackOverflow) {
   const auto nested = [](std::size_t depth) {
     return std::string(depth, '[') + std::string(depth, ']');

@@ -93,6 +93,18 @@ TEST(FingerprintOptionsTag, NamesTheOptionsThatShapeADigestAndNothingElse) {
             Fingerprinter({.form = CanonicalForm::kPythonJsonDumps}).options_tag());
 }
 
+// Include and exclude are sets: the same selection written in another order, or with a pointer
+// twice, keeps its tag, so stored fingerprints stay comparable (a reordered list is no reason to
+// let a mismatch through unseen).
+TEST(FingerprintOptionsTag, TheSameSelectionInAnotherOrderKeepsItsTag) {
+  EXPECT_EQ(Fingerprinter({.exclude = {"/x", "/y"}}).options_tag(),
+            Fingerprinter({.exclude = {"/y", "/x", "/y"}}).options_tag());
+  EXPECT_EQ(Fingerprinter({.include = {"/a", "/b"}}).options_tag(),
+            Fingerprinter({.include = {"/b", "/a"}}).options_tag());
+  EXPECT_NE(Fingerprinter({.include = {"/a"}}).options_tag(),
+            Fingerprinter({.exclude = {"/a"}}).options_tag());
+}
+
 TEST(FingerprintsMatch, TagsTellOtherOptionsFromAnotherPayload) {
   EXPECT_TRUE(fingerprints_match("", "aa.0123"));
   EXPECT_TRUE(fingerprints_match("aa.0123", ""));

@@ -111,6 +111,26 @@ TEST(SfString, ParsesAndIgnoresParameters) {
   EXPECT_EQ(parse_sf_string("\"abc\";a=123456789012345"), "abc");  // 15 digits
 }
 
+// The bare-item types RFC 9651 added to RFC 8941: a Date (§3.3.7) and a Display String
+// (§3.3.8). An Idempotency-Key carrying one as a parameter is a valid key, not a 400.
+TEST(SfString, ParsesDateAndDisplayStringParameters) {
+  EXPECT_EQ(parse_sf_string("\"k-1\";t=@1659578233"), "k-1");
+  EXPECT_EQ(parse_sf_string("\"k-1\";t=@-62135596800"), "k-1");
+  EXPECT_EQ(parse_sf_string("\"abc\";p=%\"f%c3%bc%c3%bc\""), "abc");
+  EXPECT_EQ(parse_sf_string("\"abc\";p=%\"\""), "abc");
+  EXPECT_EQ(parse_sf_string("\"abc\";p=%\"100%25 %22sure%22\""), "abc");
+  EXPECT_EQ(parse_sf_string("\"abc\";t=@1.5"), std::nullopt);  // a Date is an Integer
+  EXPECT_EQ(parse_sf_string("\"abc\";t=@"), std::nullopt);
+  EXPECT_EQ(parse_sf_string("\"abc\";p=%\"%C3%BC\""), std::nullopt);  // hex is lowercase
+  EXPECT_EQ(parse_sf_string("\"abc\";p=%\"%c3\""), std::nullopt);     // not UTF-8
+  EXPECT_EQ(parse_sf_string("\"abc\";p=%\"%g1\""), std::nullopt);
+  EXPECT_EQ(parse_sf_string("\"abc\";p=%\"x"), std::nullopt);  // unterminated
+  EXPECT_EQ(parse_sf_string("\"abc\";p=%x"), std::nullopt);
+  const auto got = extract_request_id({{"Idempotency-Key", "\"k-1\";t=@1659578233"}});
+  ASSERT_TRUE(got);
+  EXPECT_EQ(got->id, "k-1");
+}
+
 TEST(SfString, RejectsMalformedParameters) {
   EXPECT_EQ(parse_sf_string("\"abc\";"), std::nullopt);          // key required
   EXPECT_EQ(parse_sf_string("\"abc\";A=1"), std::nullopt);       // keys are lowercase
@@ -212,9 +232,10 @@ TEST(ExtractRequestId, InvalidXRequestIdIsReplacedAndReported) {
   const auto by_default = extract_request_id({{"X-Request-ID", "bad value"}});
   EXPECT_TRUE(by_default->replaced);
   EXPECT_EQ(by_default->id.size(), 36U);  // a UUIDv7
+  // A generator that returns an invalid ID is the server's fault, not the client's (no 400).
   EXPECT_THROW(
       (void)extract_request_id({{"X-Request-ID", ""}}, [] { return std::string("bad id"); }),
-      InvalidRequestId);
+      ConfigError);
 }
 
 TEST(InjectRequestId, ReplacesEveryFieldOfThatNameAndQuotesIdempotencyKey) {
