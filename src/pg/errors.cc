@@ -6,6 +6,8 @@
 #include <memory>
 #include <string_view>
 
+#include "pg/result.h"
+
 namespace idem::detail {
 namespace {
 
@@ -32,9 +34,10 @@ void throw_translated(const pqxx::failure& error) {
   // Client-side messages (connecting, a malformed connection string) may quote the connection
   // string; messages the server sent do not, and keep their text (a constraint's detail).
   const auto* sql = dynamic_cast<const pqxx::sql_error*>(&error);
-  const std::string what = "idem: postgres: " + (sql != nullptr && !sql->sqlstate().empty()
-                                                     ? std::string(error.what())
-                                                     : redact_credentials(error.what()));
+  const std::string what =
+      "idem: postgres: " + (sql != nullptr && !sql->sqlstate().empty()
+                                ? pq_message(error.what())
+                                : redact_credentials(pq_message(error.what())));
   if (dynamic_cast<const pqxx::in_doubt_error*>(&error) != nullptr) {
     // The connection died during COMMIT: not retryable as is, and the connection is gone.
     throw CommitOutcomeUnknown(what + " (commit outcome unknown)");
@@ -46,7 +49,7 @@ void throw_translated(const pqxx::failure& error) {
     throw PostgresError(what, true, rollback_sqlstate(*rollback));
   }
   if (sql == nullptr || sql->sqlstate().empty()) throw PostgresError(what, false);
-  throw server_error(error.what(), sql->sqlstate());
+  throw server_error(pq_message(error.what()), sql->sqlstate());
 }
 
 PostgresError server_error(const std::string& message, const std::string& sqlstate) {

@@ -6,7 +6,7 @@ namespace idem::detail {
 namespace {
 
 [[noreturn]] void throw_lost(PGconn* conn) {
-  throw pqxx::broken_connection("idem: postgres: " + pq_message(PQerrorMessage(conn)));
+  throw pqxx::broken_connection(pq_message(PQerrorMessage(conn)));  // translated by the caller
 }
 
 bool send(PGconn* conn, const PgFlightStatement& statement, std::vector<const char*>& values) {
