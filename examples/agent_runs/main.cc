@@ -125,6 +125,11 @@ class Demo {
     const auto start = Clock::now();
     for (int r = 0; r < flags_.runs; ++r) queue.emplace(start, std::pair{r, 0});
     std::vector<char> delivered_again(plans_.size(), 0);  // a finished run is delivered once more
+    // kUnavailable (Redis down, the guard failing closed): nothing ran, the run is delivered
+    // again later; after this many in a row the demo stops with an error instead.
+    constexpr int kMaxUnavailableInARow = 50;
+    int unavailable_in_a_row = 0;
+    std::string unreachable;
     while (!queue.empty()) {
       auto next = queue.begin();
       std::this_thread::sleep_until(next->first);
@@ -149,10 +154,17 @@ class Demo {
           request.biz_key = "run-" + std::to_string(r);
           const idem::Outcome outcome = dedup->run(
               request, [&](idem::Context& context) { return handler(r, fault, &context); });
-          if (outcome.kind == idem::Outcome::Kind::kInProgress) {
+          if (outcome.kind == idem::Outcome::Kind::kUnavailable &&
+              ++unavailable_in_a_row >= kMaxUnavailableInARow) {
+            unreachable = outcome.error;  // Redis stays away: give up rather than loop
+            break;
+          }
+          if (outcome.kind == idem::Outcome::Kind::kInProgress ||
+              outcome.kind == idem::Outcome::Kind::kUnavailable) {
             later(std::chrono::milliseconds(flags_.lease_ms / 2));  // nack: try again later
             continue;
           }
+          unavailable_in_a_row = 0;
         }
         if (plan.redelivered && delivered_again[static_cast<std::size_t>(r)] == 0) {
           delivered_again[static_cast<std::size_t>(r)] = 1;
@@ -164,6 +176,10 @@ class Demo {
       } catch (const std::runtime_error&) {
         later(std::chrono::milliseconds(0));  // the tool failed: nack, redelivered at once
       }
+    }
+    if (!unreachable.empty()) {
+      throw std::runtime_error("idem's guard stayed unavailable (" + unreachable +
+                               "): the runs were not done");
     }
     counts_.seconds = std::chrono::duration<double>(Clock::now() - start).count();
     pqxx::work tx(db_);

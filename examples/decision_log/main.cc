@@ -4,12 +4,18 @@
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <CLI/CLI.hpp>
 #include <iostream>
 #include <stdexcept>
 
 #include "idem/idem.h"
 
-int main() {
+int main(int argc, char** argv) {
+  CLI::App app{
+      "idem-decision-log: the decision events of a few calls as spdlog lines, then the metrics "
+      "as Prometheus text; no servers, no flags",
+      "idem-decision-log"};
+  CLI11_PARSE(app, argc, argv);
   auto log = spdlog::stdout_logger_mt("idem");
   log->set_pattern("%Y-%m-%dT%H:%M:%S.%fZ %l %v", spdlog::pattern_time_type::utc);
   auto metrics = std::make_shared<idem::InProcessMetrics>();

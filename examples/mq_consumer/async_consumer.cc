@@ -277,16 +277,21 @@ class AsyncConsumer {
       outcome =
           co_await dedup_->run_transactional(request, std::move(booking), asio::use_awaitable);
     } catch (const idem::Error& error) {
-      // A backend failed mid-call, the deadline passed, or the entry is malformed: leave it
-      // pending.
+      // A backend failed mid-call or the deadline passed (left pending), or the entry can never
+      // be booked.
       ++counts_["errors"];
       std::cout << "error entry=" << e.id << ": " << error.what() << std::endl;
+      if (settle(error) == Settle::kRedeliver) co_return;
+      print_dead_letter(e, request, error.what());
+      acks_.push_back(e.id);
+      ++counts_["dead_lettered"];
       co_return;
     }
     ++counts_[std::string(to_string(outcome.kind))];
     const Settle what = settle(outcome.kind);
     if (what == Settle::kRedeliver) co_return;
-    if (what == Settle::kDeadLetter) print_dead_letter(e, request);
+    if (what == Settle::kDeadLetter)
+      print_dead_letter(e, request, "request ID reused with another payload");
     acks_.push_back(e.id);  // sent with pump's next round trip, after the commit
   }
 

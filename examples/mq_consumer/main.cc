@@ -12,6 +12,8 @@
 //   mismatch (same request ID, another payload)             → XACK and report (dead letter)
 //   in progress (the first delivery still runs, or its owner crashed and its lease has not
 //   ended), unavailable, backend error                      → no XACK: redelivered by XAUTOCLAIM
+//   an entry no retry can book (malformed key, request ID or payload; the booking refused
+//   for its data, SQLSTATE class 22 or 23)                   → XACK and report (dead letter)
 //
 // Common flags: --redis-url URL (redis://[:password@]host:port[/db]) --pg-url URL --stream S
 //   --group G --schema S --ns NS --pg-connections 16 (idem's PostgreSQL connections at most).
@@ -223,15 +225,21 @@ class Consumer {
                                             return book(tx, context, e, request);
                                           });
     } catch (const idem::Error& error) {
-      // A backend failed mid-call, or the entry is malformed: leave it pending.
+      // A backend failed mid-call (left pending), or the entry can never be booked.
       ++counts_["errors"];
       std::cout << "error entry=" << e.id << ": " << error.what() << std::endl;
+      if (mq::settle(error) == mq::Settle::kRedeliver) return;
+      mq::print_dead_letter(e, request, error.what());
+      redis_.command({"XACK", s_.stream, s_.group, e.id});
+      ++counts_["dead_lettered"];
       return;
     }
     ++counts_[std::string(to_string(outcome.kind))];
     const mq::Settle what = mq::settle(outcome.kind);
     if (what == mq::Settle::kRedeliver) return;
-    if (what == mq::Settle::kDeadLetter) mq::print_dead_letter(e, request);
+    if (what == mq::Settle::kDeadLetter) {
+      mq::print_dead_letter(e, request, "request ID reused with another payload");
+    }
     redis_.command({"XACK", s_.stream, s_.group, e.id});  // only after the commit
     ++counts_["acked"];
   }

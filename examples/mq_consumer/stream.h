@@ -13,6 +13,7 @@
 #include <pqxx/pqxx>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -21,6 +22,7 @@
 #include "common/startup.h"
 #include "common/tables.h"
 #include "idem/deduplicator.h"
+#include "idem/errors.h"
 #include "idem/outcome.h"
 #include "idem/pg_sink.h"
 #include "idem/redis_guard.h"
@@ -151,7 +153,7 @@ inline idem::Request to_request(const Entry& e, bool reclaimed) {
 /// What an outcome does to its entry.
 enum class Settle {
   kAck,         ///< executed, or a duplicate (a producer's retry or a redelivery)
-  kDeadLetter,  ///< mismatch (same request ID, another payload): XACK and report
+  kDeadLetter,  ///< no retry can book it (a mismatch, bad input, refused data): XACK and report
   kRedeliver,   ///< in progress or unavailable: no XACK, XAUTOCLAIM redelivers it
 };
 
@@ -169,9 +171,31 @@ inline Settle settle(idem::Outcome::Kind kind) {
   return Settle::kRedeliver;  // nack with delay: XAUTOCLAIM redelivers it after claim_idle
 }
 
-inline void print_dead_letter(const Entry& e, const idem::Request& request) {
-  std::cout << "dead-letter entry=" << e.id << " request_id=" << request.request_id
-            << ": request ID reused with another payload" << std::endl;
+/// What a call that threw does to its entry. Input no retry can fix (a malformed key, request
+/// ID or payload, nothing to key on) and a booking statement refused for its data (SQLSTATE
+/// class 22, data exception, or 23, a constraint other than the claim's) are dead-lettered:
+/// left pending, such an entry would be redelivered forever. Anything else (a backend down or
+/// failing over, a stop, a commit in doubt, a configuration error) is redelivered.
+inline Settle settle(const idem::Error& error) {
+  if (dynamic_cast<const idem::InvalidKey*>(&error) != nullptr ||
+      dynamic_cast<const idem::InvalidRequestId*>(&error) != nullptr ||
+      dynamic_cast<const idem::PayloadError*>(&error) != nullptr ||
+      dynamic_cast<const idem::MissingKey*>(&error) != nullptr) {
+    return Settle::kDeadLetter;
+  }
+  const auto* postgres = dynamic_cast<const idem::PostgresError*>(&error);
+  if (postgres != nullptr && dynamic_cast<const idem::CommitOutcomeUnknown*>(&error) == nullptr &&
+      !postgres->retryable() &&
+      (postgres->sqlstate().starts_with("22") || postgres->sqlstate().starts_with("23"))) {
+    return Settle::kDeadLetter;
+  }
+  return Settle::kRedeliver;
+}
+
+/// Reports an entry acked without its effect: `why` it can never be booked.
+inline void print_dead_letter(const Entry& e, const idem::Request& request, std::string_view why) {
+  std::cout << "dead-letter entry=" << e.id << " request_id=" << request.request_id << ": " << why
+            << std::endl;
 }
 
 /// idem's Redis layer for the consumer: records kept longer than any redelivery of the stream.

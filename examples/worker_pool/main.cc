@@ -146,6 +146,11 @@ class Ledger {
     if (failed) requeued_.push_back(std::move(*failed));
     --in_flight_;
   }
+  // A repeat of a job still running: delivered again with the next batch.
+  void requeue(Task task) {
+    const std::lock_guard lock(mutex_);
+    requeued_.push_back(std::move(task));
+  }
   // Requeued tasks, and whether more may come (tasks still running).
   std::pair<std::vector<Task>, bool> take_requeued() {
     const std::lock_guard lock(mutex_);
@@ -196,11 +201,11 @@ std::string describe(const idem::ClaimResult& r) {
     case idem::ClaimStatus::kRepeatSame:
       return r.state == idem::RecordState::kCompleted
                  ? "REPEAT_SAME completed -> skip (redelivery)"
-                 : "REPEAT_SAME in_progress -> skip (redelivery while running)";
+                 : "REPEAT_SAME in_progress -> requeue (redelivery while running)";
     case idem::ClaimStatus::kRepeatOther:
       return r.state == idem::RecordState::kCompleted
                  ? "REPEAT_OTHER completed -> skip (resubmission)"
-                 : "REPEAT_OTHER in_progress -> skip (resubmission while running)";
+                 : "REPEAT_OTHER in_progress -> requeue (resubmission while running)";
   }
   return "?";
 }
@@ -257,8 +262,18 @@ int main(int argc, char** argv) {
 
       ledger.print("batch " + std::to_string(batch_no) + ": " + std::to_string(batch.size()) +
                    " messages");
+      bool waiting = false;
       for (std::size_t i = 0; i < batch.size(); ++i) {
         ledger.print("  " + batch[i].request_id + " " + describe(claims[i]));
+        if (claims[i].status != idem::ClaimStatus::kFirst &&
+            claims[i].state == idem::RecordState::kInProgress) {
+          // Never drop a repeat of a job still running: if that run fails (or its process
+          // dies), this copy is the one that must run. Back to the queue, asked again later.
+          ledger.count("requeued");
+          ledger.requeue(batch[i]);
+          waiting = true;
+          continue;
+        }
         ledger.count(claims[i].status == idem::ClaimStatus::kFirst ? "claimed" : "skipped");
         if (claims[i].status != idem::ClaimStatus::kFirst) continue;
         ledger.started();
@@ -294,6 +309,7 @@ int main(int argc, char** argv) {
                           ledger.finished(std::nullopt);
                         }));
       }
+      if (waiting) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     ledger.summary(deliveries);
     return 0;

@@ -42,5 +42,21 @@ TEST(AgentRunsDemo, WithStepsEachRunHasOneToolEffectAndNoFinishedStepRunsAgain) 
   EXPECT_LT(summary_field(steps, "llm_calls"), summary_field(none, "llm_calls")) << none;
 }
 
+// With Redis down the guard fails closed: every delivery is kUnavailable and nothing runs. The
+// demo redelivers, then stops with an error; it never counts such a run as done.
+TEST(AgentRunsDemo, AnUnavailableGuardIsNotARunDone) {
+  IDEM_REQUIRE_SERVICE(pg_url, "IDEM_TEST_PG_URL");
+  const ScratchSchema schema(pg_url, "agent");
+  ChildProcess demo({IDEM_AGENT_RUNS_BIN, "--redis-url", "redis://127.0.0.1:1/0", "--pg-url",
+                     pg_url, "--schema", schema.name(), "--runs", "10", "--seed", "7", "--lease-ms",
+                     "150"});
+  EXPECT_EQ(demo.wait_exit(std::chrono::seconds(60)), 1) << demo.tail();
+  for (const std::string& line : demo.lines()) {
+    EXPECT_FALSE(line.starts_with("result mode=whole") || line.starts_with("result mode=steps"))
+        << line;
+  }
+  EXPECT_NE(demo.tail().find("unavailable"), std::string::npos) << demo.tail();
+}
+
 }  // namespace
 }  // namespace idem::test

@@ -156,6 +156,32 @@ class MqConsumerTest : public ::testing::Test {
     return took.count();
   }
 
+  // Five good payments and three entries no retry can book: an amount that is no number (the
+  // booking's INSERT fails with 22P02), a request ID with spaces, a user with a leading space.
+  // One consumer (flags `extra`) books the five and dead-letters the three: all eight acked.
+  void bad_entries_are_dead_lettered(const std::vector<std::string>& extra) {
+    std::vector<std::string> produce = args("produce");
+    produce.insert(produce.end(), {"--count", "5", "--duplicates", "0"});
+    ChildProcess producer(produce);
+    ASSERT_EQ(producer.wait_exit(seconds(30)), 0) << producer.tail();
+    const std::vector<std::vector<std::string>> bad = {
+        {"bad-amount", "u1", R"({"order_id":"o-x","amount_cents":"abc"})"},
+        {"bad id with spaces", "u1", R"({"order_id":"o-y","amount_cents":5})"},
+        {"bad-user", " u1", R"({"order_id":"o-z","amount_cents":5})"}};
+    for (const auto& entry : bad) {
+      redis_cli(redis_url_, {"XADD", name_, "*", "request_id", entry[0], "user", entry[1],
+                             "payload", entry[2]});
+    }
+    auto c1 = consumer("c1", extra);
+    EXPECT_EQ(c1->wait_exit(seconds(45)), 0) << c1->tail();
+    EXPECT_EQ(sql("SELECT count(*) FROM " + name_ + ".ledger"), 5);
+    const std::string pending = redis_cli(redis_url_, {"XPENDING", name_, "ledger"});
+    EXPECT_EQ(pending.substr(0, pending.find('\n')), "0") << pending;
+    const auto done = c1->wait_for_line("done consumer=", seconds(1));
+    ASSERT_TRUE(done);
+    EXPECT_EQ(summary_field(*done, "dead_lettered"), 3) << *done;
+  }
+
   // The entries `consumer` holds delivered and unacked (XPENDING's summary: count, first, last,
   // then each consumer's name and count on lines of their own).
   long long pending_of(const std::string& consumer) {
@@ -187,6 +213,14 @@ TEST_F(MqConsumerTest, ThreeAsyncConsumersOneKilledMidBatchEveryPaymentHasExactl
 
 // The test support (examples_child.cc): wait_exit() returns only after the reader has drained
 // the pipe, so a service's last line (a start-up error the tests check for) is never missing.
+TEST_F(MqConsumerTest, AnEntryNoRetryCanBookIsDeadLetteredNotRedeliveredForever) {
+  bad_entries_are_dead_lettered({});
+}
+
+TEST_F(MqConsumerTest, AnEntryNoRetryCanBookIsDeadLetteredNotRedeliveredForeverAsync) {
+  bad_entries_are_dead_lettered({"--async"});
+}
+
 TEST(ChildProcessTest, WaitExitReturnsAfterTheLastLinesWereRead) {
   ChildProcess child(
       {"/bin/sh", "-c", "head -c 60000 /dev/zero | tr '\\0' x; echo; echo last; exit 3"});
