@@ -289,17 +289,20 @@ topology_failover_pg() {
   local old_name=$name old_port=$port
   read -r name port <<<"$standby"
   # An asynchronous standby lags: on loopback by microseconds, so the demo makes it lag
-  # IDEM_PG_ASYNC_LAG_MS (default 500) by stopping its WAL receiver before the crash, as a slow
-  # link would. What the primary acknowledged meanwhile is what asynchronous replication loses.
-  local receiver="" lag_ms="${IDEM_PG_ASYNC_LAG_MS:-500}"
+  # IDEM_PG_ASYNC_LAG_MS (default 500) before the crash, as a slow link would: the primary's WAL
+  # sender is stopped (SIGSTOP) for that long, then killed with the primary, so the WAL it did
+  # not send never reaches the standby. (Stopping the standby's WAL receiver instead loses
+  # nothing: what the sender wrote meanwhile waits in the socket and is read on resuming.) What
+  # the primary acknowledged meanwhile is what asynchronous replication loses.
+  local sender="" lag_ms="${IDEM_PG_ASYNC_LAG_MS:-500}"
   if [[ "$mode" == async && "$lag_ms" -gt 0 ]]; then
-    receiver="$(pg_sql "$port" "SELECT pid FROM pg_stat_wal_receiver")"
-    [[ -n "$receiver" ]] && kill -STOP "$receiver"
+    sender="$(pg_sql "$old_port" "SELECT pid FROM pg_stat_replication" | head -n1)"
+    [[ -n "$sender" ]] && kill -STOP "$sender"
     sleep "$(awk "BEGIN { print $lag_ms / 1000 }")"
   fi
   start="$(now_ms)"
+  [[ -n "$sender" ]] && kill -KILL "$sender"
   as_pg "$PG_BIN/pg_ctl" -D "$dir/$old_name/data" -m immediate -w stop >/dev/null
-  [[ -n "$receiver" ]] && kill -CONT "$receiver"
   as_pg "$PG_BIN/pg_ctl" -D "$dir/$name/data" -w promote >/dev/null
   url="postgresql://postgres@127.0.0.1:$port/idem"
   wait_for 60 pg_writable "$url" || die "the promoted standby never took writes"
