@@ -367,7 +367,10 @@ struct Deduplicator::Impl {
   detail::PlanRules rules;
   std::unique_ptr<LocalCache> cache;
   std::stop_source shutdown;
-  std::atomic<std::size_t> calls{0};  // in flight; the destructor waits for none
+  // The calls in flight, in a block of its own: a call that ends notifies it after the
+  // destructor may have gone on and freed the rest.
+  const std::shared_ptr<std::atomic<std::size_t>> calls =
+      std::make_shared<std::atomic<std::size_t>>(0);
   Uuid7Generator owner_ids;
   detail::Renewer renewer;  // last: its thread stops before the rest goes
   Shared shared{rules, cache.get(), dynamic_cast<PgSink*>(rules.options().sink.get()), renewer,
@@ -382,20 +385,26 @@ Deduplicator::~Deduplicator() {
   // Cancelled before its handler, a running handler is told by its stop token), and none may
   // outlive the state it uses.
   impl_->shutdown.request_stop();
-  for (std::size_t n = impl_->calls.load(); n != 0; n = impl_->calls.load()) impl_->calls.wait(n);
+  std::atomic<std::size_t>& calls = *impl_->calls;
+  for (std::size_t n = calls.load(std::memory_order_acquire); n != 0;
+       n = calls.load(std::memory_order_acquire)) {
+    calls.wait(n, std::memory_order_acquire);
+  }
 }
 
 void Deduplicator::shutdown() noexcept { impl_->shutdown.request_stop(); }
 
 Outcome Deduplicator::run_handler(const Request& request, bool transactional,
                                   const ErasedHandler& handler) {
-  impl_->calls.fetch_add(1);
+  const std::shared_ptr<std::atomic<std::size_t>> calls = impl_->calls;  // outlives the call
+  calls->fetch_add(1, std::memory_order_relaxed);
   struct Leaving {
-    Impl& impl;
+    std::atomic<std::size_t>& calls;
     ~Leaving() {
-      if (impl.calls.fetch_sub(1) == 1 && impl.shutdown.stop_requested()) impl.calls.notify_all();
+      // Release: what the call did happens before the destructor's acquire load of 0.
+      if (calls.fetch_sub(1, std::memory_order_release) == 1) calls.notify_all();
     }
-  } leaving{*impl_};
+  } leaving{*calls};
   const detail::CallMode mode =
       transactional ? detail::CallMode::kTransactional : detail::CallMode::kRun;
   BlockingCall call(impl_->shared, request, mode,
