@@ -235,7 +235,7 @@ struct DeduplicatorOptions {
   /// How long layer 1 remembers a completed key, in ms, > 0 when the cache is on (else
   /// idem::ConfigError). An entry never outlives its record: the facade caps it at
   /// fallback_retention for a fallback key, and otherwise at the longest retention of the guard
-  /// and the sink (Guard/Sink::retention(), when both say it).
+  /// and the sink (Guard::retention() and Sink::retention(), when both say it).
   std::chrono::milliseconds local_cache_ttl{std::chrono::seconds(30)};
   /// Layer 2: a RedisGuard (shared across processes) or an InMemoryGuard (one process).
   /// Shared so several deduplicators can use one pool.
