@@ -418,15 +418,12 @@ void CanonicalWriter::check_unwritten(std::size_t index, std::size_t depth) {
   }
   const std::size_t begin = members_.size();
   for (std::size_t i = index + 1; i + 1 < end; i = tape_after(tape_, i + 1)) {
-    members_.push_back({0, tape_string(strings_, tape_[i]), i + 1});
+    const std::string_view key = tape_string(strings_, tape_[i]);
+    members_.push_back({key_head<CanonicalForm::kRfc8785>(key), key, i + 1});
   }
-  const auto first = members_.begin() + static_cast<std::ptrdiff_t>(begin);
-  std::sort(first, members_.end(), [](const Member& a, const Member& b) { return a.key < b.key; });
-  if (std::adjacent_find(first, members_.end(), [](const Member& a, const Member& b) {
-        return a.key == b.key;
-      }) != members_.end()) {
-    throw PayloadError("duplicate JSON member name");
-  }
+  // Any form's order finds the duplicates: the writers' own check.
+  sort_members<CanonicalForm::kRfc8785>(members_.begin() + static_cast<std::ptrdiff_t>(begin),
+                                        members_.end());
   for (std::size_t i = begin; i < members_.size(); ++i) check_unwritten(members_[i].value, depth);
   members_.resize(begin);
 }
