@@ -166,19 +166,13 @@ bool BlockingCall::renew() {
   const auto sent = SteadyClock::now();
   detail::RenewalAnswers answers;
   if (!step->owner_token.empty()) {
-    try {
-      answers.guard = answers.of(options_.guard->renew(step->key, step->owner_token, step->lease));
-    } catch (...) {
-      answers.failed(answers.guard);
-    }
+    answers.ask(answers.guard,
+                [&] { return options_.guard->renew(step->key, step->owner_token, step->lease); });
   }
   if (!step->sink_owner.empty()) {
-    try {
-      answers.sink = answers.of(
-          options_.sink->renew(step->key, step->sink_owner, std::chrono::milliseconds(0)));
-    } catch (...) {
-      answers.failed(answers.sink);
-    }
+    answers.ask(answers.sink, [&] {
+      return options_.sink->renew(step->key, step->sink_owner, std::chrono::milliseconds(0));
+    });
   }
   std::lock_guard lock(mutex_);
   in_process_.renewed(plan_, sent, answers);

@@ -230,6 +230,16 @@ struct RenewalAnswers {
   [[nodiscard]] static RenewalAnswer of(bool owned) noexcept {
     return owned ? RenewalAnswer::kOwned : RenewalAnswer::kLost;
   }
+  /// Sends `layer`'s part (guard or sink): `renew()` answers whether the claim is still owned;
+  /// what it throws makes the part failed. For the drivers that do not suspend.
+  template <class Renew>
+  void ask(RenewalAnswer& layer, Renew&& renew) noexcept {
+    try {
+      layer = of(renew());
+    } catch (...) {
+      failed(layer);
+    }
+  }
   /// Inside a catch block: `layer` (guard or sink) failed with the exception in flight.
   void failed(RenewalAnswer& layer) noexcept {
     layer = RenewalAnswer::kFailed;

@@ -193,21 +193,15 @@ bool SimTestDriver::renew(detail::CallPlan& plan) {
   const std::optional<detail::RenewalStep> step = plan.renewal();
   if (!step) return true;
   detail::RenewalAnswers answers;
+  const DeduplicatorOptions& o = rules_.options();
   if (!step->owner_token.empty()) {
-    try {
-      answers.guard =
-          answers.of(rules_.options().guard->renew(step->key, step->owner_token, step->lease));
-    } catch (...) {
-      answers.failed(answers.guard);
-    }
+    answers.ask(answers.guard,
+                [&] { return o.guard->renew(step->key, step->owner_token, step->lease); });
   }
   if (!step->sink_owner.empty()) {
-    try {
-      answers.sink = answers.of(
-          rules_.options().sink->renew(step->key, step->sink_owner, std::chrono::milliseconds(0)));
-    } catch (...) {
-      answers.failed(answers.sink);
-    }
+    answers.ask(answers.sink, [&] {
+      return o.sink->renew(step->key, step->sink_owner, std::chrono::milliseconds(0));
+    });
   }
   in_process_.renewed(plan, now(), answers);
   return answers.answer();
