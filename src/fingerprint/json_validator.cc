@@ -68,19 +68,26 @@ void append_utf8(std::string& out, std::uint32_t code_point) {
 
 bool is_digit(char c) { return c >= '0' && c <= '9'; }
 
+// Appends the two uppercase hex digits of `byte`: how a message shows a byte it may not quote.
+void append_hex(std::string& out, unsigned char byte) {
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  out.push_back(kHex[byte >> 4]);
+  out.push_back(kHex[byte & 0x0F]);
+}
+
 // `text` (payload bytes) for a message that may be logged or sent back: printable ASCII as is,
 // any other byte, '"' and '\' as \xHH, at most the first 64 bytes (then "..."). No raw control
 // byte or terminal escape of the payload reaches the message, and its size stays bounded.
 std::string quoted_for_message(std::string_view text) {
   constexpr std::size_t kMaxBytes = 64;
-  static constexpr char kHex[] = "0123456789ABCDEF";
   std::string out = "\"";
   for (const char c : text.substr(0, kMaxBytes)) {
     const auto byte = static_cast<unsigned char>(c);
     if (byte >= 0x20 && byte < 0x7F && c != '"' && c != '\\') {
       out.push_back(c);
     } else {
-      out.append({'\\', 'x', kHex[byte >> 4], kHex[byte & 0x0F]});
+      out += "\\x";
+      append_hex(out, byte);
     }
   }
   out += text.size() > kMaxBytes ? "...\"" : "\"";
@@ -115,9 +122,9 @@ class Scanner {
     if (byte >= 0x20 && byte < 0x7F) {
       return fail(std::string("unexpected character '") + peek() + "' in JSON", pos_);
     }
-    static constexpr char kHex[] = "0123456789ABCDEF";
-    return fail(
-        std::string("unexpected byte 0x") + kHex[byte >> 4] + kHex[byte & 0x0F] + " in JSON", pos_);
+    std::string message = "unexpected byte 0x";
+    append_hex(message, byte);
+    return fail(message + " in JSON", pos_);
   }
   void skip_whitespace() {
     while (!at_end() && (peek() == ' ' || peek() == '\t' || peek() == '\n' || peek() == '\r'))
