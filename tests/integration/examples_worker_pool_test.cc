@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "examples_child.h"
+#include "idem/key.h"
+#include "idem/redis_guard.h"
 #include "redis_server.h"
 #include "test_env.h"
 
@@ -34,10 +36,16 @@ class WorkerPoolTest : public ::testing::Test {
          "0", "idem:" + ns_ + ":*"});
   }
 
+  std::vector<std::string> pool_argv() const {
+    std::vector<std::string> argv({IDEM_WORKER_POOL_BIN, "--redis-url", redis_url_, "--ns", ns_,
+                                   "--run", "r1", "--tasks", std::to_string(kTasks), "--threads",
+                                   "4", "--batch", "32"});
+    return argv;
+  }
+
   // Runs the example to completion and returns its summary line.
   std::string run_pool() const {
-    ChildProcess pool({IDEM_WORKER_POOL_BIN, "--redis-url", redis_url_, "--ns", ns_, "--run", "r1",
-                       "--tasks", std::to_string(kTasks), "--threads", "4", "--batch", "32"});
+    ChildProcess pool(pool_argv());
     EXPECT_EQ(pool.wait_exit(seconds(30)), 0) << pool.tail();
     const auto summary = pool.wait_for_line("summary ", seconds(1));
     lines_ = pool.lines();
@@ -71,6 +79,39 @@ TEST_F(WorkerPoolTest, EveryJobRunsOnceWithItsRequestContext) {
   const std::string second = run_pool();
   EXPECT_EQ(summary_field(second, "jobs_run"), 0) << second;
   EXPECT_EQ(summary_field(second, "claimed"), 0) << second;
+}
+
+// A job another worker is running (its claim held, in progress) must not be dropped: if that
+// run dies, a repeat is what runs it. The pool requeues the job's deliveries until the claim
+// ends, then runs it once.
+TEST_F(WorkerPoolTest, AJobClaimedElsewhereIsRequeuedNotDroppedAndRunsOnceItIsReleased) {
+  RedisGuardOptions options;
+  options.redis.url = redis_url_;
+  options.ns = ns_;
+  options.lease = std::chrono::seconds(30);
+  RedisGuard other_worker(options);
+  // The example's key of task 0 (user u0, job email-r1-0), claimed by another request.
+  const std::string key = IdempotencyKey{"u0", "send-email", "email-r1-0"}.encode();
+  const ClaimResult held = other_worker.claim(key, "other-worker", "");
+  ASSERT_EQ(held.status, ClaimStatus::kFirst);
+
+  ChildProcess pool(pool_argv());
+  ASSERT_TRUE(pool.wait_for_line("  req-r1-0 REPEAT_OTHER in_progress -> requeue", seconds(20)))
+      << pool.tail();
+  // The other worker dies without completing: its claim is released (as its lease would end).
+  ASSERT_TRUE(other_worker.release(key, held.owner_token));
+  ASSERT_EQ(pool.wait_exit(seconds(30)), 0) << pool.tail();
+
+  std::string summary;
+  int sent = 0;
+  for (const auto& line : pool.lines()) {
+    if (line.starts_with("summary ")) summary = line;
+    if (line.find(" sent email-r1-0 to ") != std::string::npos) ++sent;
+  }
+  EXPECT_EQ(sent, 1) << pool.tail();
+  EXPECT_EQ(summary_field(summary, "jobs_run"), kTasks) << summary;
+  EXPECT_EQ(summary_field(summary, "duplicate_effects"), 0) << summary;
+  EXPECT_GT(summary_field(summary, "requeued"), 0) << summary;
 }
 
 }  // namespace
