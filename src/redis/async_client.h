@@ -60,7 +60,7 @@ class AsyncClient : public std::enable_shared_from_this<AsyncClient> {
   /// Completes with ReplySignature; error replies other than MOVED/ASK are the reply.
   template <typename Token>
   auto exec(std::string_view key, std::span<const std::string_view> args, Token&& token) {
-    return start(key_slot(key), RespCommand(args), std::nullopt, false, std::forward<Token>(token));
+    return start(slot_of(key), RespCommand(args), std::nullopt, false, std::forward<Token>(token));
   }
 
   /// As exec(key, args, token); with `durable` the command completes after the WAIT its
@@ -69,7 +69,7 @@ class AsyncClient : public std::enable_shared_from_this<AsyncClient> {
   template <typename Token>
   auto exec(std::string_view key, std::span<const std::string_view> args, bool durable,
             Token&& token) {
-    return start(key_slot(key), RespCommand(args), std::nullopt, durable,
+    return start(slot_of(key), RespCommand(args), std::nullopt, durable,
                  std::forward<Token>(token));
   }
 
@@ -97,7 +97,7 @@ class AsyncClient : public std::enable_shared_from_this<AsyncClient> {
     argv.insert(argv.end(), {"EVALSHA", script.sha1, numkeys});
     argv.insert(argv.end(), keys.begin(), keys.end());
     argv.insert(argv.end(), args.begin(), args.end());
-    return start(keys.empty() ? -1 : key_slot(keys.front()), RespCommand(argv), script, durable,
+    return start(keys.empty() ? -1 : slot_of(keys.front()), RespCommand(argv), script, durable,
                  std::forward<Token>(token));
   }
 
@@ -198,6 +198,10 @@ class AsyncClient : public std::enable_shared_from_this<AsyncClient> {
   std::exception_ptr too_many_redirects(const redisReply& reply) const;
   static std::exception_ptr breaker_open();
   std::shared_ptr<Node> node_for_slot(int slot);
+  // The slot routing `key`: its hash slot in cluster mode, else -1 (one node, no CRC16 per call).
+  [[nodiscard]] int slot_of(std::string_view key) const noexcept {
+    return settings_.cluster ? key_slot(key) : -1;
+  }
   std::shared_ptr<Node> node_for(const std::string& host, int port);
   std::shared_ptr<Node> seed_node();
   // Whether `node`'s breaker lets a call through now; when it does not, in cluster mode the slot

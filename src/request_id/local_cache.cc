@@ -14,11 +14,11 @@ namespace idem {
 
 namespace {
 
+// Not noexcept on purpose: libstdc++ then keeps each node's hash in the node, so a lookup
+// compares stored hashes and an erase finds its bucket without hashing keys again.
 struct KeyHash {
   using is_transparent = void;
-  std::size_t operator()(std::string_view key) const noexcept {
-    return std::hash<std::string_view>{}(key);
-  }
+  std::size_t operator()(std::string_view key) const { return std::hash<std::string_view>{}(key); }
 };
 
 }  // namespace

@@ -324,6 +324,7 @@ asio::awaitable<SinkClaim> AsyncPgTransaction::claim(std::string_view key,
   last_writes_.reset();
   const PgSinkOptions& o = sink_.options_;
   Batch batch;
+  batch.reserve(3);
   if (pending_begin_) batch.emplace_back(prepared(Prepared::kBegin), PgParams{});
   const std::size_t lock = batch.size();
   batch.emplace_back(prepared(Prepared::kLock), pg_params(o.ns, key));
