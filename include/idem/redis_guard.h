@@ -31,8 +31,12 @@ struct RedisOptions {
   /// Lettuce's URI form
   /// `redis-sentinel://[[user]:password@]host1[:port1][,host2[:port2]...][/db]#master-name`
   /// (or `?sentinelMasterId=master-name` instead of the fragment; Sentinel ports default to
-  /// 26379). Credentials are sent with AUTH, the database with SELECT; with Sentinel they are
-  /// the master's (the Sentinels are asked without AUTH). With Sentinel the guard asks the
+  /// 26379). Credentials are sent with AUTH: `AUTH user password` when the URL names a user
+  /// (`redis://user:@host`, an empty password, as an ACL user made `nopass` needs), `AUTH
+  /// password` for a password alone (`redis://:password@host`, or `redis://password@host` as
+  /// Lettuce reads it), none without either. The database is sent with SELECT. With Sentinel
+  /// both are the master's: the Sentinels are asked without AUTH and without TLS (the URL has
+  /// no way to say either). With Sentinel the guard asks the
   /// Sentinels in turn for the master (SENTINEL get-master-addr-by-name), checks ROLE on every
   /// new connection, asks again after a retryable failure (connection lost, timeout, READONLY,
   /// a replica's ROLE) and follows `+switch-master` through one helper thread per guard, which

@@ -424,10 +424,8 @@ void AsyncConnection::on_connected(const std::shared_ptr<Link>& link) {
   const RedisEndpoint& endpoint = settings_.endpoint;
   const std::string db = std::to_string(endpoint.db);
   std::vector<RespCommand> steps;
-  if (!endpoint.password.empty() && endpoint.user.empty()) {
-    steps.emplace_back(std::array<std::string_view, 2>{"AUTH", endpoint.password});
-  } else if (!endpoint.password.empty()) {
-    steps.emplace_back(std::array<std::string_view, 3>{"AUTH", endpoint.user, endpoint.password});
+  if (const std::vector<std::string_view> auth = auth_arguments(endpoint); !auth.empty()) {
+    steps.emplace_back(auth);
   }
   if (endpoint.db != 0) steps.emplace_back(std::array<std::string_view, 2>{"SELECT", db});
   if (settings_.require_master) steps.emplace_back(kRoleCommand);

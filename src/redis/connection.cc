@@ -75,11 +75,8 @@ Connection::Connection(const ConnectionSettings& settings) {
     if (reply->type == REDIS_REPLY_ERROR) throw reply_error(*reply, during);
   };
   using Args2 = std::array<std::string_view, 2>;
-  if (!endpoint.password.empty() && endpoint.user.empty()) {
-    expect_ok(command(Args2{"AUTH", endpoint.password}), "AUTH");
-  } else if (!endpoint.password.empty()) {
-    expect_ok(command(std::array<std::string_view, 3>{"AUTH", endpoint.user, endpoint.password}),
-              "AUTH");
+  if (const std::vector<std::string_view> auth = auth_arguments(endpoint); !auth.empty()) {
+    expect_ok(command(auth), "AUTH");
   }
   if (endpoint.db != 0) {
     const std::string db = std::to_string(endpoint.db);

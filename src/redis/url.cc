@@ -185,4 +185,10 @@ RedisEndpoint parse_redis_url(std::string_view url) {
   return endpoint;
 }
 
+std::vector<std::string_view> auth_arguments(const RedisEndpoint& endpoint) {
+  if (!endpoint.user.empty()) return {"AUTH", endpoint.user, endpoint.password};
+  if (!endpoint.password.empty()) return {"AUTH", endpoint.password};
+  return {};
+}
+
 }  // namespace idem::detail

@@ -20,7 +20,7 @@ struct RedisEndpoint {
   int port = 6379;          ///< TCP port.
   std::string socket_path;  ///< Unix socket path; empty for TCP.
   std::string user;         ///< AUTH user (Redis 6 ACL); empty for the default user.
-  std::string password;     ///< AUTH password; empty means no AUTH.
+  std::string password;     ///< AUTH password; may be empty with a user (an ACL user `nopass`).
   int db = 0;               ///< SELECT database.
   /// `redis-sentinel://`: the Sentinels to ask for the master, in the URL's order; empty for
   /// the other schemes.
@@ -47,5 +47,11 @@ inline constexpr int kDefaultSentinelPort = 26379;
 /// credentials and the database are the master's). Percent-escapes in user, password and master
 /// name are decoded; IPv6 hosts in brackets. Throws idem::ConfigError.
 [[nodiscard]] RedisEndpoint parse_redis_url(std::string_view url);
+
+/// The arguments of the AUTH `endpoint` needs: `AUTH user password` when it names a user (the
+/// password may be empty, as for an ACL user made `nopass`: without AUTH the connection would
+/// stay the default user), `AUTH password` for a password alone, none (empty) for neither.
+/// The views point into `endpoint`.
+[[nodiscard]] std::vector<std::string_view> auth_arguments(const RedisEndpoint& endpoint);
 
 }  // namespace idem::detail

@@ -250,6 +250,23 @@ TEST(RedisAsync, AuthAndSelectPrecedeQueuedCommands) {
   EXPECT_EQ(server.cli({"--no-auth-warning", "-a", "s3cret", "-n", "3", "GET", "in-db-3"}), "x");
 }
 
+// `redis://user:@host`: the user's AUTH is sent with its empty password (an ACL user made
+// `nopass`), so the connection is that user, not the default one.
+TEST(RedisAsync, AnAclUserWithAnEmptyPasswordIsAuthenticatedNotLeftTheDefaultUser) {
+  test::RedisServer server(false, {"--user", "limited", "on", "nopass", "~other:*", "+@all"});
+  const std::string host_port = server.url().substr(std::string("redis://").size());
+  run_coroutine([&](auto executor) -> asio::awaitable<void> {
+    auto limited = AsyncConnection::create(executor, settings_for("redis://limited:@" + host_port));
+    const Args allowed{"SET", "other:k", "x"};
+    EXPECT_EQ(text(co_await limited->exec(allowed, asio::use_awaitable)), "OK");
+    const Args refused{"SET", "mine", "x"};
+    const ReplyPtr reply = co_await limited->exec(refused, asio::use_awaitable);
+    EXPECT_EQ(reply->type, REDIS_REPLY_ERROR);
+    EXPECT_NE(std::string(reply->str, reply->len).find("NOPERM"), std::string::npos);
+    limited->close();
+  });
+}
+
 TEST(RedisAsync, PendingCommandsFailWhenTheServerDiesAndTheNextReconnects) {
   test::RedisServer server;
   asio::io_context io;

@@ -293,6 +293,21 @@ TEST_P(RedisFailureTest, AuthWithPasswordAndAclUserFromTheUrl) {
   EXPECT_THROW((void)anonymous.claim("k", "req", ""), RedisError);
 }
 
+// `redis://user:@host` names an ACL user with an empty password (a user made `nopass`). No AUTH
+// was sent for it, so the guard ran as the default user, past the user's key restrictions.
+TEST_P(RedisFailureTest, AnAclUserWithAnEmptyPasswordIsAuthenticatedNotLeftTheDefaultUser) {
+  test::RedisServer server(false, {"--user", "limited", "on", "nopass", "~other:*", "+@all"});
+  const std::string host_port = server.url().substr(std::string("redis://").size());
+  RedisGuard limited(options("redis://limited:@" + host_port));
+  try {
+    (void)limited.claim("k", "req", "");
+    ADD_FAILURE() << "the claim ran as the default user: the ACL user may only touch other:*";
+  } catch (const RedisError& error) {
+    EXPECT_FALSE(error.retryable()) << error.what();
+    EXPECT_NE(std::string(error.what()).find("NOPERM"), std::string::npos) << error.what();
+  }
+}
+
 // With a sink configured the facade fails open on Redis errors, so a wrong password showed only
 // in idem_backend_errors_total: ping() lets a service find it at start-up.
 TEST_P(RedisFailureTest, PingTellsAWrongPasswordFromAServerThatIsDown) {
