@@ -17,6 +17,7 @@
 
 #include "idem/errors.h"
 #include "redis/errors.h"
+#include "redis/reply.h"
 #include "redis/sentinel_rules.h"
 #include "redis/tls.h"
 
@@ -92,7 +93,7 @@ struct AsyncConnection::Link {
   using Tls = asio::ssl::stream<Tcp>;
 
   Link(const executor_type& executor, asio::ssl::context* tls, const RedisEndpoint& endpoint)
-      : resolver(executor), connect_timer(executor), reader(redisReaderCreate()) {
+      : resolver(executor), connect_timer(executor), reader(bounded_reader()) {
     if (reader == nullptr) throw RedisError("idem: redis: cannot allocate a reply reader", false);
     if (!endpoint.socket_path.empty()) {
       local.emplace(executor);

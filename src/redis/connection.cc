@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "redis/errors.h"
+#include "redis/reply.h"
 #include "redis/sentinel_rules.h"
 #include "redis/tls_transport.h"
 
@@ -50,6 +51,7 @@ void Connection::connect_plain(const ConnectionSettings& settings) {
           ? redisConnectWithTimeout(endpoint.host.c_str(), endpoint.port, connect_timeout)
           : redisConnectUnixWithTimeout(endpoint.socket_path.c_str(), connect_timeout));
   if (context_ == nullptr || context_->err != 0) fail(errno, "connect");
+  bound_reader(*context_);
   if (redisSetTimeout(context_.get(), to_timeval(settings.command_timeout)) != REDIS_OK) {
     fail(errno, "set timeout");
   }

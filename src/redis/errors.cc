@@ -8,6 +8,8 @@
 #include <cerrno>
 #include <string>
 
+#include "redis/reply.h"
+
 namespace idem::detail {
 namespace {
 
@@ -18,6 +20,9 @@ std::string prefix(std::string_view during) { return "idem: redis " + std::strin
 RedisError context_error(const redisContext* context, int saved_errno, std::string_view during) {
   if (context == nullptr) return RedisError(prefix(during) + "cannot allocate a context", true);
   const std::string detail = context->errstr;
+  if (context->err == REDIS_ERR_OOM) {  // a reply array over kMaxReplyElements, say
+    return RedisError(prefix(during) + "protocol error: " + reader_failure(context->errstr), false);
+  }
   switch (context->err) {
     case REDIS_ERR_IO:
       if (saved_errno == EAGAIN || saved_errno == EWOULDBLOCK || saved_errno == ETIMEDOUT ||
@@ -29,8 +34,6 @@ RedisError context_error(const redisContext* context, int saved_errno, std::stri
       return RedisError(prefix(during) + "connection closed by the server: " + detail, true);
     case REDIS_ERR_PROTOCOL:
       return RedisError(prefix(during) + "protocol error: " + detail, false);
-    case REDIS_ERR_OOM:
-      return RedisError(prefix(during) + "out of memory: " + detail, false);
     default:
       // REDIS_ERR_OTHER: unknown host, unix socket path too long, connect timeout (hiredis
       // 0.14 reports "Connection timed out" here), ...
@@ -72,7 +75,7 @@ RedisError timeout_error(long long timeout_ms, std::string_view during) {
 }
 
 RedisError reader_error(const redisReader& reader, std::string_view during) {
-  return RedisError(prefix(during) + "protocol error: " + reader.errstr, false);
+  return RedisError(prefix(during) + "protocol error: " + reader_failure(reader.errstr), false);
 }
 
 RedisError unexpected_reply(const redisReply& reply, std::string_view during) {

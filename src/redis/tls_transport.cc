@@ -16,6 +16,7 @@
 
 #include "redis/async_connection.h"
 #include "redis/errors.h"
+#include "redis/reply.h"
 #include "redis/tls.h"
 
 namespace idem::detail {
@@ -24,7 +25,7 @@ struct TlsTransport::Impl {
   Impl(const RedisEndpoint& endpoint, std::chrono::milliseconds command)
       : context(make_tls_context(endpoint)),
         stream(io, *context),
-        reader(redisReaderCreate()),
+        reader(bounded_reader()),
         command_timeout(command) {
     if (reader == nullptr) throw RedisError("idem: redis: cannot allocate a reply reader", false);
     prepare_tls_stream(stream, endpoint);

@@ -267,6 +267,25 @@ TEST(RedisAsync, AnAclUserWithAnEmptyPasswordIsAuthenticatedNotLeftTheDefaultUse
   });
 }
 
+// The async reader has the same cap as the blocking one (a hostile array header fails the read
+// before hiredis allocates it).
+TEST(RedisAsync, AHugeArrayHeaderIsAProtocolErrorBeforeAnyAllocation) {
+  test::RawReplyServer hostile("*2000000000\r\n");
+  run_coroutine([&](auto executor) -> asio::awaitable<void> {
+    auto connection = AsyncConnection::create(executor, settings_for(hostile.url()));
+    try {
+      const Args ping{"PING"};
+      (void)co_await connection->exec(ping, asio::use_awaitable);
+      ADD_FAILURE() << "a reply of two billion elements was accepted";
+    } catch (const RedisError& error) {
+      EXPECT_NE(std::string(error.what()).find("a reply array of 2000000000 elements"),
+                std::string::npos)
+          << error.what();
+    }
+    connection->close();
+  });
+}
+
 TEST(RedisAsync, PendingCommandsFailWhenTheServerDiesAndTheNextReconnects) {
   test::RedisServer server;
   asio::io_context io;

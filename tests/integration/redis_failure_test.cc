@@ -308,6 +308,25 @@ TEST_P(RedisFailureTest, AnAclUserWithAnEmptyPasswordIsAuthenticatedNotLeftTheDe
   }
 }
 
+// hiredis allocates an array as soon as it reads its header and frees it element by element: a
+// server answering `*2000000000` held the caller's thread for minutes and took gigabytes (a bad
+// Sentinel first in the list made discovery fail, a healthy one after it notwithstanding).
+TEST(RedisHostileReply, AHugeArrayHeaderIsAProtocolErrorBeforeAnyAllocation) {
+  test::RawReplyServer hostile("*2000000000\r\n");
+  RedisGuardOptions options;
+  options.redis.url = hostile.url();
+  RedisGuard guard(options);
+  try {
+    guard.ping();
+    ADD_FAILURE() << "a reply of two billion elements was accepted";
+  } catch (const RedisError& error) {
+    EXPECT_FALSE(error.retryable()) << error.what();
+    EXPECT_NE(std::string(error.what()).find("a reply array of 2000000000 elements"),
+              std::string::npos)
+        << error.what();
+  }
+}
+
 // With a sink configured the facade fails open on Redis errors, so a wrong password showed only
 // in idem_backend_errors_total: ping() lets a service find it at start-up.
 TEST_P(RedisFailureTest, PingTellsAWrongPasswordFromAServerThatIsDown) {

@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
@@ -13,6 +14,8 @@
 #include <fstream>
 #include <stdexcept>
 #include <thread>
+#include <utility>
+#include <vector>
 
 extern char** environ;
 
@@ -190,6 +193,52 @@ bool RedisServer::launch() {
   }
   kill();
   throw std::runtime_error("redis-server on port " + std::to_string(port_) + " did not answer");
+}
+
+RawReplyServer::RawReplyServer(std::string reply) : reply_(std::move(reply)) {
+  listener_ = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t size = sizeof address;
+  if (listener_ < 0 || ::bind(listener_, reinterpret_cast<sockaddr*>(&address), size) != 0 ||
+      ::listen(listener_, 16) != 0 ||
+      ::getsockname(listener_, reinterpret_cast<sockaddr*>(&address), &size) != 0) {
+    if (listener_ >= 0) ::close(listener_);
+    throw std::runtime_error("RawReplyServer: cannot listen on loopback");
+  }
+  port_ = ntohs(address.sin_port);
+  thread_ = std::thread([this] {
+    std::vector<pollfd> fds{{.fd = listener_, .events = POLLIN, .revents = 0}};
+    while (!stopping_) {
+      if (::poll(fds.data(), fds.size(), 50) <= 0) continue;
+      for (std::size_t i = 0; i < fds.size(); ++i) {
+        if ((fds[i].revents & POLLIN) == 0) continue;
+        if (i == 0) {
+          if (const int client = ::accept(listener_, nullptr, nullptr); client >= 0) {
+            fds.push_back({.fd = client, .events = POLLIN, .revents = 0});
+          }
+          continue;
+        }
+        char buffer[4096];
+        if (::read(fds[i].fd, buffer, sizeof buffer) > 0) {
+          (void)::write(fds[i].fd, reply_.data(), reply_.size());
+        } else {
+          fds[i].events = 0;  // closed by the client: kept until the end, never polled
+        }
+      }
+    }
+    for (const pollfd& fd : fds) ::close(fd.fd);
+  });
+}
+
+RawReplyServer::~RawReplyServer() {
+  stopping_ = true;
+  thread_.join();
+}
+
+std::string RawReplyServer::url() const {
+  return "redis://127.0.0.1:" + std::to_string(port_) + "/0";
 }
 
 }  // namespace idem::test

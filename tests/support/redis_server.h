@@ -1,13 +1,16 @@
 // A private redis-server for destructive tests (kill, restart, SCRIPT FLUSH, DEBUG SLEEP): it
 // runs on a free loopback port with its own temporary directory and never touches the shared
-// server. Also a small redis-cli runner for inspecting a server from a test.
+// server. Also a small redis-cli runner for inspecting a server from a test, and a fake server
+// answering with fixed bytes (RawReplyServer).
 #pragma once
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace idem::test {
@@ -83,6 +86,28 @@ class RedisServer {
   std::filesystem::path dir_;
   pid_t pid_ = -1;
   bool paused_ = false;
+};
+
+/// A loopback TCP server that answers every read of every connection with `reply` (and keeps
+/// the connection open), standing in for a broken or hostile Redis or Sentinel: e.g. an array
+/// header announcing two billion elements. One thread; stops on destruction.
+class RawReplyServer {
+ public:
+  /// Throws std::runtime_error when it cannot listen.
+  explicit RawReplyServer(std::string reply);
+  ~RawReplyServer();
+  RawReplyServer(const RawReplyServer&) = delete;
+  RawReplyServer& operator=(const RawReplyServer&) = delete;
+
+  /// `redis://127.0.0.1:<port>/0`.
+  [[nodiscard]] std::string url() const;
+
+ private:
+  std::string reply_;
+  int listener_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
 };
 
 }  // namespace idem::test
