@@ -6,9 +6,8 @@
 -- is not a well-formed record (left as it is).
 -- Record layout (src/guard/record.h): '1' state(1) owner(32) <len>:<request id> <len>:<fp> response
 local record = redis.call('GET', KEYS[1])
-if not record or string.sub(record, 3, 34) ~= ARGV[1] or string.sub(record, 1, 1) ~= '1' then
-  return 0
-end
+if not record or string.sub(record, 3, 34) ~= ARGV[1] then return 0 end
+if string.sub(record, 1, 1) ~= '1' then return -1 end  -- the owner's record, damaged
 local state = string.sub(record, 2, 2)
 if state == 'C' then return 1 end
 if state ~= 'I' then return -1 end

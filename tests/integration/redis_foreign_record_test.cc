@@ -83,6 +83,33 @@ TEST_P(RedisForeignRecordTest, CompletingADamagedOwnRecordIsForeignAndChangesNot
   EXPECT_EQ(metrics_->foreign_records(), 1U);
 }
 
+// complete.lua checked the version byte together with the owner, so the owner's record with a
+// damaged version answered "not the owner" (false) instead of ForeignRecord.
+TEST_P(RedisForeignRecordTest, CompletingTheOwnersRecordWithAnUnknownVersionIsForeign) {
+  const ClaimResult first = guard_->claim("u:refund:o-6", "req-1", "fp");
+  ASSERT_EQ(first.status, ClaimStatus::kFirst);
+  const std::string key = guard_->redis_key("u:refund:o-6");
+  const std::string damaged = "2" + cli({"GET", key}).substr(1);
+  ASSERT_EQ(cli({"SET", key, damaged}), "OK");
+  EXPECT_THROW((void)guard_->complete("u:refund:o-6", first.owner_token, "r"), ForeignRecord);
+  EXPECT_EQ(cli({"GET", key}), damaged);
+}
+
+// evict.lua kept any string starting "1C" as a COMPLETED record: force_release(kInProgressOnly)
+// answered kCompleted for garbage that every claim refuses as foreign.
+TEST_P(RedisForeignRecordTest, ForceReleaseDeletesAStringThatOnlyStartsLikeACompletedRecord) {
+  const std::string key = guard_->redis_key("u:refund:o-7");
+  ASSERT_EQ(cli({"SET", key, "1Cgarbage"}), "OK");
+  EXPECT_EQ(guard_->force_release("u:refund:o-7", ForceReleaseScope::kInProgressOnly),
+            ForceReleaseStatus::kReleased);
+  EXPECT_EQ(cli({"EXISTS", key}), "0");
+  // A well-formed COMPLETED record is still kept.
+  const ClaimResult first = guard_->claim("u:refund:o-7", "req-1", "fp");
+  ASSERT_TRUE(guard_->complete("u:refund:o-7", first.owner_token, "done"));
+  EXPECT_EQ(guard_->force_release("u:refund:o-7", ForceReleaseScope::kInProgressOnly),
+            ForceReleaseStatus::kCompleted);
+}
+
 TEST_P(RedisForeignRecordTest, AValueOfAnotherTypeIsForeign) {
   const std::string key = guard_->redis_key("u:refund:o-4");
   ASSERT_EQ(cli({"HSET", key, "field", "value"}), "1");
