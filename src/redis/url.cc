@@ -129,6 +129,11 @@ RedisEndpoint parse_redis_url(std::string_view url) {
     parse_tls_params(url, rest.substr(query + 1), endpoint);
     rest = rest.substr(0, query);
   }
+  if (!sentinel && rest.find_first_of("?#", rest.rfind('@') + 1) != std::string_view::npos) {
+    bad_url(url, endpoint.tls ? "a #fragment has no meaning in a rediss:// URL"
+                              : "a redis:// URL takes no ?parameters or #fragment (TLS "
+                                "parameters go with rediss://)");
+  }
   const auto at = rest.rfind('@');
   const std::size_t hosts_from = at == std::string_view::npos ? 0 : at + 1;
   if (sentinel) {

@@ -114,6 +114,22 @@ TEST(RedisUrl, MalformedUrlsAreConfigErrors) {
   }
 }
 
+// A query or fragment on a redis:// URL was read as part of the database number ("db must be a
+// number"), which pointed at the wrong part of the URL.
+TEST(RedisUrl, AQueryOrFragmentIsNamedNotReadAsTheDatabase) {
+  for (const char* bad : {"redis://h:6379/0?foo=bar", "redis://h:6379/0#frag", "redis://h?x=1",
+                          "rediss://h/0#frag"}) {
+    try {
+      (void)parse_redis_url(bad);
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const ConfigError& error) {
+      EXPECT_EQ(std::string(error.what()).find("db must be"), std::string::npos) << error.what();
+      EXPECT_NE(std::string(error.what()).find("fragment"), std::string::npos) << error.what();
+    }
+  }
+  EXPECT_EQ(parse_redis_url("redis://:p%3Fw@h/1").password, "p?w");
+}
+
 TEST(RedisUrl, RedissIsTlsWithItsFilesAndServerName) {
   const RedisEndpoint endpoint = parse_redis_url(
       "rediss://app:pw@cache.example:6380/2?ca_file=%2Fetc%2Fca.pem&cert_file=/c.pem"
