@@ -30,12 +30,21 @@ void hide_userinfo(std::string& text) {
   }
 }
 
-// Hides the value of every `password=` (key=value connection strings, URL query parameters).
+// Hides the value of every `password=` (key=value connection strings, URL query parameters),
+// with the blanks libpq accepts around the '=' (`password = secret`).
 void hide_password_values(std::string& text) {
-  constexpr std::string_view kKey = "password=";
+  constexpr std::string_view kKey = "password";
+  const auto blank = [&](std::size_t i) {
+    return i < text.size() && (text[i] == ' ' || text[i] == '\t' || text[i] == '\n' ||
+                               text[i] == '\r' || text[i] == '\f' || text[i] == '\v');
+  };
   for (std::size_t key = text.find(kKey); key != std::string::npos;
        key = text.find(kKey, key + kKey.size())) {
-    const std::size_t start = key + kKey.size();
+    std::size_t start = key + kKey.size();
+    while (blank(start)) ++start;
+    if (start >= text.size() || text[start] != '=') continue;
+    ++start;
+    while (blank(start)) ++start;
     std::size_t end = start;
     if (end < text.size() && text[end] == '\'') {  // a quoted value may hold spaces
       for (++end; end < text.size() && text[end] != '\''; ++end) {

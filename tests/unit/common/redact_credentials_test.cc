@@ -34,6 +34,15 @@ TEST(RedactCredentials, HidesPasswordKeywordValues) {
   EXPECT_EQ(redact_credentials("password="), "password=***");
 }
 
+// libpq accepts blanks around the '=' of a keyword: `password = S3cret` reached messages as is.
+TEST(RedactCredentials, HidesAPasswordWithBlanksAroundTheEqualsSign) {
+  EXPECT_EQ(redact_credentials("host=h password = S3cret bogus=1"),
+            "host=h password = *** bogus=1");
+  EXPECT_EQ(redact_credentials("host=h\tpassword\t=\tS3cret x"), "host=h\tpassword\t=\t*** x");
+  EXPECT_EQ(redact_credentials("sslpassword =  'k e y' host=h"), "sslpassword =  *** host=h");
+  EXPECT_EQ(redact_credentials("the password is fine"), "the password is fine");
+}
+
 TEST(RedactCredentials, LeavesTextWithoutCredentialsAlone) {
   for (const char* text : {"redis://127.0.0.1:6379/0", "unix:///tmp/redis.sock", "host=h port=5",
                            "connection refused", ""}) {
