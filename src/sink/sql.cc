@@ -77,18 +77,23 @@ MigrationScript split_migrations(std::string_view sql) {
 
 bool names_constraint(std::string_view message, const std::vector<std::string>& constraints) {
   const std::string_view primary = message.substr(0, message.find('\n'));
-  const auto identifier_char = [](char c) {
-    // ASCII only: locales quote the name with non-ASCII marks (German »name«).
-    return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_' || c == '$';
+  // The name is quoted whole: "name" in English, other marks in other locales (German
+  // »name«, non-ASCII). So a quote mark must sit right before and after it: neither an
+  // identifier character (a longer name) nor a blank (a word of the text, or of a quoted name
+  // holding blanks, as in "X name").
+  const auto quote_mark = [](char c) {
+    const auto byte = static_cast<unsigned char>(c);
+    return std::isalnum(byte) == 0 && std::isspace(byte) == 0 && c != '_' && c != '$';
   };
   for (const std::string& name : constraints) {
     if (name.empty()) continue;
     for (std::size_t at = primary.find(name); at != std::string_view::npos;
          at = primary.find(name, at + 1)) {
       const std::size_t after = at + name.size();
-      const bool starts = at == 0 || !identifier_char(primary[at - 1]);
-      const bool ends = after == primary.size() || !identifier_char(primary[after]);
-      if (starts && ends) return true;
+      if (at > 0 && after < primary.size() && quote_mark(primary[at - 1]) &&
+          quote_mark(primary[after])) {
+        return true;
+      }
     }
   }
   return false;

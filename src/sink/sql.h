@@ -52,7 +52,8 @@ struct MigrationScript {
 
 /// True when the primary line of a server error `message` (its first line: the constraint name
 /// appears there in every locale, user data only in DETAIL) names one of `constraints` as a
-/// whole identifier.
+/// whole quoted identifier: a quote mark right before and after it (any character but an
+/// identifier character or a blank, so the quotes of every locale count).
 [[nodiscard]] bool names_constraint(std::string_view message,
                                     const std::vector<std::string>& constraints);
 

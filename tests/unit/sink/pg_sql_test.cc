@@ -77,6 +77,16 @@ TEST(PgSql, NamesConstraintMatchesWholeIdentifiersOnThePrimaryLineOnly) {
   EXPECT_FALSE(names_constraint("anything", {}));
 }
 
+// A listed name that is only part of the violated constraint's quoted name ("X name") or a word
+// of the message (`key`) turned an unlisted violation into a Duplicate: the write was lost.
+TEST(PgSql, NamesConstraintNeedsTheWholeQuotedNameNotAWordOfIt) {
+  const std::string violated = "ERROR:  duplicate key value violates unique constraint ";
+  EXPECT_FALSE(names_constraint(violated + "\"X u_idem\"", {"u_idem"}));
+  EXPECT_FALSE(names_constraint(violated + "\"u_idem x\"", {"u_idem"}));
+  EXPECT_FALSE(names_constraint(violated + "\"accounts_pkey\"", {"key"}));
+  EXPECT_TRUE(names_constraint(violated + "\"u_idem\"", {"u_idem"}));
+}
+
 TEST(PgSql, ABusinessDuplicateIsA23505ThatNamesABusinessConstraint) {
   const std::vector<std::string> ours{"ledger_once"};
   const auto pg = [](const std::string& what, const std::string& sqlstate) {
