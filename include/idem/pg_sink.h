@@ -50,7 +50,9 @@ enum class PgPooling {
 /// Options of a PgSink. Validated once by the PgSink constructor (idem::ConfigError).
 struct PgSinkOptions {
   /// libpq connection string: a `postgresql://` URL or `key=value` keywords. Required; one libpq
-  /// cannot parse (an unknown keyword, bad percent-encoding) is an idem::ConfigError. For a
+  /// cannot parse (an unknown keyword, bad percent-encoding) is an idem::ConfigError. A value
+  /// libpq parses but cannot use (`connect_timeout=abc`) fails at the first connect, as a
+  /// retryable idem::PostgresError. For a
   /// primary with standbys, list every host and let libpq find the one that accepts writes:
   /// `host=a,b port=5432,5432 target_session_attrs=read-write` (docs/operations.md, "High
   /// availability").
@@ -64,7 +66,9 @@ struct PgSinkOptions {
   /// Table of the records, in `schema`; quoted like it, up to 48 bytes (migrate() creates it
   /// and an index named `<table>_expires_at_idx`, which must fit PostgreSQL's 63).
   std::string table = "idem_records";
-  /// Namespace (service or tenant) stored with each row; part of the unique key. Non-empty.
+  /// Namespace (service or tenant) stored with each row; part of the unique key. Non-empty,
+  /// at most idem::kMaxKeyComponentBytes bytes (idem/key.h; idem::ConfigError otherwise), so the
+  /// key stays inside PostgreSQL's B-tree row limit.
   std::string ns = "default";
   /// Most connections open at once. Must be ≥ 1.
   std::size_t pool_size = 8;
@@ -149,11 +153,14 @@ class IDEM_EXPORT PgSink final : public Sink {
   /// Borrows a pooled connection, opens a transaction (READ COMMITTED), runs `body` in it and
   /// commits when `body` returns; rolls back and rethrows when it throws (pqxx errors translated
   /// to idem::PostgresError, other exceptions unchanged). Commits nothing after a claim that
-  /// answered kInProgress.
+  /// answered kInProgress (its lock wait aborted the transaction), and returns without error.
+  /// When another statement failed and `body` caught the error and returned, nothing is
+  /// committed either, and it throws a non-retryable idem::PostgresError (SQLSTATE 25P02).
   void transact(const std::function<void(pqxx::transaction_base&)>& body);
 
   /// Like transact(), but commits only when `body` returns true (rolls back when it returns
-  /// false, e.g. after run_business_write() reported a duplicate). Returns whether it committed.
+  /// false, e.g. after run_business_write() reported a duplicate). Returns whether it committed:
+  /// false also when `body` returned true after a claim that answered kInProgress.
   bool transact_if(const std::function<bool(pqxx::transaction_base&)>& body);
 
   /// Inserts the claim row for `key` inside `tx` (`INSERT … ON CONFLICT DO NOTHING
@@ -228,7 +235,9 @@ class IDEM_EXPORT PgSink final : public Sink {
   [[nodiscard]] std::optional<RecordInfo> inspect(std::string_view key);
 
   /// Deletes the row of `key` in this namespace whatever its request ID, in one short
-  /// transaction that locks the row first (waiting up to lock_timeout for an open claim of it):
+  /// transaction that takes the key's lock first, as a claim does (waiting up to lock_timeout
+  /// for a transaction holding an open claim of it, then a retryable idem::PostgresError,
+  /// SQLSTATE 55P03):
   /// an operator's way to free a claim stuck until its lease ends. With kInProgressOnly a
   /// COMPLETED row is kept (kCompleted); with kAnyState it is deleted too, and the next
   /// request with this key runs its side effect again. Prefer release(key, owner). Throws

@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "idem/errors.h"
+
 namespace idem::detail {
 
 struct PgResultDeleter {
@@ -38,6 +40,19 @@ template <typename... Values>
   params.reserve(sizeof...(Values));
   (params.emplace_back(std::forward<Values>(values)), ...);
   return params;
+}
+
+/// Throws a non-retryable idem::PostgresError (SQLSTATE 22021, as the server answers a NUL in
+/// text) naming the first parameter ($1 is the first) that holds a NUL byte: libpq sends text
+/// parameters as C strings, so the value would be cut at the NUL without a word.
+inline void require_no_nul(const PgParams& params) {
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (params[i] && params[i]->find('\0') != std::string::npos) {
+      throw PostgresError("idem: postgres: parameter $" + std::to_string(i + 1) +
+                              " holds a NUL byte, which a text parameter cannot carry",
+                          false, "22021");
+    }
+  }
 }
 
 }  // namespace idem::detail

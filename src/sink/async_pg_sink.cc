@@ -116,6 +116,23 @@ void rethrow_end(const BatchEnds& ends, std::size_t i) {
   if (ends[i].first) std::rethrow_exception(ends[i].first);
 }
 
+// `error`, of one of idem's own statements, rethrown; with the pointer to migrate() when it says
+// a table or column is missing.
+[[noreturn]] void rethrow_own(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const PostgresError& e) {
+    const std::string_view hint = migrate_hint(e.sqlstate());
+    if (hint.empty()) throw;
+    throw PostgresError(e.what() + std::string(hint), e.retryable(), e.sqlstate());
+  }
+}
+
+// rethrow_end() for one of idem's own statements (rethrow_own()).
+void rethrow_own_end(const BatchEnds& ends, std::size_t i) {
+  if (ends[i].first) rethrow_own(ends[i].first);
+}
+
 }  // namespace
 
 AsyncPgSink::AsyncPgSink(const asio::any_io_executor& executor, const PgSinkOptions& options)
@@ -146,6 +163,7 @@ std::shared_ptr<PgAsyncConnection> AsyncPgSink::shared_connection() {
       best = connections_[i];
     }
   }
+  if (best != nullptr) best->drop_if_stale();  // a new unit of work starts on it
   return best;
 }
 
@@ -213,10 +231,8 @@ asio::awaitable<PgResultPtr> AsyncPgSink::exec(Prepared statement, PgParams para
     co_return co_await connection->exec(
         prepared(statement), std::move(params),
         asio::bind_cancellation_slot(asio::cancellation_slot(), asio::use_awaitable));
-  } catch (const PostgresError& error) {
-    const std::string_view hint = migrate_hint(error.sqlstate());
-    if (hint.empty()) throw;
-    throw PostgresError(error.what() + std::string(hint), error.retryable(), error.sqlstate());
+  } catch (const PostgresError&) {
+    rethrow_own(std::current_exception());
   }
 }
 
@@ -338,7 +354,7 @@ asio::awaitable<SinkClaim> AsyncPgTransaction::claim(std::string_view key,
     if (error.sqlstate() != kLockNotAvailable) throw;
     co_return held_elsewhere();  // this transaction is aborted now: the plan rolls it back
   }
-  rethrow_end(ends, lock + 1);
+  rethrow_own_end(ends, lock + 1);
   const PGresult* row = ends[lock + 1].second.get();
   if (PQntuples(row) == 0) co_return SinkClaim{};
   if (std::string_view(PQgetvalue(row, 0, 5)) == "t") {  // expired: ours (we hold its lock)
@@ -368,6 +384,7 @@ asio::awaitable<PgResultPtr> AsyncPgTransaction::send(PgStatement statement, PgP
 }
 
 asio::awaitable<PgResultPtr> AsyncPgTransaction::exec(std::string sql, PgParams params) {
+  require_no_nul(params);
   check_session();
   last_writes_.reset();
   co_return co_await send(PgStatement::cached(std::move(sql)), std::move(params),
@@ -375,6 +392,7 @@ asio::awaitable<PgResultPtr> AsyncPgTransaction::exec(std::string sql, PgParams 
 }
 
 void AsyncPgTransaction::stage(std::string sql, PgParams params) {
+  require_no_nul(params);
   check_session();
   last_writes_.reset();
   staged_.emplace_back(PgStatement::cached(std::move(sql)), std::move(params));
@@ -419,7 +437,8 @@ asio::awaitable<void> AsyncPgTransaction::commit() {
     send_rollback();
     give_back();
     handler_failed_ = i >= first && i < first + handlers;
-    std::rethrow_exception(ends[i].first);
+    if (handler_failed_) std::rethrow_exception(ends[i].first);
+    rethrow_own(ends[i].first);
   }
   give_back();
   rethrow_end(ends, ends.size() - 1);

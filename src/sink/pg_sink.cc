@@ -1,5 +1,7 @@
 #include "idem/pg_sink.h"
 
+#include <libpq-fe.h>
+
 #include <algorithm>
 #include <array>
 #include <charconv>
@@ -26,6 +28,10 @@
 
 namespace idem {
 namespace {
+
+// The transaction whose claim, on this thread, answered kInProgress after its lock wait ran out
+// (which aborts the transaction): watched() ends that one without error, as documented.
+thread_local const pqxx::transaction_base* claim_wait_aborted = nullptr;
 
 constexpr int kClaimAttempts = 3;  // an expired or vanished row is retried, not looped on
 constexpr const char* kLockNotAvailable = "55P03";
@@ -57,6 +63,11 @@ constexpr std::array<const char*, kCount> kStatementNames{
 void detail::validate_sink_options(const PgSinkOptions& options) {
   if (options.conninfo.empty()) throw ConfigError("idem: PgSinkOptions::conninfo is empty");
   if (options.ns.empty()) throw ConfigError("idem: PgSinkOptions::ns is empty");
+  if (options.ns.size() > kMaxKeyComponentBytes) {
+    // Part of the unique key: with three key components it stays inside the B-tree row limit.
+    throw ConfigError("idem: PgSinkOptions::ns is longer than kMaxKeyComponentBytes (" +
+                      std::to_string(kMaxKeyComponentBytes) + ")");
+  }
   if (options.pool_size == 0) throw ConfigError("idem: PgSinkOptions::pool_size must be >= 1");
   if (options.borrow_timeout.count() < 0 || options.statement_timeout.count() < 0 ||
       options.lock_timeout.count() < 0 || options.response_timeout.count() < 0) {
@@ -80,7 +91,9 @@ void detail::validate_sink_options(const PgSinkOptions& options) {
   if (options.retention.count() <= 0) {
     throw ConfigError("idem: PgSinkOptions::retention must be > 0");
   }
-  (void)detail::quote_identifier(options.schema);  // throws ConfigError
+  if (options.schema.empty()) throw ConfigError("idem: PgSinkOptions::schema is empty");
+  if (options.table.empty()) throw ConfigError("idem: PgSinkOptions::table is empty");
+  (void)detail::quote_identifier(options.schema);  // throws ConfigError (a NUL byte)
   (void)detail::quote_identifier(options.table);
   // Longer names would be truncated by the server: the table's derived names would then collide
   // (with each other, or with the table's own), and migrate() would skip creating one of them.
@@ -339,6 +352,7 @@ struct PgSink::Impl {
     const int socket = conn.sock();
     std::optional<Tx> tx;
     watchdog.run(socket, [&] { open(tx); });
+    claim_wait_aborted = nullptr;
     bool commit = false;
     try {
       commit = body(*tx);
@@ -350,8 +364,28 @@ struct PgSink::Impl {
       }
       throw;
     }
-    watchdog.run(socket, [&] { commit ? tx->commit() : tx->abort(); });
+    if (commit && PQtransactionStatus(detail::raw_connection(*tx)) == PQTRANS_INERROR) {
+      // A statement failed, so COMMIT could only roll back: the caller must not read "committed".
+      // After a claim's lock wait (kInProgress) that is the documented end, without error; after
+      // an error the body caught and went on from, an error.
+      watchdog.run(socket, [&] { tx->abort(); });
+      if (claim_wait_aborted != &*tx) throw nothing_committed();
+      return false;
+    }
+    try {
+      watchdog.run(socket, [&] { commit ? tx->commit() : tx->abort(); });
+    } catch (const pqxx::usage_error&) {
+      throw nothing_committed();  // libpqxx saw the failed statement itself and refused
+    }
     return commit;
+  }
+
+  // A body that returned after a statement of its transaction failed: nothing committed.
+  static PostgresError nothing_committed() {
+    return PostgresError(
+        "idem: postgres: nothing was committed: a statement of the transaction failed and the "
+        "body went on",
+        false, "25P02");
   }
 
   // Borrows a connection and runs fn(connection), translating libpqxx errors; a connection
@@ -391,6 +425,7 @@ struct PgSink::Impl {
         }
       } catch (const pqxx::sql_error& error) {
         if (error.sqlstate() != kLockNotAvailable) throw;
+        claim_wait_aborted = &tx;
         return held_elsewhere();
       }
       throw PostgresError("idem: postgres: the row of the key kept changing during claim", true);
@@ -619,6 +654,9 @@ ForceReleaseStatus PgSink::force_release(std::string_view key, ForceReleaseScope
   ForceReleaseStatus status = ForceReleaseStatus::kReleased;
   impl_->with_connection([&](pqxx::connection& conn) {
     return impl_->watched_transaction(conn, [&](pqxx::work& tx) {
+      // The key's lock first, as a claim takes it: a claim not committed yet holds it (its row
+      // is invisible to FOR UPDATE until then).
+      impl_->exec(tx, kLockKey, impl_->options.ns, k);
       const pqxx::result found = impl_->exec(tx, kLockRow, impl_->options.ns, k);
       if (found.empty()) {
         status = ForceReleaseStatus::kNotFound;
@@ -736,6 +774,7 @@ void PgTransaction::record(std::string_view key, std::string_view request_id,
 }
 
 void PgTransaction::stage(std::string sql, PgParams params) {
+  require_no_nul(params);
   const PgSink::Impl& impl = *sink_.impl_;
   BatchedTransaction& tx = *held_->tx;
   guarded([&] {

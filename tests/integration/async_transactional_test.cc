@@ -637,6 +637,25 @@ TEST_F(AsyncTransactionalTest, AStagedWriteGoesAheadOfTheNextExecWhichThrowsItsF
   io.run();
 }
 
+// libpq sends text parameters as C strings: a NUL byte cut the value there ("o1\0; amount=999"
+// was stored as "o1"), without a word.
+TEST_F(AsyncTransactionalTest, AParameterWithANulByteIsAPostgresErrorNotACutValue) {
+  asio::io_context io;
+  AsyncDeduplicator dedup(io.get_executor(), options(true));
+  const Ending ended = run_to_end(io, [&]() -> asio::awaitable<Outcome> {
+    const auto handler = [&](AsyncTransaction& tx) -> asio::awaitable<std::string> {
+      std::vector<std::optional<std::string>> params{std::string("o1\0; amount=999", 15)};
+      (void)co_await tx.exec("INSERT INTO " + table("ledger") + " VALUES ($1, 5)", params);
+      co_return "inserted";
+    };
+    co_return co_await dedup.run_transactional(refund_request("r1", "o1"), handler,
+                                               asio::use_awaitable);
+  });
+  ASSERT_TRUE(threw<PostgresError>(ended));
+  EXPECT_EQ(sqlstate_of(ended), "22021");
+  EXPECT_EQ(schema_->count("SELECT count(*) FROM " + table("ledger")), 0);
+}
+
 // Sent with COMMIT, a staged write that fails is the handler's failure (not the sink's): nothing
 // commits and the claim is released, so the retry runs; one that meets a business constraint
 // makes the call a duplicate.

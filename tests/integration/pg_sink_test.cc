@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "idem/errors.h"
+#include "idem/key.h"
 #include "pg_server.h"
 #include "test_env.h"
 
@@ -167,6 +168,75 @@ TEST_F(PgSinkTest, ClaimAgainstAnOpenTransactionAnswersInProgressWithinTheLockTi
   EXPECT_EQ(record_rows(), 1);
   // The non-transactional claim takes the same path.
   EXPECT_EQ(sink->claim("k4", "req-c", "fp").status, SinkStatus::kDuplicate);
+}
+
+// A claim's lock wait that runs out aborts the transaction: transact_if() answered "committed"
+// when the body returned true anyway, and a consumer acking on it lost the message.
+TEST_F(PgSinkTest, TransactIfSaysNothingCommittedWhenTheBodyGoesOnAfterAClaimInProgress) {
+  PgSinkOptions opts = options();
+  opts.lock_timeout = std::chrono::milliseconds(50);
+  auto sink = make_sink(opts);
+  std::promise<void> claimed;
+  std::promise<void> finish;
+  std::thread first([&] {
+    sink->transact([&](pqxx::transaction_base& tx) {
+      ASSERT_EQ(sink->claim(tx, "k5", "req-a", "fp").status, SinkStatus::kClaimed);
+      claimed.set_value();
+      finish.get_future().wait();
+    });
+  });
+  claimed.get_future().wait();
+  SinkClaim second;
+  const bool committed = sink->transact_if([&](pqxx::transaction_base& tx) {
+    second = sink->claim(tx, "k5", "req-b", "fp");
+    return true;  // a body that ignores the answer
+  });
+  finish.set_value();
+  first.join();
+  EXPECT_EQ(second.status, SinkStatus::kInProgress);
+  EXPECT_FALSE(committed);
+}
+
+// A body that catches a failed statement and returns: nothing can commit. transact() let a raw
+// pqxx::usage_error out (or, after a failed claim flight, returned as if it had committed).
+TEST_F(PgSinkTest, ABodyThatCatchesAFailedStatementGetsAPostgresErrorNotACommit) {
+  try {
+    sink_->transact([&](pqxx::transaction_base& tx) {
+      ASSERT_EQ(sink_->claim(tx, "k6", "req-a", "fp").status, SinkStatus::kClaimed);
+      try {
+        tx.exec0("SELECT * FROM no_such_table_here");
+      } catch (const std::exception&) {
+        // the body goes on
+      }
+    });
+    ADD_FAILURE() << "transact() returned as if it had committed";
+  } catch (const PostgresError& error) {
+    EXPECT_EQ(error.sqlstate(), "25P02") << error.what();
+    EXPECT_FALSE(error.retryable());
+  }
+  EXPECT_EQ(record_rows(), 0);
+}
+
+// force_release() locked only the row, which an open claim's INSERT does not show yet: it
+// answered kNotFound at once, and the claim committed after it.
+TEST_F(PgSinkTest, ForceReleaseWaitsForAClaimNotCommittedYet) {
+  std::promise<void> claimed;
+  std::promise<void> finish;
+  std::thread first([&] {
+    sink_->transact([&](pqxx::transaction_base& tx) {
+      ASSERT_EQ(sink_->claim(tx, "k7", "req-a", "fp").status, SinkStatus::kClaimed);
+      claimed.set_value();
+      finish.get_future().wait();
+    });
+  });
+  claimed.get_future().wait();
+  auto released = std::async(
+      std::launch::async, [&] { return sink_->force_release("k7", ForceReleaseScope::kAnyState); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  finish.set_value();  // the claim commits while force_release() waits for its lock
+  first.join();
+  EXPECT_EQ(released.get(), ForceReleaseStatus::kReleased);
+  EXPECT_EQ(record_rows(), 0);
 }
 
 TEST_F(PgSinkTest, StatementTimeoutIsARetryablePostgresError) {
@@ -539,6 +609,13 @@ TEST_F(PgSinkTest, InvalidOptionsAreConfigErrors) {
   opts = options();
   opts.lease = std::chrono::milliseconds(0);
   EXPECT_THROW(PgSink{opts}, ConfigError);
+  // A namespace past the key's budget failed every call with 54000 (index row too large), in
+  // run_transactional() only after the handler had run.
+  opts = options();
+  opts.ns = std::string(kMaxKeyComponentBytes + 1, 'n');
+  EXPECT_THROW(PgSink{opts}, ConfigError);
+  opts.ns.pop_back();
+  EXPECT_NO_THROW(PgSink{opts});
   EXPECT_THROW((void)sink_->claim("k", std::string(65, 'r'), ""), InvalidRequestId);
 }
 

@@ -584,6 +584,25 @@ TEST_F(TransactionalCallTest, StagedWritesGoWithTheCommitAndSaveTheirRoundTrips)
   EXPECT_EQ(runs, 4);
 }
 
+// libpq sends text parameters as C strings: a NUL byte cut the value there ("o1\0; amount=999"
+// was stored as "o1"), without a word.
+TEST_F(TransactionalCallTest, AStagedParameterWithANulByteIsAPostgresErrorNotACutValue) {
+  Deduplicator dedup(sink_only(sink_options(admin_url_)));
+  try {
+    (void)dedup.run_transactional(
+        request("r1", "o1"), [&](pqxx::transaction_base&, Context& context) {
+          context.stage("INSERT INTO " + table("ledger") + " VALUES ($1, 5)",
+                        {std::string("o1\0; amount=999", 15)});
+          return std::string("staged");
+        });
+    ADD_FAILURE() << "a parameter holding a NUL byte was sent";
+  } catch (const PostgresError& error) {
+    EXPECT_EQ(error.sqlstate(), "22021") << error.what();
+    EXPECT_FALSE(error.retryable());
+  }
+  EXPECT_EQ(schema_->count("SELECT count(*) FROM " + table("ledger")), 0);
+}
+
 // Sent with COMMIT, a staged write that fails is the handler's failure (not the sink's): nothing
 // commits and the claim is released, so the retry runs; one that meets a business constraint
 // makes the call a duplicate. Staging outside a transactional handler is refused.
