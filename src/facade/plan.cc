@@ -578,8 +578,13 @@ void CallPlan::conclude(Outcome outcome) {
   outcome_ = std::move(outcome);
   const bool replayable = outcome_.kind == Outcome::Kind::kExecuted ||
                           (outcome_.kind == Outcome::Kind::kDuplicate && outcome_.response);
-  // Not replayable: a later layer stopped it; the first owner's record stands.
-  if (!replayable) return finish(std::move(outcome_));
+  // Not replayable: a later layer stopped it; the first owner's record stands. In progress
+  // there (the sink deciding: no guard, or the guard failing open), the wait policy applies as
+  // it does to the guard's answer.
+  if (!replayable) {
+    if (outcome_.kind == Outcome::Kind::kInProgress) return repeat(std::move(outcome_));
+    return finish(std::move(outcome_));
+  }
   if (outcome_.kind == Outcome::Kind::kDuplicate) response_ = *outcome_.response;
   begin_completion();
 }

@@ -186,6 +186,8 @@ class World {
   void claim_elsewhere(const std::string& key, const std::string& request_id,
                        const std::string& fingerprint = "");
   void sink_claim_elsewhere(const std::string& key, const std::string& request_id);
+  /// Completes the sink row sink_claim_elsewhere() took of `key`, with `response`.
+  void sink_complete_elsewhere(const std::string& key, const std::string& response);
   /// Completes (releases) the claim claim_elsewhere() took of `key`.
   void complete_elsewhere(const std::string& key, const std::string& response);
   void release_elsewhere(const std::string& key);

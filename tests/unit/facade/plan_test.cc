@@ -371,6 +371,30 @@ TEST(CallPlan, WaitForResultEndsInProgressAtItsDeadline) {
   EXPECT_EQ(d.now - start, milliseconds(100));
 }
 
+// The wait policy was applied only when the guard found the repeat in progress: with the sink
+// alone deciding (no guard, or Redis failing open) a repeat answered InProgress at once.
+TEST(CallPlan, WaitForResultAlsoWaitsWhenTheSinkFindsTheFirstInProgress) {
+  ScriptedDriver d;
+  d.options.guard = nullptr;
+  d.use_sink();
+  d.options.on_concurrent_duplicate = ConcurrentDuplicatePolicy::kWaitForResult;
+  d.options.wait_poll_interval = milliseconds(20);
+  d.options.wait_for_result = milliseconds(100);
+  d.options.local_cache_capacity = 0;
+  ASSERT_EQ(d.sink->claim("u1:refund:b1", "r0", "", "owner-0").status, SinkStatus::kClaimed);
+  int waits = 0;
+  d.before_step = [&](const Step& step) {
+    if (step.kind == K::kWait && ++waits == 2) {
+      ASSERT_TRUE(d.sink->complete("u1:refund:b1", "owner-0", "first's", milliseconds(0)));
+    }
+  };
+  const Outcome replay = d.call(request("r1"));
+  EXPECT_EQ(replay.kind, Outcome::Kind::kDuplicate);
+  EXPECT_EQ(replay.response, "first's");
+  EXPECT_EQ(trace_text(d.trace), "SinkClaim Wait SinkClaim Wait SinkClaim Emit Return");
+  EXPECT_EQ(d.handler_runs, 0);
+}
+
 // ---- failures of the handler and the failure policy -------------------------------------------
 
 TEST(CallPlan, ABusinessErrorReleasesBothClaimsInRunMode) {
