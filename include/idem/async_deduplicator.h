@@ -127,7 +127,9 @@ class IDEM_EXPORT AsyncTransaction {
   explicit AsyncTransaction(detail::AsyncPgTransaction& tx) noexcept : tx_(&tx) {}
 
   /// Runs one statement, parameters $1… as text (std::nullopt: NULL; libpq's extended protocol:
-  /// one statement per call). The first PgSinkOptions::statement_cache distinct texts are
+  /// one statement per call; one holding a NUL byte throws a non-retryable
+  /// idem::PostgresError, SQLSTATE 22021, before anything is sent, as libpq would cut it
+  /// there). The first PgSinkOptions::statement_cache distinct texts are
   /// prepared on each connection at their first use and then sent by name: a text whose result
   /// columns changed since (ALTER TABLE under a `SELECT *`) fails once per connection with
   /// SQLSTATE 0A000 and is prepared again at its next use; a handler must not DEALLOCATE or
@@ -143,7 +145,7 @@ class IDEM_EXPORT AsyncTransaction {
   /// business failure. Each statement is bounded by PgSinkOptions::response_timeout. With
   /// GCC 12, pass `params` as a named vector, not a braced list in the `co_await` expression
   /// (GCC 12 cannot keep an initializer list's array across a suspension: "array used as
-  /// initializer").
+  /// initializer"; docs/async.md, "Compiler notes").
   asio::awaitable<AsyncResult> exec(std::string sql,
                                     std::vector<std::optional<std::string>> params = {});
 

@@ -88,7 +88,10 @@ enum class ConcurrentDuplicatePolicy {
 /// is asked for, since the effect may have happened).
 enum class FailureAction {
   kRelease,             ///< Release the claim (owner only), so the upstream may retry. Default.
-  kKeepUntilLeaseEnds,  ///< Keep it: repeats get InProgress until the lease ends.
+  kKeepUntilLeaseEnds,  ///< Keep it: repeats get InProgress until the lease ends. In
+                        ///< run_transactional() the sink's row rolls back with the
+                        ///< transaction, so only the guard's claim is kept: with no guard, a
+                        ///< repeat runs at once.
   kStoreAsResponse,     ///< Complete the record with FailureDecision::response, so repeats
                         ///< replay that deterministic business error.
 };
@@ -178,9 +181,11 @@ class IDEM_EXPORT Context {
   /// never committed). idem tells such a step by reading what the transaction wrote before and
   /// after `fn` (one short statement each, PostgreSQL's transaction ID and
   /// pg_stat_xact_user_tables): rows inserted, updated or deleted in user tables, or the first
-  /// write of any kind. A step that only reads through it, or writes nowhere else, is journaled
-  /// as above. Since a retry runs such a step again while replaying the journaled steps after
-  /// it, a journaled step that depends on its result should take that result as its `input`:
+  /// write of any kind. A TRUNCATE or DDL statement after the transaction's first write changes
+  /// neither, so a step whose only write is one is journaled, and a retry skips it: run such
+  /// statements outside step(). A step that only reads through it, or writes nowhere else, is
+  /// journaled as above. Since a retry runs such a step again while replaying the journaled steps
+  /// after it, a journaled step that depends on its result should take that result as its `input`:
   /// a re-run that answers differently then ends in StepInputMismatch, not in a replay made
   /// from the old answer.
   ///
@@ -205,10 +210,11 @@ class IDEM_EXPORT Context {
   /// handler returns, in their round trip instead of one of its own (a handler that stages its
   /// writes costs its call one round trip to PostgreSQL fewer per statement than with
   /// tx.exec(): docs/pg_sink.md, "What a call costs"). Parameters $1… as text (std::nullopt:
-  /// NULL; one statement per call). Staged statements run in the order queued, after every
-  /// statement the handler runs through the transaction, whenever it ran them: stage only
-  /// writes that nothing later in the handler reads. A step() reading flushes them (they go
-  /// ahead of its reading, in its round trip; the first that fails is thrown there).
+  /// NULL; one statement per call; one holding a NUL byte throws a non-retryable
+  /// idem::PostgresError, SQLSTATE 22021, as libpq would cut it there). Staged statements run in
+  /// the order queued, after every statement the handler runs through the transaction, whenever it
+  /// ran them: stage only writes that nothing later in the handler reads. A step() reading flushes
+  /// them (they go ahead of its reading, in its round trip; the first that fails is thrown there).
   ///
   /// The first PgSinkOptions::statement_cache distinct texts are prepared on each connection
   /// at their first use there (that use costs a round trip) and then sent by name; later texts

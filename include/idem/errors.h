@@ -92,7 +92,8 @@ class IDEM_EXPORT ClockMovedBackwards : public Error {
 /// facade or by (or on behalf of) a handler that was cancelled. Stopped before its handler
 /// started, a call releases the claims it took (nothing ran); once the handler has started, the
 /// transaction rolls back and the claim is kept until its lease ends (the handler may have had
-/// effects outside it).
+/// effects outside it). In run_transactional() the kept claim is the guard's (the sink's row
+/// rolls back with the transaction): with no guard, a repeat runs at once.
 class IDEM_EXPORT Cancelled : public Error {
  public:
   Cancelled() : Error("idem: handler cancelled") {}
