@@ -95,12 +95,6 @@ void PgAsyncConnection::enqueue(std::unique_ptr<Op> op, PgStatement statement, P
   }
 }
 
-void PgAsyncConnection::drop_if_stale() {
-  if (state_ == State::kReady && pending_.empty() && idle_connection_went_stale(socket_fd_)) {
-    fail(lost("the server ended the idle session"));  // nothing in flight fails
-  }
-}
-
 void PgAsyncConnection::connect() {
   conn_ = PQconnectStart(settings_.conninfo.c_str());
   if (conn_ == nullptr) return fail(lost("cannot allocate a connection"));
