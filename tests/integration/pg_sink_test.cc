@@ -23,6 +23,36 @@
 namespace idem {
 namespace {
 
+// Another transaction holding an uncommitted claim of `key` (request req-a) from construction
+// until finish() (or destruction), when it commits.
+class OpenClaim {
+ public:
+  OpenClaim(PgSink& sink, const std::string& key)
+      : thread_([this, &sink, key] {
+          sink.transact([&](pqxx::transaction_base& tx) {
+            ASSERT_EQ(sink.claim(tx, key, "req-a", "fp").status, SinkStatus::kClaimed);
+            claimed_.set_value();
+            finish_.get_future().wait();
+          });
+        }) {
+    claimed_.get_future().wait();
+  }
+  ~OpenClaim() { finish(); }
+  OpenClaim(const OpenClaim&) = delete;
+  OpenClaim& operator=(const OpenClaim&) = delete;
+
+  void finish() {
+    if (!thread_.joinable()) return;
+    finish_.set_value();
+    thread_.join();
+  }
+
+ private:
+  std::promise<void> claimed_;
+  std::promise<void> finish_;
+  std::thread thread_;
+};
+
 class PgSinkTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -144,24 +174,14 @@ TEST_F(PgSinkTest, ClaimAgainstAnOpenTransactionAnswersInProgressWithinTheLockTi
   PgSinkOptions opts = options();
   opts.lock_timeout = std::chrono::milliseconds(50);
   auto sink = make_sink(opts);
-  std::promise<void> claimed;
-  std::promise<void> finish;
-  std::thread first([&] {
-    sink->transact([&](pqxx::transaction_base& tx) {
-      ASSERT_EQ(sink->claim(tx, "k4", "req-a", "fp").status, SinkStatus::kClaimed);
-      claimed.set_value();
-      finish.get_future().wait();
-    });
-  });
-  claimed.get_future().wait();
+  OpenClaim first(*sink, "k4");
   SinkClaim second;
   bool body_ran = false;
   sink->transact([&](pqxx::transaction_base& tx) {
     second = sink->claim(tx, "k4", "req-b", "fp");
     body_ran = true;
   });
-  finish.set_value();
-  first.join();
+  first.finish();
   EXPECT_TRUE(body_ran);
   EXPECT_EQ(second.status, SinkStatus::kInProgress);
   EXPECT_EQ(second.state, RecordState::kInProgress);
@@ -176,23 +196,13 @@ TEST_F(PgSinkTest, TransactIfSaysNothingCommittedWhenTheBodyGoesOnAfterAClaimInP
   PgSinkOptions opts = options();
   opts.lock_timeout = std::chrono::milliseconds(50);
   auto sink = make_sink(opts);
-  std::promise<void> claimed;
-  std::promise<void> finish;
-  std::thread first([&] {
-    sink->transact([&](pqxx::transaction_base& tx) {
-      ASSERT_EQ(sink->claim(tx, "k5", "req-a", "fp").status, SinkStatus::kClaimed);
-      claimed.set_value();
-      finish.get_future().wait();
-    });
-  });
-  claimed.get_future().wait();
+  OpenClaim first(*sink, "k5");
   SinkClaim second;
   const bool committed = sink->transact_if([&](pqxx::transaction_base& tx) {
     second = sink->claim(tx, "k5", "req-b", "fp");
     return true;  // a body that ignores the answer
   });
-  finish.set_value();
-  first.join();
+  first.finish();
   EXPECT_EQ(second.status, SinkStatus::kInProgress);
   EXPECT_FALSE(committed);
 }
@@ -220,21 +230,11 @@ TEST_F(PgSinkTest, ABodyThatCatchesAFailedStatementGetsAPostgresErrorNotACommit)
 // force_release() locked only the row, which an open claim's INSERT does not show yet: it
 // answered kNotFound at once, and the claim committed after it.
 TEST_F(PgSinkTest, ForceReleaseWaitsForAClaimNotCommittedYet) {
-  std::promise<void> claimed;
-  std::promise<void> finish;
-  std::thread first([&] {
-    sink_->transact([&](pqxx::transaction_base& tx) {
-      ASSERT_EQ(sink_->claim(tx, "k7", "req-a", "fp").status, SinkStatus::kClaimed);
-      claimed.set_value();
-      finish.get_future().wait();
-    });
-  });
-  claimed.get_future().wait();
+  OpenClaim first(*sink_, "k7");
   auto released = std::async(
       std::launch::async, [&] { return sink_->force_release("k7", ForceReleaseScope::kAnyState); });
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  finish.set_value();  // the claim commits while force_release() waits for its lock
-  first.join();
+  first.finish();  // the claim commits while force_release() waits for its lock
   EXPECT_EQ(released.get(), ForceReleaseStatus::kReleased);
   EXPECT_EQ(record_rows(), 0);
 }

@@ -14,6 +14,8 @@
 #include <stdexcept>
 #include <utility>
 
+#include "redis_server.h"  // listen_on_loopback()
+
 namespace idem::test {
 
 // What one connection's client has sent and not yet been counted.
@@ -65,19 +67,11 @@ int connect_to(const std::string& host, int port) {
 
 CountingProxy::CountingProxy(Protocol protocol, std::string host, int port)
     : protocol_(protocol), host_(std::move(host)), target_port_(port) {
-  listener_ = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t size = sizeof address;
-  if (listener_ < 0 || ::bind(listener_, reinterpret_cast<sockaddr*>(&address), size) != 0 ||
-      ::listen(listener_, 64) != 0 ||
-      ::getsockname(listener_, reinterpret_cast<sockaddr*>(&address), &size) != 0 ||
-      ::pipe(stop_pipe_) != 0) {
-    if (listener_ >= 0) ::close(listener_);
-    throw std::runtime_error("counting proxy: cannot listen");
+  listener_ = listen_on_loopback(port_, 64, "counting proxy");
+  if (::pipe(stop_pipe_) != 0) {
+    ::close(listener_);
+    throw std::runtime_error("counting proxy: cannot make its stop pipe");
   }
-  port_ = ntohs(address.sin_port);
   acceptor_ = std::thread([this] { accept_loop(); });
 }
 

@@ -68,6 +68,22 @@ int any_free_port() {
 
 }  // namespace
 
+int listen_on_loopback(int& port, int backlog, const std::string& who) {
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t size = sizeof address;
+  if (listener < 0 || ::bind(listener, reinterpret_cast<sockaddr*>(&address), size) != 0 ||
+      ::listen(listener, backlog) != 0 ||
+      ::getsockname(listener, reinterpret_cast<sockaddr*>(&address), &size) != 0) {
+    if (listener >= 0) ::close(listener);
+    throw std::runtime_error(who + ": cannot listen on loopback");
+  }
+  port = ntohs(address.sin_port);
+  return listener;
+}
+
 int free_port() {
   for (int attempt = 0; attempt < 100; ++attempt) {
     const int port = any_free_port();
@@ -195,19 +211,8 @@ bool RedisServer::launch() {
   throw std::runtime_error("redis-server on port " + std::to_string(port_) + " did not answer");
 }
 
-RawReplyServer::RawReplyServer(std::string reply) : reply_(std::move(reply)) {
-  listener_ = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t size = sizeof address;
-  if (listener_ < 0 || ::bind(listener_, reinterpret_cast<sockaddr*>(&address), size) != 0 ||
-      ::listen(listener_, 16) != 0 ||
-      ::getsockname(listener_, reinterpret_cast<sockaddr*>(&address), &size) != 0) {
-    if (listener_ >= 0) ::close(listener_);
-    throw std::runtime_error("RawReplyServer: cannot listen on loopback");
-  }
-  port_ = ntohs(address.sin_port);
+RawReplyServer::RawReplyServer(std::string reply)
+    : reply_(std::move(reply)), listener_(listen_on_loopback(port_, 16, "RawReplyServer")) {
   thread_ = std::thread([this] {
     std::vector<pollfd> fds{{.fd = listener_, .events = POLLIN, .revents = 0}};
     while (!stopping_) {

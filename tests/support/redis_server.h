@@ -20,6 +20,10 @@ namespace idem::test {
 /// std::runtime_error when it cannot start.
 int run(const std::vector<std::string>& argv, std::string* output);
 
+/// A TCP socket listening on a free loopback port (`backlog` pending connections); sets `port`.
+/// Throws std::runtime_error naming `who` when it cannot listen.
+int listen_on_loopback(int& port, int backlog, const std::string& who);
+
 /// A free loopback TCP port below 55536 (so that a cluster node's bus port, port + 10000, is
 /// valid too).
 int free_port();
@@ -104,8 +108,8 @@ class RawReplyServer {
 
  private:
   std::string reply_;
+  int port_ = 0;  // before listener_: its initializer sets it
   int listener_ = -1;
-  int port_ = 0;
   std::atomic<bool> stopping_{false};
   std::thread thread_;
 };
