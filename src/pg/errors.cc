@@ -1,7 +1,6 @@
 #include "pg/errors.h"
 
 #include <libpq-fe.h>
-#include <poll.h>
 
 #include <array>
 #include <memory>
@@ -87,12 +86,6 @@ void validate_conninfo(const std::string& conninfo) {
 
 PostgresError connection_error(const std::string& message) {
   return {"idem: postgres: " + redact_credentials(message), true, kConnectionLostSqlstate};
-}
-
-bool idle_connection_went_stale(int socket) noexcept {
-  if (socket < 0) return true;
-  pollfd idle{.fd = socket, .events = POLLIN, .revents = 0};
-  return ::poll(&idle, 1, 0) != 0;
 }
 
 }  // namespace idem::detail

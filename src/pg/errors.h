@@ -51,11 +51,6 @@ void validate_conninfo(const std::string& conninfo);
 /// longer take writes (25006, a demoted primary): it must not be reused.
 [[nodiscard]] bool is_connection_loss(const std::string& sqlstate) noexcept;
 
-/// True when the socket of a connection with nothing in flight is readable or closed (or is
-/// -1): the server ended the session (a restart, an idle timeout, pg_terminate_backend), so the
-/// connection must not be used. One poll() that does not wait.
-[[nodiscard]] bool idle_connection_went_stale(int socket) noexcept;
-
 /// Runs `fn` and rethrows any libpqxx failure it throws as idem::PostgresError.
 template <typename F>
 decltype(auto) translating(F&& fn) {

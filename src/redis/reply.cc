@@ -3,12 +3,13 @@
 #include <hiredis/read.h>
 
 #include <new>
+#include <optional>
 #include <utility>
 
 namespace idem::detail {
 namespace {
 
-thread_local std::optional<long long> refused;  // see refused_array()
+thread_local std::optional<long long> refused;  // the array refused last, for reader_failure()
 
 // hiredis' own createArray, set once by bounded_functions().
 void* (*hiredis_create_array)(const redisReadTask*, int) = nullptr;
@@ -41,10 +42,8 @@ redisReader* bounded_reader() { return redisReaderCreateWithFunctions(bounded_fu
 
 void bound_reader(redisContext& context) { context.reader->fn = bounded_functions(); }
 
-std::optional<long long> refused_array() { return std::exchange(refused, std::nullopt); }
-
 std::string reader_failure(const char* errstr) {
-  if (const std::optional<long long> elements = refused_array()) {
+  if (const std::optional<long long> elements = std::exchange(refused, std::nullopt)) {
     return "a reply array of " + std::to_string(*elements) + " elements, more than the " +
            std::to_string(kMaxReplyElements) + " idem accepts";
   }

@@ -4,7 +4,6 @@
 #include <hiredis/hiredis.h>
 
 #include <memory>
-#include <optional>
 #include <string>
 
 namespace idem::detail {
@@ -23,19 +22,16 @@ using ReplyPtr = std::unique_ptr<redisReply, ReplyDeleter>;
 inline constexpr int kMaxReplyElements = 1 << 20;
 
 /// A hiredis reader whose arrays are capped at kMaxReplyElements: a longer array fails the
-/// reader (REDIS_ERR_OOM, see refused_array()). Free it with redisReaderFree(); nullptr when
+/// reader (REDIS_ERR_OOM, see reader_failure()). Free it with redisReaderFree(); nullptr when
 /// out of memory.
 [[nodiscard]] redisReader* bounded_reader();
 
 /// Caps the arrays of a blocking hiredis connection's reader the same way.
 void bound_reader(redisContext& context);
 
-/// The size of the array a bounded reader refused last on this thread, if any (cleared by the
-/// call): why its reader failed with REDIS_ERR_OOM.
-[[nodiscard]] std::optional<long long> refused_array();
-
-/// The message for a reader or connection that failed with `errstr`: the refused array when
-/// there was one (refused_array()), else `errstr`.
+/// The message for a reader or connection that failed with `errstr`: the array a bounded reader
+/// refused last on this thread (why it failed with REDIS_ERR_OOM) when there was one, else
+/// `errstr`. Clears what it reports.
 [[nodiscard]] std::string reader_failure(const char* errstr);
 
 }  // namespace idem::detail
