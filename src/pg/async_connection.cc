@@ -10,6 +10,7 @@
 #include "idem/errors.h"
 #include "pg/cancel.h"
 #include "pg/errors.h"
+#include "pg/idle_session.h"
 
 namespace idem::detail {
 namespace {
@@ -92,6 +93,12 @@ void PgAsyncConnection::enqueue(std::unique_ptr<Op> op, PgStatement statement, P
       self->send_scheduled_ = false;
       if (generation == self->generation_) self->send_unsent();
     });
+  }
+}
+
+void PgAsyncConnection::drop_if_stale() {
+  if (state_ == State::kReady && pending_.empty() && idle_session_ended(socket_fd_)) {
+    fail(lost("the server ended the idle session"));  // nothing in flight fails
   }
 }
 

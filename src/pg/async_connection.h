@@ -152,6 +152,11 @@ class PgAsyncConnection : public std::enable_shared_from_this<PgAsyncConnection>
 
   /// Statements sent or queued whose result has not come (including cancelled ones).
   [[nodiscard]] std::size_t in_flight() const noexcept { return pending_.size(); }
+  /// Before a new unit of work (a single statement, a transaction's BEGIN): a connection with
+  /// nothing in flight whose server ended the session while it was idle (a restart) is closed,
+  /// so the work opens a new session instead of failing on the dead one. Never between the
+  /// statements of a transaction: they must not move to another session.
+  void drop_if_stale();
   /// Times a connection was established.
   [[nodiscard]] std::uint64_t connects() const noexcept { return connects_; }
   /// Bumped each time the connection is dropped (lost, timed out, closed): a session's statements

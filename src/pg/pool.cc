@@ -1,25 +1,11 @@
 #include "pg/pool.h"
 
-#include <poll.h>
-
 #include <utility>
 
 #include "pg/errors.h"
+#include "pg/idle_session.h"
 
 namespace idem::detail {
-namespace {
-
-// True when an idle connection's socket is readable or closed: an idle session receives
-// nothing unless the server ended it (a shutdown's termination notice, then EOF), so such a
-// connection is stale. One poll() with no wait; a silent network partition is not seen here.
-bool went_stale(const pqxx::connection& conn) noexcept {
-  pollfd socket{.fd = conn.sock(), .events = POLLIN, .revents = 0};
-  if (socket.fd < 0) return true;
-  return ::poll(&socket, 1, 0) != 0;
-}
-
-}  // namespace
-
 PgPool::Lease::~Lease() {
   if (conn_ == nullptr) return;  // moved from
   const bool reuse = !discarded_ && conn_->is_open();
@@ -53,7 +39,7 @@ PgPool::Lease PgPool::borrow() {
     while (!idle_.empty()) {
       auto conn = std::move(idle_.back());
       idle_.pop_back();
-      if (!went_stale(*conn)) return {*this, std::move(conn)};
+      if (!idle_session_ended(conn->sock())) return {*this, std::move(conn)};
       // The server ended it (a restart): every idle one is suspect, as in give_back().
       --open_;
       stale = take_idle_locked();

@@ -163,6 +163,7 @@ std::shared_ptr<PgAsyncConnection> AsyncPgSink::shared_connection() {
       best = connections_[i];
     }
   }
+  if (best != nullptr) best->drop_if_stale();  // a new unit of work starts on it
   return best;
 }
 

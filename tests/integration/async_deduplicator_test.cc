@@ -178,6 +178,42 @@ TEST_F(AsyncDeduplicatorTest, AnUnmigratedSinkIsUnavailableAndSaysToMigrate) {
   EXPECT_EQ(runs, 0);
 }
 
+// The blocking pool drops a connection the server ended while it was idle; the async sink kept
+// it, so the first call after a PostgreSQL restart answered Unavailable ("terminating
+// connection due to administrator command") with the server up again.
+TEST(AsyncDeduplicatorRestart, TheFirstCallAfterAPostgresRestartRunsOnANewSession) {
+  test::PgServer server;
+  PgSinkOptions pg;
+  pg.conninfo = server.url();
+  pg.pool_size = 1;
+  PgSink(pg).migrate();
+  AsyncDeduplicatorOptions o;
+  o.base.local_cache_capacity = 0;
+  o.postgres = pg;
+  asio::io_context io;
+  AsyncDeduplicator dedup(io.get_executor(), o);
+  Outcome before;
+  Outcome after;
+  asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<void> {
+        const auto handler = [&]() -> asio::awaitable<std::string> { co_return "ran"; };
+        Request first = request_for("r-before");
+        first.biz_key = "before";
+        before = co_await dedup.run(std::move(first), handler, asio::use_awaitable);
+        server.stop();  // blocks the loop meanwhile: nothing else runs on it
+        server.start();
+        Request second = request_for("r-after");
+        second.biz_key = "after";
+        after = co_await dedup.run(std::move(second), handler, asio::use_awaitable);
+        dedup.close();
+      },
+      asio::detached);
+  io.run();
+  EXPECT_EQ(before.kind, Outcome::Kind::kExecuted) << before.error;
+  EXPECT_EQ(after.kind, Outcome::Kind::kExecuted) << after.error;
+}
+
 TEST_F(AsyncDeduplicatorTest, ManyCallsInFlightOnOneThreadRunEachKeyOnce) {
   asio::io_context io;
   AsyncDeduplicator dedup(io.get_executor(), options());

@@ -1,5 +1,6 @@
 #include "examples_child.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -18,7 +19,7 @@ namespace idem::test {
 
 ChildProcess::ChildProcess(std::vector<std::string> argv) {
   int fds[2];
-  if (pipe(fds) != 0) throw std::runtime_error("pipe failed");
+  if (pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
   std::vector<char*> args;
   for (auto& a : argv) args.push_back(a.data());
   args.push_back(nullptr);
@@ -30,8 +31,9 @@ ChildProcess::ChildProcess(std::vector<std::string> argv) {
     if (getppid() != parent) _exit(127);  // the test died between fork and prctl
     dup2(fds[1], STDOUT_FILENO);
     dup2(fds[1], STDERR_FILENO);
-    close(fds[0]);
-    close(fds[1]);
+    // Nothing else of the test's goes with it: a listening socket the child kept open would
+    // still accept connections after the test closed it (a backend "taken away").
+    close_range(3, ~0U, 0);
     execv(args[0], args.data());
     _exit(127);
   }

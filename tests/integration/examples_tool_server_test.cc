@@ -1,9 +1,13 @@
 // examples/tool_server end to end: the server runs as a child process against the shared Redis
 // and PostgreSQL, in its own schema and Redis namespace, and is driven with an HTTP client as an
 // agent's MCP client drives it: JSON-RPC 2.0 messages POSTed to /mcp.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -297,6 +301,28 @@ TEST_F(ToolServerTest, InitializeAndToolsListDescribeTheServer) {
   const auto get = client.Get("/mcp");
   ASSERT_TRUE(get);
   EXPECT_EQ(get->status, 405);  // no event stream
+}
+
+// The test's proxy was inherited by the example server the test forked, listening socket and all,
+// so a backend "taken away" still accepted connections and a reconnect hung until its connect
+// timeout. A child started while a proxy listens must not keep the proxy's port open.
+TEST(ToolServerUnavailable, AProxyTakenAwayRefusesConnectionsThoughAChildStartedDuringItsLife) {
+  auto proxy = std::make_unique<CountingProxy>(CountingProxy::Protocol::kPostgres, "127.0.0.1", 1);
+  const int port = proxy->port();
+  ChildProcess child({"/bin/sh", "-c", "echo started; exec sleep 30"});
+  ASSERT_TRUE(child.wait_for_line("started", seconds(10)));  // exec'd: what it inherits, it keeps
+  proxy.reset();
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = htons(static_cast<std::uint16_t>(port));
+  const int connected = ::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address);
+  const int error = errno;
+  ::close(fd);
+  EXPECT_EQ(connected, -1);
+  EXPECT_EQ(error, ECONNREFUSED);
 }
 
 // The server's PostgreSQL through a proxy that is then taken away: a call answers 503 with

@@ -1,6 +1,7 @@
 #include "counting_proxy.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -51,7 +52,7 @@ int connect_to(const std::string& host, int port) {
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* found = nullptr;
   if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) return -1;
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   const bool ok = fd >= 0 && ::connect(fd, found->ai_addr, found->ai_addrlen) == 0;
   ::freeaddrinfo(found);
   if (!ok) {
@@ -68,7 +69,7 @@ int connect_to(const std::string& host, int port) {
 CountingProxy::CountingProxy(Protocol protocol, std::string host, int port)
     : protocol_(protocol), host_(std::move(host)), target_port_(port) {
   listener_ = listen_on_loopback(port_, 64, "counting proxy");
-  if (::pipe(stop_pipe_) != 0) {
+  if (::pipe2(stop_pipe_, O_CLOEXEC) != 0) {
     ::close(listener_);
     throw std::runtime_error("counting proxy: cannot make its stop pipe");
   }
@@ -95,7 +96,7 @@ void CountingProxy::accept_loop() {
     pollfd fds[2] = {{listener_, POLLIN, 0}, {stop_pipe_[0], POLLIN, 0}};
     if (::poll(fds, 2, -1) < 0) continue;
     if ((fds[1].revents & POLLIN) != 0) return;
-    const int client = ::accept(listener_, nullptr, nullptr);
+    const int client = ::accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
     if (client < 0) continue;
     const int one = 1;
     ::setsockopt(client, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);

@@ -1,6 +1,7 @@
 #include "redis_server.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -26,12 +27,11 @@ int run(const std::vector<std::string>& argv, std::string* output) {
   for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
   args.push_back(nullptr);
   int pipe_fds[2];
-  if (::pipe(pipe_fds) != 0) throw std::runtime_error("pipe failed");
+  if (::pipe2(pipe_fds, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], STDOUT_FILENO);
   posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], STDERR_FILENO);
-  posix_spawn_file_actions_addclose(&actions, pipe_fds[0]);
   pid_t pid = -1;
   const int spawned = posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
@@ -52,7 +52,7 @@ int run(const std::vector<std::string>& argv, std::string* output) {
 namespace {
 
 int any_free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in address{};
   address.sin_family = AF_INET;
   address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -69,7 +69,7 @@ int any_free_port() {
 }  // namespace
 
 int listen_on_loopback(int& port, int backlog, const std::string& who) {
-  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in address{};
   address.sin_family = AF_INET;
   address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -220,7 +220,8 @@ RawReplyServer::RawReplyServer(std::string reply)
       for (std::size_t i = 0; i < fds.size(); ++i) {
         if ((fds[i].revents & POLLIN) == 0) continue;
         if (i == 0) {
-          if (const int client = ::accept(listener_, nullptr, nullptr); client >= 0) {
+          if (const int client = ::accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
+              client >= 0) {
             fds.push_back({.fd = client, .events = POLLIN, .revents = 0});
           }
           continue;
