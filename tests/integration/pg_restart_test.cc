@@ -136,6 +136,32 @@ TEST(PgRestart, TypedErrorNothingCompletedAndThePoolRecovers) {
   EXPECT_EQ(ok.load(), static_cast<int>(kPoolSize));
 }
 
+// A fast shutdown under a running statement ends its session with 57P01. libpqxx 6 reports it as
+// its own symptom ("Could not obtain client encoding: not connected"), which must still be a
+// retryable connection loss: a consumer that gave up would lose a message a retry delivers.
+TEST(PgRestart, AShutdownUnderARunningStatementIsARetryableError) {
+  test::PgServer server;
+  PgSink sink(restart_options(server));
+  sink.migrate();
+  std::promise<void> running;
+  std::thread stopper([&] {
+    running.get_future().wait();
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // pg_sleep is under way
+    server.stop();
+  });
+  try {
+    sink.transact([&](pqxx::transaction_base& tx) {
+      running.set_value();
+      tx.exec("SELECT pg_sleep(30)");
+    });
+    ADD_FAILURE() << "the statement survived the shutdown";
+  } catch (const PostgresError& error) {
+    EXPECT_TRUE(error.retryable()) << error.what();
+    EXPECT_FALSE(error.sqlstate().empty()) << error.what();
+  }
+  stopper.join();
+}
+
 // After a restart the first calls succeed: a stale pooled connection is dropped before it is
 // handed out, rather than failing a call ("Could not obtain client encoding: not connected")
 // although the server is back.
