@@ -69,8 +69,8 @@ struct RedisOptions {
   /// up to 5 redirections per call. After a retryable failure (connection lost or refused, a
   /// timeout, CLUSTERDOWN, TRYAGAIN, the node's breaker open) the map is reloaded (at most one
   /// reload at a time and one per 100 ms), and the call goes once more to the slot's new master
-  /// when it has one (a replica promoted by failover). The URL must be `redis://` with
-  /// database 0.
+  /// when it has one (a replica promoted by failover). The URL must be `redis://` or
+  /// `rediss://` (every node is then reached over TLS with the seed's settings) with database 0.
   bool cluster = false;
 };
 

@@ -26,7 +26,7 @@ AsyncClientSettings client_settings(const RedisGuardOptions& options) {
   if (redis.cluster) {
     require_guard_option(
         endpoint.socket_path.empty() && endpoint.db == 0 && endpoint.sentinels.empty(),
-        "a Redis Cluster URL must be redis://host:port with database 0");
+        "a Redis Cluster URL must be redis:// or rediss://host:port with database 0");
   }
   return AsyncClientSettings{.connection = {.endpoint = std::move(endpoint),
                                             .connect_timeout = redis.connect_timeout,

@@ -66,7 +66,7 @@ struct RedisGuard::Impl {
     if (endpoint.tls) detail::TlsTransport::check(endpoint);
     if (options.redis.cluster) {
       require(endpoint.socket_path.empty() && endpoint.db == 0 && endpoint.sentinels.empty(),
-              "a Redis Cluster URL must be redis://host:port with database 0");
+              "a Redis Cluster URL must be redis:// or rediss://host:port with database 0");
       cluster = std::make_unique<detail::Cluster>(std::move(settings), options.breaker);
     } else if (!endpoint.sentinels.empty()) {
       sentinel = std::make_unique<detail::Sentinel>(std::move(settings), options.breaker);

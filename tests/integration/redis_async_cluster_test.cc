@@ -23,34 +23,29 @@ using Args = std::vector<std::string_view>;
 
 std::string text(const ReplyPtr& reply) { return std::string(reply->str, reply->len); }
 
-class RedisAsyncClusterTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() { cluster_ = std::make_unique<test::ClusterGroup>(3, 0); }
-  static void TearDownTestSuite() { cluster_.reset(); }
+// Runs `body(client)` as a coroutine on a fresh loop with a cluster client of the cluster that
+// `seed_url` names; closes it after.
+template <typename Body>
+void with_client(const std::string& seed_url, Body body) {
+  asio::io_context io;
+  AsyncClientSettings settings;
+  settings.connection.endpoint = parse_redis_url(seed_url);
+  settings.cluster = true;
+  auto client = AsyncClient::create(io.get_executor(), settings);
+  std::exception_ptr failure;
+  asio::co_spawn(io, body(client), [&](std::exception_ptr error) {
+    failure = error;
+    client->close();
+  });
+  io.run();
+  if (failure) std::rethrow_exception(failure);
+}
 
-  // Runs `body(client)` as a coroutine on a fresh loop with a cluster client; closes it after.
-  template <typename Body>
-  static void with_client(Body body) {
-    asio::io_context io;
-    AsyncClientSettings settings;
-    settings.connection.endpoint = parse_redis_url(cluster_->seed_url());
-    settings.cluster = true;
-    auto client = AsyncClient::create(io.get_executor(), settings);
-    std::exception_ptr failure;
-    asio::co_spawn(io, body(client), [&](std::exception_ptr error) {
-      failure = error;
-      client->close();
-    });
-    io.run();
-    if (failure) std::rethrow_exception(failure);
-  }
-
-  static inline std::unique_ptr<test::ClusterGroup> cluster_;
-};
-
-TEST_F(RedisAsyncClusterTest, KeysOfEverySlotRangeReachTheirMaster) {
-  with_client([](std::shared_ptr<AsyncClient> client) -> asio::awaitable<void> {
-    // Issued at once, before the slot map has loaded: the seed redirects with MOVED.
+// Sets 60 keys through a client of the cluster that `seed_url` names, issued before the slot
+// map has loaded (the seed redirects with MOVED), reads them back through it, and checks that
+// each sits on the master that owns its slot (asked directly, not through the client).
+void keys_reach_their_masters(const test::ClusterGroup& cluster, const std::string& seed_url) {
+  with_client(seed_url, [](std::shared_ptr<AsyncClient> client) -> asio::awaitable<void> {
     for (int i = 0; i < 60; ++i) {
       const std::string key = "async-route:" + std::to_string(i);
       const std::string value = "v" + std::to_string(i);
@@ -65,13 +60,37 @@ TEST_F(RedisAsyncClusterTest, KeysOfEverySlotRangeReachTheirMaster) {
       EXPECT_EQ(text(reply), "v" + std::to_string(i));
     }
   });
-  // Each key is on the master that owns its slot (asked directly, not through the client).
   for (int i = 0; i < 60; i += 7) {
     const std::string key = "async-route:" + std::to_string(i);
-    test::RedisServer* owner = cluster_->owner_of(key_slot(key));
+    test::RedisServer* owner = cluster.owner_of(key_slot(key));
     ASSERT_NE(owner, nullptr);
     EXPECT_EQ(owner->cli({"GET", key}), "v" + std::to_string(i));
   }
+}
+
+class RedisAsyncClusterTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { cluster_ = std::make_unique<test::ClusterGroup>(3, 0); }
+  static void TearDownTestSuite() { cluster_.reset(); }
+
+  template <typename Body>
+  static void with_client(Body body) {
+    detail::with_client(cluster_->seed_url(), std::move(body));
+  }
+
+  static inline std::unique_ptr<test::ClusterGroup> cluster_;
+};
+
+TEST_F(RedisAsyncClusterTest, KeysOfEverySlotRangeReachTheirMaster) {
+  keys_reach_their_masters(*cluster_, cluster_->seed_url());
+}
+
+// A rediss:// seed: every node is reached over TLS with the seed's settings (CA, server name),
+// at the TLS port the cluster tells a TLS client.
+TEST(RedisAsyncClusterTls, KeysOfEverySlotRangeReachTheirMasterOverTls) {
+  const test::TestCertificates certs;
+  const test::ClusterGroup cluster(3, 0, std::chrono::milliseconds(5000), &certs);
+  keys_reach_their_masters(cluster, cluster.tls_seed_url());
 }
 
 TEST_F(RedisAsyncClusterTest, EvalshaIsRoutedByItsKeyAndReloadedOnEachNode) {

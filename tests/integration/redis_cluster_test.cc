@@ -17,6 +17,7 @@
 #include "idem/redis_guard.h"
 #include "redis/cluster.h"
 #include "test_env.h"
+#include "tls_certs.h"
 
 namespace idem {
 namespace {
@@ -171,6 +172,27 @@ TEST(RedisClusterOptions, ClusterUrlMustBeTcpWithDatabaseZero) {
 
 INSTANTIATE_TEST_SUITE_P(ClaimMethods, RedisClusterTest, test::all_claim_methods(),
                          test::claim_method_name);
+
+// A rediss:// seed: the guard reaches every master over TLS with the seed's settings, at the TLS
+// port the cluster tells a TLS client, and claims, completes and replays there.
+TEST(RedisClusterTls, ClaimsRouteToTheMasterOfEachSlotOverTls) {
+  const test::TestCertificates certs;
+  const test::ClusterGroup cluster(3, 0, std::chrono::milliseconds(5000), &certs);
+  RedisGuardOptions options;
+  options.redis.url = cluster.tls_seed_url();
+  options.redis.cluster = true;
+  options.prefix = test::unique_name("cluster-tls");
+  RedisGuard guard(options);
+  constexpr int kKeys = 30;
+  std::vector<ClaimResult> firsts;
+  for (int k = 0; k < kKeys; ++k) {
+    firsts.push_back(guard.claim("u:i:t" + std::to_string(k), "req-1", "fp"));
+    ASSERT_EQ(firsts.back().status, ClaimStatus::kFirst);
+  }
+  for (const auto& node : cluster.nodes()) EXPECT_NE(node->cli({"DBSIZE"}), "0");
+  EXPECT_TRUE(guard.complete("u:i:t0", firsts[0].owner_token, "done"));
+  EXPECT_EQ(guard.claim("u:i:t0", "req-2", "fp").response, "done");
+}
 
 }  // namespace
 }  // namespace idem

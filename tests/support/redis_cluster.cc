@@ -29,19 +29,35 @@ bool line_serves(const std::string& line, int slot) {
 
 }  // namespace
 
-ClusterGroup::ClusterGroup(int masters, int replicas, std::chrono::milliseconds node_timeout) {
+ClusterGroup::ClusterGroup(int masters, int replicas, std::chrono::milliseconds node_timeout,
+                           const TestCertificates* tls) {
   const int count = masters * (1 + replicas);
+  std::vector<std::string> create = {"redis-cli", "--cluster", "create"};
   for (int i = 0; i < count; ++i) {
-    nodes_.push_back(std::make_unique<RedisServer>(
-        false,
-        std::vector<std::string>{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                                 "--cluster-node-timeout", std::to_string(node_timeout.count()),
-                                 "--repl-diskless-sync-delay", "0"}));
+    std::vector<std::string> args = {
+        "--cluster-enabled",          "yes",
+        "--cluster-config-file",      "nodes.conf",
+        "--cluster-node-timeout",     std::to_string(node_timeout.count()),
+        "--repl-diskless-sync-delay", "0"};
+    if (tls != nullptr) {
+      tls_ports_.push_back(free_port());  // its bus port, + 10000, is valid too
+      args.insert(args.end(), {"--tls-port", std::to_string(tls_ports_.back()), "--tls-cluster",
+                               "yes", "--tls-replication", "yes", "--tls-cert-file",
+                               tls->server_cert(), "--tls-key-file", tls->server_key(),
+                               "--tls-ca-cert-file", tls->ca_file(), "--tls-auth-clients", "no"});
+    }
+    nodes_.push_back(std::make_unique<RedisServer>(false, std::move(args)));
+    create.push_back(tls == nullptr ? nodes_.back()->address()
+                                    : "127.0.0.1:" + std::to_string(tls_ports_.back()));
   }
-  std::vector<std::string> create = {"--cluster", "create"};
-  for (const auto& node : nodes_) create.push_back(node->address());
   create.insert(create.end(), {"--cluster-replicas", std::to_string(replicas), "--cluster-yes"});
-  (void)nodes_[0]->cli(create);
+  if (tls != nullptr) {
+    ca_file_ = tls->ca_file();
+    create.insert(create.begin() + 1, {"--tls", "--cacert", ca_file_});
+  }
+  if (std::string output; run(create, &output) != 0) {
+    throw std::runtime_error("redis-cli --cluster create failed: " + output);
+  }
   const bool formed = wait_until(std::chrono::seconds(30), [&] {
     if (!all_ok()) return false;
     for (const auto& node : nodes_) {
@@ -54,6 +70,10 @@ ClusterGroup::ClusterGroup(int masters, int replicas, std::chrono::milliseconds 
     return true;
   });
   if (!formed) throw std::runtime_error("the cluster never became ok");
+}
+
+std::string ClusterGroup::tls_seed_url() const {
+  return "rediss://127.0.0.1:" + std::to_string(tls_ports_.at(0)) + "/0?ca_file=" + ca_file_;
 }
 
 bool ClusterGroup::all_ok() const {
