@@ -41,7 +41,8 @@ struct SnowflakeOptions {
   std::shared_ptr<Clock> clock{};
   /// Optional Redis lease on the worker ID (worker_lease.h). When set, worker_id may stay -1
   /// (the lease's is used) or must equal the lease's, and next() refuses to issue IDs once
-  /// the clock reaches the lease's valid_until_ms() (lost, or not renewed in time).
+  /// the clock reaches the lease's valid_until_ms() (lost, or not renewed in time). A lease
+  /// serves one generator for its whole life: a second generator given it is a ConfigError.
   std::shared_ptr<const WorkerIdLease> lease{};
 };
 
@@ -61,8 +62,9 @@ struct SnowflakeParts {
 /// Thread-safe and lock-free: the whole state is one atomic 64-bit word updated by CAS.
 class IDEM_EXPORT SnowflakeGenerator {
  public:
-  /// Throws idem::ConfigError for a worker ID outside 0–1023, a negative wait, or an epoch
-  /// that is negative, in the future, or more than 2^41 ms in the past.
+  /// Throws idem::ConfigError for a worker ID outside 0–1023, a negative wait, an epoch that
+  /// is negative, in the future, or more than 2^41 ms in the past, or a lease that already
+  /// serves another generator.
   explicit SnowflakeGenerator(SnowflakeOptions options);
 
   /// The next ID. Throws idem::ClockMovedBackwards when the clock is behind the last issued
@@ -96,8 +98,10 @@ inline constexpr std::size_t kSnowflakeBase32Length = 13;
 /// Decimal text of a Snowflake ID (1–20 digits; not fixed-length, so it does not sort as
 /// text). Thread-safe.
 [[nodiscard]] IDEM_EXPORT std::string snowflake_to_decimal(std::uint64_t id);
-/// Parses decimal text made only of digits; std::nullopt when malformed or over 64 bits.
-/// Thread-safe.
+/// Parses decimal text made only of digits (leading zeros accepted); std::nullopt when
+/// malformed or over 64 bits. Thread-safe. Several texts give one ID ("42", "042"), and so do
+/// base32 texts in another case or with aliases: a request ID is compared as text, so a client
+/// must send back the text it was given, never a re-encoding.
 [[nodiscard]] IDEM_EXPORT std::optional<std::uint64_t> snowflake_from_decimal(
     std::string_view text) noexcept;
 

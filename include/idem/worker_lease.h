@@ -26,11 +26,17 @@ struct WorkerIdLeaseOptions {
   /// The key is key_prefix + worker ID in decimal: "idem:worker:17" by default.
   std::string key_prefix = "idem:worker:";
   /// Lease time to live, ms (SET … PX): how long the ID stays reserved after this process
-  /// stops renewing it (crash, partition). Default 10 s; > 0.
+  /// stops renewing it (crash, partition). Default 10 s; 1..2147483647.
   std::chrono::milliseconds ttl{10000};
-  /// A background thread renews the lease this often, ms. Default 3 s; > 0 and at most ttl/2,
-  /// so one failed renewal does not lose the lease.
+  /// A background thread renews the lease this often, ms; after a failed renewal it tries again
+  /// after a fifth of this, until one succeeds, so one failure does not lose the lease. Default
+  /// 3 s; > 0 and at most ttl/2.
   std::chrono::milliseconds renew_interval{3000};
+  /// On release (destruction), the key is kept this much longer, ms, instead of deleted: the
+  /// next process to lease the worker ID starts at least this long after this one issued its
+  /// last ID, so their IDs cannot collide while their clocks differ by less than this. Set it
+  /// above the clock skew between the hosts. Default 1 s; 1..2147483647.
+  std::chrono::milliseconds handover_margin{1000};
   /// Time source for valid_until_ms(), ms since the Unix epoch; null means system_clock().
   /// Give a SnowflakeGenerator that uses this lease the same clock.
   std::shared_ptr<Clock> clock{};
@@ -38,22 +44,27 @@ struct WorkerIdLeaseOptions {
 
 /// Holds `SET {key_prefix}{worker_id} {owner} NX PX {ttl}` on Redis for its lifetime and renews
 /// it in the background (owner-checked: WATCH, GET, MULTI/PEXPIRE/EXEC). A lease found taken by
-/// another owner is lost for good; one that could not be renewed stays valid only until the
-/// last successful renewal's send time + ttl (valid_until_ms()). The destructor stops renewing
-/// and deletes the key if it is still this owner's. Give it to SnowflakeOptions::lease: the
-/// generator then refuses to issue IDs while the lease is not held.
+/// another owner is lost for good; one that could not be renewed (Redis down, or answering an
+/// error such as LOADING or BUSY) stays valid only until the last successful renewal's send
+/// time + ttl (valid_until_ms()). The destructor stops renewing and, if the key is still this
+/// owner's, lets it expire after `handover_margin`. Give it to SnowflakeOptions::lease: the
+/// generator then refuses to issue IDs while the lease is not held. A lease serves one
+/// generator for its whole life: two generators on one worker ID issue the same IDs, so a
+/// second one is refused.
 ///
-/// Limit: a Redis that loses the key (restart without persistence, failover before
-/// replication) lets another process take the ID while this one still trusts its lease, for
-/// up to `ttl`; the next renewal then finds the other owner and stops this generator. Use a
-/// persistent, replicated Redis, or keep `ttl` short.
+/// Limit: a Redis that loses the key (restart without persistence, FLUSHALL, failover before
+/// replication) lets another process take the ID while this one still trusts its lease, until
+/// this one's next renewal finds the other owner and stops this generator: up to
+/// `renew_interval`, or up to `ttl` while this process cannot reach Redis. Use a persistent,
+/// replicated Redis, or keep `renew_interval` short.
 ///
 /// Thread-safe: held() and valid_until_ms() are lock-free reads; renew() is serialized.
 class IDEM_EXPORT WorkerIdLease {
  public:
-  /// Acquires the lease. Throws idem::ConfigError for bad options or when the worker ID is
-  /// already leased by another owner (a start-up that must be refused), idem::RedisError
-  /// when Redis cannot be reached.
+  /// Acquires the lease. Throws idem::ConfigError for bad options or when the key exists (a
+  /// start-up that must be refused): another owner holds it, or an owner with the same `owner`
+  /// text that did not release it (a crash: it expires after ttl), or it was released less than
+  /// handover_margin ago. idem::RedisError when Redis cannot be reached or answers an error.
   explicit WorkerIdLease(WorkerIdLeaseOptions options);
   ~WorkerIdLease();
   WorkerIdLease(const WorkerIdLease&) = delete;
@@ -71,11 +82,16 @@ class IDEM_EXPORT WorkerIdLease {
   [[nodiscard]] bool held() const noexcept;
 
   /// Renews now (the background thread calls this). Re-acquires an expired key with SET NX.
-  /// Throws idem::RedisError when Redis fails (retryable; the lease may still be held until
-  /// valid_until_ms()) or when another owner holds the key (not retryable; lost for good).
+  /// Throws idem::RedisError when Redis fails or answers an error (retryable as the error is,
+  /// e.g. LOADING and BUSY are; the lease may still be held until valid_until_ms()) or when
+  /// another owner holds the key (not retryable; lost for good).
   void renew();
 
  private:
+  friend class SnowflakeGenerator;
+  /// True the first time: the lease then serves the generator that asked.
+  [[nodiscard]] bool bind_generator() const noexcept;
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -67,6 +67,12 @@ SnowflakeGenerator::SnowflakeGenerator(SnowflakeOptions options)
     throw ConfigError(
         "idem: Snowflake epoch must be >= 0, not in the future, and less than 2^41 ms ago");
   }
+  // Last: a generator refused for another reason leaves the lease free for a correct one.
+  if (lease_ != nullptr && !lease_->bind_generator()) {
+    throw ConfigError(
+        "idem: this WorkerIdLease already serves a SnowflakeGenerator: two generators on one "
+        "worker ID issue the same IDs");
+  }
 }
 
 std::uint64_t SnowflakeGenerator::next() {

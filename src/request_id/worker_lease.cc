@@ -1,5 +1,6 @@
 #include "idem/worker_lease.h"
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <condition_variable>
@@ -17,6 +18,8 @@
 namespace idem {
 namespace {
 
+constexpr std::chrono::milliseconds kMaxLeaseMs{2147483647};
+
 void require(bool condition, const char* what) {
   if (!condition) throw ConfigError(std::string("idem: WorkerIdLeaseOptions: ") + what);
 }
@@ -24,9 +27,11 @@ void require(bool condition, const char* what) {
 const WorkerIdLeaseOptions& validated(const WorkerIdLeaseOptions& options) {
   require(options.worker_id >= 0 && options.worker_id <= kMaxSnowflakeWorkerId,
           "worker_id must be given, in 0..1023");
-  require(options.ttl.count() > 0, "ttl must be > 0");
-  require(options.renew_interval.count() > 0 && options.renew_interval * 2 <= options.ttl,
+  require(options.ttl.count() > 0 && options.ttl <= kMaxLeaseMs, "ttl must be in 1..2147483647 ms");
+  require(options.renew_interval.count() > 0 && options.renew_interval <= options.ttl / 2,
           "renew_interval must be > 0 and at most ttl / 2");
+  require(options.handover_margin.count() > 0 && options.handover_margin <= kMaxLeaseMs,
+          "handover_margin must be in 1..2147483647 ms");
   require(options.redis.connect_timeout.count() > 0, "redis.connect_timeout must be > 0");
   require(options.redis.command_timeout.count() > 0, "redis.command_timeout must be > 0");
   return options;
@@ -34,6 +39,13 @@ const WorkerIdLeaseOptions& validated(const WorkerIdLeaseOptions& options) {
 
 bool is_string(const redisReply& reply, std::string_view value) {
   return reply.type == REDIS_REPLY_STRING && std::string_view(reply.str, reply.len) == value;
+}
+
+// `reply`, unless it is an error reply (LOADING after a restart, BUSY under a slow script,
+// NOAUTH, ...): that says nothing about the key's owner, and is thrown as what it is.
+detail::ReplyPtr checked(detail::ReplyPtr reply, std::string_view during) {
+  if (reply->type == REDIS_REPLY_ERROR) throw detail::reply_error(*reply, during);
+  return reply;
 }
 
 }  // namespace
@@ -50,6 +62,7 @@ struct WorkerIdLease::Impl {
         ttl_text(std::to_string(options.ttl.count())),
         ttl(options.ttl),
         renew_interval(options.renew_interval),
+        margin_text(std::to_string(options.handover_margin.count())),
         clock(options.clock ? options.clock : system_clock()) {
     require(settings.endpoint.sentinels.empty(),
             "redis.url must name one server (redis://, rediss:// or unix://): the lease does not "
@@ -78,8 +91,8 @@ struct WorkerIdLease::Impl {
     if (valid_until.load() == 0) throw RedisError("idem: worker-ID lease was lost", false);
     detail::Connection& c = connection();
     const std::int64_t sent_at = clock->now_ms();
-    (void)c.command(std::array<std::string_view, 2>{"WATCH", key});
-    const auto current = c.command(std::array<std::string_view, 2>{"GET", key});
+    (void)checked(c.command(std::array<std::string_view, 2>{"WATCH", key}), "WATCH");
+    const auto current = checked(c.command(std::array<std::string_view, 2>{"GET", key}), "GET");
     if (current->type == REDIS_REPLY_NIL) {
       (void)c.command(std::array<std::string_view, 1>{"UNWATCH"});
       if (acquire()) return;
@@ -106,30 +119,36 @@ struct WorkerIdLease::Impl {
                      false);
   }
 
-  // Owner-checked DEL. Caller holds `mu`.
+  // Owner-checked: the key is kept handover_margin longer, not deleted. Caller holds `mu`.
   void release_locked() {
     detail::Connection& c = connection();
-    (void)c.command(std::array<std::string_view, 2>{"WATCH", key});
-    const auto current = c.command(std::array<std::string_view, 2>{"GET", key});
+    (void)checked(c.command(std::array<std::string_view, 2>{"WATCH", key}), "WATCH");
+    const auto current = checked(c.command(std::array<std::string_view, 2>{"GET", key}), "GET");
     if (!is_string(*current, owner)) {
       (void)c.command(std::array<std::string_view, 1>{"UNWATCH"});
       return;
     }
     (void)c.command(std::array<std::string_view, 1>{"MULTI"});
-    (void)c.command(std::array<std::string_view, 2>{"DEL", key});
+    (void)c.command(std::array<std::string_view, 3>{"PEXPIRE", key, margin_text});
     (void)c.command(std::array<std::string_view, 1>{"EXEC"});
   }
 
+  // Renews every renew_interval; after a failure, five times as often until one succeeds, so
+  // that a single failure (a dropped connection) never lets the lease lapse, even at
+  // renew_interval = ttl / 2.
   void renew_loop() {
     std::unique_lock lock(mu);
+    std::chrono::milliseconds wait = renew_interval;
     while (!stop_requested) {
-      stopped.wait_for(lock, renew_interval, [this] { return stop_requested; });
+      stopped.wait_for(lock, wait, [this] { return stop_requested; });
       if (stop_requested) return;
       try {
         renew_locked();
+        wait = renew_interval;
       } catch (const Error&) {
-        // Retried at the next interval; held() turns false when valid_until passes.
+        // held() turns false when valid_until passes.
         if (valid_until.load() == 0) return;
+        wait = std::max(std::chrono::milliseconds(1), renew_interval / 5);
       }
     }
   }
@@ -141,7 +160,9 @@ struct WorkerIdLease::Impl {
   const std::string ttl_text;
   const std::chrono::milliseconds ttl;
   const std::chrono::milliseconds renew_interval;
+  const std::string margin_text;
   const std::shared_ptr<Clock> clock;
+  std::atomic<bool> serves_a_generator{false};
 
   std::atomic<std::int64_t> valid_until{0};
   std::mutex mu;  // guards conn and the Redis exchanges; the renewal thread waits on it
@@ -157,7 +178,9 @@ WorkerIdLease::WorkerIdLease(WorkerIdLeaseOptions options)
     std::lock_guard lock(impl_->mu);
     if (!impl_->acquire()) {
       throw ConfigError("idem: Snowflake worker ID " + std::to_string(impl_->worker_id) +
-                        " is leased by another process (Redis key " + impl_->key + ")");
+                        " is leased (Redis key " + impl_->key +
+                        "): by another process, by a process with the same owner that has not "
+                        "released it, or released less than handover_margin ago");
     }
   }
   impl_->renewer = std::thread([impl = impl_.get()] { impl->renew_loop(); });
@@ -183,6 +206,10 @@ const std::string& WorkerIdLease::owner() const noexcept { return impl_->owner; 
 std::int64_t WorkerIdLease::valid_until_ms() const noexcept { return impl_->valid_until.load(); }
 bool WorkerIdLease::held() const noexcept {
   return impl_->clock->now_ms() < impl_->valid_until.load();
+}
+
+bool WorkerIdLease::bind_generator() const noexcept {
+  return !impl_->serves_a_generator.exchange(true);
 }
 
 void WorkerIdLease::renew() {

@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <limits>
 #include <memory>
+#include <set>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -14,7 +16,9 @@
 #include "idem/worker_lease.h"
 #include "redis/connection.h"
 #include "redis/url.h"
+#include "redis_server.h"
 #include "test_env.h"
+#include "wait_until.h"
 
 namespace idem {
 namespace {
@@ -87,18 +91,61 @@ TEST_F(WorkerLeaseTest, AcquiresAndRefusesASecondOwner) {
   EXPECT_TRUE(other_id.held());
 }
 
-TEST_F(WorkerLeaseTest, ReleasedOnDestructionSoAnotherProcessCanStart) {
+TEST_F(WorkerLeaseTest, ReleasedOnDestructionAfterTheHandoverMarginSoAnotherProcessCanStart) {
+  auto first_options = options(7);
+  first_options.handover_margin = std::chrono::milliseconds(200);
   std::string first_owner;
   {
-    const WorkerIdLease first(options(7));
+    const WorkerIdLease first(first_options);
     first_owner = first.owner();
   }
-  EXPECT_EQ(get(7), "(nil)");
+  EXPECT_EQ(get(7), first_owner);  // kept for the margin, not deleted
+  EXPECT_GT(pttl(7), 0);
+  EXPECT_LE(pttl(7), 200);
   auto second_options = options(7);
   second_options.owner = "process-b";
+  EXPECT_THROW(WorkerIdLease{second_options}, ConfigError);
+  ASSERT_TRUE(test::wait_until(std::chrono::seconds(10), [&] { return get(7) == "(nil)"; }));
   const WorkerIdLease second(second_options);
   EXPECT_EQ(get(7), "process-b");
-  EXPECT_NE(first_owner, "process-b");
+}
+
+// The lease was deleted on release, so the next holder of the worker ID could start issuing
+// IDs within the millisecond of the last one's last ID: the same IDs again (about two
+// handovers in three, in one process). Released, the key now stays for handover_margin.
+TEST_F(WorkerLeaseTest, AHandoverNeverIssuesAnIdTheLastHolderIssued) {
+  std::set<std::uint64_t> issued;
+  std::size_t count = 0;
+  for (int round = 0; round < 10; ++round) {
+    auto lease_options = options(15);
+    lease_options.handover_margin = std::chrono::milliseconds(2);
+    std::shared_ptr<WorkerIdLease> lease;
+    ASSERT_TRUE(test::wait_until(std::chrono::seconds(10), [&] {
+      try {
+        lease = std::make_shared<WorkerIdLease>(lease_options);
+        return true;
+      } catch (const ConfigError&) {
+        return false;  // the last holder's margin has not passed
+      }
+    }));
+    SnowflakeOptions gen_options;
+    gen_options.lease = lease;
+    SnowflakeGenerator gen(gen_options);
+    for (int i = 0; i < 500; ++i, ++count) issued.insert(gen.next());
+  }
+  EXPECT_EQ(issued.size(), count);
+}
+
+// Two generators on one lease issued the same IDs (half of them).
+TEST_F(WorkerLeaseTest, ALeaseServesOneGeneratorASecondIsAConfigError) {
+  auto lease = std::make_shared<WorkerIdLease>(options(16));
+  SnowflakeOptions gen_options;
+  gen_options.lease = lease;
+  const SnowflakeGenerator first(gen_options);
+  EXPECT_THROW(SnowflakeGenerator{gen_options}, ConfigError);
+  gen_options.worker_id = 17;  // refused for its worker ID: the lease stays with the first
+  EXPECT_THROW(SnowflakeGenerator{gen_options}, ConfigError);
+  EXPECT_EQ(first.worker_id(), 16);
 }
 
 TEST_F(WorkerLeaseTest, DestructionNeverDeletesAnotherOwnersKey) {
@@ -204,11 +251,85 @@ TEST_F(WorkerLeaseTest, RejectsBadOptions) {
   bad = options(12);
   bad.renew_interval = kTtl / 2 + std::chrono::milliseconds(1);
   EXPECT_THROW(WorkerIdLease{bad}, ConfigError);
+  bad.renew_interval = std::chrono::milliseconds::max() / 2 + std::chrono::milliseconds(1);
+  EXPECT_THROW(WorkerIdLease{bad}, ConfigError);  // twice it overflowed, and passed
+  bad = options(12);
+  bad.ttl = std::chrono::milliseconds(std::numeric_limits<std::int64_t>::max());
+  EXPECT_THROW(WorkerIdLease{bad}, ConfigError);  // Redis' "invalid expire time" before
+  bad = options(12);
+  bad.handover_margin = std::chrono::milliseconds(0);
+  EXPECT_THROW(WorkerIdLease{bad}, ConfigError);
   auto lease = std::make_shared<WorkerIdLease>(options(12));
   SnowflakeOptions gen_options;
   gen_options.worker_id = 13;
   gen_options.lease = lease;
   EXPECT_THROW(SnowflakeGenerator{gen_options}, ConfigError);  // differs from the lease's
+}
+
+// A renewal that Redis answered with an error (BUSY under a slow script, LOADING after a restart)
+// was taken for another owner's key: the lease was lost for good, every ID refused until the
+// process restarted.
+TEST(WorkerLeaseErrors, AnErrorReplyDuringRenewalIsRetryableAndTheLeaseStaysHeld) {
+  test::RedisServer server(false, {"--busy-reply-threshold", "50"});
+  WorkerIdLeaseOptions o;
+  o.redis.url = server.url();
+  o.worker_id = 1;
+  o.ttl = kTtl;
+  o.renew_interval = kTtl / 2;
+  auto lease = std::make_shared<WorkerIdLease>(o);
+  std::thread script([&] {
+    std::string output;
+    (void)test::run(
+        {"redis-cli", "-p", std::to_string(server.port()), "EVAL", "while true do end", "0"},
+        &output);
+  });
+  ASSERT_TRUE(test::wait_until(std::chrono::seconds(10), [&] {
+    std::string output;
+    (void)test::run({"redis-cli", "-p", std::to_string(server.port()), "PING"}, &output);
+    return output.starts_with("BUSY");
+  }));
+  try {
+    lease->renew();
+    ADD_FAILURE() << "renewed while Redis answers BUSY";
+  } catch (const RedisError& e) {
+    EXPECT_TRUE(e.retryable()) << e.what();
+    EXPECT_NE(std::string(e.what()).find("BUSY"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(lease->held());
+  (void)server.cli({"SCRIPT", "KILL"});
+  script.join();
+  lease->renew();
+  EXPECT_TRUE(lease->held());
+  SnowflakeOptions gen_options;
+  gen_options.lease = lease;
+  SnowflakeGenerator gen(gen_options);
+  EXPECT_GT(gen.next(), 0u);
+}
+
+// The retry after a failed renewal came a whole renew_interval later, so at renew_interval =
+// ttl / 2 one dropped connection let the lease lapse (next() refused IDs for a moment).
+TEST(WorkerLeaseErrors, OneFailedRenewalAtHalfTheTtlNeverLetsTheLeaseLapse) {
+  test::RedisServer server;
+  WorkerIdLeaseOptions o;
+  o.redis.url = server.url();
+  o.worker_id = 2;
+  o.ttl = std::chrono::milliseconds(2000);
+  o.renew_interval = o.ttl / 2;
+  const WorkerIdLease lease(o);
+  const std::int64_t first = lease.valid_until_ms();
+  ASSERT_TRUE(
+      test::wait_until(std::chrono::seconds(10), [&] { return lease.valid_until_ms() != first; }));
+  // Just renewed: valid for ttl; the next renewal, renew_interval from now, fails.
+  (void)server.cli({"CLIENT", "KILL", "TYPE", "normal"});
+  const std::int64_t renewed = lease.valid_until_ms();
+  bool lapsed = false;
+  const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (lease.valid_until_ms() == renewed && std::chrono::steady_clock::now() < limit) {
+    lapsed = lapsed || !lease.held();  // polled every millisecond: a lapse lasts a few
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_NE(lease.valid_until_ms(), renewed);
+  EXPECT_FALSE(lapsed);
 }
 
 }  // namespace
