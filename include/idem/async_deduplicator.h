@@ -267,13 +267,15 @@ using AsyncHandler =
 ///
 /// Cancellation (docs/async.md, "The async driver"): an Asio cancellation of the call (its
 /// completion handler's cancellation slot, a parent coroutine cancelled, an `||` that lost),
-/// its deadline and shutdown() stop it. Before the claim nothing is claimed; between the claim
-/// and the handler the claim is released; once the handler runs, the handler is cancelled (its
-/// awaited operations, its SQL through AsyncTransaction) and the claim is kept until its lease
-/// ends; the call throws idem::Cancelled (idem::DeadlineExceeded for the deadline). Only an
-/// explicit failure of the handler (an exception other than a cancellation, under no stop)
-/// releases the claim, as the failure policy says. When the io_context stops, calls simply stop
-/// where they are: their claims stay until their leases end.
+/// its deadline and shutdown() stop it. Before the claim nothing is claimed; a claim cut short
+/// while its command was in flight (the server may still run it) and a claim between its answer
+/// and the handler are released (owner-checked: a command never run leaves nothing to release);
+/// once the handler runs, the handler is cancelled (its awaited operations, its SQL through
+/// AsyncTransaction) and the claim is kept until its lease ends; the call throws idem::Cancelled
+/// (idem::DeadlineExceeded for the deadline). Only an explicit failure of the handler (an exception
+/// other than a cancellation, under no stop) releases the claim, as the failure policy says. When
+/// the io_context stops, calls simply stop where they are: their claims stay until their leases
+/// end.
 ///
 /// Thread safety: use an AsyncDeduplicator on its executor (a single-threaded io_context, or
 /// a strand): run() from the executor's thread, cancellation slots emitted there.

@@ -250,9 +250,15 @@ std::optional<asio::awaitable<StepResult>> AsyncCall::advance(StepResult result)
     switch (step.kind) {
       case StepKind::kRunHandler:
         return run_handler();
+      case StepKind::kGuardRelease:
+        if (step.unawaited) {
+          dedup_->guard->release_unawaited(step.key, step.owner_token);
+          result = Done{};
+          continue;
+        }
+        return guard_step(std::move(step));
       case StepKind::kGuardClaim:
       case StepKind::kGuardComplete:
-      case StepKind::kGuardRelease:
         return guard_step(std::move(step));
       case StepKind::kSinkClaim:
       case StepKind::kSinkComplete:

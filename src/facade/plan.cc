@@ -127,6 +127,7 @@ void CallPlan::take(Done) {
       return go(State::kGuardComplete);
     case State::kGuardRelease:
       owner_token_.clear();
+      claim_in_doubt_ = false;
       return proceed(after_release_);
     case State::kEmit:
       return go(after_emit_);
@@ -209,6 +210,10 @@ void CallPlan::take(FailureDecision&& decision) {
 }
 
 void CallPlan::take(StepError&& error) {
+  if (state_ == State::kGuardClaim && !error.claim_in_doubt.empty()) {
+    owner_token_ = std::move(error.claim_in_doubt);  // it may hold: released like one that does
+    claim_in_doubt_ = true;
+  }
   const bool interrupted = stopped_ || past_deadline() || error.kind == ErrorKind::kCancelled ||
                            error.kind == ErrorKind::kAborted;
   if (before_handler() && interrupted) {
@@ -695,6 +700,7 @@ Step CallPlan::step() noexcept {
     case StepKind::kGuardComplete:
       if (state_ == State::kProbeRelease) step.key = key_.previous_bucket_key;
       step.owner_token = state_ == State::kProbeRelease ? probe_token_ : owner_token_;
+      step.unawaited = state_ == State::kGuardRelease && claim_in_doubt_;
       step.value = response_;
       step.ttl = record_retention();
       return step;

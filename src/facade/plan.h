@@ -160,6 +160,11 @@ struct Step {
   /// perform it with the next step; a failure of either is reported at the next step, where
   /// the plan treats it alike (nothing ran yet; the commit did not happen).
   bool with_next = false;
+  /// kGuardRelease of a claim a cancellation cut short in flight (it may hold): the driver sends
+  /// the release and reports Done without waiting for its answer, which would wait as long as
+  /// the claim's did (a stopped server). The release still runs after the claim: both go on the
+  /// node's one connection, in order.
+  bool unawaited = false;
   StepNotes notes{};                     ///< Counts to record before performing it.
   const DecisionEvent* event = nullptr;  ///< kEmit: the event (valid until the next resume()).
   std::exception_ptr error{};            ///< kDecideFailure: the handler's exception.
@@ -434,11 +439,12 @@ class CallPlan {
   State state_ = State::kStart;
 
   CallKey key_;
-  std::string owner_token_;  // non-empty while this call owns a Redis claim
-  std::string probe_token_;  // owner of the previous-bucket probe while it is held
-  std::string response_;     // the handler's (or the stored failure's) response
-  std::string local_entry_;  // kLocalPut's value
-  Outcome waiting_;          // kWait: the in-progress answer, should the wait end
+  std::string owner_token_;      // non-empty while this call owns a Redis claim
+  bool claim_in_doubt_ = false;  // owner_token_ is a claim's that a cancellation cut short
+  std::string probe_token_;      // owner of the previous-bucket probe while it is held
+  std::string response_;         // the handler's (or the stored failure's) response
+  std::string local_entry_;      // kLocalPut's value
+  Outcome waiting_;              // kWait: the in-progress answer, should the wait end
   PlanTime wait_deadline_{};
   PlanTime wake_at_{};
   State after_release_ = State::kEmit;

@@ -36,6 +36,9 @@ StepError classify(std::exception_ptr error) {
   } catch (const std::exception& e) {
     classified.kind = kind_of(e);
     classified.what = e.what();
+    if (const auto* cut = dynamic_cast<const ClaimCutShort*>(&e)) {
+      classified.claim_in_doubt = cut->owner_token();
+    }
   } catch (...) {
   }
   return classified;

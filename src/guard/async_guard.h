@@ -24,6 +24,9 @@ class AsyncGuard {
                                          std::string_view response,
                                          std::chrono::milliseconds retention) = 0;
   virtual asio::awaitable<bool> release(std::string_view key, std::string_view owner_token) = 0;
+  /// release() sent now, its answer and any error dropped (Step::unawaited); the strings are
+  /// copied. It may outlive this guard.
+  virtual void release_unawaited(std::string_view key, std::string_view owner_token) = 0;
   virtual asio::awaitable<bool> renew(std::string_view key, std::string_view owner_token,
                                       std::chrono::milliseconds lease) = 0;
   virtual asio::awaitable<StepJournal> steps(std::string_view key) = 0;
@@ -50,6 +53,12 @@ class ImmediateGuard final : public AsyncGuard {
   }
   asio::awaitable<bool> release(std::string_view key, std::string_view owner_token) override {
     co_return guard_->release(key, owner_token);
+  }
+  void release_unawaited(std::string_view key, std::string_view owner_token) override {
+    try {
+      (void)guard_->release(key, owner_token);
+    } catch (const std::exception&) {  // dropped, as promised
+    }
   }
   asio::awaitable<bool> renew(std::string_view key, std::string_view owner_token,
                               std::chrono::milliseconds lease) override {

@@ -3,11 +3,14 @@
 #include <array>
 #include <asio/bind_cancellation_slot.hpp>
 #include <asio/cancellation_signal.hpp>
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
 #include <asio/use_awaitable.hpp>
 #include <limits>
 #include <optional>
 #include <utility>
 
+#include "facade/step_error.h"
 #include "guard/record.h"
 #include "idem/errors.h"
 #include "redis/url.h"
@@ -113,6 +116,10 @@ asio::awaitable<ClaimResult> AsyncRedisGuard::claim(std::string_view key,
   } catch (const ForeignRecord&) {
     if (options_.metrics) options_.metrics->record_foreign_record(Layer::kRedisGuard);
     throw;
+  } catch (const Cancelled&) {
+    // Sent or queued on the node's one connection, it may still run: the plan releases it with
+    // its token (a release on that connection runs after it; one never sent finds nothing).
+    throw ClaimCutShort(std::move(owner_token));
   }
 }
 
@@ -133,6 +140,20 @@ asio::awaitable<bool> AsyncRedisGuard::release(std::string_view key, std::string
   const std::array<std::string_view, 1> args{owner_token};
   // No WAIT: a release a failover loses only leaves the claim until its lease ends.
   co_return co_await eval_flag(scripts_.release, keys, args, false, "release");
+}
+
+void AsyncRedisGuard::release_unawaited(std::string_view key, std::string_view owner_token) {
+  // The coroutine keeps the client and its own copies: the guard may be gone when it runs.
+  asio::co_spawn(
+      client_->get_executor(),
+      [client = client_, script = &scripts_.release, redis_key = protocol_.redis_key(key),
+       token = std::string(owner_token)]() -> asio::awaitable<void> {
+        const std::array<std::string_view, 1> keys{redis_key};
+        const std::array<std::string_view, 1> args{token};
+        (void)co_await client->evalsha(LuaScript{script->body, script->sha}, keys, args,
+                                       asio::use_awaitable);
+      },
+      asio::detached);
 }
 
 asio::awaitable<bool> AsyncRedisGuard::renew(std::string_view key, std::string_view owner_token,

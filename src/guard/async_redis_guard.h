@@ -52,6 +52,7 @@ class AsyncRedisGuard final : public AsyncGuard {
                                  std::chrono::milliseconds retention) override;
   /// As RedisGuard::release().
   asio::awaitable<bool> release(std::string_view key, std::string_view owner_token) override;
+  void release_unawaited(std::string_view key, std::string_view owner_token) override;
   /// As RedisGuard::renew().
   asio::awaitable<bool> renew(std::string_view key, std::string_view owner_token,
                               std::chrono::milliseconds lease) override;

@@ -271,6 +271,67 @@ TEST_F(AsyncDeduplicatorTest, UseFutureFromAnotherThread) {
   loop.join();
 }
 
+// A cancellation that came while the claim's command was in flight ended the call as Cancelled
+// ("the claims it took are released"), but the server still ran the claim and nothing
+// released it: every redelivery answered in progress until the lease ended.
+TEST_F(AsyncDeduplicatorTest, AClaimCutShortByACancellationIsReleased) {
+  asio::io_context io;
+  AsyncDeduplicator dedup(io.get_executor(), options(true, false));
+  constexpr int kCalls = 20;
+  int cancelled = 0;
+  int runs = 0;
+  std::vector<Outcome> retries;
+  // The loop runs until `done` (its idle connections keep it from running out of work).
+  const auto run_until = [&](const bool& done) {
+    while (!done && io.run_one_for(10s) > 0) {
+    }
+  };
+  for (int i = 0; i < kCalls; ++i) {
+    asio::cancellation_signal cancel;
+    const std::string id = "cut-" + std::to_string(i);
+    bool ended = false;
+    dedup.run(
+        request_for(id),
+        [&]() -> asio::awaitable<std::string> {
+          ++runs;
+          co_return "first";
+        },
+        asio::bind_cancellation_slot(cancel.slot(), [&](std::exception_ptr error, Outcome) {
+          ended = true;
+          try {
+            if (error) std::rethrow_exception(error);
+          } catch (const Cancelled&) {
+            ++cancelled;
+          } catch (...) {
+          }
+        }));
+    // A later turn of the loop: the claim is sent (or queued on the connection) by then.
+    asio::post(io, [&] { cancel.emit(asio::cancellation_type::terminal); });
+    run_until(ended);
+    bool retried = false;
+    dedup.run(
+        request_for(id),
+        [&]() -> asio::awaitable<std::string> {
+          ++runs;
+          co_return "redelivered";
+        },
+        [&](std::exception_ptr error, Outcome outcome) {
+          EXPECT_FALSE(error);
+          retries.push_back(std::move(outcome));
+          retried = true;
+        });
+    run_until(retried);
+  }
+  dedup.close();
+  io.run();
+  EXPECT_GT(cancelled, 0);  // some cancellations came before the claim's answer
+  ASSERT_EQ(retries.size(), static_cast<std::size_t>(kCalls));
+  for (const Outcome& retry : retries) {
+    EXPECT_NE(retry.kind, Outcome::Kind::kInProgress) << retry.error;
+  }
+  EXPECT_EQ(runs, kCalls + (kCalls - cancelled));
+}
+
 TEST_F(AsyncDeduplicatorTest, HandlerFailureReleasesTheClaimCancellationKeepsIt) {
   asio::io_context io;
   AsyncDeduplicator dedup(io.get_executor(), options());

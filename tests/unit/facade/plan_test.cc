@@ -522,6 +522,25 @@ TEST(CallPlan, AStopRequestedAfterTheClaimReleasesItUnrun) {
   EXPECT_EQ(d.handler_runs, 0);
 }
 
+// A claim whose command a cancellation cut short may still have run on the server: the call
+// released nothing, and the claim held until its lease ended. Released now, unawaited.
+TEST(CallPlan, AClaimCutShortByACancellationIsReleasedWithItsToken) {
+  ScriptedDriver d;
+  d.faults.emplace(K::kGuardClaim, std::make_exception_ptr(ClaimCutShort("token-of-the-cut")));
+  std::string released;
+  bool unawaited = false;
+  d.before_step = [&](const Step& step) {
+    if (step.kind != K::kGuardRelease) return;
+    released = step.owner_token;
+    unawaited = step.unawaited;  // its answer would wait as long as the claim's
+  };
+  EXPECT_THROW((void)d.call(request("r1")), Cancelled);
+  EXPECT_EQ(trace_text(d.trace), "LocalGet GuardClaim GuardRelease Throw");
+  EXPECT_EQ(released, "token-of-the-cut");
+  EXPECT_TRUE(unawaited);
+  EXPECT_EQ(d.handler_runs, 0);
+}
+
 // ---- commits --------------------------------------------------------------------------------
 
 TEST(CallPlan, ACommitTheServerRefusedReleasesTheClaim) {
