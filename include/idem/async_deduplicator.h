@@ -346,7 +346,9 @@ class IDEM_EXPORT AsyncDeduplicator {
   void shutdown();
 
   /// Closes the Redis and PostgreSQL connections; calls still pending on them fail. Idle
-  /// connections keep io_context::run() going until this (or the destructor). Use it on the
+  /// connections keep io_context::run() going until this (or the destructor). A call still
+  /// running (its handler, say) may connect again to save its result: the connections are
+  /// closed again when the last call running ends, so run() returns then. Use it on the
   /// executor; later calls reconnect.
   void close();
 

@@ -110,6 +110,9 @@ struct AsyncDeduplicator::Impl {
   void close() {
     if (guard) guard->close();
     if (sink) sink->close();
+    // Calls still running may open connections again (a completion after the handler): closed
+    // too when the last of them ends, so that io_context::run() returns.
+    close_when_idle = !calls.empty();
   }
 
   asio::any_io_executor executor;
@@ -127,6 +130,7 @@ struct AsyncDeduplicator::Impl {
   // The running calls, for shutdown(); each knows its place (AsyncCall::running_at_), so adding
   // and removing one is O(1) and allocates nothing once the vector has grown.
   std::vector<detail::AsyncCall*> calls;
+  bool close_when_idle = false;  // close() came while calls ran
   void add_running(detail::AsyncCall& call) {
     call.running_at_ = calls.size();
     calls.push_back(&call);
@@ -136,6 +140,7 @@ struct AsyncDeduplicator::Impl {
     calls[call.running_at_] = last;
     last->running_at_ = call.running_at_;
     calls.pop_back();
+    if (close_when_idle && calls.empty()) close();
   }
 };
 

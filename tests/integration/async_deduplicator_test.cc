@@ -332,6 +332,30 @@ TEST_F(AsyncDeduplicatorTest, AClaimCutShortByACancellationIsReleased) {
   EXPECT_EQ(runs, kCalls + (kCalls - cancelled));
 }
 
+// close() while a handler ran: the call then connected again to save its result, and that idle
+// connection kept io_context::run() going for ever.
+TEST_F(AsyncDeduplicatorTest, CloseWhileAHandlerRunsLetsRunReturnOnceTheCallEnds) {
+  asio::io_context io;
+  AsyncDeduplicator dedup(io.get_executor(), options());
+  std::optional<Outcome> outcome;
+  dedup.run(
+      request_for("close-mid-handler"),
+      []() -> asio::awaitable<std::string> {
+        co_await sleep_for(200ms);
+        co_return "saved";
+      },
+      [&](std::exception_ptr error, Outcome o) {
+        EXPECT_FALSE(error) << test::what(error);
+        outcome = std::move(o);
+      });
+  asio::steady_timer later(io, 100ms);
+  later.async_wait([&](std::error_code) { dedup.close(); });
+  io.run_for(20s);
+  EXPECT_TRUE(io.stopped());  // out of work: every connection closed
+  ASSERT_TRUE(outcome.has_value());
+  EXPECT_EQ(outcome->kind, Outcome::Kind::kExecuted);
+}
+
 TEST_F(AsyncDeduplicatorTest, HandlerFailureReleasesTheClaimCancellationKeepsIt) {
   asio::io_context io;
   AsyncDeduplicator dedup(io.get_executor(), options());
