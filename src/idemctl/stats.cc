@@ -4,10 +4,13 @@
 
 #include <algorithm>
 #include <charconv>
+#include <condition_variable>
 #include <cstdint>
 #include <iomanip>
 #include <iostream>
 #include <map>
+#include <mutex>
+#include <thread>
 
 #include "cli.h"
 #include "idem/outcome.h"
@@ -20,6 +23,10 @@ struct StatsFlags {
   int timeout_ms = 5000;
   bool json = false;
 };
+
+// Largest metrics answer read, in bytes: idem's own is a few KiB; a bigger one is no idem
+// /metrics, and reading it on would only take memory.
+constexpr std::size_t kMaxMetricsBytes = 16 * 1024 * 1024;
 
 constexpr Outcome::Kind kKinds[] = {Outcome::Kind::kExecuted, Outcome::Kind::kDuplicate,
                                     Outcome::Kind::kInProgress, Outcome::Kind::kMismatch,
@@ -122,7 +129,41 @@ std::string fetch(const std::string& url, std::chrono::milliseconds timeout) {
   client.set_connection_timeout(seconds.count(), micros.count());
   client.set_read_timeout(seconds.count(), micros.count());
   if (!user.empty()) client.set_basic_auth(user, password);
-  const httplib::Result result = client.Get(path);
+  // httplib bounds each read, not the request: a server that trickles its answer would hold
+  // the command for ever. At `timeout`, a watchdog shuts the request's socket.
+  std::mutex mutex;
+  std::condition_variable answered;
+  bool done = false;
+  bool timed_out = false;
+  std::thread watchdog([&] {
+    std::unique_lock lock(mutex);
+    if (!answered.wait_for(lock, timeout, [&] { return done; })) {
+      timed_out = true;
+      client.stop();
+    }
+  });
+  std::string body;
+  bool too_big = false;
+  const httplib::Result result = client.Get(path, [&](const char* data, std::size_t size) {
+    too_big = body.size() + size > kMaxMetricsBytes;
+    if (!too_big) body.append(data, size);
+    return !too_big;
+  });
+  {
+    std::lock_guard lock(mutex);
+    done = true;
+  }
+  answered.notify_one();
+  watchdog.join();
+  if (too_big) {
+    throw CommandError(kNoMetrics, "GET " + redact(url) + ": the answer is over " +
+                                       std::to_string(kMaxMetricsBytes) +
+                                       " bytes: no idem /metrics");
+  }
+  if (timed_out) {
+    throw CommandError(kUnavailable, "GET " + redact(url) + ": no whole answer within " +
+                                         std::to_string(timeout.count()) + " ms");
+  }
   if (!result) {
     // httplib names the failed step ("Connection", "Read"); say what it means.
     const httplib::Error error = result.error();
@@ -136,7 +177,7 @@ std::string fetch(const std::string& url, std::chrono::milliseconds timeout) {
     throw CommandError(kNoMetrics,
                        "GET " + redact(url) + ": HTTP status " + std::to_string(result->status));
   }
-  return result->body;
+  return body;
 }
 
 // Share of decisions that were repeats at any layer (duplicate, in_progress, mismatch): what the
@@ -227,7 +268,8 @@ Command add_stats_command(CLI::App& app) {
                   "(path /metrics when none is given)")
       ->envname("IDEM_METRICS_URL")
       ->required();
-  sub->add_option("--timeout-ms", flags->timeout_ms, "Connect and read timeout, in ms")
+  sub->add_option("--timeout-ms", flags->timeout_ms,
+                  "Bound on the whole request (connect, then the whole answer), in ms")
       ->check(CLI::Range(1, 3'600'000))
       ->capture_default_str();
   add_json_flag(*sub, flags->json);

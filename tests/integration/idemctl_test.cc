@@ -719,5 +719,34 @@ TEST(IdemctlStats, UnreachableUrlAndAnswersWithoutIdemMetricsAreErrors) {
   EXPECT_EQ(idemctl({"stats"}).code, kUsage);  // --url is required
 }
 
+// --timeout-ms bounded each read only: a server that trickled its answer, a byte at a time, held
+// stats for ever; and an endless answer was read into memory until the process died.
+TEST(IdemctlStats, ATrickledOrEndlessAnswerEndsWithinTheTimeoutOrTheSizeCap) {
+  httplib::Server server;
+  server.Get("/metrics", [](const httplib::Request&, httplib::Response& res) {
+    res.set_chunked_content_provider("text/plain", [](std::size_t, httplib::DataSink& sink) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      return sink.write("# ", 2);
+    });
+  });
+  server.Get("/endless", [](const httplib::Request&, httplib::Response& res) {
+    res.set_chunked_content_provider("text/plain", [](std::size_t, httplib::DataSink& sink) {
+      static const std::string block(64 * 1024, '#');
+      return sink.write(block.data(), block.size());
+    });
+  });
+  const int port = server.bind_to_any_port("127.0.0.1");
+  std::thread serving([&] { server.listen_after_bind(); });
+  const std::string base = "http://127.0.0.1:" + std::to_string(port);
+  const CtlRun trickled = idemctl({"stats", "--url", base + "/metrics", "--timeout-ms", "1000"});
+  EXPECT_EQ(trickled.code, kUnavailable) << trickled.describe();
+  EXPECT_TRUE(contains(trickled.err, "within 1000 ms")) << trickled.err;
+  const CtlRun endless = idemctl({"stats", "--url", base + "/endless", "--timeout-ms", "60000"});
+  EXPECT_EQ(endless.code, kNoMetrics) << endless.describe();
+  EXPECT_TRUE(contains(endless.err, "bytes: no idem /metrics")) << endless.err;
+  server.stop();
+  serving.join();
+}
+
 }  // namespace
 }  // namespace idem
