@@ -242,8 +242,10 @@ class IDEM_EXPORT RedisGuard final : public Guard {
 
   /// Deletes the record of `key` whoever owns it, atomically (one script): an operator's way to
   /// free a claim stuck until its lease ends. With kInProgressOnly a COMPLETED record is kept
-  /// (kCompleted); with kAnyState it is deleted too, and the next request with this key runs
-  /// its side effect again. Prefer the owner-checked release(). Throws idem::RedisError.
+  /// (kCompleted); with kAnyState it is deleted too, and so is the key's step journal (whatever
+  /// it holds), so that the next request with this key runs its side effect, and its steps,
+  /// again. kInProgressOnly keeps the journal: the retry skips the steps done. Prefer the
+  /// owner-checked release(). Throws idem::RedisError.
   ForceReleaseStatus force_release(std::string_view key, ForceReleaseScope scope);
 
   /// The full Redis key for a key text: `{escaped prefix}:{escaped ns}:{key}`. Every method

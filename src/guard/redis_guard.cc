@@ -547,11 +547,12 @@ std::optional<RecordInfo> RedisGuard::inspect(std::string_view key) {
 
 ForceReleaseStatus RedisGuard::force_release(std::string_view key, ForceReleaseScope scope) {
   const std::string redis_key_text = redis_key(key);
+  const std::string journal_key = detail::GuardProtocol::journal_key(redis_key_text);
   const std::string_view any_state = scope == ForceReleaseScope::kAnyState ? "1" : "0";
   const ReplyPtr reply = impl_->with_connection(redis_key_text, [&](Connection& connection) {
     return impl_
         ->eval(connection, impl_->scripts.evict,
-               std::array<std::string_view, 2>{redis_key_text, any_state}, false)
+               std::array<std::string_view, 3>{redis_key_text, journal_key, any_state}, false, "2")
         .reply;
   });
   if (reply->type == REDIS_REPLY_INTEGER && reply->integer >= 0 && reply->integer <= 2) {

@@ -206,9 +206,9 @@ Command add_release_command(CLI::App& app) {
   sub->add_flag("--yes", flags->yes, "With --force: do not ask (required when stdin is not a TTY)")
       ->needs(force);
   sub->add_flag("--include-completed", flags->include_completed,
-                "With --force: delete a COMPLETED record too. DANGER: idem then forgets that the "
-                "operation ran, and the next request with this key executes its side effect "
-                "(charge, refund, email) AGAIN")
+                "With --force: delete a COMPLETED record too, and the key's step journal in "
+                "Redis. DANGER: idem then forgets that the operation ran, and the next request "
+                "with this key executes its side effect (charge, refund, email) AGAIN")
       ->needs(force);
   add_json_flag(*sub, flags->json);
   sub->footer(

@@ -87,6 +87,28 @@ TEST(RedisGuardForceRelease, DeletesAnyOwnersClaimButKeepsCompletedUnlessAsked) 
   EXPECT_FALSE(guard.inspect("u:pay:o3").has_value());
 }
 
+// Forcing out a COMPLETED record left its step journal: the next request "executed" again with
+// its steps replayed from the journal, so the side effect the operator asked to run again did
+// not run. kAnyState deletes the journal too; kInProgressOnly keeps it for the retry.
+TEST(RedisGuardForceRelease, AnyStateDeletesTheStepJournalInProgressOnlyKeepsIt) {
+  IDEM_REQUIRE_SERVICE(url, "IDEM_TEST_REDIS_URL");
+  RedisGuard guard(guard_options(url));
+  JournaledStep charge;
+  charge.result = "charged-at-1";
+  const ClaimResult stuck = guard.claim("u:pay:j1", "req-1", "");
+  ASSERT_TRUE(guard.put_step("u:pay:j1", stuck.owner_token, "charge", charge));
+  EXPECT_EQ(guard.force_release("u:pay:j1", ForceReleaseScope::kInProgressOnly),
+            ForceReleaseStatus::kReleased);
+  EXPECT_EQ(guard.steps("u:pay:j1").size(), 1U);  // the retry skips the charge
+
+  const ClaimResult done = guard.claim("u:pay:j2", "req-2", "");
+  ASSERT_TRUE(guard.put_step("u:pay:j2", done.owner_token, "charge", charge));
+  ASSERT_TRUE(guard.complete("u:pay:j2", done.owner_token, "r"));
+  EXPECT_EQ(guard.force_release("u:pay:j2", ForceReleaseScope::kAnyState),
+            ForceReleaseStatus::kReleased);
+  EXPECT_TRUE(guard.steps("u:pay:j2").empty());  // run again means the charge too
+}
+
 class PgSinkInspectTest : public ::testing::Test {
  protected:
   void SetUp() override {
