@@ -1,5 +1,7 @@
 #include "idem/errors.h"
 
+#include <cctype>
+
 namespace idem {
 namespace {
 
@@ -30,17 +32,31 @@ void hide_userinfo(std::string& text) {
   }
 }
 
+// The offset of the first `password` in `text` from `from`, in any case (`PASSWORD=`, which libpq
+// refuses as an unknown keyword, still holds one); npos when none.
+std::size_t find_password_key(std::string_view text, std::size_t from) {
+  constexpr std::string_view kKey = "password";
+  for (std::size_t at = from; at + kKey.size() <= text.size(); ++at) {
+    std::size_t i = 0;
+    while (i < kKey.size() && std::tolower(static_cast<unsigned char>(text[at + i])) == kKey[i]) {
+      ++i;
+    }
+    if (i == kKey.size()) return at;
+  }
+  return std::string_view::npos;
+}
+
 // Hides the value of every `password=` (key=value connection strings, URL query parameters),
 // with the blanks libpq accepts around the '=' (`password = secret`).
 void hide_password_values(std::string& text) {
-  constexpr std::string_view kKey = "password";
+  constexpr std::size_t kKeySize = 8;  // "password"
   const auto blank = [&](std::size_t i) {
     return i < text.size() && (text[i] == ' ' || text[i] == '\t' || text[i] == '\n' ||
                                text[i] == '\r' || text[i] == '\f' || text[i] == '\v');
   };
-  for (std::size_t key = text.find(kKey); key != std::string::npos;
-       key = text.find(kKey, key + kKey.size())) {
-    std::size_t start = key + kKey.size();
+  for (std::size_t key = find_password_key(text, 0); key != std::string::npos;
+       key = find_password_key(text, key + kKeySize)) {
+    std::size_t start = key + kKeySize;
     while (blank(start)) ++start;
     if (start >= text.size() || text[start] != '=') continue;
     ++start;

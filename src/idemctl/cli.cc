@@ -11,36 +11,8 @@
 namespace idem::ctl {
 namespace {
 
-// Passwords of the URLs this process was given: scrubbed from every message it prints, even
-// where they do not appear in URL form. (idemctl is single-threaded.)
-std::vector<std::string>& secrets() {
-  static std::vector<std::string> values;
-  return values;
-}
-
-// Remembers what idem::redact_credentials() hides in `url` (its credentials, as written).
-void remember_secret(std::string_view url) {
-  const std::string hidden = redact_credentials(url);
-  if (hidden == url) return;
-  const auto prefix = static_cast<std::size_t>(
-      std::mismatch(url.begin(), url.end(), hidden.begin(), hidden.end()).first - url.begin());
-  const auto suffix = static_cast<std::size_t>(
-      std::mismatch(url.rbegin(), url.rend(), hidden.rbegin(), hidden.rend()).first - url.rbegin());
-  if (prefix + suffix >= url.size()) return;
-  std::string_view secret = url.substr(prefix, url.size() - prefix - suffix);
-  // A URL's userinfo: only the password after the user name is secret. A bare user name is
-  // not, and is too common a word to mask everywhere: `postgres` masked the scheme
-  // `postgresql://` and idem's own "idem: postgres:" prefix.
-  if (url.substr(url.size() - suffix).starts_with('@')) {
-    const std::size_t colon = secret.find(':');
-    if (colon == std::string_view::npos) return;
-    secret = secret.substr(colon + 1);
-  }
-  if (!secret.empty()) secrets().emplace_back(secret);
-}
-
 std::string where(std::string_view url, std::string_view rest) {
-  return redact(url) + " (" + std::string(rest) + ")";
+  return redact_credentials(url) + " (" + std::string(rest) + ")";
 }
 
 }  // namespace
@@ -60,19 +32,8 @@ std::string printable(std::string_view text) {
   return out;
 }
 
-std::string redact(std::string_view text) {
-  std::string out = redact_credentials(text);
-  for (const std::string& secret : secrets()) {
-    for (std::size_t at = out.find(secret); at != std::string::npos; at = out.find(secret, at)) {
-      out.replace(at, secret.size(), "***");
-    }
-  }
-  return out;
-}
-
 std::unique_ptr<RedisGuard> BackendFlags::guard() const {
   if (redis_url.empty()) return nullptr;
-  remember_secret(redis_url);
   RedisGuardOptions options;
   options.redis.url = redis_url;
   options.redis.cluster = redis_cluster;
@@ -83,13 +44,13 @@ std::unique_ptr<RedisGuard> BackendFlags::guard() const {
   try {
     return std::make_unique<RedisGuard>(std::move(options));
   } catch (const ConfigError& error) {
-    throw CommandError(kUsage, "--redis " + redact(redis_url) + ": " + redact(error.what()));
+    throw CommandError(kUsage, "--redis " + redact_credentials(redis_url) + ": " +
+                                   redact_credentials(error.what()));
   }
 }
 
 std::unique_ptr<PgSink> BackendFlags::sink() const {
   if (pg_url.empty()) return nullptr;
-  remember_secret(pg_url);
   PgSinkOptions options;
   options.conninfo = pg_url;
   options.schema = pg_schema;
@@ -99,7 +60,8 @@ std::unique_ptr<PgSink> BackendFlags::sink() const {
   try {
     return std::make_unique<PgSink>(std::move(options));
   } catch (const ConfigError& error) {
-    throw CommandError(kUsage, "--pg " + redact(pg_url) + ": " + redact(error.what()));
+    throw CommandError(
+        kUsage, "--pg " + redact_credentials(pg_url) + ": " + redact_credentials(error.what()));
   }
 }
 
@@ -206,15 +168,15 @@ std::optional<BackendFailure> backend_error(const std::function<void()>& body) {
     body();
     return std::nullopt;
   } catch (const ForeignRecord& error) {
-    return BackendFailure{one_line(redact(error.what())), true};
+    return BackendFailure{one_line(redact_credentials(error.what())), true};
   } catch (const PostgresError& error) {
     // The library's message already says to migrate (a missing table or column).
     constexpr std::string_view kUndefinedTable = "42P01";
-    return BackendFailure{one_line(redact(error.what())) + (error.sqlstate() == kUndefinedTable
-                                                                ? " (or check --schema/--table)"
-                                                                : "")};
+    return BackendFailure{
+        one_line(redact_credentials(error.what())) +
+        (error.sqlstate() == kUndefinedTable ? " (or check --schema/--table)" : "")};
   } catch (const BackendError& error) {
-    return BackendFailure{one_line(redact(error.what()))};
+    return BackendFailure{one_line(redact_credentials(error.what()))};
   }
 }
 

@@ -112,9 +112,6 @@ struct BackendFailure {
 /// exceptions than idem::BackendError pass through.
 [[nodiscard]] std::optional<BackendFailure> backend_error(const std::function<void()>& body);
 
-/// `text` with the password of every URL or `password=` keyword in it replaced by `***`.
-[[nodiscard]] std::string redact(std::string_view text);
-
 /// `text` with every byte outside printable ASCII written as \xNN: for messages and for stored
 /// fields shown on a terminal (a request ID may hold a newline or an escape sequence).
 [[nodiscard]] std::string printable(std::string_view text);

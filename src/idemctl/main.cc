@@ -43,13 +43,13 @@ int main(int argc, char** argv) {
     }
     return kUsage;  // unreachable: require_subcommand(1)
   } catch (const CommandError& error) {
-    std::cerr << "idemctl: " << redact(error.what()) << "\n";
+    std::cerr << "idemctl: " << idem::redact_credentials(error.what()) << "\n";
     return error.code();
   } catch (const idem::BackendError& error) {
-    std::cerr << "idemctl: unavailable: " << redact(error.what()) << "\n";
+    std::cerr << "idemctl: unavailable: " << idem::redact_credentials(error.what()) << "\n";
     return kUnavailable;
   } catch (const std::exception& error) {
-    std::cerr << "idemctl: " << redact(error.what()) << "\n";
+    std::cerr << "idemctl: " << idem::redact_credentials(error.what()) << "\n";
     return kFailure;
   }
 }

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "cli.h"
+#include "idem/errors.h"
 #include "idem/outcome.h"
 
 namespace idem::ctl {
@@ -104,7 +105,8 @@ std::string fetch(const std::string& url, std::chrono::milliseconds timeout) {
   const std::size_t scheme_end = url.find("://");
   const std::string scheme = scheme_end == std::string::npos ? "" : url.substr(0, scheme_end);
   if (scheme != "http" && scheme != "https") {
-    throw CommandError(kUsage, "--url " + redact(url) + ": not an http:// or https:// URL");
+    throw CommandError(kUsage,
+                       "--url " + redact_credentials(url) + ": not an http:// or https:// URL");
   }
   std::string rest = url.substr(scheme_end + 3);
   rest = rest.substr(0, rest.find('#'));  // a fragment is never sent
@@ -121,9 +123,11 @@ std::string fetch(const std::string& url, std::chrono::milliseconds timeout) {
     if (userinfo.find(':') != std::string::npos) password = userinfo.substr(userinfo.find(':') + 1);
     authority = authority.substr(at + 1);
   }
-  if (authority.empty()) throw CommandError(kUsage, "--url " + redact(url) + ": no host");
+  if (authority.empty())
+    throw CommandError(kUsage, "--url " + redact_credentials(url) + ": no host");
   httplib::Client client(scheme + "://" + authority);
-  if (!client.is_valid()) throw CommandError(kUsage, "--url " + redact(url) + ": not a valid URL");
+  if (!client.is_valid())
+    throw CommandError(kUsage, "--url " + redact_credentials(url) + ": not a valid URL");
   const auto seconds = std::chrono::floor<std::chrono::seconds>(timeout);
   const auto micros = std::chrono::duration_cast<std::chrono::microseconds>(timeout - seconds);
   client.set_connection_timeout(seconds.count(), micros.count());
@@ -156,12 +160,13 @@ std::string fetch(const std::string& url, std::chrono::milliseconds timeout) {
   answered.notify_one();
   watchdog.join();
   if (too_big) {
-    throw CommandError(kNoMetrics, "GET " + redact(url) + ": the answer is over " +
+    throw CommandError(kNoMetrics, "GET " + redact_credentials(url) + ": the answer is over " +
                                        std::to_string(kMaxMetricsBytes) +
                                        " bytes: no idem /metrics");
   }
   if (timed_out) {
-    throw CommandError(kUnavailable, "GET " + redact(url) + ": no whole answer within " +
+    throw CommandError(kUnavailable, "GET " + redact_credentials(url) +
+                                         ": no whole answer within " +
                                          std::to_string(timeout.count()) + " ms");
   }
   if (!result) {
@@ -171,11 +176,11 @@ std::string fetch(const std::string& url, std::chrono::milliseconds timeout) {
         error == httplib::Error::Connection ? "cannot connect (refused, unreachable or timed out)"
         : error == httplib::Error::Read     ? "no HTTP answer (timed out, or not an HTTP server)"
                                             : "request failed (" + httplib::to_string(error) + ")";
-    throw CommandError(kUnavailable, "GET " + redact(url) + ": " + why);
+    throw CommandError(kUnavailable, "GET " + redact_credentials(url) + ": " + why);
   }
   if (result->status != 200) {
-    throw CommandError(kNoMetrics,
-                       "GET " + redact(url) + ": HTTP status " + std::to_string(result->status));
+    throw CommandError(kNoMetrics, "GET " + redact_credentials(url) + ": HTTP status " +
+                                       std::to_string(result->status));
   }
   return body;
 }
@@ -197,7 +202,7 @@ double repeat_rate(const Stats& stats) {
 int run(const StatsFlags& flags) {
   const Stats stats = parse(fetch(flags.url, std::chrono::milliseconds(flags.timeout_ms)));
   if (stats.decisions.empty() || !stats.duplicate_rate) {
-    throw CommandError(kNoMetrics, "GET " + redact(flags.url) +
+    throw CommandError(kNoMetrics, "GET " + redact_credentials(flags.url) +
                                        ": no idem metrics in the answer (idem_decisions_total, "
                                        "idem_duplicate_rate); is it idem's /metrics?");
   }
@@ -213,7 +218,7 @@ int run(const StatsFlags& flags) {
     }
     nlohmann::ordered_json errors = nlohmann::ordered_json::object();
     for (const auto& [layer, count] : stats.backend_errors) errors[layer] = count;
-    nlohmann::ordered_json answer{{"url", redact(flags.url)},
+    nlohmann::ordered_json answer{{"url", redact_credentials(flags.url)},
                                   {"duplicate_rate", *stats.duplicate_rate},
                                   {"repeat_rate", repeat_rate(stats)},
                                   {"total_decisions", stats.total},
@@ -223,7 +228,7 @@ int run(const StatsFlags& flags) {
     std::cout << answer.dump(2) << '\n';
     return kOk;
   }
-  std::cout << redact(flags.url) << "\n"
+  std::cout << redact_credentials(flags.url) << "\n"
             << "duplicate rate   " << std::fixed << std::setprecision(4) << *stats.duplicate_rate
             << "  (" << std::setprecision(2) << *stats.duplicate_rate * 100 << " % of "
             << stats.total << " decisions: (redis_guard + pg_sink rejects) / total)\n"

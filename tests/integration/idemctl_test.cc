@@ -594,6 +594,17 @@ TEST_F(IdemctlTest, BadInputAndUnreachableBackendsHaveTheirExitCodesAndHidePassw
   EXPECT_EQ(user_only.code, kUnavailable) << user_only.describe();
   EXPECT_TRUE(contains(user_only.out, "postgresql://***@127.0.0.1:1/idem")) << user_only.out;
   EXPECT_TRUE(contains(user_only.err, "idem: postgres:")) << user_only.err;
+  // Nor does a password that is a common word: every occurrence of `postgres` was masked, which
+  // garbled the output ("***ql://") and told the password by where the stars stood.
+  const CtlRun word =
+      idemctl({"inspect", "u:i:k", "--pg",
+               "postgresql://postgres:postgres@127.0.0.1:1/idem?connect_timeout=5"});
+  EXPECT_EQ(word.code, kUnavailable) << word.describe();
+  EXPECT_TRUE(contains(word.out, "postgresql://***@127.0.0.1:1/idem")) << word.out;
+  EXPECT_TRUE(contains(word.err, "idem: postgres:")) << word.err;
+  const CtlRun upper = idemctl({"migrate", "--pg", "PASSWORD=LeakMe9 host=127.0.0.1 port=1"});
+  EXPECT_NE(upper.code, kOk) << upper.describe();
+  EXPECT_FALSE(contains(upper.err + upper.out, "LeakMe9")) << upper.describe();
 
   const CtlRun unknown = idemctl({"inspect", "--no-such-flag"});
   EXPECT_EQ(unknown.code, kUsage) << unknown.describe();

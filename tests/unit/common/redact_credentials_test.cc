@@ -64,6 +64,13 @@ TEST(RedactCredentials, BadRedisUrlMessagesCarryNoPassword) {
   }
 }
 
+// libpq refuses `PASSWORD=` (its keywords are lower case), and the message quoting the string
+// showed the value in clear.
+TEST(RedactCredentials, HidesAPasswordKeywordInAnyCase) {
+  EXPECT_EQ(redact_credentials("PASSWORD=LeakMe9 host=db user=u"), "PASSWORD=*** host=db user=u");
+  EXPECT_EQ(redact_credentials("host=db Password = 'a b' user=u"), "host=db Password = *** user=u");
+}
+
 TEST(RedactCredentials, MalformedPostgresConnectionStringsCarryNoPassword) {
   for (const char* conninfo : {"postgres:/postgres:S3cretPW@127.0.0.1/idem",
                                "host=127.0.0.1 port=1 password=S3cretPW connect_timeout=1 x"}) {
