@@ -159,6 +159,12 @@ int run(const ReleaseFlags& flags) {
   for (BackendResult* outcome : {&redis, &pg}) {
     if (outcome->error) {
       outcome->result = outcome->error->foreign ? Result::kForeign : Result::kUnavailable;
+      // A command that timed out or lost its connection may still have run on the server.
+      if (!outcome->error->foreign) {
+        outcome->error->message +=
+            " (the release may have happened all the same: `idemctl inspect` "
+            "tells)";
+      }
     }
     json[outcome->name] = {{"status", result_name(outcome->result)}};
     if (outcome->error) {

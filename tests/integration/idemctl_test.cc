@@ -582,6 +582,11 @@ TEST_F(IdemctlTest, BadInputAndUnreachableBackendsHaveTheirExitCodesAndHidePassw
   EXPECT_TRUE(contains(redis_down.err, "redis unavailable")) << redis_down.err;
   EXPECT_FALSE(contains(redis_down.err + redis_down.out, "s3cret")) << redis_down.describe();
   EXPECT_TRUE(redis_down.json()["redis"].contains("error"));
+  // A release that failed may have happened (a timeout after the server ran it): said so.
+  const CtlRun release_down =
+      idemctl({"release", "u:i:k", "--force", "--yes", "--redis", "redis://127.0.0.1:1/0"});
+  EXPECT_EQ(release_down.code, kUnavailable) << release_down.describe();
+  EXPECT_TRUE(contains(release_down.err, "may have happened")) << release_down.err;
 
   const CtlRun pg_down =
       idemctl({"migrate", "--pg", "postgresql://idem:pgs3cret@127.0.0.1:1/idem?connect_timeout=5"});
