@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <condition_variable>
 #include <cstdint>
 #include <iomanip>
@@ -43,24 +44,39 @@ struct Stats {
   std::uint64_t total = 0;
 };
 
-// The value of label `name` in `labels` (`{a="x",b="y"}`); empty when absent.
+// The value of label `name` in `labels` (`{a="x",b="y"}`); empty when absent. Only a whole
+// label name counts: `sublayer="x"` is no `layer`.
 std::string_view label(std::string_view labels, std::string_view name) {
   const std::string needle = std::string(name) + "=\"";
-  const std::size_t at = labels.find(needle);
-  if (at == std::string_view::npos) return {};
-  const std::size_t start = at + needle.size();
-  return labels.substr(start, labels.find('"', start) - start);
+  for (std::size_t at = labels.find(needle); at != std::string_view::npos;
+       at = labels.find(needle, at + 1)) {
+    if (at > 0 && labels[at - 1] != '{' && labels[at - 1] != ',' && labels[at - 1] != ' ') {
+      continue;
+    }
+    const std::size_t start = at + needle.size();
+    return labels.substr(start, labels.find('"', start) - start);
+  }
+  return {};
 }
 
-// A sample value (an integer for counters); throws CommandError(kNoMetrics) on anything else.
-template <class T>
-T number_of(std::string_view value) {
-  T number{};
+// A sample value; throws CommandError(kNoMetrics) on anything else.
+double value_of(std::string_view value) {
+  double number{};
   const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), number);
   if (ec != std::errc() || end != value.data() + value.size()) {
     throw CommandError(kNoMetrics, "not a metric value: '" + std::string(value) + "'");
   }
   return number;
+}
+
+// A counter's value: a whole number, written as an integer or a float ("90.0", as the text
+// format allows), below 2^53 so that a sum of counters stays exact.
+std::uint64_t count_of(std::string_view value) {
+  const double number = value_of(value);
+  if (!(number >= 0 && number < 9007199254740992.0) || number != std::floor(number)) {
+    throw CommandError(kNoMetrics, "not a counter value: '" + std::string(value) + "'");
+  }
+  return static_cast<std::uint64_t>(number);
 }
 
 // Reads idem's series from Prometheus text format 0.0.4 (`name{labels} value [timestamp]`).
@@ -82,19 +98,19 @@ Stats parse(std::string_view text) {
     value.remove_prefix(std::min(value.find_first_not_of(' '), value.size()));
     value = value.substr(0, value.find(' '));
     if (name == "idem_duplicate_rate") {
-      stats.duplicate_rate = number_of<double>(value);
+      stats.duplicate_rate = value_of(value);
     } else if (name == "idem_decisions_total") {
       const std::string layer(label(labels, "layer"));
       auto it = std::find_if(stats.decisions.begin(), stats.decisions.end(),
                              [&](const auto& entry) { return entry.first == layer; });
       if (it == stats.decisions.end()) it = stats.decisions.insert(it, {layer, {}});
-      const std::uint64_t count = number_of<std::uint64_t>(value);
+      const std::uint64_t count = count_of(value);
       it->second[std::string(label(labels, "outcome"))] += count;
       stats.total += count;
     } else if (name == "idem_handler_failures_total") {
-      stats.handler_failures = number_of<std::uint64_t>(value);
+      stats.handler_failures = count_of(value);
     } else if (name == "idem_backend_errors_total") {
-      stats.backend_errors.emplace_back(label(labels, "layer"), number_of<std::uint64_t>(value));
+      stats.backend_errors.emplace_back(label(labels, "layer"), count_of(value));
     }
   }
   return stats;

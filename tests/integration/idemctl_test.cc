@@ -735,6 +735,25 @@ TEST(IdemctlStats, UnreachableUrlAndAnswersWithoutIdemMetricsAreErrors) {
   EXPECT_EQ(idemctl({"stats"}).code, kUsage);  // --url is required
 }
 
+// `sublayer="zzz"` was read as the layer (a substring match), and a counter written as a float,
+// which the text format allows, failed the command.
+TEST(IdemctlStats, OnlyAWholeLabelNameCountsAndFloatCountersAreRead) {
+  MetricsServer server(
+      "idem_decisions_total{sublayer=\"zzz\",layer=\"handler\",outcome=\"executed\"} 3\n"
+      "idem_decisions_total{layer=\"redis_guard\",outcome=\"duplicate\"} 1.0\n"
+      "idem_duplicate_rate 0.25\n");
+  const CtlRun json = idemctl({"stats", "--url", server.url(), "--json"});
+  ASSERT_EQ(json.code, kOk) << json.describe();
+  EXPECT_EQ(json.json()["total_decisions"], 4);
+  EXPECT_EQ(json.json()["decisions"]["handler"]["executed"], 3);
+  EXPECT_EQ(json.json()["decisions"]["redis_guard"]["duplicate"], 1);
+  EXPECT_FALSE(json.json()["decisions"].contains("zzz"));
+  MetricsServer wrapped(
+      "idem_decisions_total{layer=\"handler\",outcome=\"executed\"} "
+      "18446744073709551615\nidem_duplicate_rate 0\n");
+  EXPECT_EQ(idemctl({"stats", "--url", wrapped.url()}).code, kNoMetrics);  // no wrapped total
+}
+
 // --timeout-ms bounded each read only: a server that trickled its answer, a byte at a time, held
 // stats for ever; and an endless answer was read into memory until the process died.
 TEST(IdemctlStats, ATrickledOrEndlessAnswerEndsWithinTheTimeoutOrTheSizeCap) {
