@@ -11,8 +11,10 @@
 namespace idem::ctl {
 namespace {
 
+// The label of a backend: its URL and what of it the command uses (names as given on the command
+// line: printable(), so that a name holding a newline cannot forge an output line).
 std::string where(std::string_view url, std::string_view rest) {
-  return redact_credentials(url) + " (" + std::string(rest) + ")";
+  return printable(redact_credentials(url)) + " (" + printable(rest) + ")";
 }
 
 }  // namespace

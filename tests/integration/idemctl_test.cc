@@ -611,6 +611,12 @@ TEST_F(IdemctlTest, BadInputAndUnreachableBackendsHaveTheirExitCodesAndHidePassw
   EXPECT_NE(upper.code, kOk) << upper.describe();
   EXPECT_FALSE(contains(upper.err + upper.out, "LeakMe9")) << upper.describe();
 
+  // A name given on the command line is printed as printable text: a newline in it forged an
+  // output line ("state completed").
+  std::vector<std::string> forging = both({"inspect", "u:i:k"});
+  forging.back() = "x\n  state completed";  // the --namespace value
+  const CtlRun forged = idemctl(forging);
+  EXPECT_FALSE(contains(forged.out + forged.err, "\n  state completed")) << forged.describe();
   const CtlRun unknown = idemctl({"inspect", "--no-such-flag"});
   EXPECT_EQ(unknown.code, kUsage) << unknown.describe();
   for (const char* command : {"migrate", "inspect", "release", "purge", "stats"}) {
