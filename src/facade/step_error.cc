@@ -4,6 +4,7 @@
 #include <pqxx/except>
 #include <system_error>
 
+#include "guard/async_guard.h"
 #include "idem/errors.h"
 #include "pg/errors.h"
 

@@ -4,9 +4,6 @@
 
 #include <exception>
 #include <string>
-#include <utility>
-
-#include "idem/errors.h"
 
 namespace idem::detail {
 
@@ -33,20 +30,6 @@ struct StepError {
   /// A guard claim that a cancellation cut short after its command may have reached the server
   /// (ClaimCutShort): the owner token it was sent with, since the claim may hold. Else empty.
   std::string claim_in_doubt{};
-};
-
-/// Thrown by an async guard's claim when a cancellation cuts it short once its command is sent
-/// or queued: the server may still run it, so the claim may hold under `owner_token`. An
-/// idem::Cancelled (ErrorKind::kCancelled); classify() keeps the token (claim_in_doubt).
-class ClaimCutShort : public Cancelled {
- public:
-  explicit ClaimCutShort(std::string owner_token)
-      : Cancelled("idem: the claim was cancelled (the server may still run it)"),
-        owner_token_(std::move(owner_token)) {}
-  [[nodiscard]] const std::string& owner_token() const noexcept { return owner_token_; }
-
- private:
-  std::string owner_token_;
 };
 
 /// Whether a failure of this kind is a backend's (an idem::BackendError).

@@ -5,12 +5,29 @@
 #include <asio/awaitable.hpp>
 #include <chrono>
 #include <memory>
+#include <string>
 #include <string_view>
 #include <utility>
 
+#include "idem/errors.h"
 #include "idem/guard.h"
 
 namespace idem::detail {
+
+/// Thrown by an async guard's claim when a cancellation cuts it short once its command is sent
+/// or queued: the server may still run it, so the claim may hold under `owner_token`. An
+/// idem::Cancelled (ErrorKind::kCancelled); the call plan releases the claim with this token
+/// (StepError::claim_in_doubt).
+class ClaimCutShort : public Cancelled {
+ public:
+  explicit ClaimCutShort(std::string owner_token)
+      : Cancelled("idem: the claim was cancelled (the server may still run it)"),
+        owner_token_(std::move(owner_token)) {}
+  [[nodiscard]] const std::string& owner_token() const noexcept { return owner_token_; }
+
+ private:
+  std::string owner_token_;
+};
 
 /// The Guard contract (idem/guard.h) with awaitable calls. Errors as Guard's: thrown when
 /// awaited. Not thread-safe: used from the loop's thread; string views given to a call stay

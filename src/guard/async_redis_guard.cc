@@ -10,7 +10,6 @@
 #include <optional>
 #include <utility>
 
-#include "facade/step_error.h"
 #include "guard/record.h"
 #include "idem/errors.h"
 #include "redis/url.h"

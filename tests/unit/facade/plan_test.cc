@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "facade/in_process.h"
+#include "guard/async_guard.h"
 #include "idem/errors.h"
 #include "idem/local_cache.h"
 #include "idem/memory_guard.h"
