@@ -107,7 +107,12 @@ void add_backend_flags(CLI::App& app, BackendFlags& flags, Backends which) {
   if (which == Backends::kRedisAndPg) {
     app.add_option("--namespace", flags.ns, "Namespace (service or tenant) of the key")
         ->envname("IDEM_NAMESPACE")
-        ->capture_default_str();
+        ->capture_default_str()
+        ->check(CLI::Validator(
+            [](const std::string& value) {
+              return value.empty() ? std::string("the namespace must not be empty") : std::string();
+            },
+            "NOT EMPTY"));
   }
 }
 

@@ -64,7 +64,15 @@ nlohmann::json describe_steps(const StepJournal& journal) {
   return out;
 }
 
-void print_steps(const nlohmann::json& steps) {
+// A backend's step journal as text: its steps, or why it could not be read.
+void print_journal(const nlohmann::json& d) {
+  if (d.contains("steps_error")) {
+    std::cout << "  steps            "
+              << (d["steps_foreign"].get<bool>() ? "foreign: " : "unavailable: ")
+              << printable(d["steps_error"].get<std::string>()) << "\n";
+  }
+  if (!d.contains("steps")) return;
+  const nlohmann::json& steps = d["steps"];
   std::cout << "  steps            " << steps.size() << " journaled\n";
   for (const nlohmann::json& step : steps) {
     const std::string input = printable(step["input_sha256"].get<std::string>());
@@ -87,7 +95,7 @@ void print_text(const std::string& name, const std::string& where, const nlohman
   }
   if (!d["found"].get<bool>()) {
     std::cout << "  not found\n";
-    if (d.contains("steps")) print_steps(d["steps"]);
+    print_journal(d);
     return;
   }
   // Stored fields are the callers' bytes: written escaped, so none forges a line or sends a
@@ -118,7 +126,7 @@ void print_text(const std::string& name, const std::string& where, const nlohman
   } else {
     std::cout << "none\n";
   }
-  if (d.contains("steps")) print_steps(d["steps"]);
+  print_journal(d);
 }
 
 int run(const InspectFlags& flags) {
@@ -132,17 +140,21 @@ int run(const InspectFlags& flags) {
   StepJournal journal;
   std::optional<RecordInfo> in_pg;
   std::optional<BackendFailure> redis_error;
+  // The journal is read apart from the record: a damaged journal does not hide a valid record.
+  std::optional<BackendFailure> steps_error;
   if (guard) {
-    redis_error = backend_error([&] {
-      in_redis = guard->inspect(key);
-      journal = guard->steps(key);
-    });
+    redis_error = backend_error([&] { in_redis = guard->inspect(key); });
+    if (!redis_error) steps_error = backend_error([&] { journal = guard->steps(key); });
   }
   const std::optional<BackendFailure> pg_error =
       sink ? backend_error([&] { in_pg = sink->inspect(key); }) : std::nullopt;
 
   nlohmann::json redis = describe(guard != nullptr, in_redis, redis_error);
   if (!journal.empty()) redis["steps"] = describe_steps(journal);
+  if (steps_error) {
+    redis["steps_error"] = steps_error->message;
+    redis["steps_foreign"] = steps_error->foreign;
+  }
   const nlohmann::json pg = describe(sink != nullptr, in_pg, pg_error);
   if (flags.json) {
     print_json(
@@ -154,7 +166,8 @@ int run(const InspectFlags& flags) {
   }
   int code = in_redis || !journal.empty() || in_pg ? kOk : kNotFound;
   for (const auto& [name, error] :
-       {std::pair{"redis", redis_error}, std::pair{"postgres", pg_error}}) {
+       {std::pair{"redis", redis_error}, std::pair{"redis steps", steps_error},
+        std::pair{"postgres", pg_error}}) {
     if (!error) continue;
     std::cerr << "idemctl: " << name << " " << error->status() << ": " << error->message << "\n";
     if (code != kFailure) code = error->code();  // a foreign value outweighs an outage

@@ -313,6 +313,33 @@ TEST_F(IdemctlTest, InspectShowsAStepJournalThatOutlivedItsReleasedClaim) {
   EXPECT_FALSE(contains(text.out, "three tools")) << "results are shown by size only";
 }
 
+TEST_F(IdemctlTest, ADamagedStepJournalDoesNotHideAValidCompletedRecord) {
+  const std::string key = IdempotencyKey{"u:1", "agent", "run 10"}.encode();
+  const ClaimResult claim = guard_->claim(key, "req-10", "");
+  ASSERT_EQ(claim.status, ClaimStatus::kFirst);
+  ASSERT_TRUE(guard_->complete(key, claim.owner_token, "done"));
+  const std::string journal = "{" + guard_->redis_key(key) + "}:steps";
+  ASSERT_EQ(test::redis_cli(redis_url_, {"SET", journal, "not a hash"}), "OK");
+
+  const std::vector<std::string> redis_only{"--redis", redis_url_,    "--prefix",
+                                            ns_ + "p", "--namespace", ns_};
+  std::vector<std::string> args{"inspect", key, "--json"};
+  args.insert(args.end(), redis_only.begin(), redis_only.end());
+  const CtlRun json_run = idemctl(args);
+  EXPECT_EQ(json_run.code, kFailure) << json_run.describe();
+  const nlohmann::json redis = json_run.json()["redis"];
+  EXPECT_EQ(redis["found"], true) << redis;
+  EXPECT_EQ(redis["state"], "completed") << redis;
+  EXPECT_EQ(redis["steps_foreign"], true) << redis;
+  EXPECT_TRUE(contains(json_run.err, "redis steps foreign")) << json_run.err;
+
+  args.erase(args.begin() + 2);  // text
+  const CtlRun text = idemctl(args);
+  EXPECT_EQ(text.code, kFailure) << text.describe();
+  EXPECT_TRUE(contains(text.out, "state            completed")) << text.out;
+  EXPECT_TRUE(contains(text.out, "steps            foreign: ")) << text.out;
+}
+
 TEST_F(IdemctlTest, InspectReportsNotFoundAndAnUnconfiguredBackend) {
   sink_->migrate();
   const CtlRun missing = idemctl(both({"inspect", "u:refund:nothing", "--json"}));
@@ -549,6 +576,11 @@ TEST_F(IdemctlTest, BadInputAndUnreachableBackendsHaveTheirExitCodesAndHidePassw
   }
   const CtlRun bogus = idemctl({"bogus"});
   EXPECT_EQ(bogus.code, kUsage) << bogus.describe();
+  // An empty namespace is the --namespace flag's fault, not the backend URL's.
+  const CtlRun no_ns = idemctl({"inspect", "u:i:k", "--redis", redis_url_, "--namespace", ""});
+  EXPECT_EQ(no_ns.code, kUsage) << no_ns.describe();
+  EXPECT_TRUE(contains(no_ns.err, "--namespace")) << no_ns.err;
+  EXPECT_FALSE(contains(no_ns.err, "--redis")) << no_ns.err;
   EXPECT_TRUE(contains(bogus.err, "unknown command 'bogus'")) << bogus.err;
 
   const CtlRun bad_url = idemctl({"inspect", "u:i:k", "--redis", "http://user:hunter2@host/0"});
