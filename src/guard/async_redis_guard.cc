@@ -6,7 +6,6 @@
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
 #include <asio/use_awaitable.hpp>
-#include <limits>
 #include <optional>
 #include <utility>
 
@@ -19,17 +18,7 @@ namespace {
 
 AsyncClientSettings client_settings(const RedisGuardOptions& options) {
   const RedisOptions& redis = options.redis;
-  constexpr std::chrono::milliseconds kMaxTimeout{std::numeric_limits<int>::max()};
-  require_guard_option(redis.connect_timeout.count() > 0 && redis.connect_timeout <= kMaxTimeout,
-                       "redis.connect_timeout must be in 1..2147483647 ms");
-  require_guard_option(redis.command_timeout.count() > 0 && redis.command_timeout <= kMaxTimeout,
-                       "redis.command_timeout must be in 1..2147483647 ms");
-  RedisEndpoint endpoint = parse_redis_url(redis.url);
-  if (redis.cluster) {
-    require_guard_option(
-        endpoint.socket_path.empty() && endpoint.db == 0 && endpoint.sentinels.empty(),
-        "a Redis Cluster URL must be redis:// or rediss://host:port with database 0");
-  }
+  RedisEndpoint endpoint = guard_endpoint(redis);
   return AsyncClientSettings{.connection = {.endpoint = std::move(endpoint),
                                             .connect_timeout = redis.connect_timeout,
                                             .command_timeout = redis.command_timeout,

@@ -1,7 +1,6 @@
 #include "idem/redis_guard.h"
 
 #include <array>
-#include <limits>
 #include <map>
 #include <optional>
 #include <span>
@@ -30,22 +29,15 @@ using detail::GuardScript;
 using detail::integer_flag;
 using detail::require_guard_option;
 
-// hiredis takes socket timeouts as an int of milliseconds.
-constexpr std::chrono::milliseconds kMaxSocketTimeout{std::numeric_limits<int>::max()};
-
 void require(bool condition, const char* what) { require_guard_option(condition, what); }
 
 detail::PoolSettings pool_settings(const RedisOptions& redis) {
   require(redis.pool_size >= 1, "redis.pool_size must be >= 1");
   require(redis.borrow_timeout.count() >= 0, "redis.borrow_timeout must be >= 0");
-  require(redis.connect_timeout.count() > 0 && redis.connect_timeout <= kMaxSocketTimeout,
-          "redis.connect_timeout must be in 1..2147483647 ms");
-  require(redis.command_timeout.count() > 0 && redis.command_timeout <= kMaxSocketTimeout,
-          "redis.command_timeout must be in 1..2147483647 ms");
   require(redis.reconnect_backoff.count() >= 0, "redis.reconnect_backoff must be >= 0");
   require(redis.reconnect_backoff_max >= redis.reconnect_backoff,
           "redis.reconnect_backoff_max must be >= redis.reconnect_backoff");
-  return detail::PoolSettings{.connection = {.endpoint = detail::parse_redis_url(redis.url),
+  return detail::PoolSettings{.connection = {.endpoint = detail::guard_endpoint(redis),
                                              .connect_timeout = redis.connect_timeout,
                                              .command_timeout = redis.command_timeout,
                                              .keepalive = redis.keepalive},
@@ -65,8 +57,6 @@ struct RedisGuard::Impl {
     // rediss://: TLS by detail::TlsTransport; a TLS file that cannot be loaded fails here.
     if (endpoint.tls) detail::TlsTransport::check(endpoint);
     if (options.redis.cluster) {
-      require(endpoint.socket_path.empty() && endpoint.db == 0 && endpoint.sentinels.empty(),
-              "a Redis Cluster URL must be redis:// or rediss://host:port with database 0");
       cluster = std::make_unique<detail::Cluster>(std::move(settings), options.breaker);
     } else if (!endpoint.sentinels.empty()) {
       sentinel = std::make_unique<detail::Sentinel>(std::move(settings), options.breaker);

@@ -13,6 +13,7 @@
 #include "idem/lua_scripts.h"
 #include "redis/cluster.h"
 #include "redis/errors.h"
+#include "redis/url.h"
 
 namespace idem::detail {
 namespace {
@@ -30,6 +31,15 @@ std::string escaped_option(const std::string& value, const char* what) {
 }
 
 const RedisGuardOptions& validated(const RedisGuardOptions& options) {
+  // hiredis takes socket timeouts as an int of milliseconds.
+  constexpr std::chrono::milliseconds kMaxSocketTimeout{std::numeric_limits<int>::max()};
+  const RedisOptions& redis = options.redis;
+  require_guard_option(
+      redis.connect_timeout.count() > 0 && redis.connect_timeout <= kMaxSocketTimeout,
+      "redis.connect_timeout must be in 1..2147483647 ms");
+  require_guard_option(
+      redis.command_timeout.count() > 0 && redis.command_timeout <= kMaxSocketTimeout,
+      "redis.command_timeout must be in 1..2147483647 ms");
   require_guard_option(options.lease.count() > 0 && options.lease <= kMaxTtl,
                        "lease must be > 0, <= 100 years");
   require_guard_option(options.retention.count() > 0 && options.retention <= kMaxTtl,
@@ -107,6 +117,16 @@ Written split_durable(ReplyPtr reply) {
   reply->element[0] = nullptr;  // owned by `written` now; freeReplyObject skips null elements
   reply->element[1] = nullptr;
   return written;
+}
+
+RedisEndpoint guard_endpoint(const RedisOptions& redis) {
+  RedisEndpoint endpoint = parse_redis_url(redis.url);
+  if (redis.cluster) {
+    require_guard_option(
+        endpoint.socket_path.empty() && endpoint.db == 0 && endpoint.sentinels.empty(),
+        "a Redis Cluster URL must be redis:// or rediss://host:port with database 0");
+  }
+  return endpoint;
 }
 
 GuardProtocol::GuardProtocol(const RedisGuardOptions& options)

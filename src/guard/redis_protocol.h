@@ -16,6 +16,7 @@
 #include "idem/guard.h"
 #include "idem/redis_guard.h"
 #include "redis/reply.h"
+#include "redis/url.h"
 
 namespace idem::detail {
 
@@ -41,6 +42,10 @@ struct GuardScripts {
 
 /// Throws idem::ConfigError ("idem: RedisGuardOptions: <what>") unless `condition`.
 void require_guard_option(bool condition, const char* what);
+
+/// `redis.url` parsed (idem::ConfigError when malformed) and checked against `redis.cluster`: a
+/// cluster's URL is redis:// or rediss://host:port with database 0.
+[[nodiscard]] RedisEndpoint guard_endpoint(const RedisOptions& redis);
 
 /// `duration` as Redis reads it: a decimal count of ms.
 [[nodiscard]] std::string milliseconds_text(std::chrono::milliseconds duration);

@@ -638,5 +638,30 @@ TEST(AsyncDeduplicatorMemory, InMemoryBackendsAndBlockingOnesRefused) {
   EXPECT_THROW(AsyncDeduplicator(io.get_executor(), blocking), ConfigError);
 }
 
+// The guard options both guards read are checked by one rule: what RedisGuard refuses, the async
+// front refuses too (the pool's options, which it does not use, aside).
+TEST(AsyncDeduplicatorOptions, GuardOptionsTheBlockingGuardRefusesAreConfigErrorsToo) {
+  asio::io_context io;
+  const auto make = [&](auto change) {
+    AsyncDeduplicatorOptions options;
+    options.redis.emplace();
+    change(*options.redis);
+    return AsyncDeduplicator(io.get_executor(), options);
+  };
+  constexpr auto kMax = std::chrono::milliseconds::max();
+  EXPECT_THROW(make([&](RedisGuardOptions& o) { o.redis.connect_timeout = kMax; }), ConfigError);
+  EXPECT_THROW(
+      make([](RedisGuardOptions& o) { o.redis.command_timeout = std::chrono::milliseconds(0); }),
+      ConfigError);
+  EXPECT_THROW(make([](RedisGuardOptions& o) { o.redis.url = "http://localhost"; }), ConfigError);
+  EXPECT_THROW(make([](RedisGuardOptions& o) {
+                 o.redis.cluster = true;
+                 o.redis.url = "redis://127.0.0.1:7000/1";
+               }),
+               ConfigError);
+  EXPECT_THROW(make([&](RedisGuardOptions& o) { o.lease = kMax; }), ConfigError);
+  EXPECT_THROW(make([](RedisGuardOptions& o) { o.ns = ""; }), ConfigError);
+}
+
 }  // namespace
 }  // namespace idem
