@@ -7,6 +7,7 @@
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
 #include <asio/use_future.hpp>
+#include <cstdint>
 #include <future>
 #include <optional>
 #include <string>
@@ -49,9 +50,11 @@ Sentinel::~Sentinel() {
 }
 
 std::shared_ptr<Node> Sentinel::master() {
+  std::uint64_t rounds_seen = 0;
   {
     std::lock_guard lock(mutex_);
     if (master_ != nullptr && (!stale_ || Clock::now() < next_discovery_)) return master_;
+    rounds_seen = rounds_;
   }
   std::unique_lock discovery(discovery_mutex_, std::try_to_lock);
   if (!discovery.owns_lock()) {
@@ -64,6 +67,11 @@ std::shared_ptr<Node> Sentinel::master() {
   {
     std::lock_guard lock(mutex_);
     if (master_ != nullptr && (!stale_ || Clock::now() < next_discovery_)) return master_;
+    // A round ended while this call waited for it and left no master: its error is this call's
+    // answer too, as the calls waiting on one round share it in the async driver (AsyncSentinel).
+    // Otherwise, with every Sentinel silent, each waiting call would run its own round in turn.
+    if (rounds_ != rounds_seen && master_ == nullptr && round_error_)
+      throw RedisError(*round_error_);
   }
   try {
     std::shared_ptr<Node> found = rediscover_locked();
@@ -80,12 +88,16 @@ std::shared_ptr<Node> Sentinel::rediscover_locked() {
   HostPort found;
   try {
     found = discover();
-  } catch (const RedisError&) {
+  } catch (const RedisError& error) {
     std::lock_guard lock(mutex_);
     next_discovery_ = Clock::now() + kRediscoverInterval;
+    ++rounds_;
+    round_error_ = error;
     throw;
   }
   std::lock_guard lock(mutex_);
+  ++rounds_;
+  round_error_.reset();
   if (master_ == nullptr || master_->address() != found) {
     PoolSettings settings = settings_;
     settings.connection.endpoint.host = found.host;

@@ -9,12 +9,14 @@
 #include <asio/io_context.hpp>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <thread>
 #include <vector>
 
+#include "idem/errors.h"
 #include "idem/redis_guard.h"
 #include "redis/async_sentinel.h"
 #include "redis/node.h"
@@ -53,7 +55,8 @@ class Sentinel {
   /// (one discovery at a time; while one runs or within kRediscoverInterval of the last, the
   /// known master is returned as is). Throws idem::RedisError when no master is known and no
   /// Sentinel names one that answers ROLE as a master: retryable, except when every Sentinel
-  /// that answered does not know the master's name.
+  /// that answered does not know the master's name. The calls that waited for a discovery that
+  /// failed get its error, without asking again.
   [[nodiscard]] std::shared_ptr<Node> master();
 
   /// The master known now, without asking anyone; nullptr before the first discovery.
@@ -88,6 +91,8 @@ class Sentinel {
   std::shared_ptr<Node> master_;
   bool stale_ = false;
   Clock::time_point next_discovery_{};
+  std::uint64_t rounds_ = 0;               // discoveries ended
+  std::optional<RedisError> round_error_;  // the last one's error, when it failed
 
   FailoverHold hold_;  // guarded by mutex_
 

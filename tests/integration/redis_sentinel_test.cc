@@ -6,12 +6,14 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "counting_proxy.h"
 #include "idem/errors.h"
 #include "idem/redis_guard.h"
 #include "redis/connection.h"
@@ -127,6 +129,38 @@ TEST_F(RedisSentinelTest, TheRoleCheckRefusesAReplica) {
   }
   settings.endpoint = detail::parse_redis_url("redis://" + group_->master_address() + "/0");
   EXPECT_NO_THROW(detail::Connection{settings});
+}
+
+// Every Sentinel silent (connections taken, nothing answered), no master known yet: the calls
+// that wait for the one discovery under way get its error, as the calls waiting on a round do in
+// the async driver, instead of each asking the Sentinels in turn (the last one waited a command
+// timeout per call before it).
+TEST(RedisSentinelDiscovery, CallsWaitingForAFailedDiscoveryShareItsErrorInsteadOfAskingInTurn) {
+  test::RedisServer silent;  // stands in for a Sentinel of a paused VM
+  test::CountingProxy proxy(test::CountingProxy::Protocol::kRedis, "127.0.0.1", silent.port());
+  silent.pause();
+  RedisGuardOptions options =
+      sentinel_options("redis-sentinel://127.0.0.1:" + std::to_string(proxy.port()) + "#m");
+  options.redis.command_timeout = milliseconds(300);
+  RedisGuard guard(options);
+  constexpr int kCalls = 6;
+  std::atomic<int> retryable{0};
+  std::vector<std::thread> calls;
+  for (int i = 0; i < kCalls; ++i) {
+    calls.emplace_back([&, i] {
+      try {
+        (void)guard.claim("u:refund:silent-" + std::to_string(i), "req", "");
+      } catch (const RedisError& error) {
+        if (error.retryable()) ++retryable;
+      }
+    });
+  }
+  for (std::thread& call : calls) call.join();
+  EXPECT_EQ(retryable.load(), kCalls);
+  const std::size_t asked = proxy.commands()["SENTINEL"];
+  EXPECT_GE(asked, 1U);
+  EXPECT_LE(asked, 2U) << "the waiting calls asked the silent Sentinel one after another";
+  silent.resume();
 }
 
 // SIGKILL of the master: calls fail (retryable) until the Sentinels promote the replica, then
