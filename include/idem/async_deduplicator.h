@@ -15,6 +15,14 @@
 // Asio sockets, libpq's non-blocking API in pipeline mode); no call blocks the loop.
 #pragma once
 
+// Asio's handler memory is allocated on one side of this API and freed on the other: both must
+// compile Asio alike, with -DASIO_STANDALONE -DASIO_DISABLE_STD_ALIGNED_ALLOC
+// -DASIO_HAS_CO_AWAIT=1 -DASIO_HAS_STD_COROUTINE=1 (docs/integration.md says why).
+#if !defined(ASIO_STANDALONE) || !defined(ASIO_DISABLE_STD_ALIGNED_ALLOC) || \
+    !defined(ASIO_HAS_CO_AWAIT)
+#error "idem/async_deduplicator.h needs idem's Asio definitions: idem::idem and idem.pc carry them"
+#endif
+
 #include <asio/any_io_executor.hpp>
 #include <asio/associated_cancellation_slot.hpp>
 #include <asio/associated_executor.hpp>

@@ -63,6 +63,12 @@ export PKG_CONFIG_PATH="$(pc_libdir static)"
 # shellcheck disable=SC2046  # pkg-config prints several words on purpose
 c++ -std=c++20 "$CONSUMER/main.cc" -o "$WORK/consumer-pkg-config" $(pkg-config --cflags --libs idem)
 "$WORK/consumer-pkg-config"
+if command -v clang++ >/dev/null; then
+  say "static library: pkg-config, clang++ and the async front (idem.pc's Asio definitions)"
+  printf '#include <idem/async_deduplicator.h>\n#include <idem/idem.h>\n' >"$WORK/async.cc"
+  # shellcheck disable=SC2046
+  clang++ -std=c++20 -fsyntax-only -Wall -Wextra -Werror "$WORK/async.cc" $(pkg-config --cflags idem)
+fi
 
 say "shared library: install"
 install_idem shared -DBUILD_SHARED_LIBS=ON

@@ -1,9 +1,24 @@
 // Uses a few of idem's entry points that need no server; exits 0 when each answers as documented.
+// Given a PostgreSQL connection string, also runs a statement through libpqxx as a
+// run_transactional() handler does: idem links libpqxx for its users, which this links.
 #include <idem/idem.h>
 
 #include <cstdio>
+#include <pqxx/pqxx>
+#include <string>
 
-int main() {
+namespace {
+
+std::string handler(pqxx::transaction_base& tx) { return tx.exec1("SELECT 'booked'")[0].c_str(); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc > 1) {
+    pqxx::connection connection(argv[1]);
+    pqxx::work tx(connection);
+    std::puts(handler(tx).c_str());
+  }
   int failures = 0;
   auto check = [&failures](bool ok, const char* what) {
     if (!ok) {
