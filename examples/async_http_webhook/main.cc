@@ -61,7 +61,7 @@ using webhook::Settings;
 // The business effect in the call's transaction; every argument by value (the coroutine's frame
 // owns them).
 asio::awaitable<std::string> book_refund(idem::AsyncTransaction& tx, std::string schema,
-                                         std::string key, webhook::Refund r,
+                                         std::string key, std::string client, webhook::Refund r,
                                          std::chrono::milliseconds delay) {
   std::vector<std::optional<std::string>> balance_args{std::to_string(r.amount_cents),
                                                        std::to_string(r.account)};
@@ -69,14 +69,20 @@ asio::awaitable<std::string> book_refund(idem::AsyncTransaction& tx, std::string
       co_await tx.exec(webhook::balance_update_sql(schema), std::move(balance_args));
   if (balance.rows() == 0) throw webhook::UnknownAccount("no account " + std::to_string(r.account));
   std::vector<std::optional<std::string>> refund_args{
-      std::move(key), r.order_id, std::to_string(r.account), std::to_string(r.amount_cents)};
-  const idem::AsyncResult id =
-      co_await tx.exec(webhook::refund_insert_sql(schema), std::move(refund_args));
+      std::move(key), r.order_id, std::to_string(r.account), std::to_string(r.amount_cents),
+      std::move(client)};
+  std::optional<idem::AsyncResult> id;
+  try {
+    id = co_await tx.exec(webhook::refund_insert_sql(schema), std::move(refund_args));
+  } catch (const idem::PostgresError& error) {
+    if (error.sqlstate() != webhook::kUniqueViolation) throw;
+  }
+  if (!id) throw webhook::KeyReused();
   if (delay.count() > 0) {
     asio::steady_timer gateway(co_await asio::this_coro::executor, delay);
     co_await gateway.async_wait(asio::use_awaitable);
   }
-  co_return webhook::refund_response(std::stoll(std::string(id.get(0, 0).value())), r,
+  co_return webhook::refund_response(std::stoll(std::string(id->get(0, 0).value())), r,
                                      std::stoll(std::string(balance.get(0, 0).value())));
 }
 
@@ -87,8 +93,10 @@ asio::awaitable<void> refund(const Settings& s, const std::string& schema,
                              idem::AsyncDeduplicator& dedup, RequestHandle req,
                              idem::Request request, webhook::Refund r) {
   // Named first: GCC 12 destroys a lambda temporary inside a co_await expression twice.
-  auto booking = [schema, key = request.request_id, r, delay = s.handler_delay](
-                     idem::AsyncTransaction& tx) { return book_refund(tx, schema, key, r, delay); };
+  auto booking = [schema, key = request.request_id, client = request.user, r,
+                  delay = s.handler_delay](idem::AsyncTransaction& tx) {
+    return book_refund(tx, schema, key, client, r, delay);
+  };
   webhook::Answer answer;
   try {
     const idem::Outcome outcome =

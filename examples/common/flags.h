@@ -4,12 +4,18 @@
 
 #include <CLI/CLI.hpp>
 #include <charconv>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
 #include <system_error>
 
 namespace examples {
+
+/// Largest request body the HTTP examples read, in bytes: idem's payload limit (1 MiB,
+/// FingerprintOptions::max_payload_bytes) with room for an envelope around it. A larger one is
+/// refused before it is read whole (cpp-httplib: 413; RESTinio: the connection is closed).
+inline constexpr std::size_t kMaxBodyBytes = std::size_t{2} * 1024 * 1024;
 
 /// The servers an example uses and where it keeps its data. The values a field holds when
 /// add_service_flags() is called are the defaults `--help` shows.

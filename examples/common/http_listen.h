@@ -1,4 +1,5 @@
-// Where the cpp-httplib examples listen: a bind that owns its port (--port is in flags.h).
+// Where the cpp-httplib examples listen: a bind that owns its port (--port and the largest body
+// are in flags.h).
 // Header-only; each of them includes it from its main.cc.
 #pragma once
 
@@ -13,8 +14,9 @@ namespace examples {
 
 /// Binds `server` to `host`:`port` (0: a free port); returns the port, or -1 when it cannot.
 /// Without httplib's default SO_REUSEPORT: a port another process listens on is an error, not
-/// a silent share of its requests.
+/// a silent share of its requests. Bodies over kMaxBodyBytes are refused.
 inline int bind_exclusive(httplib::Server& server, const std::string& host, int port) {
+  server.set_payload_max_length(kMaxBodyBytes);
   server.set_socket_options([](socket_t sock) {
     int yes = 1;
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);

@@ -15,6 +15,7 @@
 #include <string>
 #include <utility>
 
+#include "common/flags.h"
 #include "common/http_answer.h"
 #include "idem/async_deduplicator.h"
 #include "idem/metrics.h"
@@ -98,6 +99,8 @@ inline void serve_until_signal(
           .address(host)
           .port(static_cast<std::uint16_t>(port))
           .handle_request_timeout(std::chrono::seconds(60))
+          .incoming_http_msg_limits(
+              restinio::incoming_http_msg_limits_t{}.max_body_size(kMaxBodyBytes))
           .acceptor_post_bind_hook([&bound](asio::ip::tcp::acceptor& acceptor) {
             bound = acceptor.local_endpoint().port();  // before listen(): not reachable yet
           })

@@ -109,9 +109,14 @@ nlohmann::json event_json(const std::string& event) {
   return json;
 }
 
+constexpr const char* kExpected =
+    R"(expected {"user":..., "order_id":..., "points": a whole number >0})";
+
 Event parse_event(const std::string& body) {
   try {
     const nlohmann::json json = event_json(body);
+    // Whole points only: get<std::int64_t>() would truncate 10.7 to 10.
+    if (!json.at("points").is_number_integer()) throw FunctionError("InvalidEvent", kExpected);
     Event e{json.at("user").get<std::string>(), json.at("order_id").get<std::string>(),
             json.at("points").get<std::int64_t>()};
     if (!e.user.empty() && !e.order_id.empty() && e.points > 0) return e;
@@ -119,7 +124,7 @@ Event parse_event(const std::string& body) {
   } catch (const idem::PayloadError& e) {
     throw FunctionError("InvalidEvent", e.what());
   }
-  throw FunctionError("InvalidEvent", R"(expected {"user":..., "order_id":..., "points": >0})");
+  throw FunctionError("InvalidEvent", kExpected);
 }
 
 // The function: everything is created by the first /initialize (or the first /invoke when the
@@ -131,54 +136,64 @@ class Function {
   // The platform's initializer hook: tables, idem's migration, connection pools. Thread-safe;
   // a failed attempt is retried by the next call.
   void initialize() {
-    std::call_once(initialized_, [this] {
-      pqxx::connection conn(settings_.service.pg_url);
-      pqxx::work tx(conn);
-      const std::string schema = tx.quote_name(settings_.service.schema);
-      tx.exec0("CREATE SCHEMA IF NOT EXISTS " + schema);
-      tx.exec0("CREATE TABLE IF NOT EXISTS " + schema +
-               ".orders (order_id text PRIMARY KEY, paid boolean NOT NULL)");
-      tx.exec0("CREATE TABLE IF NOT EXISTS " + schema +
-               ".point_grants (id bigserial PRIMARY KEY, request_id text NOT NULL, user_id text "
-               "NOT NULL,"
-               " order_id text NOT NULL, points bigint NOT NULL, created_at timestamptz NOT NULL "
-               "DEFAULT now())");
-      tx.exec0("CREATE TABLE IF NOT EXISTS " + schema +
-               ".loyalty (user_id text PRIMARY KEY, points bigint NOT NULL)");
-      tx.exec0("INSERT INTO " + schema +
-               ".orders SELECT 'o-' || g, true FROM generate_series(1, 100) g"
-               " ON CONFLICT DO NOTHING");
-      tx.commit();
+    try {
+      std::call_once(initialized_, [this] { create(); });
+    } catch (const pqxx::broken_connection& e) {  // PostgreSQL unreachable: the log says why
+      std::cerr << "initialize: " << idem::redact_credentials(e.what()) << "\n";
+      throw FunctionError("Unavailable", "PostgreSQL is unreachable; nothing was executed");
+    } catch (const idem::BackendError& e) {
+      throw FunctionError("Unavailable", e.what());
+    }
+  }
 
-      idem::RedisGuardOptions guard;
-      guard.redis.url = settings_.service.redis_url;
-      guard.ns = settings_.service.ns;
-      guard.lease = std::chrono::seconds(60);   // longer than the function's timeout
-      guard.retention = std::chrono::hours(1);  // covers the platform's async retries
-      idem::PgSinkOptions sink;
-      sink.conninfo = settings_.service.pg_url;
-      sink.schema = settings_.service.schema;
-      sink.ns = settings_.service.ns;
-      sink.retention = std::chrono::hours(24);  // a late resubmission still replays
-      idem::DeduplicatorOptions options;
-      auto redis_guard = std::make_shared<idem::RedisGuard>(guard);
-      examples::check_redis_at_startup(*redis_guard, std::cerr);
-      options.guard = std::move(redis_guard);
-      options.sink = std::make_shared<idem::PgSink>(sink);
-      options.sink->migrate();
-      // An HTTP trigger's body is fingerprinted as JSON (base64 or not); what changes per
-      // delivery is left out.
-      options.fingerprint =
-          idem::FingerprintOptions{.exclude = {"/headers", "/requestContext", "/isBase64Encoded"},
-                                   .embedded_json = {kHttpBody}};
-      options.on_decision = [](const idem::DecisionEvent& e) {
-        print_line("decision request_id=" + std::string(e.request_id) + " outcome=" +
-                   std::string(e.handler_failed ? "handler_failed" : to_string(e.outcome)) +
-                   " layer=" + std::string(to_string(e.layer)) +
-                   " latency_us=" + std::to_string(e.latency.count()));
-      };
-      dedup_ = std::make_unique<idem::Deduplicator>(std::move(options));
-    });
+  // Creates the tables, idem's migration and the deduplicator (initialize(), once).
+  void create() {
+    pqxx::connection conn(settings_.service.pg_url);
+    pqxx::work tx(conn);
+    const std::string schema = tx.quote_name(settings_.service.schema);
+    tx.exec0("CREATE SCHEMA IF NOT EXISTS " + schema);
+    tx.exec0("CREATE TABLE IF NOT EXISTS " + schema +
+             ".orders (order_id text PRIMARY KEY, paid boolean NOT NULL)");
+    tx.exec0("CREATE TABLE IF NOT EXISTS " + schema +
+             ".point_grants (id bigserial PRIMARY KEY, request_id text NOT NULL, user_id text "
+             "NOT NULL,"
+             " order_id text NOT NULL, points bigint NOT NULL, created_at timestamptz NOT NULL "
+             "DEFAULT now())");
+    tx.exec0("CREATE TABLE IF NOT EXISTS " + schema +
+             ".loyalty (user_id text PRIMARY KEY, points bigint NOT NULL)");
+    tx.exec0("INSERT INTO " + schema +
+             ".orders SELECT 'o-' || g, true FROM generate_series(1, 100) g"
+             " ON CONFLICT DO NOTHING");
+    tx.commit();
+
+    idem::RedisGuardOptions guard;
+    guard.redis.url = settings_.service.redis_url;
+    guard.ns = settings_.service.ns;
+    guard.lease = std::chrono::seconds(60);   // longer than the function's timeout
+    guard.retention = std::chrono::hours(1);  // covers the platform's async retries
+    idem::PgSinkOptions sink;
+    sink.conninfo = settings_.service.pg_url;
+    sink.schema = settings_.service.schema;
+    sink.ns = settings_.service.ns;
+    sink.retention = std::chrono::hours(24);  // a late resubmission still replays
+    idem::DeduplicatorOptions options;
+    auto redis_guard = std::make_shared<idem::RedisGuard>(guard);
+    examples::check_redis_at_startup(*redis_guard, std::cerr);
+    options.guard = std::move(redis_guard);
+    options.sink = std::make_shared<idem::PgSink>(sink);
+    options.sink->migrate();
+    // An HTTP trigger's body is fingerprinted as JSON (base64 or not); what changes per
+    // delivery is left out.
+    options.fingerprint =
+        idem::FingerprintOptions{.exclude = {"/headers", "/requestContext", "/isBase64Encoded"},
+                                 .embedded_json = {kHttpBody}};
+    options.on_decision = [](const idem::DecisionEvent& e) {
+      print_line("decision request_id=" + std::string(e.request_id) + " outcome=" +
+                 std::string(e.handler_failed ? "handler_failed" : to_string(e.outcome)) +
+                 " layer=" + std::string(to_string(e.layer)) +
+                 " latency_us=" + std::to_string(e.latency.count()));
+    };
+    dedup_ = std::make_unique<idem::Deduplicator>(std::move(options));
   }
 
   // One invocation: the function result, or FunctionError.
@@ -205,6 +220,8 @@ class Function {
       throw FunctionError("Unavailable", e.what());
     } catch (const idem::InvalidKey& e) {  // e.g. a user longer than a key component may be
       throw FunctionError("InvalidKey", e.what());
+    } catch (const idem::PayloadError& e) {  // the fingerprint's: a duplicate member, over 1 MiB
+      throw FunctionError("InvalidEvent", e.what());
     }
     switch (outcome.kind) {
       case idem::Outcome::Kind::kExecuted:

@@ -64,14 +64,19 @@ std::unique_ptr<idem::Deduplicator> make_deduplicator(
 }
 
 // The business effect, in idem's transaction: the balance update and a refund row.
-std::string book_refund(pqxx::transaction_base& tx, const Settings& s, const std::string& key,
+std::string book_refund(pqxx::transaction_base& tx, const Settings& s, const idem::Request& request,
                         const webhook::Refund& r) {
   const std::string schema = tx.quote_name(s.service.schema);
   const pqxx::result balance =
       tx.exec_params(webhook::balance_update_sql(schema), r.amount_cents, r.account);
   if (balance.empty()) throw webhook::UnknownAccount("no account " + std::to_string(r.account));
-  const pqxx::row id = tx.exec_params1(webhook::refund_insert_sql(schema), key, r.order_id,
-                                       r.account, r.amount_cents);
+  pqxx::row id;
+  try {
+    id = tx.exec_params1(webhook::refund_insert_sql(schema), request.request_id, r.order_id,
+                         r.account, r.amount_cents, request.user);
+  } catch (const pqxx::unique_violation&) {
+    throw webhook::KeyReused();
+  }
   std::this_thread::sleep_for(s.handler_delay);
   return webhook::refund_response(id[0].as<std::int64_t>(), r, balance[0][0].as<std::int64_t>());
 }
@@ -93,9 +98,8 @@ void handle_refund(const Settings& s, idem::Deduplicator& dedup, const httplib::
     return send(res, webhook::error_answer(400, e.what()));
   }
   try {
-    const idem::Outcome outcome = dedup.run_transactional(request, [&](pqxx::transaction_base& tx) {
-      return book_refund(tx, s, request.request_id, refund);
-    });
+    const idem::Outcome outcome = dedup.run_transactional(
+        request, [&](pqxx::transaction_base& tx) { return book_refund(tx, s, request, refund); });
     send(res, webhook::outcome_answer(outcome, s.replay_marker_in_body));
   } catch (const std::exception&) {
     send(res, webhook::failure_answer(std::current_exception(), request.request_id,

@@ -64,16 +64,18 @@ inline idem::PgSinkOptions sink_options(const Settings& s) {
   return examples::sink_options(s.service, std::chrono::hours(24));
 }
 
-// The business tables. The refund ledger has no unique constraint of its own: idem's claim row,
-// in the same transaction, is what keeps a refund from being booked twice. Returns the schema
-// name quoted for SQL.
+// The business tables. idem's claim row, in the same transaction, is what keeps a refund from
+// being booked twice. The ledger's one unique constraint, a client's Idempotency-Key, answers a
+// key sent again for another order (idem's key is the order's): 422, as the draft asks. Returns
+// the schema name quoted for SQL.
 inline std::string create_tables(const examples::ServiceFlags& service) {
   return examples::create_tables(
       service.pg_url, service.schema,
       {"accounts (id bigint PRIMARY KEY, balance_cents bigint NOT NULL)",
        "refund_records (id bigserial PRIMARY KEY, idempotency_key text NOT NULL,"
        " order_id text NOT NULL, account bigint NOT NULL, amount_cents bigint NOT NULL,"
-       " created_at timestamptz NOT NULL DEFAULT now())"},
+       " client text NOT NULL, created_at timestamptz NOT NULL DEFAULT now(),"
+       " UNIQUE (client, idempotency_key))"},
       [](pqxx::work& tx, const std::string& schema) {
         tx.exec0("INSERT INTO " + schema +
                  ".accounts SELECT g, 0 FROM generate_series(1, 100) g ON CONFLICT DO NOTHING");
@@ -87,16 +89,26 @@ inline std::string balance_update_sql(const std::string& schema) {
          ".accounts SET balance_cents = balance_cents + $1 WHERE id = $2 RETURNING balance_cents";
 }
 
-/// The effect's second statement: the refund row ($1 key, $2 order, $3 account, $4 cents);
-/// returns its id.
+/// The effect's second statement: the refund row ($1 key, $2 order, $3 account, $4 cents,
+/// $5 client); returns its id. A unique violation: the client's key was used for another order
+/// (KeyReused).
 inline std::string refund_insert_sql(const std::string& schema) {
   return "INSERT INTO " + schema +
-         ".refund_records (idempotency_key, order_id, account, amount_cents)"
-         " VALUES ($1, $2, $3, $4) RETURNING id";
+         ".refund_records (idempotency_key, order_id, account, amount_cents, client)"
+         " VALUES ($1, $2, $3, $4, $5) RETURNING id";
 }
+
+/// SQLSTATE unique_violation.
+inline constexpr const char* kUniqueViolation = "23505";
 
 struct UnknownAccount : std::runtime_error {
   using std::runtime_error::runtime_error;
+};
+
+/// The Idempotency-Key was used before for another order (answered 422; the call's claim is
+/// released, so the same request gets 422 again).
+struct KeyReused : std::runtime_error {
+  KeyReused() : std::runtime_error("this Idempotency-Key was already used with another payload") {}
 };
 
 /// A request answered 400 before idem sees it.
@@ -137,8 +149,16 @@ inline idem::Request refund_request(const idem::Headers& headers, const std::str
   }
   try {
     const nlohmann::json json = nlohmann::json::parse(body);
-    refund = Refund{json.at("order_id").get<std::string>(), json.at("account").get<std::int64_t>(),
-                    json.at("amount_cents").get<std::int64_t>()};
+    // Whole numbers only: get<std::int64_t>() would truncate 500.9 to 500.
+    const auto integer = [&](const char* name) {
+      const nlohmann::json& value = json.at(name);
+      if (!value.is_number_integer()) {
+        throw std::invalid_argument(std::string(name) + " must be a whole number");
+      }
+      return value.get<std::int64_t>();
+    };
+    refund =
+        Refund{json.at("order_id").get<std::string>(), integer("account"), integer("amount_cents")};
   } catch (const std::exception& e) {
     throw BadRequest(std::string("malformed refund: ") + e.what());
   }
@@ -183,7 +203,7 @@ inline Answer outcome_answer(const idem::Outcome& outcome, bool marker_in_body) 
       return examples::make_answer(status, std::move(body), /*replayed=*/true);
     }
     case idem::Outcome::Kind::kInProgress:
-      return error_answer(status, "a request with this Idempotency-Key is being processed");
+      return error_answer(status, "a request for this order is still being processed");
     case idem::Outcome::Kind::kMismatch:
       return error_answer(status,
                           "this Idempotency-Key or order was already used with another payload");
@@ -201,6 +221,8 @@ inline Answer failure_answer(const std::exception_ptr& error, const std::string&
     std::rethrow_exception(error);
   } catch (const UnknownAccount& e) {
     return error_answer(404, e.what());
+  } catch (const KeyReused& e) {
+    return error_answer(422, e.what());
   } catch (...) {
     const examples::Failure failure =
         examples::classify_failure(std::current_exception(), request_id, program);

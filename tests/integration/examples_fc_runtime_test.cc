@@ -177,6 +177,42 @@ TEST_F(FcRuntimeTest, SameIdWithAnotherEventIsAMismatchAndInvalidEventsFail) {
   EXPECT_EQ(grants("o-5"), 1);
 }
 
+// Events the fingerprint refuses (a duplicate member, a payload over 1 MiB) were UnhandledError,
+// and fractional points were granted truncated (10.7 as 10): each is InvalidEvent.
+TEST_F(FcRuntimeTest, ADuplicateMemberAnOversizePayloadOrFractionalPointsAreInvalidEvents) {
+  const std::string oversize =
+      R"({"user":"u8","order_id":"o-8","points":1,"pad":")" + std::string(1100000, 'x') + "\"}";
+  for (const std::string& event :
+       {std::string(R"({"user":"u8","order_id":"o-8","points":1,"points":2})"), oversize,
+        std::string(R"({"user":"u8","order_id":"o-8","points":10.7})")}) {
+    const Answer answer = invoke("fc-req-8", event);
+    EXPECT_EQ(answer.status, 404);
+    EXPECT_NE(answer.body.find(R"("errorType":"InvalidEvent")"), std::string::npos)
+        << answer.body.substr(0, 300);
+  }
+  EXPECT_EQ(grants("o-8"), 0);
+}
+
+// PostgreSQL unreachable when the function initializes: Unavailable (the outcome table's answer
+// to a backend failure), not UnhandledError with libpq's text.
+TEST(FcRuntimeInitialize, PostgresUnreachableAtInitializeIsUnavailable) {
+  IDEM_REQUIRE_SERVICE(redis_url, "IDEM_TEST_REDIS_URL");
+  ChildProcess runtime({IDEM_FC_RUNTIME_BIN, "--host", "127.0.0.1", "--port", "0", "--redis-url",
+                        redis_url, "--pg-url", "postgresql://postgres@127.0.0.1:1/idem"});
+  const auto line = runtime.wait_for_line("listening on http://127.0.0.1:", seconds(20));
+  ASSERT_TRUE(line) << runtime.tail();
+  httplib::Client client("127.0.0.1", std::stoi(line->substr(line->rfind(':') + 1)));
+  client.set_read_timeout(seconds(10));
+  const auto result = client.Post("/initialize", {{"x-fc-request-id", "init-down"}}, "",
+                                  "application/octet-stream");
+  ASSERT_TRUE(result);
+  EXPECT_EQ(result->status, 404);
+  EXPECT_NE(result->body.find(R"("errorType":"Unavailable")"), std::string::npos) << result->body;
+  EXPECT_EQ(result->body.find("127.0.0.1"), std::string::npos) << result->body;
+  runtime.signal(SIGTERM);
+  EXPECT_EQ(runtime.wait_exit(seconds(10)), 0) << runtime.tail();
+}
+
 // An event whose user is too long for a key component is the event's fault, and the answer says
 // so (errorType InvalidKey, not UnhandledError).
 TEST_F(FcRuntimeTest, AnOversizeUserIsAnInvalidKeyError) {

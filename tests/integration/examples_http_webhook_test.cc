@@ -252,6 +252,36 @@ TEST_F(HttpWebhookTest, DoubleClickWithAFreshKeyReplaysTheOrdersFirstRefund) {
             100);
 }
 
+// idem's key is the order's, so a key sent again for another order made another key: the
+// second order was booked, under the first order's Idempotency-Key. The ledger's unique
+// (client, key) answers it 422, as the draft asks, and books nothing of it, however often sent.
+TEST_F(HttpWebhookTest, AKeySentAgainForAnotherOrderIs422AndBooksNothing) {
+  ASSERT_EQ(refund("reuse-order", "o-10", 10, 100).status, 200);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    const Reply again = refund("reuse-order", "o-11", 10, 100);
+    EXPECT_EQ(again.status, 422) << again.body;
+  }
+  EXPECT_EQ(refunds("o-11"), 0);
+  EXPECT_EQ(sql_count("SELECT balance_cents FROM " + server_.schema + ".accounts WHERE id = 10"),
+            100);
+  // Keys are scoped per client: another client's same key books its own order.
+  const Reply other = post(refund_body("o-12", 10, 100),
+                           {{"Idempotency-Key", "\"reuse-order\""}, {"X-Client-Id", "client-b"}});
+  EXPECT_EQ(other.status, 200) << other.body;
+}
+
+// nlohmann's get<std::int64_t>() casts a fraction: 500.9 cents were booked as 500, account 7.9 as
+// account 7.
+TEST_F(HttpWebhookTest, AFractionalAmountOrAccountIs400NotTruncated) {
+  for (const char* body : {R"({"order_id":"o-13","account":13,"amount_cents":500.9})",
+                           R"({"order_id":"o-13","account":13.9,"amount_cents":500})",
+                           R"({"order_id":"o-13","account":13,"amount_cents":5e2})"}) {
+    const Reply reply = post(body, key_header("fraction"));
+    EXPECT_EQ(reply.status, 400) << body << ": " << reply.body;
+  }
+  EXPECT_EQ(refunds("o-13"), 0);
+}
+
 TEST_F(HttpWebhookTest, OversizeClientIdIs400NotUnavailable) {
   const std::string body = R"({"order_id":"o-8","account":8,"amount_cents":100})";
   const Reply reply =
