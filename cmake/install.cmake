@@ -17,6 +17,8 @@ install(TARGETS idem EXPORT idem-targets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/idem DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+# The sink's migration (embedded in the library; installed for a DBA to read or apply by hand).
+install(FILES ${PROJECT_SOURCE_DIR}/src/sink/schema.sql DESTINATION ${CMAKE_INSTALL_DATADIR}/idem)
 if(TARGET idemctl)  # IDEM_BUILD_TOOLS, with its dependencies found
   install(TARGETS idemctl RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 endif()

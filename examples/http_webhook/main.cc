@@ -125,6 +125,10 @@ int main(int argc, char** argv) {
     const auto dedup = make_deduplicator(settings, metrics);
 
     httplib::Server server;
+    // One thread per refund the sink can run at once (cpp-httplib's default is 8, whatever the
+    // pool): a slow refund, or a slow client, holds its thread.
+    const std::size_t threads = settings.service.pg_connections;
+    server.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
     server.Post("/refunds", [&](const httplib::Request& req, httplib::Response& res) {
       handle_refund(settings, *dedup, req, res);
     });
