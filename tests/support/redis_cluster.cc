@@ -39,14 +39,28 @@ ClusterGroup::ClusterGroup(int masters, int replicas, std::chrono::milliseconds 
         "--cluster-config-file",      "nodes.conf",
         "--cluster-node-timeout",     std::to_string(node_timeout.count()),
         "--repl-diskless-sync-delay", "0"};
-    if (tls != nullptr) {
-      tls_ports_.push_back(free_port());  // its bus port, + 10000, is valid too
-      args.insert(args.end(), {"--tls-port", std::to_string(tls_ports_.back()), "--tls-cluster",
-                               "yes", "--tls-replication", "yes", "--tls-cert-file",
-                               tls->server_cert(), "--tls-key-file", tls->server_key(),
-                               "--tls-ca-cert-file", tls->ca_file(), "--tls-auth-clients", "no"});
+    if (tls == nullptr) {
+      nodes_.push_back(std::make_unique<RedisServer>(false, std::move(args)));
+    } else {
+      args.insert(args.end(),
+                  {"--tls-cluster", "yes", "--tls-replication", "yes", "--tls-cert-file",
+                   tls->server_cert(), "--tls-key-file", tls->server_key(), "--tls-ca-cert-file",
+                   tls->ca_file(), "--tls-auth-clients", "no"});
+      // The TLS port's bus port (+ 10000) may be taken by then, as RedisServer's own port's may:
+      // a node that cannot listen starts again on another TLS port.
+      for (int attempt = 1;; ++attempt) {
+        const int tls_port = free_port();
+        std::vector<std::string> node_args = args;
+        node_args.insert(node_args.end(), {"--tls-port", std::to_string(tls_port)});
+        try {
+          nodes_.push_back(std::make_unique<RedisServer>(false, std::move(node_args)));
+          tls_ports_.push_back(tls_port);
+          break;
+        } catch (const std::runtime_error&) {
+          if (attempt == 5) throw;
+        }
+      }
     }
-    nodes_.push_back(std::make_unique<RedisServer>(false, std::move(args)));
     create.push_back(tls == nullptr ? nodes_.back()->address()
                                     : "127.0.0.1:" + std::to_string(tls_ports_.back()));
   }
