@@ -546,7 +546,7 @@ void expect_loop_never_blocks(AsyncDeduplicatorOptions o, const std::function<vo
           ++executed[i];
           co_return "x";
         },
-        [&, stopped](std::exception_ptr error, Outcome outcome) {
+        [&, i, stopped](std::exception_ptr error, Outcome outcome) {
           // A call back from the stopped server may pass its 300 ms deadline between its claims
           // and its handler on a loaded machine (seen under TSan beside CPU load):
           // DeadlineExceeded, nothing ran, the claims released. Redelivered, as a consumer would.
