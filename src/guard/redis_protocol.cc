@@ -161,7 +161,11 @@ void GuardProtocol::require_acknowledged(const redisReply* acks, std::string_vie
 
 std::string GuardProtocol::redis_key(std::string_view key) const {
   validate_key_text(key);  // no hash tag, control byte or forged separator reaches Redis
-  return key_prefix_ + std::string(key);
+  std::string redis_key;
+  redis_key.reserve(key_prefix_.size() + key.size());
+  redis_key += key_prefix_;
+  redis_key += key;
+  return redis_key;
 }
 
 std::string GuardProtocol::journal_key(std::string_view redis_key) {

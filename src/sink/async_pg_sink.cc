@@ -65,12 +65,17 @@ PgStatement prepared(Prepared statement) {
 using Batch = std::vector<std::pair<PgStatement, PgParams>>;
 using BatchEnds = std::vector<std::pair<std::exception_ptr, PgResultPtr>>;
 
+// Where a batch's sync points are: one for all its statements, or its last statement (a COMMIT)
+// with a sync point of its own, so that it runs whatever failed before it.
+enum class Syncs { kOne, kLastAlone };
+
 // Runs `batch` on `connection` and completes with `void(BatchEnds)` once every statement ended.
 // A cancellation of the whole reaches each statement (a running one is cancelled on the server).
 template <typename Token>
-auto exec_batch(const std::shared_ptr<PgAsyncConnection>& connection, Batch batch, Token&& token) {
+auto exec_batch(const std::shared_ptr<PgAsyncConnection>& connection, Batch batch, Token&& token,
+                Syncs syncs = Syncs::kOne) {
   return asio::async_initiate<Token, void(BatchEnds)>(
-      [connection](auto handler, Batch statements) {
+      [connection, syncs](auto handler, Batch statements) {
         using Handler = decltype(handler);
         struct State {
           State(Handler h, std::size_t n)
@@ -91,10 +96,11 @@ auto exec_batch(const std::shared_ptr<PgAsyncConnection>& connection, Batch batc
             for (std::size_t i = 0; i < n; ++i) raw->signals[i].emit(type);
           });
         }
+        const std::size_t shared = syncs == Syncs::kLastAlone ? n - 1 : n;
         for (std::size_t i = 0; i < n; ++i) {
           PgStatement statement = std::move(statements[i].first);
           connection->exec(
-              i + 1 < n ? std::move(statement).with_next() : std::move(statement),
+              i + 1 < shared ? std::move(statement).with_next() : std::move(statement),
               std::move(statements[i].second),
               asio::bind_cancellation_slot(
                   state->signals[i].slot(), [state, i, executor = connection->get_executor()](
@@ -419,28 +425,30 @@ asio::awaitable<void> AsyncPgTransaction::commit() {
   if (pending_begin_) batch.insert(batch.begin(), {prepared(Prepared::kBegin), PgParams{}});
   pending_begin_ = false;
   batch.emplace_back(prepared(Prepared::kCommit), PgParams{});
+  // The connection goes to its next holder before the answers come: the statements of the next
+  // transaction queue behind this COMMIT and leave with it, one round trip fewer per transaction
+  // while transactions wait for a connection. The COMMIT has a sync point of its own, so it runs
+  // whatever failed before it (in a failed transaction it answers ROLLBACK) and the session has
+  // left the transaction before the next holder's first statement.
+  const std::shared_ptr<PgAsyncConnection> connection = connection_;
+  give_back();
   BatchEnds ends = co_await exec_batch(
-      connection_, std::move(batch),
-      asio::bind_cancellation_slot(asio::cancellation_slot(), asio::use_awaitable));
-  const bool lost = connection_->generation() != generation_;
+      connection, std::move(batch),
+      asio::bind_cancellation_slot(asio::cancellation_slot(), asio::use_awaitable),
+      Syncs::kLastAlone);
   begun_ = false;
-  if (ends.back().first && lost) {
-    give_back();
+  if (ends.back().first && connection->generation() != generation_) {
     throw CommitOutcomeUnknown(
         "idem: postgres: the connection was lost during COMMIT (commit outcome unknown)");
   }
   for (std::size_t i = 0; i + 1 < ends.size(); ++i) {
     if (!ends[i].first) continue;
-    // A staged statement failed, so the COMMIT sharing its sync point did not run: the session
-    // is still in the failed transaction. The ROLLBACK is sent before any statement of the
-    // connection's next holder (its result is not awaited), and the statement's error thrown.
-    send_rollback();
-    give_back();
+    // A staged statement failed: the rest of its sync point did not run, and the COMMIT ended
+    // the failed transaction.
     handler_failed_ = i >= first && i < first + handlers;
     if (handler_failed_) std::rethrow_exception(ends[i].first);
     rethrow_own(ends[i].first);
   }
-  give_back();
   rethrow_end(ends, ends.size() - 1);
   check_committed(PQcmdStatus(ends.back().second.get()));
 }

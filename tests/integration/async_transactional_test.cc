@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "counting_proxy.h"
+#include "exception_ptr.h"
 #include "idem/async_deduplicator.h"
 #include "idem/errors.h"
 #include "loop_probe.h"
@@ -710,6 +711,42 @@ TEST_F(AsyncTransactionalTest, AStagedWriteThatFailsAtCommitIsTheHandlersFailure
   EXPECT_EQ(metrics->backend_errors(Layer::kPgSink), 0u);
   dedup.close();
   io.run();
+}
+
+// The connection goes to the next waiting transaction when a COMMIT is sent, before its answer:
+// the next transaction's statements queue behind the COMMIT. A staged write that fails there must
+// not leave them inside its failed transaction (they failed with 25P02 had the COMMIT shared the
+// failed statement's sync point, as it is skipped with it).
+TEST_F(AsyncTransactionalTest, TheNextTransactionQueuedBehindAFailedStagedWriteRunsOnItsOwn) {
+  asio::io_context io;
+  AsyncDeduplicatorOptions o = options(true);
+  o.postgres->pool_size = 1;  // the second call waits for the first one's connection
+  AsyncDeduplicator dedup(io.get_executor(), o);
+  int runs = 0;
+  std::vector<Ending> endings(2);
+  int left = 2;
+  const auto deliver = [&](std::size_t i, std::string order, auto handler) {
+    dedup.run_transactional(refund_request("r-" + order, order), std::move(handler),
+                            [&, i](std::exception_ptr error, Outcome outcome) {
+                              endings[i] = {error, std::move(outcome), {}};
+                              if (--left == 0) dedup.close();
+                            });
+  };
+  deliver(0, "failing", [&](AsyncTransaction& tx) -> asio::awaitable<std::string> {
+    ++runs;
+    tx.stage("SELECT 1/0");
+    co_return "staged";
+  });
+  deliver(1, "next", refund("next", &runs));
+  io.run();
+  ASSERT_TRUE(endings[0].error);
+  EXPECT_EQ(sqlstate_of(endings[0]), "22012");
+  ASSERT_FALSE(endings[1].error) << test::what(endings[1].error);
+  EXPECT_EQ(endings[1].outcome.kind, Outcome::Kind::kExecuted);
+  EXPECT_EQ(runs, 2);
+  EXPECT_EQ(ledger_rows(), 1);
+  EXPECT_EQ(balance(), 5);
+  EXPECT_EQ(records(), 1);
 }
 
 // A business constraint checked at COMMIT (DEFERRABLE INITIALLY DEFERRED) makes the call a
