@@ -20,4 +20,5 @@
 #include "idem/request_id.h"
 #include "idem/sink.h"
 #include "idem/snowflake.h"
+#include "idem/version.h"
 #include "idem/worker_lease.h"

@@ -43,6 +43,9 @@ int main(int argc, char** argv) {
       fingerprinter.canonicalize(R"({"b": 1, "a": [true, null]})") == R"({"a":[true,null],"b":1})",
       "Fingerprinter::canonicalize");
 
+  check(std::string(idem::library_version()) == IDEM_VERSION_STRING,
+        "idem::library_version() is the headers' IDEM_VERSION_STRING");
+
   if (failures == 0) std::puts("idem_consumer: ok");
   return failures == 0 ? 0 : 1;
 }
