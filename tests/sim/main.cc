@@ -4,12 +4,14 @@
 // otherwise, 2 for a usage error.
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
 #include <iostream>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -37,8 +39,9 @@ constexpr std::string_view kUsage =
 
 std::uint64_t number(const char* text, const char* flag) {
   char* end = nullptr;
+  errno = 0;
   const unsigned long long value = std::strtoull(text, &end, 10);
-  if (end == text || *end != '\0' || value == 0 || text[0] == '-') {
+  if (end == text || *end != '\0' || value == 0 || text[0] == '-' || errno == ERANGE) {
     usage(std::string(flag) + " takes a positive integer, not '" + text + "'");
   }
   return value;
@@ -90,6 +93,15 @@ int main(int argc, char** argv) {
     }
   }
 
+  // The last seed, from + seeds - 1, must be a seed: past the largest the loop wrapped around and
+  // ran none, reporting success.
+  if (seeds - 1 > std::numeric_limits<std::uint64_t>::max() - from) {
+    usage("--from " + std::to_string(from) + " with --seeds " + std::to_string(seeds) +
+          " runs past the largest seed, " +
+          std::to_string(std::numeric_limits<std::uint64_t>::max()));
+  }
+  if (trace && !single) usage("--trace goes with --seed (one seed's trace)");
+
   const auto started = std::chrono::steady_clock::now();
   const std::clock_t started_cpu = std::clock();
   std::size_t steps = 0;
@@ -100,7 +112,8 @@ int main(int argc, char** argv) {
   std::array<std::size_t, 6> endings{};
   std::array<std::size_t, idem::sim::kTallies> tallies{};
   std::vector<std::uint64_t> failing;
-  for (std::uint64_t seed = from; seed < from + seeds; ++seed) {
+  for (std::uint64_t k = 0; k < seeds; ++k) {
+    const std::uint64_t seed = from + k;
     const idem::sim::RunResult r = idem::sim::run({.seed = seed, .bug = bug, .trace = trace});
     steps += r.steps;
     calls += r.calls;
