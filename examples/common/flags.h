@@ -61,35 +61,42 @@ inline void add_listen_options(CLI::App& app, std::string& host, int& port) {
   app.add_option("--host", host, "Address to listen on")->capture_default_str();
 }
 
+/// Accepts a whole number from `least` to 2^64 - 1 (counts, durations). Unlike
+/// CLI::PositiveNumber it rejects 1.5, -1 and out-of-range numbers, and its message shows the
+/// value (CLI11 2.1 prints PositiveNumber's bound, DBL_MAX, in full).
+inline CLI::Validator whole_number(std::uint64_t least) {
+  return CLI::Validator(
+      [least](const std::string& text) {
+        std::uint64_t value = 0;
+        const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+        return error == std::errc() && end == text.data() + text.size() && value >= least
+                   ? std::string()
+                   : "needs a whole number from " + std::to_string(least) + ", got '" + text + "'";
+      },
+      least > 0 ? "POSITIVE" : "NON-NEGATIVE");
+}
+
+/// Adds option `flag` to `app`, bound to `value` (the default --help shows), accepting only a whole
+/// number above 0.
+template <class T>
+CLI::Option* add_positive_option(CLI::App& app, const std::string& flag, T& value,
+                                 const std::string& help) {
+  return app.add_option(flag, value, help)->check(whole_number(1))->capture_default_str();
+}
+
+/// add_positive_option() that accepts 0 too (a duration where 0 means none or no limit).
+template <class T>
+CLI::Option* add_non_negative_option(CLI::App& app, const std::string& flag, T& value,
+                                     const std::string& help) {
+  return app.add_option(flag, value, help)->check(whole_number(0))->capture_default_str();
+}
+
 /// Adds --handler-delay-ms to `app`: milliseconds each call waits in its transaction, `what` it
 /// stands for (e.g. "a slow payment gateway"), so that a retry can arrive while the first runs.
 template <class Duration>
 CLI::Option* add_handler_delay_option(CLI::App& app, Duration& delay, const std::string& what) {
-  return app
-      .add_option("--handler-delay-ms", delay,
-                  "Milliseconds each call waits in its transaction (" + what + ")")
-      ->capture_default_str();
-}
-
-/// Accepts a whole number from 1 to 2^64 - 1 (counts, durations). Unlike CLI::PositiveNumber it
-/// rejects 1.5 and out-of-range numbers, and its message shows the value (CLI11 2.1 prints
-/// PositiveNumber's bound, DBL_MAX, in full).
-inline const CLI::Validator kPositiveInteger(
-    [](const std::string& text) {
-      std::uint64_t value = 0;
-      const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-      return error == std::errc() && end == text.data() + text.size() && value > 0
-                 ? std::string()
-                 : "needs a positive integer, got '" + text + "'";
-    },
-    "POSITIVE");
-
-/// Adds option `flag` to `app`, bound to `value` (the default --help shows), accepting only a whole
-/// number above 0 (kPositiveInteger).
-template <class T>
-CLI::Option* add_positive_option(CLI::App& app, const std::string& flag, T& value,
-                                 const std::string& help) {
-  return app.add_option(flag, value, help)->check(kPositiveInteger)->capture_default_str();
+  return add_non_negative_option(app, "--handler-delay-ms", delay,
+                                 "Milliseconds each call waits in its transaction (" + what + ")");
 }
 
 /// Adds --redis-url, --pg-url, --schema, --ns and --pg-connections to `app`, bound to `flags`.

@@ -99,13 +99,12 @@ Settings parse_settings(int argc, char** argv) {
       "Take over (XAUTOCLAIM) entries pending longer than this, milliseconds");
   examples::add_positive_option(*consume, "--lease-ms", s.lease,
                                 "idem's lease of a claim, milliseconds");
-  consume
-      ->add_option("--exit-when-idle-ms", s.exit_when_idle,
-                   "0: run until SIGINT/SIGTERM; else exit once nothing was read for that long "
-                   "and the group has nothing pending")
-      ->capture_default_str();
-  consume->add_option("--max-seconds", s.max_run, "Stop after this long; 0: no limit")
-      ->capture_default_str();
+  examples::add_non_negative_option(
+      *consume, "--exit-when-idle-ms", s.exit_when_idle,
+      "0: run until SIGINT/SIGTERM; else exit once nothing was read for that long and the group "
+      "has nothing pending");
+  examples::add_non_negative_option(*consume, "--max-seconds", s.max_run,
+                                    "Stop after this long; 0: no limit");
   consume->add_flag("--async", s.async,
                     "Handle entries concurrently on one thread (idem::AsyncDeduplicator)");
   examples::add_positive_option(*consume, "--in-flight", s.in_flight,

@@ -26,6 +26,7 @@
 #include "idem/outcome.h"
 #include "idem/pg_sink.h"
 #include "idem/redis_guard.h"
+#include "idem/request_id.h"
 
 namespace mq {
 
@@ -194,8 +195,13 @@ inline Settle settle(const idem::Error& error) {
 
 /// Reports an entry acked without its effect: `why` it can never be booked.
 inline void print_dead_letter(const Entry& e, const idem::Request& request, std::string_view why) {
-  std::cout << "dead-letter entry=" << e.id << " request_id=" << request.request_id << ": " << why
-            << std::endl;
+  // An invalid request ID is not echoed, as idem's own error does not: a newline in it would
+  // forge a line of this log.
+  const std::string_view shown =
+      request.request_id.empty() || idem::is_valid_request_id(request.request_id)
+          ? std::string_view(request.request_id)
+          : std::string_view("(invalid, not echoed)");
+  std::cout << "dead-letter entry=" << e.id << " request_id=" << shown << ": " << why << std::endl;
 }
 
 /// idem's Redis layer for the consumer: records kept longer than any redelivery of the stream.

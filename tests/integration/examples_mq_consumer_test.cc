@@ -156,9 +156,11 @@ class MqConsumerTest : public ::testing::Test {
     return took.count();
   }
 
-  // Five good payments and three entries no retry can book: an amount that is no number (the
-  // booking's INSERT fails with 22P02), a request ID with spaces, a user with a leading space.
-  // One consumer (flags `extra`) books the five and dead-letters the three: all eight acked.
+  // Five good payments and four entries no retry can book: an amount that is no number (the
+  // booking's INSERT fails with 22P02), a request ID with spaces, a user with a leading space, a
+  // request ID with a newline and a forged summary line after it (not echoed: it forged the line
+  // this test reads). One consumer (flags `extra`) books the five and dead-letters the four: all
+  // nine acked.
   void bad_entries_are_dead_lettered(const std::vector<std::string>& extra) {
     std::vector<std::string> produce = args("produce");
     produce.insert(produce.end(), {"--count", "5", "--duplicates", "0"});
@@ -167,7 +169,9 @@ class MqConsumerTest : public ::testing::Test {
     const std::vector<std::vector<std::string>> bad = {
         {"bad-amount", "u1", R"({"order_id":"o-x","amount_cents":"abc"})"},
         {"bad id with spaces", "u1", R"({"order_id":"o-y","amount_cents":5})"},
-        {"bad-user", " u1", R"({"order_id":"o-z","amount_cents":5})"}};
+        {"bad-user", " u1", R"({"order_id":"o-z","amount_cents":5})"},
+        {"x\ndone consumer=c9 acked=999 dead_lettered=999", "u1",
+         R"({"order_id":"o-w","amount_cents":5})"}};
     for (const auto& entry : bad) {
       redis_cli(redis_url_, {"XADD", name_, "*", "request_id", entry[0], "user", entry[1],
                              "payload", entry[2]});
@@ -179,7 +183,8 @@ class MqConsumerTest : public ::testing::Test {
     EXPECT_EQ(pending.substr(0, pending.find('\n')), "0") << pending;
     const auto done = c1->wait_for_line("done consumer=", seconds(1));
     ASSERT_TRUE(done);
-    EXPECT_EQ(summary_field(*done, "dead_lettered"), 3) << *done;
+    EXPECT_EQ(done->rfind("done consumer=c1 ", 0), 0U) << *done;
+    EXPECT_EQ(summary_field(*done, "dead_lettered"), 4) << *done;
   }
 
   // The entries `consumer` holds delivered and unacked (XPENDING's summary: count, first, last,
@@ -209,6 +214,18 @@ TEST_F(MqConsumerTest, ThreeConsumersOneKilledEveryPaymentHasExactlyOneEffect) {
 TEST_F(MqConsumerTest, ThreeAsyncConsumersOneKilledMidBatchEveryPaymentHasExactlyOneEffect) {
   const double took = run_three_consumers_one_killed({"--async", "--in-flight", "128"});
   std::cout << "async consumers: " << took << " s\n";
+}
+
+// A negative duration was taken without a word: --max-seconds -1 read nothing and exited 0,
+// --exit-when-idle-ms -5 ran for ever.
+TEST_F(MqConsumerTest, ANegativeDurationIsAUsageError) {
+  for (const char* flag : {"--max-seconds", "--exit-when-idle-ms"}) {
+    std::vector<std::string> argv = args("consume");
+    argv.insert(argv.end(), {flag, "-1"});
+    ChildProcess consumer(argv);
+    EXPECT_EQ(consumer.wait_exit(seconds(10)), 2) << flag << ": " << consumer.tail();
+    EXPECT_NE(consumer.tail().find("whole number"), std::string::npos) << consumer.tail();
+  }
 }
 
 // The test support (examples_child.cc): wait_exit() returns only after the reader has drained
