@@ -248,7 +248,8 @@ class Demo {
 int main(int argc, char** argv) {
   Flags flags;
   flags.services.schema = "idem_agent_demo";
-  CLI::App app{"idem-agent-runs: agent runs with redeliveries and crashes, run three ways"};
+  CLI::App app{"idem-agent-runs: agent runs with redeliveries and crashes, run three ways",
+               "idem-agent-runs"};
   examples::add_redis_url(app, flags.services.redis_url);
   examples::add_pg_url(app, flags.services.pg_url);
   app.add_option("--schema", flags.services.schema, "PostgreSQL schema of the ledger")
@@ -261,7 +262,7 @@ int main(int argc, char** argv) {
                  "The guard's lease, ms (a dead run's claim lives this long)")
       ->check(CLI::Range(50, 60000))
       ->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  examples::parse_or_exit(app, argc, argv);
   try {
     Demo demo(flags, plan_runs(flags));
     std::cout << "idem-agent-runs: " << flags.runs << " agent runs of 3-5 steps (LLM calls, then a "

@@ -8,6 +8,7 @@
 #include <iostream>
 #include <stdexcept>
 
+#include "common/flags.h"
 #include "idem/idem.h"
 
 int main(int argc, char** argv) {
@@ -15,7 +16,7 @@ int main(int argc, char** argv) {
       "idem-decision-log: the decision events of a few calls as spdlog lines, then the metrics "
       "as Prometheus text; no servers, no flags",
       "idem-decision-log"};
-  CLI11_PARSE(app, argc, argv);
+  examples::parse_or_exit(app, argc, argv);
   auto log = spdlog::stdout_logger_mt("idem");
   log->set_pattern("%Y-%m-%dT%H:%M:%S.%fZ %l %v", spdlog::pattern_time_type::utc);
   auto metrics = std::make_shared<idem::InProcessMetrics>();

@@ -149,6 +149,11 @@ inline void check_string(const Json& arguments, const char* name, std::size_t mi
                        std::to_string(min) + " to " + std::to_string(max) + " bytes",
                    id);
   }
+  // JSON allows \u0000; PostgreSQL's text does not (22021), and no retry changes that.
+  if (found->get_ref<const std::string&>().find('\0') != std::string::npos) {
+    throw RpcError(kInvalidParams, std::string("invalid params: ") + name + " holds a NUL byte",
+                   id);
+  }
 }
 
 // Throws kInvalidParams when `arguments` has a member not in `allowed`.

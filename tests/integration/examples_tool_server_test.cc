@@ -230,6 +230,8 @@ TEST_F(ToolServerTest, MalformedJsonRpcGetsItsErrorCodeAndExecutesNothing) {
       {message({{"params", {{"arguments", {{"amount_cents", 1.5}}}}}}), -32602},
       {message({{"params", {{"arguments", {{"account", nullptr}}}}}}), -32602},
       {message({{"params", {{"arguments", {{"overdraft", true}}}}}}), -32602},
+      // PostgreSQL's text holds no NUL byte: it was a 500 (22021 from the INSERT).
+      {message({{"params", {{"arguments", {{"memo", std::string("a\0b", 3)}}}}}}), -32602},
       {message({{"params", {{"_meta", nullptr}}}}), -32602},  // no idempotency key
       {message({{"params", {{"_meta", {{"idempotencyKey", ""}}}}}}), -32602},
       {message({{"params", {{"_meta", {{"idempotencyKey", 12}}}}}}), -32602},
