@@ -148,7 +148,10 @@ class AsyncPgTransaction {
   /// The staged statements (the handler's, then the record) and COMMIT in one round trip, not
   /// cancellable. A staged statement that fails rolls everything back (its error is thrown,
   /// and handler_statement_failed() tells whose it was); a connection lost during COMMIT is an
-  /// idem::CommitOutcomeUnknown. Gives the connection back.
+  /// idem::CommitOutcomeUnknown. Gives the connection back as soon as COMMIT is queued, before
+  /// its answer: the next holder's statements follow it in the same write, after COMMIT's sync
+  /// point of its own (so they never run inside a failed transaction); a connection lost during
+  /// this COMMIT fails them too.
   asio::awaitable<void> commit();
   /// Whether commit() threw the error of a statement the handler staged (the handler's failure,
   /// not the sink's).
