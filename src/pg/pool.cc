@@ -22,34 +22,37 @@ PgPool::PgPool(std::string conninfo, std::size_t size, std::chrono::milliseconds
 PgPool::~PgPool() = default;
 
 PgPool::Lease PgPool::borrow() {
-  std::vector<std::unique_ptr<PgConnection>> stale;  // closed outside the lock
-  {
-    std::unique_lock lock(mutex_);
-    const auto free = [this] { return !idle_.empty() || open_ < size_; };
-    bool ready = free();
-    if (!ready) {
-      ++waiters_;
-      ready = available_.wait_for(lock, borrow_timeout_, free);
-      --waiters_;
+  for (;;) {
+    std::unique_ptr<PgConnection> conn;
+    {
+      std::unique_lock lock(mutex_);
+      const auto free = [this] { return !idle_.empty() || open_ < size_; };
+      bool ready = free();
+      if (!ready) {
+        ++waiters_;
+        ready = available_.wait_for(lock, borrow_timeout_, free);
+        --waiters_;
+      }
+      if (!ready) {
+        throw PostgresError("idem: postgres: no pooled connection free within the borrow timeout",
+                            true);
+      }
+      if (idle_.empty()) {
+        ++open_;  // reserve the slot; connect outside the lock
+      } else {
+        conn = std::move(idle_.back());
+        idle_.pop_back();
+      }
     }
-    if (!ready) {
-      throw PostgresError("idem: postgres: no pooled connection free within the borrow timeout",
-                          true);
-    }
-    while (!idle_.empty()) {
-      auto conn = std::move(idle_.back());
-      idle_.pop_back();
-      if (!idle_session_ended(conn->sock())) return {*this, std::move(conn)};
-      // The server ended it (a restart): every idle one is suspect, as in give_back().
-      --open_;
-      stale = take_idle_locked();
-    }
-    ++open_;  // reserve the slot; connect outside the lock
+    if (conn == nullptr) return connect();
+    // Checked outside the lock (a system call): the connection is this caller's already.
+    if (!idle_session_ended(conn->sock())) return {*this, std::move(conn)};
+    // The server ended it (a restart): every idle one is suspect, as in give_back().
+    give_back(std::move(conn), false);
   }
-  if (!stale.empty()) {
-    available_.notify_all();  // their slots are free
-    stale.clear();
-  }
+}
+
+PgPool::Lease PgPool::connect() {
   try {
     auto conn = translating([this] { return std::make_unique<PgConnection>(conninfo_); });
     translating([&] { setup_(*conn); });
@@ -83,7 +86,12 @@ void PgPool::give_back(std::unique_ptr<PgConnection> conn, bool reuse) noexcept 
       if (conn != nullptr) dropped = take_idle_locked();
     }
   }
-  available_.notify_all();
+  // One connection or slot is free; more when idle ones were dropped with it.
+  if (dropped.empty()) {
+    available_.notify_one();
+  } else {
+    available_.notify_all();
+  }
   dropped.clear();
   conn.reset();
 }

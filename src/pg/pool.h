@@ -72,6 +72,9 @@ class PgPool {
   [[nodiscard]] PoolStats stats() const;
 
  private:
+  // A new connection in a slot borrow() reserved (open_ counts it); the slot is freed again when
+  // connecting or the setup fails.
+  Lease connect();
   void give_back(std::unique_ptr<PgConnection> conn, bool reuse) noexcept;
   // Removes every idle connection from the pool (to be closed outside the lock); mutex_ held.
   std::vector<std::unique_ptr<PgConnection>> take_idle_locked();
