@@ -337,7 +337,8 @@ struct DeduplicatorOptions {
 ///
 /// Throws idem::InvalidRequestId, idem::InvalidKey, idem::PayloadError, idem::MissingKey for
 /// bad input (before anything is claimed); idem::PostgresError when the commit itself failed (the
-/// connection lost during COMMIT: outcome unknown, the claim is kept; the server refused the
+/// connection lost during COMMIT, or the session ended there by the server: outcome unknown,
+/// idem::CommitOutcomeUnknown, the claim is kept; the server refused the
 /// COMMIT, e.g. a deferred constraint: rolled back, the claim is released); idem::Cancelled after
 /// shutdown() or when Request::stop is requested before the handler starts (the handler never runs,
 /// nothing commits, the claims taken are released; a claim waiting on the sink's lock is cancelled

@@ -9,6 +9,8 @@
 #include <asio/use_awaitable.hpp>
 #include <cstdlib>
 #include <limits>
+#include <optional>
+#include <string>
 #include <utility>
 
 #include "common/sha256.h"
@@ -120,6 +122,23 @@ auto exec_batch(const std::shared_ptr<PgAsyncConnection>& connection, Batch batc
 // `ends[i]`'s error, rethrown, if any.
 void rethrow_end(const BatchEnds& ends, std::size_t i) {
   if (ends[i].first) std::rethrow_exception(ends[i].first);
+}
+
+// Why a COMMIT that ended with `error` may have committed, or nothing when the server refused it
+// (it rolled back). Only the COMMIT's own answer decides (the next holder shares the connection
+// by then): its answer never came (the connection lost), or the server ended the session with it
+// (a pg_terminate_backend() may land after the commit).
+std::optional<std::string> commit_in_doubt(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const PostgresError& e) {
+    if (!e.sqlstate().empty() && !is_connection_loss(e.sqlstate())) return std::nullopt;
+    return e.what();
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown exception";
+  }
 }
 
 // `error`, of one of idem's own statements, rethrown; with the pointer to migrate() when it says
@@ -437,9 +456,11 @@ asio::awaitable<void> AsyncPgTransaction::commit() {
       asio::bind_cancellation_slot(asio::cancellation_slot(), asio::use_awaitable),
       Syncs::kLastAlone);
   begun_ = false;
-  if (ends.back().first && connection->generation() != generation_) {
-    throw CommitOutcomeUnknown(
-        "idem: postgres: the connection was lost during COMMIT (commit outcome unknown)");
+  if (ends.back().first) {
+    if (const std::optional<std::string> why = commit_in_doubt(ends.back().first)) {
+      throw CommitOutcomeUnknown("idem: postgres: COMMIT ended with its connection (" + *why +
+                                 ") (commit outcome unknown)");
+    }
   }
   for (std::size_t i = 0; i + 1 < ends.size(); ++i) {
     if (!ends[i].first) continue;

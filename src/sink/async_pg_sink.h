@@ -147,8 +147,9 @@ class AsyncPgTransaction {
               std::string_view response, std::chrono::milliseconds retention);
   /// The staged statements (the handler's, then the record) and COMMIT in one round trip, not
   /// cancellable. A staged statement that fails rolls everything back (its error is thrown,
-  /// and handler_statement_failed() tells whose it was); a connection lost during COMMIT is an
-  /// idem::CommitOutcomeUnknown. Gives the connection back as soon as COMMIT is queued, before
+  /// and handler_statement_failed() tells whose it was); a COMMIT whose connection was lost, or
+  /// whose session the server ended (57P01-57P03), is an idem::CommitOutcomeUnknown, decided
+  /// from COMMIT's own answer. Gives the connection back as soon as COMMIT is queued, before
   /// its answer: the next holder's statements follow it in the same write, after COMMIT's sync
   /// point of its own (so they never run inside a failed transaction); a connection lost during
   /// this COMMIT fails them too.
