@@ -21,7 +21,6 @@
 //                      [--handler-delay-ms 0] [--replay-marker-in-body]
 // URLs default to IDEM_TEST_REDIS_URL / IDEM_TEST_PG_URL (`source .services/env`).
 // --port 0 picks a free port; the server prints `listening on http://HOST:PORT`.
-#include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
@@ -108,7 +107,7 @@ asio::awaitable<void> refund(const Settings& s, const std::string& schema,
   examples::send(req, answer);
 }
 
-restinio::request_handling_status_t route(asio::io_context& io, const Settings& s,
+restinio::request_handling_status_t route(examples::Answering& answering, const Settings& s,
                                           const std::string& schema, idem::AsyncDeduplicator& dedup,
                                           const idem::InProcessMetrics& metrics,
                                           const RequestHandle& req) {
@@ -131,10 +130,7 @@ restinio::request_handling_status_t route(asio::io_context& io, const Settings& 
     examples::send(req, webhook::error_answer(400, e.what()));
     return restinio::request_accepted();
   }
-  asio::co_spawn(io, refund(s, schema, dedup, req, std::move(request), std::move(r)),
-                 [](const std::exception_ptr& error) {
-                   if (error) std::rethrow_exception(error);  // not an answer's business: stop
-                 });
+  answering.spawn(refund(s, schema, dedup, req, std::move(request), std::move(r)));
   return restinio::request_accepted();
 }
 
@@ -152,12 +148,13 @@ int main(int argc, char** argv) {
     const auto dedup = examples::make_async_deduplicator(io, webhook::guard_options(settings),
                                                          webhook::sink_options(settings), metrics);
 
+    examples::Answering answering(io);
     examples::serve_until_signal(
         io, settings.host, settings.port,
         [&](const RequestHandle& req) {
-          return route(io, settings, schema, *dedup, *metrics, req);
+          return route(answering, settings, schema, *dedup, *metrics, req);
         },
-        *dedup, *metrics);
+        answering, *dedup, *metrics);
     return 0;
   } catch (const std::exception& e) {
     std::cerr << kProgram << ": error: " << e.what() << "\n";

@@ -3,10 +3,14 @@
 // idem::AsyncDeduplicator. Header-only; its users link idem_examples_restinio.
 #pragma once
 
+#include <asio/awaitable.hpp>
+#include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
 #include <asio/signal_set.hpp>
+#include <asio/steady_timer.hpp>
 #include <chrono>
 #include <csignal>
+#include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <functional>
@@ -82,16 +86,52 @@ inline idem::Headers headers_of(const restinio::request_handle_t& req) {
   return headers;
 }
 
+/// The answers still running on the loop: spawn() starts one and counts it until it completes,
+/// so that serve_until_signal() can wait for them before it stops. Use it on the loop's thread.
+class Answering {
+ public:
+  explicit Answering(asio::io_context& io) : io_(io) {}
+  Answering(const Answering&) = delete;
+  Answering& operator=(const Answering&) = delete;
+
+  /// Runs `answer` (a coroutine that sends its response; it catches what it can answer) on the
+  /// loop. An exception out of it ends io.run() with that exception.
+  void spawn(asio::awaitable<void> answer) {
+    ++running_;
+    asio::co_spawn(io_, std::move(answer), [this](const std::exception_ptr& error) {
+      if (--running_ == 0 && on_idle_) std::exchange(on_idle_, nullptr)();
+      if (error) std::rethrow_exception(error);
+    });
+  }
+
+  /// Calls `fn` once no answer runs: now, or when the last one running completes.
+  void when_idle(std::function<void()> fn) {
+    if (running_ == 0) return fn();
+    on_idle_ = std::move(fn);
+  }
+
+ private:
+  asio::io_context& io_;
+  std::size_t running_ = 0;
+  std::function<void()> on_idle_;
+};
+
+/// How long a stop waits for the answers running before it cancels them.
+inline constexpr std::chrono::seconds kDrainFor{10};
+
 /// Serves HTTP on `host`:`port` (0: a free port) with RESTinio on `io`, each request answered by
-/// `route` on the loop, and runs `io` until SIGINT or SIGTERM: then the server closes, so does
-/// `dedup` (its idle connections would keep the loop going), and `io` stops; calls still running
-/// keep their claims until their leases end. Prints `listening on http://HOST:PORT` once the port
-/// is bound, `stopping on signal N` on a signal, and at the end `stopped` and the text of
-/// `metrics`. Throws what opening the server threw (e.g. the port is taken).
+/// `route` on the loop (its idem calls started through `answering`), and runs `io` until SIGINT
+/// or SIGTERM. Then the server takes no new connection and the answers running finish and are
+/// sent; those still running after kDrainFor are cancelled (dedup.shutdown(): their claims stay
+/// until their leases end, and they answer as a cancelled call does). Then `dedup` closes (its
+/// idle connections would keep the loop going) and `io` stops. Prints `listening on
+/// http://HOST:PORT` once the port is bound, `stopping on signal N` on a signal, and at the end
+/// `stopped` and the text of `metrics`. Throws what opening the server threw (e.g. the port is
+/// taken).
 inline void serve_until_signal(
     asio::io_context& io, const std::string& host, int port,
     std::function<restinio::request_handling_status_t(const restinio::request_handle_t&)> route,
-    idem::AsyncDeduplicator& dedup, const idem::InProcessMetrics& metrics) {
+    Answering& answering, idem::AsyncDeduplicator& dedup, const idem::InProcessMetrics& metrics) {
   std::uint16_t bound = 0;  // --port 0 picks it
   restinio::http_server_t<RestinioTraits> server{
       restinio::external_io_context(io),
@@ -107,10 +147,19 @@ inline void serve_until_signal(
           .request_handler(std::move(route))};
   std::exception_ptr failure;
   asio::signal_set signals(io, SIGINT, SIGTERM);
+  asio::steady_timer drain_limit(io);
   const auto stop = [&] {
     signals.cancel();
+    drain_limit.cancel();
     dedup.close();
     io.stop();
+  };
+  const auto drain = [&] {
+    drain_limit.expires_after(kDrainFor);
+    drain_limit.async_wait([&](const asio::error_code& error) {
+      if (!error) dedup.shutdown();  // the answers still running are cancelled
+    });
+    answering.when_idle(stop);
   };
   server.open_async(
       [&] { std::cout << "listening on http://" << host << ":" << bound << std::endl; },
@@ -121,7 +170,7 @@ inline void serve_until_signal(
   signals.async_wait([&](const asio::error_code& error, int signal) {
     if (error) return;
     std::cout << "stopping on signal " << signal << std::endl;
-    server.close_async(stop, [&](const std::exception_ptr&) { stop(); });
+    server.close_async(drain, [&](const std::exception_ptr&) { drain(); });
   });
   io.run();
   if (failure) std::rethrow_exception(failure);

@@ -29,7 +29,6 @@
 //                    [--handler-delay-ms 0]
 // URLs default to IDEM_TEST_REDIS_URL / IDEM_TEST_PG_URL (`source .services/env`).
 // --port 0 picks a free port; the server prints `listening on http://HOST:PORT`.
-#include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
@@ -180,8 +179,9 @@ asio::awaitable<void> call_tool(const Settings& s, const std::string& schema,
   examples::send(req, answer);
 }
 
-// Answers one JSON-RPC message posted to /mcp: at once, or (tools/call) from a coroutine on `io`.
-void answer_message(asio::io_context& io, const Settings& s, const std::string& schema,
+// Answers one JSON-RPC message posted to /mcp: at once, or (tools/call) from a coroutine started
+// through `answering`.
+void answer_message(examples::Answering& answering, const Settings& s, const std::string& schema,
                     idem::AsyncDeduplicator& dedup, const RequestHandle& req) {
   try {
     const tools::Message m = tools::parse_message(req->body());
@@ -199,16 +199,13 @@ void answer_message(asio::io_context& io, const Settings& s, const std::string& 
     tools::ToolCall call = tools::parse_tool_call(m.params, m.id);
     idem::Request request =
         tools::tool_request(call, std::string(req->header().get_field_or("X-Client-Id", "")));
-    asio::co_spawn(io, call_tool(s, schema, dedup, req, m.id, std::move(call), std::move(request)),
-                   [](const std::exception_ptr& error) {
-                     if (error) std::rethrow_exception(error);  // not an answer's business: stop
-                   });
+    answering.spawn(call_tool(s, schema, dedup, req, m.id, std::move(call), std::move(request)));
   } catch (const tools::RpcError& e) {
     examples::send(req, tools::refusal_answer(e));
   }
 }
 
-restinio::request_handling_status_t route(asio::io_context& io, const Settings& s,
+restinio::request_handling_status_t route(examples::Answering& answering, const Settings& s,
                                           const std::string& schema, idem::AsyncDeduplicator& dedup,
                                           const idem::InProcessMetrics& metrics,
                                           const RequestHandle& req) {
@@ -219,7 +216,7 @@ restinio::request_handling_status_t route(asio::io_context& io, const Settings& 
   } else if (path != "/mcp") {
     return restinio::request_rejected();  // 501 from RESTinio
   } else if (method == restinio::http_method_post()) {
-    answer_message(io, s, schema, dedup, req);
+    answer_message(answering, s, schema, dedup, req);
   } else {
     // MCP's Streamable HTTP: a server that opens no event stream answers GET with 405.
     examples::send(req, examples::make_answer(405, ""));
@@ -241,12 +238,13 @@ int main(int argc, char** argv) {
                                 std::chrono::seconds(10) + settings.handler_delay,  // > any call
                                 std::chrono::hours(24)),  // covers an agent run's retries
         examples::sink_options(settings.service, std::chrono::hours(24)), metrics);
+    examples::Answering answering(io);
     examples::serve_until_signal(
         io, settings.host, settings.port,
         [&](const RequestHandle& req) {
-          return route(io, settings, schema, *dedup, *metrics, req);
+          return route(answering, settings, schema, *dedup, *metrics, req);
         },
-        *dedup, *metrics);
+        answering, *dedup, *metrics);
     return 0;
   } catch (const std::exception& e) {
     std::cerr << kProgram << ": error: " << e.what() << "\n";

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <csignal>
 #include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -34,6 +35,7 @@ using std::chrono::seconds;
 #define HttpWebhookSlowHandlerTest AsyncHttpWebhookSlowHandlerTest
 #define HttpWebhookPgConnections AsyncHttpWebhookPgConnections
 #define HttpWebhookReplayMarker AsyncHttpWebhookReplayMarker
+#define HttpWebhookStop AsyncHttpWebhookStop
 #endif
 
 // The slow handler's refunds hold their claim this long (a slow gateway), so that repeats arrive
@@ -423,6 +425,40 @@ TEST(HttpWebhookReplayMarker, WithTheFlagAReplayedBodyCarriesTheMarker) {
   }
   EXPECT_EQ(post_refund(port, refund_body("om-1", 30, 999), key_header("marker-1")).status, 422);
   server.stop();
+}
+
+// SIGTERM while a refund runs (a platform stopping the instance): the server takes no new
+// request, answers the one in flight and books it, then exits 0. The async server stopped its
+// loop at once: the refund went unanswered and its claim stayed until its lease ended, so the
+// client's retry met 409 meanwhile.
+TEST(HttpWebhookStop, ARefundInFlightAtSigtermIsAnsweredAndBooked) {
+  IDEM_REQUIRE_SERVICE(redis_url, "IDEM_TEST_REDIS_URL");
+  IDEM_REQUIRE_SERVICE(pg_url, "IDEM_TEST_PG_URL");
+  ExampleServer server;
+  server.start({IDEM_HTTP_WEBHOOK_BIN, "--handler-delay-ms", "1500"}, "webhook_stop");
+  const int port = server.port;
+  ASSERT_GT(port, 0) << server.process->tail();
+  Reply reply;
+  std::thread client(
+      [&] { reply = post_refund(port, refund_body("os-1", 40, 100), key_header("stop-1")); });
+  const bool claimed = wait_until(seconds(5), [&] {
+    const std::vector<std::string> keys = server.keys();
+    return std::any_of(keys.begin(), keys.end(),
+                       [](const std::string& key) { return key.ends_with(":refund:os-1"); });
+  });
+  server.process->signal(SIGTERM);
+  client.join();
+  ASSERT_TRUE(claimed) << server.process->tail();
+  EXPECT_EQ(reply.status, 200) << reply.body << "\n" << server.process->tail();
+  EXPECT_EQ(server.process->wait_exit(seconds(10)), 0) << server.process->tail();
+  pqxx::connection conn(server.pg_url);
+  pqxx::work tx(conn);
+  EXPECT_EQ(tx.exec1("SELECT count(*) FROM " + server.schema +
+                     ".refund_records WHERE order_id = 'os-1'")[0]
+                .as<int>(),
+            1);
+  tx.commit();
+  server.stop();  // drops its schema and keys
 }
 
 }  // namespace
