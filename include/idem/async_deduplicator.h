@@ -64,7 +64,8 @@ struct AsyncDeduplicatorOptions {
   DeduplicatorOptions base{};
   /// Layer 2 on the loop, with the same keys, records and Lua scripts as RedisGuard (the two
   /// interoperate on one Redis): one pipelined connection per node (RedisOptions::pool_size,
-  /// borrow_timeout, keepalive and the reconnect backoff do not apply), Redis Cluster through
+  /// borrow_timeout, keepalive and the reconnect backoff do not apply, but are checked as
+  /// RedisGuard checks them, so that one configuration serves both), Redis Cluster through
   /// MOVED/ASK, `rediss://`, and Redis Sentinel (`redis-sentinel://`, as RedisOptions::url
   /// says): the master is asked of the Sentinels in turn and checked with ROLE on the loop,
   /// without blocking it; after a failure a failover explains (connection lost, a timeout,

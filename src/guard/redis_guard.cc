@@ -27,16 +27,8 @@ using detail::ReplyPtr;
 using detail::checked;
 using detail::GuardScript;
 using detail::integer_flag;
-using detail::require_guard_option;
-
-void require(bool condition, const char* what) { require_guard_option(condition, what); }
 
 detail::PoolSettings pool_settings(const RedisOptions& redis) {
-  require(redis.pool_size >= 1, "redis.pool_size must be >= 1");
-  require(redis.borrow_timeout.count() >= 0, "redis.borrow_timeout must be >= 0");
-  require(redis.reconnect_backoff.count() >= 0, "redis.reconnect_backoff must be >= 0");
-  require(redis.reconnect_backoff_max >= redis.reconnect_backoff,
-          "redis.reconnect_backoff_max must be >= redis.reconnect_backoff");
   return detail::PoolSettings{.connection = {.endpoint = detail::guard_endpoint(redis),
                                              .connect_timeout = redis.connect_timeout,
                                              .command_timeout = redis.command_timeout,

@@ -40,6 +40,13 @@ const RedisGuardOptions& validated(const RedisGuardOptions& options) {
   require_guard_option(
       redis.command_timeout.count() > 0 && redis.command_timeout <= kMaxSocketTimeout,
       "redis.command_timeout must be in 1..2147483647 ms");
+  // Checked for the async guard too, which has no pool: the options mean the same to both.
+  require_guard_option(redis.pool_size >= 1, "redis.pool_size must be >= 1");
+  require_guard_option(redis.borrow_timeout.count() >= 0, "redis.borrow_timeout must be >= 0");
+  require_guard_option(redis.reconnect_backoff.count() >= 0,
+                       "redis.reconnect_backoff must be >= 0");
+  require_guard_option(redis.reconnect_backoff_max >= redis.reconnect_backoff,
+                       "redis.reconnect_backoff_max must be >= redis.reconnect_backoff");
   require_guard_option(options.lease.count() > 0 && options.lease <= kMaxTtl,
                        "lease must be > 0, <= 100 years");
   require_guard_option(options.retention.count() > 0 && options.retention <= kMaxTtl,

@@ -646,8 +646,9 @@ TEST(AsyncDeduplicatorMemory, InMemoryBackendsAndBlockingOnesRefused) {
   EXPECT_THROW(AsyncDeduplicator(io.get_executor(), blocking), ConfigError);
 }
 
-// The guard options both guards read are checked by one rule: what RedisGuard refuses, the async
-// front refuses too (the pool's options, which it does not use, aside).
+// The guard options are checked by one rule: what RedisGuard refuses, the async front refuses
+// too, the pool's options included (it has no pool; they were taken unchecked, so a
+// configuration shared with a blocking service failed only there).
 TEST(AsyncDeduplicatorOptions, GuardOptionsTheBlockingGuardRefusesAreConfigErrorsToo) {
   asio::io_context io;
   const auto make = [&](auto change) {
@@ -669,6 +670,14 @@ TEST(AsyncDeduplicatorOptions, GuardOptionsTheBlockingGuardRefusesAreConfigError
                ConfigError);
   EXPECT_THROW(make([&](RedisGuardOptions& o) { o.lease = kMax; }), ConfigError);
   EXPECT_THROW(make([](RedisGuardOptions& o) { o.ns = ""; }), ConfigError);
+  EXPECT_THROW(make([](RedisGuardOptions& o) { o.redis.pool_size = 0; }), ConfigError);
+  EXPECT_THROW(
+      make([](RedisGuardOptions& o) { o.redis.borrow_timeout = std::chrono::milliseconds(-1); }),
+      ConfigError);
+  EXPECT_THROW(make([](RedisGuardOptions& o) {
+                 o.redis.reconnect_backoff = o.redis.reconnect_backoff_max + 1ms;
+               }),
+               ConfigError);
 }
 
 }  // namespace
