@@ -124,10 +124,10 @@ void rethrow_end(const BatchEnds& ends, std::size_t i) {
   if (ends[i].first) std::rethrow_exception(ends[i].first);
 }
 
-// Why a COMMIT that ended with `error` may have committed, or nothing when the server refused it
-// (it rolled back). Only the COMMIT's own answer decides (the next holder shares the connection
-// by then): its answer never came (the connection lost), or the server ended the session with it
-// (a pg_terminate_backend() may land after the commit).
+// Why a statement that ended with `error` may have run, or nothing when the server refused it.
+// For a COMMIT: its answer never came (the connection lost), or the server ended the session with
+// it (a pg_terminate_backend() may land after the commit). Only the statement's own answer
+// decides (the next holder may share the connection by then).
 std::optional<std::string> commit_in_doubt(const std::exception_ptr& error) {
   try {
     std::rethrow_exception(error);
@@ -444,31 +444,39 @@ asio::awaitable<void> AsyncPgTransaction::commit() {
   if (pending_begin_) batch.insert(batch.begin(), {prepared(Prepared::kBegin), PgParams{}});
   pending_begin_ = false;
   batch.emplace_back(prepared(Prepared::kCommit), PgParams{});
-  // The connection goes to its next holder before the answers come: the statements of the next
-  // transaction queue behind this COMMIT and leave with it, one round trip fewer per transaction
-  // while transactions wait for a connection. The COMMIT has a sync point of its own, so it runs
+  // With a transaction or a statement waiting for a connection, the connection goes to it as soon
+  // as COMMIT is queued: the next holder's statements queue behind this COMMIT and leave with it,
+  // one round trip fewer per transaction. COMMIT then has a sync point of its own, so it runs
   // whatever failed before it (in a failed transaction it answers ROLLBACK) and the session has
-  // left the transaction before the next holder's first statement.
+  // left the transaction before the next holder's first statement. With nobody waiting, the
+  // connection is kept until the answers, and one sync point (one write) serves the batch.
+  const bool hand_over = sink_.someone_waiting();
   const std::shared_ptr<PgAsyncConnection> connection = connection_;
-  give_back();
+  if (hand_over) give_back();
   BatchEnds ends = co_await exec_batch(
       connection, std::move(batch),
       asio::bind_cancellation_slot(asio::cancellation_slot(), asio::use_awaitable),
-      Syncs::kLastAlone);
+      hand_over ? Syncs::kLastAlone : Syncs::kOne);
   begun_ = false;
+  for (std::size_t i = 0; i + 1 < ends.size(); ++i) {
+    // A staged statement the server refused: the transaction cannot have committed (COMMIT was
+    // skipped, or answered ROLLBACK). Lost answers are COMMIT's to judge, below.
+    if (!ends[i].first || commit_in_doubt(ends[i].first)) continue;
+    if (!hand_over) {
+      // Still in the failed transaction: ROLLBACK goes before any statement of the next holder.
+      send_rollback();
+      give_back();
+    }
+    handler_failed_ = i >= first && i < first + handlers;
+    if (handler_failed_) std::rethrow_exception(ends[i].first);
+    rethrow_own(ends[i].first);
+  }
+  give_back();
   if (ends.back().first) {
     if (const std::optional<std::string> why = commit_in_doubt(ends.back().first)) {
       throw CommitOutcomeUnknown("idem: postgres: COMMIT ended with its connection (" + *why +
                                  ") (commit outcome unknown)");
     }
-  }
-  for (std::size_t i = 0; i + 1 < ends.size(); ++i) {
-    if (!ends[i].first) continue;
-    // A staged statement failed: the rest of its sync point did not run, and the COMMIT ended
-    // the failed transaction.
-    handler_failed_ = i >= first && i < first + handlers;
-    if (handler_failed_) std::rethrow_exception(ends[i].first);
-    rethrow_own(ends[i].first);
   }
   rethrow_end(ends, ends.size() - 1);
   check_committed(PQcmdStatus(ends.back().second.get()));

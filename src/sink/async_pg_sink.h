@@ -103,6 +103,10 @@ class AsyncPgSink final : public AsyncSink {
   asio::awaitable<void> wait_for_connection(bool to_hold);
   // Wakes the first transaction waiting for a connection, if any.
   void wake_next_holder();
+  // Whether a transaction or a statement of run() waits for a connection.
+  [[nodiscard]] bool someone_waiting() const noexcept {
+    return !hold_waiters_.empty() || !share_waiters_.empty();
+  }
 
   const PgSinkOptions options_;
   std::vector<std::shared_ptr<PgAsyncConnection>> connections_;
@@ -149,10 +153,11 @@ class AsyncPgTransaction {
   /// cancellable. A staged statement that fails rolls everything back (its error is thrown,
   /// and handler_statement_failed() tells whose it was); a COMMIT whose connection was lost, or
   /// whose session the server ended (57P01-57P03), is an idem::CommitOutcomeUnknown, decided
-  /// from COMMIT's own answer. Gives the connection back as soon as COMMIT is queued, before
-  /// its answer: the next holder's statements follow it in the same write, after COMMIT's sync
-  /// point of its own (so they never run inside a failed transaction); a connection lost during
-  /// this COMMIT fails them too.
+  /// from COMMIT's own answer. When a transaction or a statement waits for a connection, gives
+  /// the connection back as soon as COMMIT is queued, before its answer: the next holder's
+  /// statements follow it in the same write, after COMMIT's sync point of its own (so they never
+  /// run inside a failed transaction); a connection lost during this COMMIT fails them too.
+  /// Otherwise gives it back once the answers came, the batch under one sync point.
   asio::awaitable<void> commit();
   /// Whether commit() threw the error of a statement the handler staged (the handler's failure,
   /// not the sink's).
