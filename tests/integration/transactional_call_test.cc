@@ -458,19 +458,11 @@ TEST_F(TransactionalCallTest, AHandlerThatCaughtItsFailedStatementIsNotExecutedW
 // pg_terminate_backend() landing then): a COMMIT answered by the session's end (57P01) leaves the
 // outcome unknown, so the call ends idem::CommitOutcomeUnknown and keeps its claim.
 TEST_F(TransactionalCallTest, ACommitWhoseSessionTheServerEndsEndsCommitOutcomeUnknown) {
-  // A trigger run at COMMIT that ends its own session.
-  schema_->exec("CREATE TABLE " + table("fatal_at_commit") + " (k text NOT NULL)");
-  schema_->exec("CREATE FUNCTION " + table("end_session") +
-                "() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM "
-                "pg_terminate_backend(pg_backend_pid()); PERFORM pg_sleep(1); RETURN NULL; END $$");
-  schema_->exec("CREATE CONSTRAINT TRIGGER end_session AFTER INSERT ON " +
-                table("fatal_at_commit") +
-                " DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION " +
-                table("end_session") + "()");
+  const std::string fatal = schema_->create_table_that_ends_the_session_at_commit("fatal");
   Deduplicator dedup(sink_only(sink_options(admin_url_)));
   try {
     (void)dedup.run_transactional(request("r1", "fatal"), [&](pqxx::transaction_base& tx) {
-      tx.exec0("INSERT INTO " + table("fatal_at_commit") + " VALUES ('f1')");
+      tx.exec0("INSERT INTO " + fatal + " VALUES ('f1')");
       return std::string("refunded");
     });
     ADD_FAILURE() << "a COMMIT the server ended the session on returned";

@@ -89,6 +89,19 @@ std::int64_t ScratchSchema::count(const std::string& sql) const {
   return tx.exec1(sql)[0].as<std::int64_t>();
 }
 
+std::string ScratchSchema::create_table_that_ends_the_session_at_commit(
+    const std::string& table) const {
+  const std::string qualified = name_ + "." + table;
+  const std::string function = name_ + "." + table + "_end_session";
+  exec("CREATE TABLE " + qualified + " (k text NOT NULL)");
+  exec("CREATE FUNCTION " + function +
+       "() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM "
+       "pg_terminate_backend(pg_backend_pid()); PERFORM pg_sleep(1); RETURN NULL; END $$");
+  exec("CREATE CONSTRAINT TRIGGER end_session AFTER INSERT ON " + qualified +
+       " DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION " + function + "()");
+  return qualified;
+}
+
 PgServer::PgServer() : bin_dir_(postgres_bin_dir()), port_(free_port()) {
   make_dir();
   run_as_owner(bin_dir_ + "/initdb -D " + dir_ + "/data -A trust -U postgres --no-sync > " + dir_ +

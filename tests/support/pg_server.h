@@ -32,6 +32,11 @@ class ScratchSchema {
   void exec(const std::string& sql) const;
   /// The single integer value of `sql`.
   [[nodiscard]] std::int64_t count(const std::string& sql) const;
+  /// Creates table `table` (one text column `k`) whose rows end their session at COMMIT: a
+  /// deferred constraint trigger calls pg_terminate_backend() on its own backend, so a COMMIT
+  /// after an INSERT there is answered 57P01 and the connection closes. Returns its qualified
+  /// name.
+  std::string create_table_that_ends_the_session_at_commit(const std::string& table) const;
 
  private:
   std::string url_;
