@@ -56,8 +56,9 @@ inline const char* reason_phrase(int status) {
 }
 
 /// Sends `answer` as the response to `req`: its status and headers, and its body as
-/// application/json (no body, no Content-Type, when it is empty).
-inline void send(const restinio::request_handle_t& req, const Answer& answer) {
+/// application/json (no body, no Content-Type, when it is empty). With `close`, the connection
+/// closes once it is sent (`Connection: close`).
+inline void send(const restinio::request_handle_t& req, const Answer& answer, bool close = false) {
   auto response = req->create_response(restinio::http_status_line_t{
       restinio::http_status_code_t{static_cast<std::uint16_t>(answer.status)},
       reason_phrase(answer.status)});
@@ -65,6 +66,7 @@ inline void send(const restinio::request_handle_t& req, const Answer& answer) {
     response.append_header(restinio::http_field::content_type, "application/json");
   }
   for (const auto& [name, value] : answer.headers) response.append_header(name, value);
+  if (close) response.connection_close();
   response.set_body(answer.body).done();
 }
 
@@ -104,15 +106,21 @@ class Answering {
     });
   }
 
-  /// Calls `fn` once no answer runs: now, or when the last one running completes.
-  void when_idle(std::function<void()> fn) {
+  /// From now on, stopping() is true; calls `fn` once no answer runs: now, or when the last one
+  /// running completes.
+  void stop_then(std::function<void()> fn) {
+    stopping_ = true;
     if (running_ == 0) return fn();
     on_idle_ = std::move(fn);
   }
 
+  /// Whether the server is stopping: a request that comes now is refused.
+  [[nodiscard]] bool stopping() const noexcept { return stopping_; }
+
  private:
   asio::io_context& io_;
   std::size_t running_ = 0;
+  bool stopping_ = false;
   std::function<void()> on_idle_;
 };
 
@@ -121,9 +129,10 @@ inline constexpr std::chrono::seconds kDrainFor{10};
 
 /// Serves HTTP on `host`:`port` (0: a free port) with RESTinio on `io`, each request answered by
 /// `route` on the loop (its idem calls started through `answering`), and runs `io` until SIGINT
-/// or SIGTERM. Then the server takes no new connection and the answers running finish and are
-/// sent; those still running after kDrainFor are cancelled (dedup.shutdown(): their claims stay
-/// until their leases end, and they answer as a cancelled call does). Then `dedup` closes (its
+/// or SIGTERM. Then the server takes no new connection, answers a request that comes on an open
+/// one 503 (Retry-After: 1, Connection: close: it ran nothing), and the answers running finish
+/// and are sent; those still running after kDrainFor are cancelled (dedup.shutdown(): their claims
+/// stay until their leases end, and they answer as a cancelled call does). Then `dedup` closes (its
 /// idle connections would keep the loop going) and `io` stops. Prints `listening on
 /// http://HOST:PORT` once the port is bound, `stopping on signal N` on a signal, and at the end
 /// `stopped` and the text of `metrics`. Throws what opening the server threw (e.g. the port is
@@ -144,7 +153,12 @@ inline void serve_until_signal(
           .acceptor_post_bind_hook([&bound](asio::ip::tcp::acceptor& acceptor) {
             bound = acceptor.local_endpoint().port();  // before listen(): not reachable yet
           })
-          .request_handler(std::move(route))};
+          .request_handler(
+              [&answering, route = std::move(route)](const restinio::request_handle_t& req) {
+                if (!answering.stopping()) return route(req);
+                send(req, make_answer(503, R"({"error":"the service is stopping; retry"})"), true);
+                return restinio::request_accepted();
+              })};
   std::exception_ptr failure;
   asio::signal_set signals(io, SIGINT, SIGTERM);
   asio::steady_timer drain_limit(io);
@@ -159,7 +173,7 @@ inline void serve_until_signal(
     drain_limit.async_wait([&](const asio::error_code& error) {
       if (!error) dedup.shutdown();  // the answers still running are cancelled
     });
-    answering.when_idle(stop);
+    answering.stop_then(stop);
   };
   server.open_async(
       [&] { std::cout << "listening on http://" << host << ":" << bound << std::endl; },

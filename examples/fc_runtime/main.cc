@@ -31,8 +31,6 @@
 // URLs default to IDEM_TEST_REDIS_URL / IDEM_TEST_PG_URL. --port 0 picks a free port; the server
 // prints `listening on http://HOST:PORT`.
 #include <httplib.h>
-#include <pthread.h>
-#include <signal.h>
 
 #include <chrono>
 #include <iostream>
@@ -300,11 +298,7 @@ void serve(const char* phase, const httplib::Request& req, httplib::Response& re
 
 int main(int argc, char** argv) {
   const Settings settings = parse_settings(argc, argv);
-  sigset_t stop_signals;  // taken by a waiting thread, never by a handler mid-request
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  examples::StopOnSignal stop;  // before any thread starts
 
   Function function(settings);
   httplib::Server server;
@@ -324,11 +318,7 @@ int main(int argc, char** argv) {
               << "\n";
     return 1;
   }
-  std::thread([&] {
-    int signal = 0;
-    sigwait(&stop_signals, &signal);
-    server.stop();
-  }).detach();
+  stop.watch(server);
   std::cout << "listening on http://" << settings.host << ":" << port << std::endl;
   server.listen_after_bind();
   std::cout << "stopped" << std::endl;

@@ -22,8 +22,6 @@
 // URLs default to IDEM_TEST_REDIS_URL / IDEM_TEST_PG_URL (`source .services/env`).
 // --port 0 picks a free port; the server prints `listening on http://HOST:PORT`.
 #include <httplib.h>
-#include <pthread.h>
-#include <signal.h>
 
 #include <chrono>
 #include <cstdio>
@@ -113,12 +111,7 @@ int main(int argc, char** argv) {
   const Settings settings = webhook::parse_settings(
       argc, argv, "idem-http-webhook",
       "the refund endpoint POST /refunds, guarded by idem (Idempotency-Key), and GET /metrics.");
-  // SIGINT/SIGTERM are taken by a waiting thread (below), never by a handler mid-request.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  examples::StopOnSignal stop;  // before any thread starts
   try {
     webhook::create_tables(settings.service);
     const auto metrics = std::make_shared<idem::InProcessMetrics>();
@@ -130,6 +123,11 @@ int main(int argc, char** argv) {
     const std::size_t threads = settings.service.pg_connections;
     server.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
     server.Post("/refunds", [&](const httplib::Request& req, httplib::Response& res) {
+      if (stop.stopping()) {  // a request on a connection kept alive: run nothing
+        res.set_header("Connection", "close");
+        return send(res,
+                    examples::make_answer(503, R"({"error":"the service is stopping; retry"})"));
+      }
       handle_refund(settings, *dedup, req, res);
     });
     server.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
@@ -140,13 +138,7 @@ int main(int argc, char** argv) {
     if (port < 0)
       throw std::runtime_error("cannot listen on " + settings.host + ":" +
                                std::to_string(settings.port));
-    std::thread stopper([&] {
-      int signal = 0;
-      sigwait(&stop_signals, &signal);
-      std::cout << "stopping on signal " << signal << std::endl;
-      server.stop();
-    });
-    stopper.detach();
+    stop.watch(server);
     std::cout << "listening on http://" << settings.host << ":" << port << std::endl;
     server.listen_after_bind();
     std::cout << "stopped\n" << metrics->prometheus_text() << std::flush;
