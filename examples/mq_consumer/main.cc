@@ -187,7 +187,11 @@ class Consumer {
                  pending() == 0) {
         break;
       }
-      for (const Entry& e : entries) handle(e, reclaimed);
+      for (const Entry& e : entries) {
+        // Stopped: the entries not started stay pending (no claim taken) for another consumer.
+        if (stop_requested) break;
+        handle(e, reclaimed);
+      }
       if (Clock::now() >= next_report_) report("progress");
     }
     report("done");

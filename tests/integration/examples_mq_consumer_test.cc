@@ -16,6 +16,7 @@
 #include "examples_child.h"
 #include "redis_server.h"
 #include "test_env.h"
+#include "wait_until.h"
 
 namespace idem::test {
 namespace {
@@ -226,6 +227,41 @@ TEST_F(MqConsumerTest, ANegativeDurationIsAUsageError) {
     EXPECT_EQ(consumer.wait_exit(seconds(10)), 2) << flag << ": " << consumer.tail();
     EXPECT_NE(consumer.tail().find("whole number"), std::string::npos) << consumer.tail();
   }
+}
+
+// SIGTERM stops the blocking consumer after the entry in hand: it handled the rest of the batch
+// it had read first (up to --batch entries, minutes with a slow handler, past a platform's grace
+// period). The entries it did not start stay pending, hold no claim, and another consumer takes
+// them over: every payment is booked once.
+TEST_F(MqConsumerTest, ASigtermStopsAfterTheEntryInHandNotTheWholeBatch) {
+  constexpr int kCount = 30;
+  auto first = consumer("c0");  // creates the tables, then exits when idle
+  ASSERT_EQ(first->wait_exit(seconds(30)), 0) << first->tail();
+  // Each booking takes 300 ms.
+  pqxx::connection conn(pg_url_);
+  pqxx::work tx(conn);
+  tx.exec0("CREATE FUNCTION " + name_ +
+           ".slow() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(0.3); RETURN "
+           "NEW; END $$");
+  tx.exec0("CREATE TRIGGER slow BEFORE INSERT ON " + name_ + ".ledger FOR EACH ROW EXECUTE " +
+           "FUNCTION " + name_ + ".slow()");
+  tx.commit();
+  std::vector<std::string> produce = args("produce");
+  produce.insert(produce.end(), {"--count", std::to_string(kCount), "--duplicates", "0"});
+  ChildProcess producer(produce);
+  ASSERT_EQ(producer.wait_exit(seconds(30)), 0) << producer.tail();
+
+  auto c1 = consumer("c1");
+  ASSERT_TRUE(wait_until(seconds(20), [&] { return ledger_rows() >= 1; })) << c1->tail();
+  c1->signal(SIGTERM);
+  EXPECT_EQ(c1->wait_exit(seconds(3)), 0) << c1->tail();
+  EXPECT_LT(ledger_rows(), kCount / 2);
+  auto c2 = consumer("c2");  // takes over c1's pending entries after --claim-idle-ms
+  EXPECT_EQ(c2->wait_exit(seconds(45)), 0) << c2->tail();
+  EXPECT_EQ(sql("SELECT count(*) FROM " + name_ + ".ledger"), kCount);
+  EXPECT_EQ(sql("SELECT count(DISTINCT request_id) FROM " + name_ + ".ledger"), kCount);
+  const std::string pending = redis_cli(redis_url_, {"XPENDING", name_, "ledger"});
+  EXPECT_EQ(pending.substr(0, pending.find('\n')), "0") << pending;
 }
 
 // The test support (examples_child.cc): wait_exit() returns only after the reader has drained
