@@ -6,13 +6,19 @@
 // claimed tasks to the pool. Each task runs inside its request's context (idem::RequestContext
 // ::bind), so code deep in a worker thread logs the right request ID without it being passed
 // down. A worker completes its claim with the result, or releases it on failure so that the
-// redelivered task runs again.
+// redelivered task runs again. The dispatcher claims a batch only once fewer than --threads
+// claimed tasks wait or run, so no claim waits in the queue long enough to outlive its lease. On
+// SIGINT or SIGTERM it claims nothing more: the tasks claimed finish, the summary is printed, and
+// the tasks not dispatched hold no claim.
 //
 //   idem-worker-pool [--redis-url URL] [--ns worker-pool] [--run ID] [--tasks 200]
 //                    [--threads 4] [--batch 32] [--seed 1]
 // The URL defaults to IDEM_TEST_REDIS_URL. Run it twice with the same --run: the second run finds
 // every task completed and runs none.
+#include <signal.h>
+
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -65,6 +71,9 @@ Settings parse_settings(int argc, char** argv) {
   examples::parse_or_exit(app, argc, argv);
   return s;
 }
+
+// Set by SIGINT or SIGTERM: the dispatcher claims nothing more.
+std::atomic<bool> stop_requested{false};
 
 // The number of the pool thread running the caller (1-based; 0 outside the pool).
 thread_local int worker_number = 0;
@@ -142,9 +151,17 @@ class Ledger {
   }
   // A task finished; a failed one is requeued (redelivered) for the dispatcher.
   void finished(std::optional<Task> failed) {
-    const std::lock_guard lock(mutex_);
-    if (failed) requeued_.push_back(std::move(*failed));
-    --in_flight_;
+    {
+      const std::lock_guard lock(mutex_);
+      if (failed) requeued_.push_back(std::move(*failed));
+      --in_flight_;
+    }
+    changed_.notify_all();
+  }
+  // Waits until fewer than `limit` claimed tasks wait or run (back-pressure on the claims).
+  void wait_below(int limit) {
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [&] { return in_flight_ < limit; });
   }
   // A repeat of a job still running: delivered again with the next batch.
   void requeue(Task task) {
@@ -168,6 +185,7 @@ class Ledger {
 
  private:
   std::mutex mutex_;
+  std::condition_variable changed_;  // in_flight_ went down
   std::map<std::string, long long> counts_;
   std::map<std::string, long long> effects_;
   std::vector<Task> requeued_;
@@ -225,6 +243,10 @@ std::string send_email(const Task& task, Ledger& ledger, int attempt) {
 
 int main(int argc, char** argv) {
   const Settings s = parse_settings(argc, argv);
+  struct sigaction on_stop {};
+  on_stop.sa_handler = [](int) { stop_requested = true; };
+  sigaction(SIGINT, &on_stop, nullptr);
+  sigaction(SIGTERM, &on_stop, nullptr);
   try {
     idem::RedisGuardOptions options;
     options.redis.url = s.redis_url;
@@ -239,6 +261,13 @@ int main(int argc, char** argv) {
     std::map<std::string, int> attempts;  // per request ID; dispatcher thread only
     ThreadPool pool(s.threads);
     for (int batch_no = 1;; ++batch_no) {
+      ledger.wait_below(s.threads);
+      if (stop_requested) {
+        ledger.print("stopping: " + std::to_string(inbound.size()) +
+                     " deliveries not dispatched, none of them claimed");
+        ledger.wait_below(1);  // the claimed tasks finish
+        break;
+      }
       auto [requeued, running] = ledger.take_requeued();
       inbound.insert(inbound.end(), requeued.begin(), requeued.end());
       if (inbound.empty()) {

@@ -1,6 +1,7 @@
 // examples/worker_pool end to end: batches claimed with claim_batch, tasks run on a thread pool
 // inside their request's context; a second run of the same deliveries runs nothing.
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <chrono>
 #include <string>
@@ -56,6 +57,42 @@ class WorkerPoolTest : public ::testing::Test {
   std::string ns_;
   mutable std::vector<std::string> lines_;
 };
+
+// SIGTERM mid-run: the dispatcher claims nothing more, the tasks it claimed finish, and it prints
+// its summary and exits 0, leaving no claim in progress. It had no signal handling (killed, with
+// thousands of claims taken far ahead of the workers left in progress), so a rerun spun until
+// their leases ended. The rerun now finishes the rest at once: every job ran once in all.
+TEST_F(WorkerPoolTest, ASigtermLeavesNoClaimInProgressAndTheRerunRunsTheRest) {
+  constexpr int kMany = 50000;
+  std::vector<std::string> argv = pool_argv();
+  argv[8] = std::to_string(kMany);  // --tasks
+  long long jobs_run = 0;
+  {
+    ChildProcess pool(argv);
+    ASSERT_TRUE(pool.wait_for_line("batch 20:", seconds(20))) << pool.tail();
+    pool.signal(SIGTERM);
+    EXPECT_EQ(pool.wait_exit(seconds(10)), 0) << pool.tail();
+    const auto summary = pool.wait_for_line("summary ", seconds(1));
+    ASSERT_TRUE(summary) << pool.tail();
+    EXPECT_EQ(summary_field(*summary, "duplicate_effects"), 0) << *summary;
+    jobs_run = summary_field(*summary, "jobs_run");
+    EXPECT_LT(jobs_run, kMany) << *summary;
+  }
+  const std::string in_progress =
+      redis_cli(redis_url_,
+                {"EVAL",
+                 "local n = 0 for _, k in ipairs(redis.call('KEYS', ARGV[1])) do local v = "
+                 "redis.call('GET', k) if v and string.sub(v, 1, 2) == '1I' then n = n + 1 end end "
+                 "return n",
+                 "0", "idem:" + ns_ + ":*"});
+  EXPECT_EQ(in_progress, "0");
+  ChildProcess rerun(argv);
+  EXPECT_EQ(rerun.wait_exit(seconds(60)), 0) << rerun.tail();
+  const auto summary = rerun.wait_for_line("summary ", seconds(1));
+  ASSERT_TRUE(summary) << rerun.tail();
+  EXPECT_EQ(summary_field(*summary, "duplicate_effects"), 0) << *summary;
+  EXPECT_EQ(jobs_run + summary_field(*summary, "jobs_run"), kMany) << *summary;
+}
 
 TEST_F(WorkerPoolTest, EveryJobRunsOnceWithItsRequestContext) {
   const std::string first = run_pool();
