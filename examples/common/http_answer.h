@@ -118,11 +118,15 @@ inline Failure classify_failure(const std::exception_ptr& error, const std::stri
     log("failed", e);
     if (e.retryable()) return {503, "storage failed; retry later"};
     return {500, "the call failed; nothing was done"};
-  } catch (const idem::Cancelled& e) {
-    // The async servers' deadline (idem::DeadlineExceeded): the claim is kept until its lease
-    // ends, as after a lost commit.
+  } catch (const idem::DeadlineExceeded& e) {
+    // The async servers' deadline: the claim is kept until its lease ends, as after a lost
+    // commit.
     log("stopped", e);
     return {503, "the call took too long; retry later"};
+  } catch (const idem::Cancelled& e) {
+    // A stop of the server cut the call short: its claim is kept until its lease ends.
+    log("stopped", e);
+    return {503, "the service stopped during the call; retry later"};
   } catch (const std::exception& e) {
     log("failed", e);
     return {500, "internal error"};
