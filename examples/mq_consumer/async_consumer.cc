@@ -15,10 +15,13 @@
 // it sends the XACKs gathered since its last round trip together with the next XREADGROUP (or
 // XAUTOCLAIM) in one write, and while nothing new comes it waits for a call to finish.
 #include <array>
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/cancellation_signal.hpp>
 #include <asio/co_spawn.hpp>
 #include <asio/connect.hpp>
 #include <asio/io_context.hpp>
 #include <asio/ip/tcp.hpp>
+#include <asio/post.hpp>
 #include <asio/redirect_error.hpp>
 #include <asio/signal_set.hpp>
 #include <asio/steady_timer.hpp>
@@ -27,6 +30,7 @@
 #include <chrono>
 #include <exception>
 #include <iostream>
+#include <list>
 #include <map>
 #include <memory>
 #include <optional>
@@ -219,9 +223,14 @@ class AsyncConsumer {
     report("done", s_, counts_);
   }
 
-  // SIGINT/SIGTERM: read no more, finish the calls in flight.
+  // SIGINT/SIGTERM: read no more, finish the bookings under way; the calls whose booking has not
+  // started are cancelled (their claims released, their entries left pending for another
+  // consumer).
   void stop() {
     stopping_ = true;
+    for (Call& call : calls_) {
+      if (!call.booking) call.cancel.emit(asio::cancellation_type::terminal);
+    }
     wake();
   }
 
@@ -232,6 +241,12 @@ class AsyncConsumer {
   }
 
  private:
+  // A call in flight: its cancellation, and whether its booking (the handler) started.
+  struct Call {
+    asio::cancellation_signal cancel;
+    bool booking = false;
+  };
+
   // Moves the XACKs gathered so far into one command of `commands`; returns how many.
   std::size_t take_acks(std::vector<Args>& commands) {
     if (acks_.empty()) return 0;
@@ -256,20 +271,26 @@ class AsyncConsumer {
     }
     for (Entry& e : entries) {
       ++in_flight_;
-      asio::co_spawn(io_, handle(std::move(e), reclaimed), [this](const std::exception_ptr& error) {
-        --in_flight_;
-        wake();
-        if (error) std::rethrow_exception(error);  // a bug in handle(): stop the loop
-      });
+      const auto call = calls_.emplace(calls_.end());
+      asio::co_spawn(io_, handle(std::move(e), reclaimed, *call),
+                     asio::bind_cancellation_slot(
+                         call->cancel.slot(), [this, call](const std::exception_ptr& error) {
+                           // Dropped once this handler has returned: the signal owns it.
+                           asio::post(io_, [this, call] { calls_.erase(call); });
+                           --in_flight_;
+                           wake();
+                           if (error) std::rethrow_exception(error);  // a bug in handle()
+                         }));
     }
     return entries.size();
   }
 
-  asio::awaitable<void> handle(Entry e, bool reclaimed) {
+  asio::awaitable<void> handle(Entry e, bool reclaimed, Call& call) {
     ++counts_["delivered"];
     const idem::Request request = to_request(e, reclaimed);
     // Named first: GCC 12 destroys a lambda temporary inside a co_await expression twice.
-    auto booking = [schema = schema_, id = e.id, request](idem::AsyncTransaction& tx) {
+    auto booking = [schema = schema_, id = e.id, request, &call](idem::AsyncTransaction& tx) {
+      call.booking = true;
       return book(tx, schema, id, request);
     };
     idem::Outcome outcome;
@@ -277,6 +298,10 @@ class AsyncConsumer {
       outcome =
           co_await dedup_->run_transactional(request, std::move(booking), asio::use_awaitable);
     } catch (const idem::Error& error) {
+      if (stopping_ && !call.booking && dynamic_cast<const idem::Cancelled*>(&error) != nullptr) {
+        ++counts_["left_at_stop"];  // cancelled by the stop before its booking: left pending
+        co_return;
+      }
       // A backend failed mid-call or the deadline passed (left pending), or the entry can never
       // be booked.
       ++counts_["errors"];
@@ -325,6 +350,7 @@ class AsyncConsumer {
   std::string schema_;  // quoted
   std::unique_ptr<idem::AsyncDeduplicator> dedup_;
   long long in_flight_ = 0;
+  std::list<Call> calls_;  // the calls in flight (a node is dropped after its call completed)
   std::vector<std::string> acks_;  // entry IDs whose effect committed, not yet XACKed
   std::string autoclaim_cursor_ = "0-0";
   std::map<std::string, long long> counts_;

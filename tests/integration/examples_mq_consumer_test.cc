@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <cctype>
 #include <chrono>
 #include <memory>
@@ -74,13 +75,15 @@ class MqConsumerTest : public ::testing::Test {
             name_};
   }
 
-  // `extra`: more flags, e.g. --async.
+  // `extra`: more flags, e.g. --async, or a --lease-ms of its own (2000 otherwise).
   std::unique_ptr<ChildProcess> consumer(const std::string& name,
                                          const std::vector<std::string>& extra = {}) const {
     std::vector<std::string> argv = args("consume");
-    argv.insert(argv.end(),
-                {"--consumer", name, "--claim-idle-ms", "1000", "--lease-ms", "2000", "--block-ms",
-                 "200", "--exit-when-idle-ms", "2000", "--max-seconds", "50"});
+    argv.insert(argv.end(), {"--consumer", name, "--claim-idle-ms", "1000", "--block-ms", "200",
+                             "--exit-when-idle-ms", "2000", "--max-seconds", "50"});
+    if (std::find(extra.begin(), extra.end(), "--lease-ms") == extra.end()) {
+      argv.insert(argv.end(), {"--lease-ms", "2000"});
+    }
     argv.insert(argv.end(), extra.begin(), extra.end());
     return std::make_unique<ChildProcess>(argv);
   }
@@ -188,6 +191,47 @@ class MqConsumerTest : public ::testing::Test {
     EXPECT_EQ(summary_field(*done, "dead_lettered"), 4) << *done;
   }
 
+  // 30 payments, each booking taking 500 ms; one consumer (flags `extra`) gets SIGTERM once the
+  // first is booked. It exits 0 within 3 s, having booked few; the entries it did not start stay
+  // pending, hold no claim, and another consumer takes them over: every payment is booked once.
+  void sigterm_stops_after_the_bookings_under_way(const std::vector<std::string>& extra) {
+    constexpr int kCount = 30;
+    auto first = consumer("c0");  // creates the tables, then exits when idle
+    ASSERT_EQ(first->wait_exit(seconds(30)), 0) << first->tail();
+    const std::string slow = " slow BEFORE INSERT ON " + name_ + ".ledger";
+    {
+      pqxx::connection conn(pg_url_);
+      pqxx::work tx(conn);
+      tx.exec0("CREATE FUNCTION " + name_ +
+               ".slow() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(0.5); "
+               "RETURN NEW; END $$");
+      tx.exec0("CREATE TRIGGER" + slow + " FOR EACH ROW EXECUTE FUNCTION " + name_ + ".slow()");
+      tx.commit();
+    }
+    std::vector<std::string> produce = args("produce");
+    produce.insert(produce.end(), {"--count", std::to_string(kCount), "--duplicates", "0"});
+    ChildProcess producer(produce);
+    ASSERT_EQ(producer.wait_exit(seconds(30)), 0) << producer.tail();
+
+    auto c1 = consumer("c1", extra);
+    ASSERT_TRUE(wait_until(seconds(20), [&] { return ledger_rows() >= 1; })) << c1->tail();
+    c1->signal(SIGTERM);
+    EXPECT_EQ(c1->wait_exit(seconds(3)), 0) << c1->tail();
+    EXPECT_LT(ledger_rows(), kCount / 2);
+    {
+      pqxx::connection conn(pg_url_);
+      pqxx::work tx(conn);
+      tx.exec0("DROP TRIGGER" + slow.substr(0, slow.find(" BEFORE")) + " ON " + name_ + ".ledger");
+      tx.commit();
+    }
+    auto c2 = consumer("c2", extra);  // takes over c1's pending entries after --claim-idle-ms
+    EXPECT_EQ(c2->wait_exit(seconds(45)), 0) << c2->tail();
+    EXPECT_EQ(sql("SELECT count(*) FROM " + name_ + ".ledger"), kCount);
+    EXPECT_EQ(sql("SELECT count(DISTINCT request_id) FROM " + name_ + ".ledger"), kCount);
+    const std::string pending = redis_cli(redis_url_, {"XPENDING", name_, "ledger"});
+    EXPECT_EQ(pending.substr(0, pending.find('\n')), "0") << pending;
+  }
+
   // The entries `consumer` holds delivered and unacked (XPENDING's summary: count, first, last,
   // then each consumer's name and count on lines of their own).
   long long pending_of(const std::string& consumer) {
@@ -231,37 +275,17 @@ TEST_F(MqConsumerTest, ANegativeDurationIsAUsageError) {
 
 // SIGTERM stops the blocking consumer after the entry in hand: it handled the rest of the batch
 // it had read first (up to --batch entries, minutes with a slow handler, past a platform's grace
-// period). The entries it did not start stay pending, hold no claim, and another consumer takes
-// them over: every payment is booked once.
+// period).
 TEST_F(MqConsumerTest, ASigtermStopsAfterTheEntryInHandNotTheWholeBatch) {
-  constexpr int kCount = 30;
-  auto first = consumer("c0");  // creates the tables, then exits when idle
-  ASSERT_EQ(first->wait_exit(seconds(30)), 0) << first->tail();
-  // Each booking takes 300 ms.
-  pqxx::connection conn(pg_url_);
-  pqxx::work tx(conn);
-  tx.exec0("CREATE FUNCTION " + name_ +
-           ".slow() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(0.3); RETURN "
-           "NEW; END $$");
-  tx.exec0("CREATE TRIGGER slow BEFORE INSERT ON " + name_ + ".ledger FOR EACH ROW EXECUTE " +
-           "FUNCTION " + name_ + ".slow()");
-  tx.commit();
-  std::vector<std::string> produce = args("produce");
-  produce.insert(produce.end(), {"--count", std::to_string(kCount), "--duplicates", "0"});
-  ChildProcess producer(produce);
-  ASSERT_EQ(producer.wait_exit(seconds(30)), 0) << producer.tail();
+  sigterm_stops_after_the_bookings_under_way({});
+}
 
-  auto c1 = consumer("c1");
-  ASSERT_TRUE(wait_until(seconds(20), [&] { return ledger_rows() >= 1; })) << c1->tail();
-  c1->signal(SIGTERM);
-  EXPECT_EQ(c1->wait_exit(seconds(3)), 0) << c1->tail();
-  EXPECT_LT(ledger_rows(), kCount / 2);
-  auto c2 = consumer("c2");  // takes over c1's pending entries after --claim-idle-ms
-  EXPECT_EQ(c2->wait_exit(seconds(45)), 0) << c2->tail();
-  EXPECT_EQ(sql("SELECT count(*) FROM " + name_ + ".ledger"), kCount);
-  EXPECT_EQ(sql("SELECT count(DISTINCT request_id) FROM " + name_ + ".ledger"), kCount);
-  const std::string pending = redis_cli(redis_url_, {"XPENDING", name_, "ledger"});
-  EXPECT_EQ(pending.substr(0, pending.find('\n')), "0") << pending;
+// The async consumer: its calls whose booking had not started (waiting for one of the 2
+// connections) are cancelled, their claims released. It waited for every one of them, up to
+// their deadline (the lease: 10 s here).
+TEST_F(MqConsumerTest, ASigtermStopsTheAsyncConsumerAfterTheBookingsUnderWay) {
+  sigterm_stops_after_the_bookings_under_way(
+      {"--async", "--pg-connections", "2", "--lease-ms", "10000"});
 }
 
 // The test support (examples_child.cc): wait_exit() returns only after the reader has drained
