@@ -48,6 +48,12 @@ inline Answer make_answer(int status, std::string body, bool replayed = false) {
   return answer;
 }
 
+/// The answer to a request that comes while the server stops (on a connection kept open): 503,
+/// nothing ran.
+inline Answer stopping_answer() {
+  return make_answer(503, R"({"error":"the service is stopping; retry"})");
+}
+
 /// The HTTP status of an outcome: 200 executed or replayed, 409 in progress, 422 mismatch, 503
 /// unavailable.
 inline int outcome_status(idem::Outcome::Kind kind) {

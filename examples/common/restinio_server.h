@@ -156,7 +156,7 @@ inline void serve_until_signal(
           .request_handler(
               [&answering, route = std::move(route)](const restinio::request_handle_t& req) {
                 if (!answering.stopping()) return route(req);
-                send(req, make_answer(503, R"({"error":"the service is stopping; retry"})"), true);
+                send(req, stopping_answer(), true);
                 return restinio::request_accepted();
               })};
   std::exception_ptr failure;

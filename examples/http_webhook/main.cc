@@ -125,8 +125,7 @@ int main(int argc, char** argv) {
     server.Post("/refunds", [&](const httplib::Request& req, httplib::Response& res) {
       if (stop.stopping()) {  // a request on a connection kept alive: run nothing
         res.set_header("Connection", "close");
-        return send(res,
-                    examples::make_answer(503, R"({"error":"the service is stopping; retry"})"));
+        return send(res, examples::stopping_answer());
       }
       handle_refund(settings, *dedup, req, res);
     });
