@@ -128,7 +128,7 @@ void rethrow_end(const BatchEnds& ends, std::size_t i) {
 // For a COMMIT: its answer never came (the connection lost), or the server ended the session with
 // it (a pg_terminate_backend() may land after the commit). Only the statement's own answer
 // decides (the next holder may share the connection by then).
-std::optional<std::string> commit_in_doubt(const std::exception_ptr& error) {
+std::optional<std::string> in_doubt(const std::exception_ptr& error) {
   try {
     std::rethrow_exception(error);
   } catch (const PostgresError& e) {
@@ -461,7 +461,7 @@ asio::awaitable<void> AsyncPgTransaction::commit() {
   for (std::size_t i = 0; i + 1 < ends.size(); ++i) {
     // A staged statement the server refused: the transaction cannot have committed (COMMIT was
     // skipped, or answered ROLLBACK). Lost answers are COMMIT's to judge, below.
-    if (!ends[i].first || commit_in_doubt(ends[i].first)) continue;
+    if (!ends[i].first || in_doubt(ends[i].first)) continue;
     if (!hand_over) {
       // Still in the failed transaction: ROLLBACK goes before any statement of the next holder.
       send_rollback();
@@ -473,7 +473,7 @@ asio::awaitable<void> AsyncPgTransaction::commit() {
   }
   give_back();
   if (ends.back().first) {
-    if (const std::optional<std::string> why = commit_in_doubt(ends.back().first)) {
+    if (const std::optional<std::string> why = in_doubt(ends.back().first)) {
       throw CommitOutcomeUnknown("idem: postgres: COMMIT ended with its connection (" + *why +
                                  ") (commit outcome unknown)");
     }
