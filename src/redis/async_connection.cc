@@ -137,6 +137,7 @@ struct AsyncConnection::Link {
   HostPort peer;        // where it connects; empty host while the locator is asked
   std::string writing;  // the bytes of the write in flight
   bool write_active = false;
+  bool answered = false;  // a reply has come on this link
   std::array<char, 16 * 1024> input{};
 };
 
@@ -224,10 +225,7 @@ void AsyncConnection::start_write() {
                         link->write_active = false;
                         link->writing.clear();
                         if (link != self->link_) return;
-                        if (error) {
-                          self->fail(std::make_exception_ptr(io_error(error, "write")));
-                          return;
-                        }
+                        if (error) return self->fail_link(*link, error, "write");
                         self->start_write();  // what queued up meanwhile goes out now
                       });
   });
@@ -238,10 +236,7 @@ void AsyncConnection::start_read(const std::shared_ptr<Link>& link) {
     stream.async_read_some(asio::buffer(link->input), [self = shared_from_this(), link](
                                                           std::error_code error, std::size_t size) {
       if (link != self->link_) return;
-      if (error) {
-        self->fail(std::make_exception_ptr(io_error(error, "read")));
-        return;
-      }
+      if (error) return self->fail_link(*link, error, "read");
       self->on_data(link, size);
     });
   });
@@ -259,6 +254,7 @@ void AsyncConnection::on_data(const std::shared_ptr<Link>& link, std::size_t siz
       return;
     }
     if (raw == nullptr) break;
+    link->answered = true;
     on_reply(ReplyPtr(static_cast<redisReply*>(raw)));
     if (link != link_) return;  // the reply failed the connection (a handshake error)
   }
@@ -463,6 +459,14 @@ void AsyncConnection::close() {
 }
 
 void AsyncConnection::close(const std::exception_ptr& error) { fail(error); }
+
+void AsyncConnection::fail_link(const Link& link, const std::error_code& error,
+                                std::string_view during) {
+  const RedisError failure = io_error(error, during);
+  const bool plaintext_unanswered =
+      link.tcp.has_value() && !link.answered && closed_by_server(error);
+  fail(std::make_exception_ptr(plaintext_unanswered ? closed_unanswered(failure) : failure));
+}
 
 void AsyncConnection::fail(const std::exception_ptr& error) {
   if (settings_.locator != nullptr && link_ != nullptr && !link_->peer.host.empty()) {

@@ -231,6 +231,8 @@ class AsyncConnection : public std::enable_shared_from_this<AsyncConnection> {
   void on_deadline(Clock::time_point deadline);
   // Closes the link and fails every pending command with `error`.
   void fail(const std::exception_ptr& error);
+  // fail() for `link`'s read or write that ended with `error`.
+  void fail_link(const Link& link, const std::error_code& error, std::string_view during);
 
   executor_type executor_;
   const AsyncConnectionSettings settings_;

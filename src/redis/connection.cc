@@ -111,7 +111,9 @@ void Connection::append(std::span<const std::string_view> args) {
 ReplyPtr Connection::read_reply() {
   if (tls_ != nullptr) {
     try {
-      return tls_->read_reply();
+      ReplyPtr reply = tls_->read_reply();
+      answered_ = true;
+      return reply;
     } catch (const RedisError&) {
       broken_ = true;
       closed_by_server_ = tls_->closed_by_server();
@@ -121,6 +123,7 @@ ReplyPtr Connection::read_reply() {
   void* raw = nullptr;
   errno = 0;
   if (redisGetReply(context_.get(), &raw) != REDIS_OK || raw == nullptr) fail(errno, "command");
+  answered_ = true;
   return ReplyPtr(static_cast<redisReply*>(raw));
 }
 
@@ -136,7 +139,9 @@ void Connection::fail(int saved_errno, std::string_view during) {
       (context_->err == REDIS_ERR_EOF ||
        (context_->err == REDIS_ERR_IO &&
         (saved_errno == ECONNRESET || saved_errno == EPIPE || saved_errno == ECONNABORTED)));
-  throw context_error(context_.get(), saved_errno, during);
+  const RedisError error = context_error(context_.get(), saved_errno, during);
+  if (closed_by_server_ && !answered_) throw closed_unanswered(error);
+  throw error;
 }
 
 }  // namespace idem::detail

@@ -56,10 +56,24 @@ RedisError reply_error(const redisReply& reply, std::string_view during) {
   return RedisError(prefix(during) + std::string(reply.str, reply.len), retryable);
 }
 
+bool closed_by_server(const std::error_code& error) noexcept {
+  // Asio's own enumerators: standalone Asio reports socket errors in its own category
+  // ("asio.system"), which std::errc conditions do not match.
+  return error == asio::error::eof || error == asio::ssl::error::stream_truncated ||
+         error == asio::error::connection_reset || error == asio::error::broken_pipe ||
+         error == asio::error::connection_aborted;
+}
+
+RedisError closed_unanswered(const RedisError& error) {
+  return RedisError(std::string(error.what()) +
+                        " (the server closed it before any answer, as a TLS port does with "
+                        "a plaintext client: for a TLS port, use rediss://)",
+                    error.retryable());
+}
+
 RedisError io_error(const std::error_code& error, std::string_view during) {
   const std::string text = error.message();
-  if (error == asio::error::eof || error == asio::ssl::error::stream_truncated ||
-      error == std::errc::connection_reset || error == std::errc::broken_pipe) {
+  if (closed_by_server(error)) {
     return RedisError(prefix(during) + "connection closed by the server: " + text, true);
   }
   if (error.category() == asio::error::get_ssl_category()) {

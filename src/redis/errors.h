@@ -31,6 +31,16 @@ namespace idem::detail {
 /// except TLS certificate failures.
 [[nodiscard]] RedisError io_error(const std::error_code& error, std::string_view during);
 
+/// Whether `error`, of an Asio transport, says the server closed the connection: EOF, a TLS
+/// stream truncated, a reset, an abort or a broken pipe.
+[[nodiscard]] bool closed_by_server(const std::error_code& error) noexcept;
+
+/// `error`, for a plaintext (redis://) connection the server closed before answering anything,
+/// with its likely cause named: a TLS port (redis-server closes a connection whose first bytes
+/// are not a TLS handshake). Retryable as `error` is: a plaintext server restarting closes
+/// connections too.
+[[nodiscard]] RedisError closed_unanswered(const RedisError& error);
+
 /// A command (or a connect) that outlived its timeout, in ms (retryable).
 [[nodiscard]] RedisError timeout_error(long long timeout_ms, std::string_view during);
 

@@ -103,8 +103,7 @@ void TlsTransport::append(std::span<const std::string_view> args) {
 ReplyPtr TlsTransport::read_reply() {
   Impl& d = *impl_;
   const auto failed = [this](std::error_code error, std::string_view during) {
-    closed_by_server_ = error == asio::error::eof || error == asio::ssl::error::stream_truncated ||
-                        error == std::errc::connection_reset || error == std::errc::broken_pipe;
+    closed_by_server_ = detail::closed_by_server(error);
     return io_error(error, during);
   };
   if (!d.out.empty()) {

@@ -389,6 +389,30 @@ TEST(RedisAsync, TlsConnectionVerifiesTheServer) {
   EXPECT_EQ(server.cli({"GET", "over-tls"}), "yes");
 }
 
+// redis-server closes, unanswered, a connection whose first bytes are not a TLS handshake: the
+// error names the likely cause, a redis:// URL at a TLS port.
+TEST(RedisAsync, ARedisUrlAtATlsPortSaysToUseRediss) {
+  const test::TestCertificates certs;
+  const int tls_port = test::free_port();
+  test::RedisServer server(
+      false, {"--tls-port", std::to_string(tls_port), "--tls-cert-file", certs.server_cert(),
+              "--tls-key-file", certs.server_key(), "--tls-ca-cert-file", certs.ca_file(),
+              "--tls-auth-clients", "no"});
+  run_coroutine([&](auto executor) -> asio::awaitable<void> {
+    auto plain = AsyncConnection::create(
+        executor, settings_for("redis://127.0.0.1:" + std::to_string(tls_port) + "/0"));
+    try {
+      const Args ping{"PING"};
+      (void)co_await plain->exec(ping, asio::use_awaitable);
+      ADD_FAILURE() << "a TLS port answered a plaintext PING";
+    } catch (const RedisError& error) {
+      EXPECT_TRUE(error.retryable()) << error.what();
+      EXPECT_NE(std::string(error.what()).find("use rediss://"), std::string::npos) << error.what();
+    }
+    plain->close();
+  });
+}
+
 TEST(RedisAsync, MissingTlsFileIsAConfigError) {
   asio::io_context io;
   EXPECT_THROW(

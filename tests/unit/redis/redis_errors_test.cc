@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 #include <hiredis/hiredis.h>
 
+#include <asio/error.hpp>
+#include <asio/ssl/error.hpp>
 #include <cerrno>
 #include <cstring>
 #include <string>
@@ -71,6 +73,30 @@ TEST(RedisErrors, ContextErrorsByKind) {
       failed_context(REDIS_ERR_PROTOCOL, "Protocol error, got \"x\" as reply type byte");
   EXPECT_FALSE(context_error(&protocol, 0, "EVALSHA").retryable());
   EXPECT_TRUE(context_error(nullptr, 0, "connect").retryable());
+}
+
+// Standalone Asio reports socket errors in a category of its own, which std::errc conditions do
+// not match: a reset compared with std::errc::connection_reset was not the server closing.
+TEST(RedisErrors, AsioResetsAndBrokenPipesAreTheServerClosing) {
+  for (const std::error_code closed :
+       {std::error_code(asio::error::eof), std::error_code(asio::ssl::error::stream_truncated),
+        std::error_code(asio::error::connection_reset), std::error_code(asio::error::broken_pipe),
+        std::error_code(asio::error::connection_aborted)}) {
+    EXPECT_TRUE(closed_by_server(closed)) << closed.message();
+    const RedisError error = io_error(closed, "read");
+    EXPECT_TRUE(error.retryable());
+    EXPECT_NE(std::string(error.what()).find("connection closed by the server"), std::string::npos)
+        << error.what();
+  }
+  EXPECT_FALSE(closed_by_server(asio::error::timed_out));
+  EXPECT_FALSE(closed_by_server(asio::error::operation_aborted));
+  EXPECT_FALSE(closed_by_server(asio::error::connection_refused));
+}
+
+TEST(RedisErrors, AnUnansweredPlaintextConnectionNamesTls) {
+  const RedisError closed = closed_unanswered(io_error(asio::error::connection_reset, "read"));
+  EXPECT_TRUE(closed.retryable());
+  EXPECT_NE(std::string(closed.what()).find("use rediss://"), std::string::npos) << closed.what();
 }
 
 }  // namespace
