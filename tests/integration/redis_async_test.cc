@@ -345,13 +345,33 @@ TEST(RedisAsync, LoopKeepsRunningWhileRedisIsStopped) {
   test::expect_loop_never_blocked(probe, deadline);
 }
 
+// The error a PING on `connection` ends with; a failure of the test (`why`) when it succeeds.
+asio::awaitable<RedisError> ping_failure(std::shared_ptr<AsyncConnection> connection,
+                                         std::string why) {
+  try {
+    const Args ping{"PING"};
+    (void)co_await connection->exec(ping, asio::use_awaitable);
+  } catch (const RedisError& error) {
+    co_return error;
+  }
+  ADD_FAILURE() << why;
+  co_return RedisError("the PING succeeded", false);
+}
+
+// A redis-server with a TLS port, its certificates signed by a throwaway CA.
+struct TlsRedis {
+  test::TestCertificates certs;
+  int tls_port = test::free_port();
+  test::RedisServer server{false,
+                           {"--tls-port", std::to_string(tls_port), "--tls-cert-file",
+                            certs.server_cert(), "--tls-key-file", certs.server_key(),
+                            "--tls-ca-cert-file", certs.ca_file(), "--tls-auth-clients", "no"}};
+};
+
 TEST(RedisAsync, TlsConnectionVerifiesTheServer) {
-  const test::TestCertificates certs;
-  const int tls_port = test::free_port();
-  test::RedisServer server(
-      false, {"--tls-port", std::to_string(tls_port), "--tls-cert-file", certs.server_cert(),
-              "--tls-key-file", certs.server_key(), "--tls-ca-cert-file", certs.ca_file(),
-              "--tls-auth-clients", "no"});
+  const TlsRedis tls;
+  const test::TestCertificates& certs = tls.certs;
+  const int tls_port = tls.tls_port;
   const std::string base = "rediss://127.0.0.1:" + std::to_string(tls_port) + "/0";
   run_coroutine([&](auto executor) -> asio::awaitable<void> {
     auto secure =
@@ -366,49 +386,32 @@ TEST(RedisAsync, TlsConnectionVerifiesTheServer) {
 
     auto untrusted =
         AsyncConnection::create(executor, settings_for(base + "?ca_file=" + certs.other_ca_file()));
-    try {
-      const Args cmd18{"PING"};
-      (void)co_await untrusted->exec(cmd18, asio::use_awaitable);
-      ADD_FAILURE() << "a server signed by another CA must be refused";
-    } catch (const RedisError& error) {
-      EXPECT_FALSE(error.retryable()) << error.what();
-      EXPECT_NE(std::string(error.what()).find("TLS"), std::string::npos) << error.what();
-    }
+    const RedisError foreign_ca =
+        co_await ping_failure(untrusted, "a server signed by another CA must be refused");
+    EXPECT_FALSE(foreign_ca.retryable()) << foreign_ca.what();
+    EXPECT_NE(std::string(foreign_ca.what()).find("TLS"), std::string::npos) << foreign_ca.what();
 
     auto wrong_name = AsyncConnection::create(
         executor,
         settings_for(base + "?ca_file=" + certs.ca_file() + "&server_name=redis.example"));
-    try {
-      const Args cmd19{"PING"};
-      (void)co_await wrong_name->exec(cmd19, asio::use_awaitable);
-      ADD_FAILURE() << "a certificate for another name must be refused";
-    } catch (const RedisError& error) {
-      EXPECT_FALSE(error.retryable()) << error.what();
-    }
+    const RedisError other_name =
+        co_await ping_failure(wrong_name, "a certificate for another name must be refused");
+    EXPECT_FALSE(other_name.retryable()) << other_name.what();
   });
-  EXPECT_EQ(server.cli({"GET", "over-tls"}), "yes");
+  EXPECT_EQ(tls.server.cli({"GET", "over-tls"}), "yes");
 }
 
 // redis-server closes, unanswered, a connection whose first bytes are not a TLS handshake: the
 // error names the likely cause, a redis:// URL at a TLS port.
 TEST(RedisAsync, ARedisUrlAtATlsPortSaysToUseRediss) {
-  const test::TestCertificates certs;
-  const int tls_port = test::free_port();
-  test::RedisServer server(
-      false, {"--tls-port", std::to_string(tls_port), "--tls-cert-file", certs.server_cert(),
-              "--tls-key-file", certs.server_key(), "--tls-ca-cert-file", certs.ca_file(),
-              "--tls-auth-clients", "no"});
+  const TlsRedis tls;
+  const int tls_port = tls.tls_port;
   run_coroutine([&](auto executor) -> asio::awaitable<void> {
     auto plain = AsyncConnection::create(
         executor, settings_for("redis://127.0.0.1:" + std::to_string(tls_port) + "/0"));
-    try {
-      const Args ping{"PING"};
-      (void)co_await plain->exec(ping, asio::use_awaitable);
-      ADD_FAILURE() << "a TLS port answered a plaintext PING";
-    } catch (const RedisError& error) {
-      EXPECT_TRUE(error.retryable()) << error.what();
-      EXPECT_NE(std::string(error.what()).find("use rediss://"), std::string::npos) << error.what();
-    }
+    const RedisError closed = co_await ping_failure(plain, "a TLS port answered a plaintext PING");
+    EXPECT_TRUE(closed.retryable()) << closed.what();
+    EXPECT_NE(std::string(closed.what()).find("use rediss://"), std::string::npos) << closed.what();
     plain->close();
   });
 }
