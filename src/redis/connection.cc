@@ -140,7 +140,9 @@ void Connection::fail(int saved_errno, std::string_view during) {
        (context_->err == REDIS_ERR_IO &&
         (saved_errno == ECONNRESET || saved_errno == EPIPE || saved_errno == ECONNABORTED)));
   const RedisError error = context_error(context_.get(), saved_errno, during);
-  if (closed_by_server_ && !answered_) throw closed_unanswered(error);
+  if (closed_by_server_ && !answered_ && context_->connection_type == REDIS_CONN_TCP) {
+    throw closed_unanswered(error);
+  }
   throw error;
 }
 

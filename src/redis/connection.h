@@ -52,8 +52,9 @@ class Connection {
   /// the stream may hold a late or partial reply, so the connection must not be used again.
   [[nodiscard]] bool broken() const noexcept { return broken_; }
 
-  /// True when the failure showed the server had closed the connection (EOF, reset, broken
-  /// pipe) rather than a timeout: typical of an idle pooled connection after a server restart.
+  /// True when the failure showed the server had closed the connection (EOF, reset, abort,
+  /// broken pipe) rather than a timeout: typical of an idle pooled connection after a server
+  /// restart.
   [[nodiscard]] bool closed_by_server() const noexcept { return closed_by_server_; }
 
  private:

@@ -57,8 +57,8 @@ RedisError reply_error(const redisReply& reply, std::string_view during) {
 }
 
 bool closed_by_server(const std::error_code& error) noexcept {
-  // Asio's own enumerators: standalone Asio reports socket errors in its own category
-  // ("asio.system"), which std::errc conditions do not match.
+  // Asio's own enumerators: standalone Asio 1.22 reports socket errors in its own category
+  // ("asio.system"), which it maps to no std::errc condition.
   return error == asio::error::eof || error == asio::ssl::error::stream_truncated ||
          error == asio::error::connection_reset || error == asio::error::broken_pipe ||
          error == asio::error::connection_aborted;
@@ -66,8 +66,9 @@ bool closed_by_server(const std::error_code& error) noexcept {
 
 RedisError closed_unanswered(const RedisError& error) {
   return RedisError(std::string(error.what()) +
-                        " (the server closed it before any answer, as a TLS port does with "
-                        "a plaintext client: for a TLS port, use rediss://)",
+                        " (no reply came before the server closed the connection, as a TLS "
+                        "port does with a plaintext client; if this port serves TLS, use a "
+                        "rediss:// URL)",
                     error.retryable());
 }
 

@@ -35,10 +35,10 @@ namespace idem::detail {
 /// stream truncated, a reset, an abort or a broken pipe.
 [[nodiscard]] bool closed_by_server(const std::error_code& error) noexcept;
 
-/// `error`, for a plaintext (redis://) connection the server closed before answering anything,
-/// with its likely cause named: a TLS port (redis-server closes a connection whose first bytes
-/// are not a TLS handshake). Retryable as `error` is: a plaintext server restarting closes
-/// connections too.
+/// `error`, for a plaintext TCP (redis://) connection the server closed before answering
+/// anything, with its likely cause named: a TLS port (redis-server closes a connection whose
+/// first bytes are not a TLS handshake). Retryable as `error` is: a plaintext server restarting
+/// closes connections too.
 [[nodiscard]] RedisError closed_unanswered(const RedisError& error);
 
 /// A command (or a connect) that outlived its timeout, in ms (retryable).

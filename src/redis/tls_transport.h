@@ -36,7 +36,8 @@ class TlsTransport {
   [[nodiscard]] ReplyPtr read_reply();
   /// Shuts the socket down so that a blocked read_reply() in another thread fails at once.
   void shutdown() noexcept;
-  /// Whether the last failure was the server closing the connection (EOF, reset).
+  /// Whether the last failure was the server closing the connection (EOF, reset, abort,
+  /// broken pipe).
   [[nodiscard]] bool closed_by_server() const noexcept { return closed_by_server_; }
 
  private:

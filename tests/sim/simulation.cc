@@ -1,7 +1,7 @@
 #include "simulation.h"
 
 #include <algorithm>
-#include <cerrno>
+#include <asio/error.hpp>
 #include <chrono>
 #include <exception>
 #include <functional>
@@ -145,10 +145,11 @@ std::exception_ptr connection_lost() { return pg_error("server closed the connec
 std::exception_ptr statement_cancelled() {
   return pg_error("canceling statement due to user request", "57014");
 }
-// An operation the driver cancelled, as Asio reports it (operation_aborted).
+// An operation the driver cancelled, as Asio reports it (operation_aborted, in Asio's own error
+// category: an ECANCELED of std::system_category() is another error code).
 std::exception_ptr operation_aborted() {
   return std::make_exception_ptr(
-      std::system_error(std::error_code(ECANCELED, std::system_category()), "operation aborted"));
+      std::system_error(asio::error::make_error_code(asio::error::operation_aborted)));
 }
 
 // ---- the seed's choices ------------------------------------------------------------------------

@@ -6,11 +6,13 @@
 
 #include <gtest/gtest.h>
 
+#include <asio/error.hpp>
 #include <functional>
 #include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "facade/in_process.h"
@@ -915,6 +917,17 @@ TEST(CallPlan, EveryDecisionIsCountedOnceWithItsLayerAndLatency) {
   ASSERT_EQ(d.events.size(), 2u);
   EXPECT_EQ(d.events[0].latency, std::chrono::microseconds(7000));
   EXPECT_EQ(d.events[0].key, "u1:refund:b1");
+}
+
+// An operation the driver cancelled ends with Asio's operation_aborted, in Asio's own error
+// category (an ECANCELED of std::system_category() is another error code): a stop's doing, never
+// a business failure.
+TEST(StepErrors, AsioOperationAbortedIsAStopsAbortNotABusinessFailure) {
+  const StepError aborted = classify(std::make_exception_ptr(
+      std::system_error(asio::error::make_error_code(asio::error::operation_aborted))));
+  EXPECT_EQ(aborted.kind, ErrorKind::kAborted);
+  const StepError other = classify(std::make_exception_ptr(std::runtime_error("boom")));
+  EXPECT_EQ(other.kind, ErrorKind::kOther);
 }
 
 }  // namespace
