@@ -3,9 +3,11 @@
 #include <sys/socket.h>
 
 #include <array>
+#include <asio/error.hpp>
 #include <cerrno>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "redis/errors.h"
@@ -111,9 +113,7 @@ void Connection::append(std::span<const std::string_view> args) {
 ReplyPtr Connection::read_reply() {
   if (tls_ != nullptr) {
     try {
-      ReplyPtr reply = tls_->read_reply();
-      answered_ = true;
-      return reply;
+      return tls_->read_reply();
     } catch (const RedisError&) {
       broken_ = true;
       closed_by_server_ = tls_->closed_by_server();
@@ -134,11 +134,12 @@ void Connection::shutdown() noexcept {
 
 void Connection::fail(int saved_errno, std::string_view during) {
   broken_ = true;
+  // hiredis's errno, read as the Asio transports' errors are: one rule for both.
   closed_by_server_ =
       context_ != nullptr &&
       (context_->err == REDIS_ERR_EOF ||
-       (context_->err == REDIS_ERR_IO &&
-        (saved_errno == ECONNRESET || saved_errno == EPIPE || saved_errno == ECONNABORTED)));
+       (context_->err == REDIS_ERR_IO && detail::closed_by_server(std::error_code(
+                                             saved_errno, asio::error::get_system_category()))));
   const RedisError error = context_error(context_.get(), saved_errno, during);
   if (closed_by_server_ && !answered_ && context_->connection_type == REDIS_CONN_TCP) {
     throw closed_unanswered(error);

@@ -69,7 +69,7 @@ class Connection {
   std::unique_ptr<TlsTransport> tls_;                      // rediss:// only
   bool broken_ = false;
   bool closed_by_server_ = false;
-  bool answered_ = false;  // a reply has come on this connection
+  bool answered_ = false;  // a reply has come on hiredis's (plaintext) socket
 };
 
 }  // namespace idem::detail
