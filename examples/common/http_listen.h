@@ -33,8 +33,8 @@ inline int bind_exclusive(httplib::Server& server, const std::string& host, int 
 
 /// SIGINT and SIGTERM for a cpp-httplib server. The constructor blocks them in the calling thread
 /// and in the threads it starts afterwards (construct it first in main()), so no handler is
-/// interrupted by one; watch() starts a thread that waits for one, prints `stopping on signal N`,
-/// makes stopping() true and stops the server. A signal that comes while the server is starting
+/// interrupted by one; watch() starts a thread that waits for one, makes stopping() true, prints
+/// `stopping on signal N` and stops the server. A signal that comes while the server is starting
 /// stops it once it listens (cpp-httplib's stop() does nothing before). The requests running
 /// then finish and are answered; handlers should refuse a request that comes later on a
 /// connection kept alive (cpp-httplib still reads one): stopping() says when.
@@ -52,8 +52,8 @@ class StopOnSignal {
     std::thread([this, &server] {
       int signal = 0;
       sigwait(&signals_, &signal);
+      stopping_ = true;  // before the line: a request sent once it is read is refused
       std::cout << "stopping on signal " << signal << std::endl;
-      stopping_ = true;
       while (!server.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
       server.stop();
     }).detach();
