@@ -5,6 +5,7 @@
 // answer is the example's own. Header-only.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <exception>
 #include <iostream>
@@ -53,6 +54,9 @@ inline Answer make_answer(int status, std::string body, bool replayed = false) {
 inline Answer stopping_answer() {
   return make_answer(503, R"({"error":"the service is stopping; retry"})");
 }
+
+/// How long a server that stops waits for the answers running before it cancels them.
+inline constexpr std::chrono::seconds kDrainFor{10};
 
 /// The HTTP status of an outcome: 200 executed or replayed, 409 in progress, 422 mismatch, 503
 /// unavailable.

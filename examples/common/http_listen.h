@@ -9,12 +9,17 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <csignal>
+#include <functional>
 #include <iostream>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 
 #include "common/flags.h"
+#include "common/http_answer.h"
 
 namespace examples {
 
@@ -37,9 +42,36 @@ inline int bind_exclusive(httplib::Server& server, const std::string& host, int 
 /// `stopping on signal N` and stops the server. A signal that comes while the server is starting
 /// stops it once it listens (cpp-httplib's stop() does nothing before). The requests running
 /// then finish and are answered; handlers should refuse a request that comes later on a
-/// connection kept alive (cpp-httplib still reads one): stopping() says when.
+/// connection kept alive (cpp-httplib still reads one): stopping() says when. When requests
+/// still run kDrainFor after the signal, watch()'s `overdue` is called (Deduplicator::shutdown():
+/// their handlers are told to stop, their claims kept until their leases end).
 class StopOnSignal {
+  struct State {
+    std::atomic<bool> stopping = false;
+    std::mutex mutex;
+    std::condition_variable woken;
+    bool drained = false;  // guarded by mutex
+  };
+
  public:
+  /// Until it is destroyed, `overdue` may be called; declare it after what `overdue` uses.
+  class Watching {
+   public:
+    /// The server stopped, or will not be waited for: `overdue` is not called from now on.
+    ~Watching() {
+      const std::lock_guard lock(state_->mutex);
+      state_->drained = true;
+      state_->woken.notify_all();
+    }
+    Watching(const Watching&) = delete;
+    Watching& operator=(const Watching&) = delete;
+
+   private:
+    friend class StopOnSignal;
+    explicit Watching(std::shared_ptr<State> state) : state_(std::move(state)) {}
+    std::shared_ptr<State> state_;
+  };
+
   StopOnSignal() {
     sigemptyset(&signals_);
     sigaddset(&signals_, SIGINT);
@@ -47,24 +79,32 @@ class StopOnSignal {
     pthread_sigmask(SIG_BLOCK, &signals_, nullptr);
   }
 
-  /// Starts the waiting thread, for `server` (which outlives the process's use of it).
-  void watch(httplib::Server& server) {
-    std::thread([this, &server] {
+  /// Starts the waiting thread, for `server` (which outlives the process's use of it). `overdue`
+  /// (may be empty) is called on that thread, kDrainFor after the signal, unless the returned
+  /// Watching is gone by then.
+  [[nodiscard]] Watching watch(httplib::Server& server, std::function<void()> overdue = {}) {
+    std::thread([state = state_, signals = signals_, &server, overdue = std::move(overdue)] {
       int signal = 0;
-      sigwait(&signals_, &signal);
-      stopping_ = true;  // before the line: a request sent once it is read is refused
+      sigwait(&signals, &signal);
+      state->stopping = true;  // before the line: a request sent once it is read is refused
       std::cout << "stopping on signal " << signal << std::endl;
       while (!server.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
       server.stop();
+      std::unique_lock lock(state->mutex);
+      if (state->woken.wait_for(lock, kDrainFor, [&] { return state->drained; }) || !overdue)
+        return;
+      std::cout << "cancelling what still runs after " << kDrainFor.count() << " s" << std::endl;
+      overdue();  // under the lock: ~Watching() waits for it
     }).detach();
+    return Watching(state_);
   }
 
   /// Whether a signal came: a request that comes now should be refused (503).
-  [[nodiscard]] bool stopping() const noexcept { return stopping_; }
+  [[nodiscard]] bool stopping() const noexcept { return state_->stopping; }
 
  private:
   sigset_t signals_{};
-  std::atomic<bool> stopping_ = false;
+  std::shared_ptr<State> state_ = std::make_shared<State>();
 };
 
 }  // namespace examples

@@ -124,9 +124,6 @@ class Answering {
   std::function<void()> on_idle_;
 };
 
-/// How long a stop waits for the answers running before it cancels them.
-inline constexpr std::chrono::seconds kDrainFor{10};
-
 /// Serves HTTP on `host`:`port` (0: a free port) with RESTinio on `io`, each request answered by
 /// `route` on the loop (its idem calls started through `answering`), and runs `io` until SIGINT
 /// or SIGTERM. Then the server takes no new connection, answers a request that comes on an open

@@ -318,7 +318,7 @@ int main(int argc, char** argv) {
               << "\n";
     return 1;
   }
-  stop.watch(server);
+  const auto watching = stop.watch(server);
   std::cout << "listening on http://" << settings.host << ":" << port << std::endl;
   server.listen_after_bind();
   std::cout << "stopped" << std::endl;

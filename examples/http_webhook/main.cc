@@ -24,6 +24,7 @@
 #include <httplib.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -32,8 +33,8 @@
 #include <optional>
 #include <pqxx/pqxx>
 #include <stdexcept>
+#include <stop_token>
 #include <string>
-#include <thread>
 
 #include "common/flags.h"
 #include "common/http_listen.h"
@@ -61,9 +62,20 @@ std::unique_ptr<idem::Deduplicator> make_deduplicator(
   return std::make_unique<idem::Deduplicator>(std::move(options));
 }
 
+// The slow payment gateway: waits `delay`, or less when the call's stop is requested (a stop of
+// the server whose drain ran out); then it throws idem::Cancelled, as a handler that sees its
+// stop does (the call ends cancelled, its claim kept; another error would reach the caller).
+void call_gateway(std::chrono::milliseconds delay, const std::stop_token& stop) {
+  std::mutex mutex;
+  std::condition_variable_any woken;
+  std::unique_lock lock(mutex);
+  woken.wait_for(lock, stop, delay, [] { return false; });
+  if (stop.stop_requested()) throw idem::Cancelled("stopped while the payment gateway ran");
+}
+
 // The business effect, in idem's transaction: the balance update and a refund row.
-std::string book_refund(pqxx::transaction_base& tx, const Settings& s, const idem::Request& request,
-                        const webhook::Refund& r) {
+std::string book_refund(pqxx::transaction_base& tx, const idem::Context& context, const Settings& s,
+                        const idem::Request& request, const webhook::Refund& r) {
   const std::string schema = tx.quote_name(s.service.schema);
   const pqxx::result balance =
       tx.exec_params(webhook::balance_update_sql(schema), r.amount_cents, r.account);
@@ -75,7 +87,7 @@ std::string book_refund(pqxx::transaction_base& tx, const Settings& s, const ide
   } catch (const pqxx::unique_violation&) {
     throw webhook::KeyReused();
   }
-  std::this_thread::sleep_for(s.handler_delay);
+  call_gateway(s.handler_delay, context.stop_token());
   return webhook::refund_response(id[0].as<std::int64_t>(), r, balance[0][0].as<std::int64_t>());
 }
 
@@ -96,8 +108,10 @@ void handle_refund(const Settings& s, idem::Deduplicator& dedup, const httplib::
     return send(res, webhook::error_answer(400, e.what()));
   }
   try {
-    const idem::Outcome outcome = dedup.run_transactional(
-        request, [&](pqxx::transaction_base& tx) { return book_refund(tx, s, request, refund); });
+    const idem::Outcome outcome =
+        dedup.run_transactional(request, [&](pqxx::transaction_base& tx, idem::Context& context) {
+          return book_refund(tx, context, s, request, refund);
+        });
     send(res, webhook::outcome_answer(outcome, s.replay_marker_in_body));
   } catch (const std::exception&) {
     send(res, webhook::failure_answer(std::current_exception(), request.request_id,
@@ -137,7 +151,8 @@ int main(int argc, char** argv) {
     if (port < 0)
       throw std::runtime_error("cannot listen on " + settings.host + ":" +
                                std::to_string(settings.port));
-    stop.watch(server);
+    // Refunds still running kDrainFor after a signal are cancelled: their claims are kept.
+    const auto watching = stop.watch(server, [&dedup] { dedup->shutdown(); });
     std::cout << "listening on http://" << settings.host << ":" << port << std::endl;
     server.listen_after_bind();
     std::cout << "stopped\n" << metrics->prometheus_text() << std::flush;

@@ -49,10 +49,11 @@ struct Reply {
   std::string body;
 };
 
-// POSTs `body` to /refunds on 127.0.0.1:`port`.
-Reply post_refund(int port, const std::string& body, const httplib::Headers& headers) {
+// POSTs `body` to /refunds on 127.0.0.1:`port`, waiting up to `timeout` for the answer.
+Reply post_refund(int port, const std::string& body, const httplib::Headers& headers,
+                  seconds timeout = seconds(10)) {
   httplib::Client client("127.0.0.1", port);
-  client.set_read_timeout(seconds(10));
+  client.set_read_timeout(timeout);
   const auto result = client.Post("/refunds", headers, body, "application/json");
   if (!result) return {};
   return {result->status, result->get_header_value("Idempotent-Replayed") == "true",
@@ -68,6 +69,13 @@ std::string refund_body(const std::string& order, int account, std::int64_t amou
 // The Idempotency-Key header holding `key` (an RFC 9651 string: quoted).
 httplib::Headers key_header(const std::string& key) {
   return {{"Idempotency-Key", "\"" + key + "\""}};
+}
+
+// Whether the claim of `order` (the business key) is in `server`'s Redis.
+bool claimed(const ExampleServer& server, const std::string& order) {
+  const std::vector<std::string> keys = server.keys();
+  return std::any_of(keys.begin(), keys.end(),
+                     [&](const std::string& key) { return key.ends_with(":refund:" + order); });
 }
 
 // One server per suite, whose refunds each take kDelayMs.
@@ -88,12 +96,7 @@ class WebhookServerTest : public ::testing::Test {
   }
 
   // Whether the claim of `order` (the business key) is in Redis.
-  static bool claimed(const std::string& order) {
-    for (const auto& key : server_.keys()) {
-      if (key.ends_with(":refund:" + order)) return true;
-    }
-    return false;
-  }
+  static bool claimed(const std::string& order) { return test::claimed(server_, order); }
 
   static Reply post(const std::string& body, const httplib::Headers& headers) {
     return post_refund(server_.port, body, headers);
@@ -450,11 +453,7 @@ TEST(HttpWebhookStop, ARefundInFlightAtSigtermIsAnsweredAndBooked) {
     return result ? result->status : 0;
   };
   ASSERT_EQ(post_kept_alive("os-0", "stop-0", 40), 200) << server.process->tail();
-  const auto claimed = [&](const std::string& order) {
-    const std::vector<std::string> keys = server.keys();
-    return std::any_of(keys.begin(), keys.end(),
-                       [&](const std::string& key) { return key.ends_with(":refund:" + order); });
-  };
+  const auto claimed = [&](const std::string& order) { return test::claimed(server, order); };
   Reply reply;
   std::thread client(
       [&] { reply = post_refund(port, refund_body("os-1", 41, 100), key_header("stop-1")); });
@@ -479,6 +478,38 @@ TEST(HttpWebhookStop, ARefundInFlightAtSigtermIsAnsweredAndBooked) {
       "SELECT count(*) FROM " + server.schema + ".refund_records WHERE order_id = ";
   EXPECT_EQ(tx.exec1(booked + "'os-1'")[0].as<int>(), 1);
   EXPECT_EQ(tx.exec1(booked + "'os-2'")[0].as<int>(), 0);
+  tx.commit();
+  server.stop();  // drops its schema and keys
+}
+
+// SIGTERM while a refund runs past the drain (a payment gateway that hangs): the server waits
+// for it up to 10 s, then cancels it. It is answered 503 and books nothing; its claim stays until
+// its lease ends, so a retry meanwhile gets 409 and nothing runs twice; the server exits 0. The
+// blocking server waited for the refund as long as it ran: only a SIGKILL ended it.
+TEST(HttpWebhookStop, ARefundStillRunningWhenTheDrainEndsIsCancelledAndKeepsItsClaim) {
+  IDEM_REQUIRE_SERVICE(redis_url, "IDEM_TEST_REDIS_URL");
+  IDEM_REQUIRE_SERVICE(pg_url, "IDEM_TEST_PG_URL");
+  ExampleServer server;
+  server.start({IDEM_HTTP_WEBHOOK_BIN, "--handler-delay-ms", "60000"}, "webhook_drain");
+  const int port = server.port;
+  ASSERT_GT(port, 0) << server.process->tail();
+  Reply reply;
+  std::thread client([&] {
+    reply = post_refund(port, refund_body("od-1", 43, 100), key_header("drain-1"), seconds(40));
+  });
+  const bool in_flight = wait_until(seconds(5), [&] { return claimed(server, "od-1"); });
+  server.process->signal(SIGTERM);
+  client.join();
+  ASSERT_TRUE(in_flight) << server.process->tail();
+  EXPECT_EQ(reply.status, 503) << reply.body << "\n" << server.process->tail();
+  EXPECT_EQ(server.process->wait_exit(seconds(10)), 0) << server.process->tail();
+  EXPECT_TRUE(claimed(server, "od-1"));
+  pqxx::connection conn(server.pg_url);
+  pqxx::work tx(conn);
+  EXPECT_EQ(tx.exec1("SELECT count(*) FROM " + server.schema +
+                     ".refund_records WHERE order_id = 'od-1'")[0]
+                .as<int>(),
+            0);
   tx.commit();
   server.stop();  // drops its schema and keys
 }
