@@ -13,8 +13,9 @@
 //   200 executed, or a replay of the first response (`Idempotent-Replayed: true`); 400 no or an
 //   invalid key, a malformed body; 404 unknown account (the key is released); 409 the first
 //   request for this order still runs (Retry-After: 1); 422 the key or order was used with
-//   another payload; 503 a backend is unavailable, nothing was executed (Retry-After: 1). With
-//   --replay-marker-in-body a replayed body also starts with `"idempotent_replayed":true`.
+//   another payload; 503 a backend is unavailable, nothing was executed (Retry-After: 1), or the
+//   server stopped while the refund ran (its claim kept: a retry gets 409 until its lease ends).
+//   With --replay-marker-in-body a replayed body also starts with `"idempotent_replayed":true`.
 //
 //   idem-async-webhook [--port 8080] [--host 127.0.0.1] [--redis-url URL] [--pg-url URL]
 //                      [--schema idem_webhook] [--ns webhook] [--pg-connections 32]

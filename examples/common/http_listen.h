@@ -6,6 +6,7 @@
 #include <httplib.h>
 #include <pthread.h>
 #include <sys/socket.h>
+#include <time.h>
 
 #include <atomic>
 #include <chrono>
@@ -43,24 +44,26 @@ inline int bind_exclusive(httplib::Server& server, const std::string& host, int 
 /// stops it once it listens (cpp-httplib's stop() does nothing before). The requests running
 /// then finish and are answered; handlers should refuse a request that comes later on a
 /// connection kept alive (cpp-httplib still reads one): stopping() says when. When requests
-/// still run kDrainFor after the signal, watch()'s `overdue` is called (Deduplicator::shutdown():
-/// their handlers are told to stop, their claims kept until their leases end).
+/// still run kDrainFor after the server was stopped, or at a second signal, watch()'s `overdue`
+/// is called (Deduplicator::shutdown(): the handlers' stop tokens are requested and their running
+/// statements cancelled; a handler that ignores its token is still waited for).
 class StopOnSignal {
   struct State {
     std::atomic<bool> stopping = false;
     std::mutex mutex;
     std::condition_variable woken;
-    bool drained = false;  // guarded by mutex
+    bool done = false;  // guarded by mutex: ~Watching() ran
   };
 
  public:
-  /// Until it is destroyed, `overdue` may be called; declare it after what `overdue` uses.
+  /// Until it is destroyed, the waiting thread may use the server and call `overdue`: declare it
+  /// after both the server and what `overdue` uses.
   class Watching {
    public:
-    /// The server stopped, or will not be waited for: `overdue` is not called from now on.
+    /// From now on, the waiting thread uses neither (it waits for one that is in use).
     ~Watching() {
       const std::lock_guard lock(state_->mutex);
-      state_->drained = true;
+      state_->done = true;
       state_->woken.notify_all();
     }
     Watching(const Watching&) = delete;
@@ -79,21 +82,30 @@ class StopOnSignal {
     pthread_sigmask(SIG_BLOCK, &signals_, nullptr);
   }
 
-  /// Starts the waiting thread, for `server` (which outlives the process's use of it). `overdue`
-  /// (may be empty) is called on that thread, kDrainFor after the signal, unless the returned
-  /// Watching is gone by then.
+  /// Starts the waiting thread, for `server`. `overdue` (may be empty; must not throw) is called
+  /// on that thread kDrainFor after the server was stopped, or at a second signal, unless the
+  /// returned Watching is gone by then.
   [[nodiscard]] Watching watch(httplib::Server& server, std::function<void()> overdue = {}) {
     std::thread([state = state_, signals = signals_, &server, overdue = std::move(overdue)] {
       int signal = 0;
       sigwait(&signals, &signal);
       state->stopping = true;  // before the line: a request sent once it is read is refused
       std::cout << "stopping on signal " << signal << std::endl;
-      while (!server.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      std::unique_lock lock(state->mutex);  // held while the server is used
+      while (!state->done && !server.is_running())
+        state->woken.wait_for(lock, std::chrono::milliseconds(1));
+      if (state->done) return;
       server.stop();
-      std::unique_lock lock(state->mutex);
-      if (state->woken.wait_for(lock, kDrainFor, [&] { return state->drained; }) || !overdue)
-        return;
-      std::cout << "cancelling what still runs after " << kDrainFor.count() << " s" << std::endl;
+      const auto overdue_at = std::chrono::steady_clock::now() + kDrainFor;
+      bool again = false;  // a second signal
+      while (!state->done && !again && std::chrono::steady_clock::now() < overdue_at) {
+        lock.unlock();
+        const timespec tick{0, 100'000'000};  // 100 ms
+        again = sigtimedwait(&signals, nullptr, &tick) > 0;
+        lock.lock();
+      }
+      if (state->done || !overdue) return;
+      std::cout << "cancelling what still runs" << (again ? ": a second signal" : "") << std::endl;
       overdue();  // under the lock: ~Watching() waits for it
     }).detach();
     return Watching(state_);

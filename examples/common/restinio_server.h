@@ -106,6 +106,9 @@ class Answering {
     });
   }
 
+  /// From now on, stopping() is true: a request that comes is refused.
+  void refuse() noexcept { stopping_ = true; }
+
   /// From now on, stopping() is true; calls `fn` once no answer runs: now, or when the last one
   /// running completes.
   void stop_then(std::function<void()> fn) {
@@ -128,8 +131,9 @@ class Answering {
 /// `route` on the loop (its idem calls started through `answering`), and runs `io` until SIGINT
 /// or SIGTERM. Then the server takes no new connection, answers a request that comes on an open
 /// one 503 (Retry-After: 1, Connection: close: it ran nothing), and the answers running finish
-/// and are sent; those still running after kDrainFor are cancelled (dedup.shutdown(): their claims
-/// stay until their leases end, and they answer as a cancelled call does). Then `dedup` closes (its
+/// and are sent; those still running after kDrainFor, or at a second signal, are cancelled
+/// (dedup.shutdown(): their claims stay until their leases end, and they answer as a cancelled
+/// call does). Then `dedup` closes (its
 /// idle connections would keep the loop going) and `io` stops. Prints `listening on
 /// http://HOST:PORT` once the port is bound, `stopping on signal N` on a signal, and at the end
 /// `stopped` and the text of `metrics`. Throws what opening the server threw (e.g. the port is
@@ -180,8 +184,14 @@ inline void serve_until_signal(
       });
   signals.async_wait([&](const asio::error_code& error, int signal) {
     if (error) return;
+    answering.refuse();  // before the line: a request sent once it is read is refused
     std::cout << "stopping on signal " << signal << std::endl;
     server.close_async(drain, [&](const std::exception_ptr&) { drain(); });
+    signals.async_wait([&](const asio::error_code& again, int) {
+      if (again) return;
+      std::cout << "cancelling what still runs: a second signal" << std::endl;
+      dedup.shutdown();
+    });
   });
   io.run();
   if (failure) std::rethrow_exception(failure);

@@ -320,7 +320,10 @@ int main(int argc, char** argv) {
   }
   const auto watching = stop.watch(server);
   std::cout << "listening on http://" << settings.host << ":" << port << std::endl;
-  server.listen_after_bind();
+  if (!server.listen_after_bind()) {
+    std::cerr << "idem-fc-runtime: accepting connections failed\n";
+    return 1;
+  }
   std::cout << "stopped" << std::endl;
   return 0;
 }

@@ -14,7 +14,8 @@
 //   422  the key, or the order, was used before with another payload
 // One refund per order: the order is the business key, so a double-click that sent a fresh
 // Idempotency-Key is a duplicate of the first refund too (200 with Idempotent-Replayed).
-//   503  a backend is unavailable; nothing was executed (Retry-After: 1)
+//   503  a backend is unavailable; nothing was executed (Retry-After: 1). Or the server stopped
+//        while the refund ran: cancelled, its claim kept, so a retry gets 409 until its lease ends.
 //
 //   idem-http-webhook [--port 8080] [--host 127.0.0.1] [--redis-url URL] [--pg-url URL]
 //                     [--schema idem_webhook] [--ns webhook] [--pg-connections 32]
@@ -63,14 +64,19 @@ std::unique_ptr<idem::Deduplicator> make_deduplicator(
 }
 
 // The slow payment gateway: waits `delay`, or less when the call's stop is requested (a stop of
-// the server whose drain ran out); then it throws idem::Cancelled, as a handler that sees its
-// stop does (the call ends cancelled, its claim kept; another error would reach the caller).
+// the server whose drain ran out). Cut short, it throws idem::Cancelled, as a handler that sees
+// its stop should: the transaction rolls back and the call throws idem::Cancelled (503), its claim
+// kept until its lease ends (another exception would be answered 500, the claim kept too). A real
+// gateway is sent the refund's idempotency key: what a cut-short call sent it must not be paid
+// again by the retry that runs once the lease ends.
 void call_gateway(std::chrono::milliseconds delay, const std::stop_token& stop) {
   std::mutex mutex;
   std::condition_variable_any woken;
   std::unique_lock lock(mutex);
-  woken.wait_for(lock, stop, delay, [] { return false; });
-  if (stop.stop_requested()) throw idem::Cancelled("stopped while the payment gateway ran");
+  const auto until = std::chrono::steady_clock::now() + delay;
+  woken.wait_until(lock, stop, until, [] { return false; });
+  if (stop.stop_requested() && std::chrono::steady_clock::now() < until)
+    throw idem::Cancelled("stopped while the payment gateway ran");
 }
 
 // The business effect, in idem's transaction: the balance update and a refund row.
@@ -154,7 +160,7 @@ int main(int argc, char** argv) {
     // Refunds still running kDrainFor after a signal are cancelled: their claims are kept.
     const auto watching = stop.watch(server, [&dedup] { dedup->shutdown(); });
     std::cout << "listening on http://" << settings.host << ":" << port << std::endl;
-    server.listen_after_bind();
+    if (!server.listen_after_bind()) throw std::runtime_error("accepting connections failed");
     std::cout << "stopped\n" << metrics->prometheus_text() << std::flush;
     return 0;
   } catch (const std::exception& e) {

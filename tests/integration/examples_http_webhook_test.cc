@@ -16,6 +16,7 @@
 #include <pqxx/pqxx>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "examples_child.h"
@@ -482,36 +483,84 @@ TEST(HttpWebhookStop, ARefundInFlightAtSigtermIsAnsweredAndBooked) {
   server.stop();  // drops its schema and keys
 }
 
+// Whether a refund of `server` waits on its payment gateway: its transaction wrote the refund row
+// and is idle in it. (A call stopped before its handler started releases its claim instead.)
+bool refund_at_the_gateway(const ExampleServer& server) {
+  pqxx::connection conn(server.pg_url);
+  pqxx::nontransaction tx(conn);
+  return tx.exec_params1(
+               "SELECT count(*) FROM pg_stat_activity WHERE state = "
+               "'idle in transaction' AND query LIKE '%' || $1 || '%refund_records%'",
+               server.schema)[0]
+             .as<int>() > 0;
+}
+
+// Starts a refund whose payment gateway hangs (60 s), and SIGTERM once it waits there. Returns the
+// refund's answer, and the time from the signal to it; `more` runs after the signal.
+template <class More>
+std::pair<Reply, std::chrono::steady_clock::duration> refund_stopped_while_running(
+    ExampleServer& server, const std::string& order, More more) {
+  Reply reply;
+  std::thread client([&] {
+    reply = post_refund(server.port, refund_body(order, 43, 100), key_header(order), seconds(40));
+  });
+  const bool in_flight = wait_until(seconds(5), [&] { return refund_at_the_gateway(server); });
+  const auto signalled = std::chrono::steady_clock::now();
+  server.process->signal(SIGTERM);
+  more();
+  client.join();
+  EXPECT_TRUE(in_flight) << server.process->tail();
+  return {reply, std::chrono::steady_clock::now() - signalled};
+}
+
+// What a refund cancelled by a stop leaves: an answer 503, nothing booked, its claim kept until
+// its lease ends (so a retry meanwhile gets 409), an exit 0.
+void expect_cancelled_with_its_claim_kept(ExampleServer& server, const std::string& order,
+                                          const Reply& reply) {
+  EXPECT_EQ(reply.status, 503) << reply.body << "\n" << server.process->tail();
+  EXPECT_EQ(server.process->wait_exit(seconds(10)), 0) << server.process->tail();
+  EXPECT_TRUE(claimed(server, order));
+  pqxx::connection conn(server.pg_url);
+  pqxx::work tx(conn);
+  const std::string booked = "SELECT count(*) FROM " + server.schema +
+                             ".refund_records WHERE order_id = " + tx.quote(order);
+  EXPECT_EQ(tx.exec1(booked)[0].as<int>(), 0);
+  tx.commit();
+}
+
 // SIGTERM while a refund runs past the drain (a payment gateway that hangs): the server waits
-// for it up to 10 s, then cancels it. It is answered 503 and books nothing; its claim stays until
-// its lease ends, so a retry meanwhile gets 409 and nothing runs twice; the server exits 0. The
-// blocking server waited for the refund as long as it ran: only a SIGKILL ended it.
+// for it 10 s, then cancels it, and exits 0. The blocking server waited for the refund as long as
+// it ran: only a SIGKILL ended it.
 TEST(HttpWebhookStop, ARefundStillRunningWhenTheDrainEndsIsCancelledAndKeepsItsClaim) {
   IDEM_REQUIRE_SERVICE(redis_url, "IDEM_TEST_REDIS_URL");
   IDEM_REQUIRE_SERVICE(pg_url, "IDEM_TEST_PG_URL");
   ExampleServer server;
   server.start({IDEM_HTTP_WEBHOOK_BIN, "--handler-delay-ms", "60000"}, "webhook_drain");
-  const int port = server.port;
-  ASSERT_GT(port, 0) << server.process->tail();
-  Reply reply;
-  std::thread client([&] {
-    reply = post_refund(port, refund_body("od-1", 43, 100), key_header("drain-1"), seconds(40));
-  });
-  const bool in_flight = wait_until(seconds(5), [&] { return claimed(server, "od-1"); });
-  server.process->signal(SIGTERM);
-  client.join();
-  ASSERT_TRUE(in_flight) << server.process->tail();
-  EXPECT_EQ(reply.status, 503) << reply.body << "\n" << server.process->tail();
-  EXPECT_EQ(server.process->wait_exit(seconds(10)), 0) << server.process->tail();
-  EXPECT_TRUE(claimed(server, "od-1"));
-  pqxx::connection conn(server.pg_url);
-  pqxx::work tx(conn);
-  EXPECT_EQ(tx.exec1("SELECT count(*) FROM " + server.schema +
-                     ".refund_records WHERE order_id = 'od-1'")[0]
-                .as<int>(),
-            0);
-  tx.commit();
+  ASSERT_GT(server.port, 0) << server.process->tail();
+  const auto [reply, took] = refund_stopped_while_running(server, "od-1", [] {});
+  EXPECT_GE(took, milliseconds(9500)) << "the drain did not wait";
+  EXPECT_LT(took, seconds(30));
+  expect_cancelled_with_its_claim_kept(server, "od-1", reply);
   server.stop();  // drops its schema and keys
+}
+
+// A second signal (an operator's second Ctrl-C) cancels the refunds still running at once.
+TEST(HttpWebhookStop, ASecondSignalCancelsTheRefundsStillRunningAtOnce) {
+  IDEM_REQUIRE_SERVICE(redis_url, "IDEM_TEST_REDIS_URL");
+  IDEM_REQUIRE_SERVICE(pg_url, "IDEM_TEST_PG_URL");
+  ExampleServer server;
+  server.start({IDEM_HTTP_WEBHOOK_BIN, "--handler-delay-ms", "60000"}, "webhook_drain_again");
+  ASSERT_GT(server.port, 0) << server.process->tail();
+  const auto [reply, took] = refund_stopped_while_running(server, "oa-1", [&] {
+    EXPECT_TRUE(server.process->wait_for_line("stopping on signal", seconds(5)));
+    server.process->signal(SIGINT);
+  });
+  EXPECT_LT(took, seconds(8)) << "the second signal did not cut the drain short";
+  EXPECT_TRUE(
+      server.process->wait_for_line("cancelling what still runs: a second signal", seconds(5)))
+      << server.process->tail();
+  expect_cancelled_with_its_claim_kept(server, "oa-1", reply);
+  server.stop();
 }
 
 }  // namespace
