@@ -37,6 +37,7 @@ using std::chrono::seconds;
 #define HttpWebhookPgConnections AsyncHttpWebhookPgConnections
 #define HttpWebhookReplayMarker AsyncHttpWebhookReplayMarker
 #define HttpWebhookStop AsyncHttpWebhookStop
+#define HttpWebhookDrain AsyncHttpWebhookDrain
 #endif
 
 // The slow handler's refunds hold their claim this long (a slow gateway), so that repeats arrive
@@ -528,39 +529,42 @@ void expect_cancelled_with_its_claim_kept(ExampleServer& server, const std::stri
   tx.commit();
 }
 
+// A server whose payment gateway hangs (60 s), for the stops that cancel refunds still running.
+class HttpWebhookDrain : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    IDEM_REQUIRE_SERVICE(redis_url, "IDEM_TEST_REDIS_URL");
+    IDEM_REQUIRE_SERVICE(pg_url, "IDEM_TEST_PG_URL");
+    server_.start({IDEM_HTTP_WEBHOOK_BIN, "--handler-delay-ms", "60000"}, "webhook_drain");
+    ASSERT_GT(server_.port, 0) << server_.process->tail();
+  }
+
+  void TearDown() override { server_.stop(); }  // drops its schema and keys
+
+  ExampleServer server_;
+};
+
 // SIGTERM while a refund runs past the drain (a payment gateway that hangs): the server waits
 // for it 10 s, then cancels it, and exits 0. The blocking server waited for the refund as long as
 // it ran: only a SIGKILL ended it.
-TEST(HttpWebhookStop, ARefundStillRunningWhenTheDrainEndsIsCancelledAndKeepsItsClaim) {
-  IDEM_REQUIRE_SERVICE(redis_url, "IDEM_TEST_REDIS_URL");
-  IDEM_REQUIRE_SERVICE(pg_url, "IDEM_TEST_PG_URL");
-  ExampleServer server;
-  server.start({IDEM_HTTP_WEBHOOK_BIN, "--handler-delay-ms", "60000"}, "webhook_drain");
-  ASSERT_GT(server.port, 0) << server.process->tail();
-  const auto [reply, took] = refund_stopped_while_running(server, "od-1", [] {});
+TEST_F(HttpWebhookDrain, ARefundStillRunningWhenTheDrainEndsIsCancelledAndKeepsItsClaim) {
+  const auto [reply, took] = refund_stopped_while_running(server_, "od-1", [] {});
   EXPECT_GE(took, milliseconds(9500)) << "the drain did not wait";
   EXPECT_LT(took, seconds(30));
-  expect_cancelled_with_its_claim_kept(server, "od-1", reply);
-  server.stop();  // drops its schema and keys
+  expect_cancelled_with_its_claim_kept(server_, "od-1", reply);
 }
 
 // A second signal (an operator's second Ctrl-C) cancels the refunds still running at once.
-TEST(HttpWebhookStop, ASecondSignalCancelsTheRefundsStillRunningAtOnce) {
-  IDEM_REQUIRE_SERVICE(redis_url, "IDEM_TEST_REDIS_URL");
-  IDEM_REQUIRE_SERVICE(pg_url, "IDEM_TEST_PG_URL");
-  ExampleServer server;
-  server.start({IDEM_HTTP_WEBHOOK_BIN, "--handler-delay-ms", "60000"}, "webhook_drain_again");
-  ASSERT_GT(server.port, 0) << server.process->tail();
-  const auto [reply, took] = refund_stopped_while_running(server, "oa-1", [&] {
-    EXPECT_TRUE(server.process->wait_for_line("stopping on signal", seconds(5)));
-    server.process->signal(SIGINT);
+TEST_F(HttpWebhookDrain, ASecondSignalCancelsTheRefundsStillRunningAtOnce) {
+  const auto [reply, took] = refund_stopped_while_running(server_, "oa-1", [&] {
+    EXPECT_TRUE(server_.process->wait_for_line("stopping on signal", seconds(5)));
+    server_.process->signal(SIGINT);
   });
   EXPECT_LT(took, seconds(8)) << "the second signal did not cut the drain short";
   EXPECT_TRUE(
-      server.process->wait_for_line("cancelling what still runs: a second signal", seconds(5)))
-      << server.process->tail();
-  expect_cancelled_with_its_claim_kept(server, "oa-1", reply);
-  server.stop();
+      server_.process->wait_for_line("cancelling what still runs: a second signal", seconds(5)))
+      << server_.process->tail();
+  expect_cancelled_with_its_claim_kept(server_, "oa-1", reply);
 }
 
 }  // namespace
