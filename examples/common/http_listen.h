@@ -39,9 +39,11 @@ inline int bind_exclusive(httplib::Server& server, const std::string& host, int 
 
 /// SIGINT and SIGTERM for a cpp-httplib server. The constructor blocks them in the calling thread
 /// and in the threads it starts afterwards (construct it first in main()), so no handler is
-/// interrupted by one; watch() starts a thread that waits for one, makes stopping() true, prints
-/// `stopping on signal N` and stops the server. A signal that comes while the server is starting
-/// stops it once it listens (cpp-httplib's stop() does nothing before). The requests running
+/// interrupted by one, and starts a thread that waits for one. A signal that comes before watch()
+/// (the service still connecting to its backends, which may hang) ends the process at once, as
+/// the signal's default action does: nothing runs yet. From watch() on, a signal makes stopping()
+/// true, prints `stopping on signal N` and stops the server; one that comes before the server
+/// listens stops it once it does (cpp-httplib's stop() does nothing before). The requests running
 /// then finish and are answered; handlers should refuse a request that comes later on a
 /// connection kept alive (cpp-httplib still reads one): stopping() says when. When requests
 /// still run kDrainFor after the server was stopped, or at a second signal, watch()'s `overdue`
@@ -52,7 +54,9 @@ class StopOnSignal {
     std::atomic<bool> stopping = false;
     std::mutex mutex;
     std::condition_variable woken;
-    bool done = false;  // guarded by mutex: ~Watching() ran
+    httplib::Server* server = nullptr;  // guarded by mutex, as the two below: set by watch()
+    std::function<void()> overdue;
+    bool done = false;  // ~Watching() ran
   };
 
  public:
@@ -80,34 +84,16 @@ class StopOnSignal {
     sigaddset(&signals_, SIGINT);
     sigaddset(&signals_, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &signals_, nullptr);
+    std::thread([state = state_, signals = signals_] { wait(*state, signals); }).detach();
   }
 
-  /// Starts the waiting thread, for `server`. `overdue` (may be empty; must not throw) is called
-  /// on that thread kDrainFor after the server was stopped, or at a second signal, unless the
-  /// returned Watching is gone by then.
+  /// From now on a signal stops `server`. `overdue` (may be empty; must not throw) is called on
+  /// the waiting thread kDrainFor after the server was stopped, or at a second signal, unless
+  /// the returned Watching is gone by then. Call it once.
   [[nodiscard]] Watching watch(httplib::Server& server, std::function<void()> overdue = {}) {
-    std::thread([state = state_, signals = signals_, &server, overdue = std::move(overdue)] {
-      int signal = 0;
-      sigwait(&signals, &signal);
-      state->stopping = true;  // before the line: a request sent once it is read is refused
-      std::cout << "stopping on signal " << signal << std::endl;
-      std::unique_lock lock(state->mutex);  // held while the server is used
-      while (!state->done && !server.is_running())
-        state->woken.wait_for(lock, std::chrono::milliseconds(1));
-      if (state->done) return;
-      server.stop();
-      const auto overdue_at = std::chrono::steady_clock::now() + kDrainFor;
-      bool again = false;  // a second signal
-      while (!state->done && !again && std::chrono::steady_clock::now() < overdue_at) {
-        lock.unlock();
-        const timespec tick{0, 100'000'000};  // 100 ms
-        again = sigtimedwait(&signals, nullptr, &tick) > 0;
-        lock.lock();
-      }
-      if (state->done || !overdue) return;
-      std::cout << "cancelling what still runs" << (again ? ": a second signal" : "") << std::endl;
-      overdue();  // under the lock: ~Watching() waits for it
-    }).detach();
+    const std::lock_guard lock(state_->mutex);
+    state_->server = &server;
+    state_->overdue = std::move(overdue);
     return Watching(state_);
   }
 
@@ -115,6 +101,36 @@ class StopOnSignal {
   [[nodiscard]] bool stopping() const noexcept { return state_->stopping; }
 
  private:
+  static void wait(State& state, const sigset_t& signals) {
+    int signal = 0;
+    sigwait(&signals, &signal);
+    std::unique_lock lock(state.mutex);  // held while the server is used
+    if (state.server == nullptr) {
+      std::cout << "stopping on signal " << signal << " while starting" << std::endl;
+      std::signal(signal, SIG_DFL);
+      pthread_sigmask(SIG_UNBLOCK, &signals, nullptr);
+      raise(signal);  // ends the process
+      return;
+    }
+    state.stopping = true;  // before the line: a request sent once it is read is refused
+    std::cout << "stopping on signal " << signal << std::endl;
+    while (!state.done && !state.server->is_running())
+      state.woken.wait_for(lock, std::chrono::milliseconds(1));
+    if (state.done) return;
+    state.server->stop();
+    const auto overdue_at = std::chrono::steady_clock::now() + kDrainFor;
+    bool again = false;  // a second signal
+    while (!state.done && !again && std::chrono::steady_clock::now() < overdue_at) {
+      lock.unlock();
+      const timespec tick{0, 100'000'000};  // 100 ms
+      again = sigtimedwait(&signals, nullptr, &tick) > 0;
+      lock.lock();
+    }
+    if (state.done || !state.overdue) return;
+    std::cout << "cancelling what still runs" << (again ? ": a second signal" : "") << std::endl;
+    state.overdue();  // under the lock: ~Watching() waits for it
+  }
+
   sigset_t signals_{};
   std::shared_ptr<State> state_ = std::make_shared<State>();
 };

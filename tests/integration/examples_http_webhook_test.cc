@@ -4,6 +4,9 @@
 // against idem-async-webhook (RESTinio + AsyncDeduplicator), which must answer alike.
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -527,6 +530,33 @@ void expect_cancelled_with_its_claim_kept(ExampleServer& server, const std::stri
                              ".refund_records WHERE order_id = " + tx.quote(order);
   EXPECT_EQ(tx.exec1(booked)[0].as<int>(), 0);
   tx.commit();
+}
+
+// SIGTERM while the server starts and its PostgreSQL hangs (a port that accepts connections and
+// never answers): the server ends at once, as the signal's default action does; nothing ran yet.
+// The blocking server held the signal until it would listen, so it ran on until a SIGKILL.
+TEST(HttpWebhookStop, ASigtermWhileTheServerStartsEndsIt) {
+  IDEM_REQUIRE_SERVICE(redis_url, "IDEM_TEST_REDIS_URL");
+  const int silent = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(silent, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof address;
+  ASSERT_EQ(::bind(silent, reinterpret_cast<sockaddr*>(&address), length), 0);
+  ASSERT_EQ(::listen(silent, 4), 0);
+  ASSERT_EQ(::getsockname(silent, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  const std::string pg_url =
+      "postgresql://postgres@127.0.0.1:" + std::to_string(ntohs(address.sin_port)) +
+      "/idem?connect_timeout=0";
+  ChildProcess server({IDEM_HTTP_WEBHOOK_BIN, "--port", "0", "--redis-url", redis_url, "--pg-url",
+                       pg_url, "--schema", "webhook_starting", "--ns", "webhook_starting"});
+  // Its connection waits, unanswered, in the port's backlog: the server hangs on it.
+  pollfd connecting{silent, POLLIN, 0};
+  EXPECT_EQ(::poll(&connecting, 1, 10000), 1);
+  server.signal(SIGTERM);
+  EXPECT_EQ(server.wait_exit(seconds(5)), 128 + SIGTERM) << server.tail();
+  ::close(silent);
 }
 
 // A server whose payment gateway hangs (60 s), for the stops that cancel refunds still running.
