@@ -12,6 +12,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <csignal>
+#include <cstdlib>
 #include <functional>
 #include <iostream>
 #include <memory>
@@ -37,11 +38,13 @@ inline int bind_exclusive(httplib::Server& server, const std::string& host, int 
   return server.bind_to_port(host, port) ? port : -1;
 }
 
-/// SIGINT and SIGTERM for a cpp-httplib server. The constructor blocks them in the calling thread
-/// and in the threads it starts afterwards (construct it first in main()), so no handler is
-/// interrupted by one, and starts a thread that waits for one. A signal that comes before watch()
-/// (the service still connecting to its backends, which may hang) ends the process at once, as
-/// the signal's default action does: nothing runs yet. From watch() on, a signal makes stopping()
+/// SIGINT and SIGTERM for a cpp-httplib server. The constructor blocks them in the calling thread,
+/// and so in the threads that thread starts afterwards (construct it first in main()): no handler
+/// is interrupted by one. It starts a thread that waits for one (one the process inherited as
+/// ignored stays ignored). A signal that comes before watch() (the service still connecting to
+/// its backends, which may hang) ends the process at once, killed by it, or with exit status
+/// 128 + N where the kernel ignores the default action (a container's PID 1): nothing runs
+/// yet. From watch() on, a signal makes stopping()
 /// true, prints `stopping on signal N` and stops the server; one that comes before the server
 /// listens stops it once it does (cpp-httplib's stop() does nothing before). The requests running
 /// then finish and are answered; handlers should refuse a request that comes later on a
@@ -81,8 +84,11 @@ class StopOnSignal {
 
   StopOnSignal() {
     sigemptyset(&signals_);
-    sigaddset(&signals_, SIGINT);
-    sigaddset(&signals_, SIGTERM);
+    for (const int signal : {SIGINT, SIGTERM}) {
+      struct sigaction inherited {};
+      sigaction(signal, nullptr, &inherited);
+      if (inherited.sa_handler != SIG_IGN) sigaddset(&signals_, signal);
+    }
     pthread_sigmask(SIG_BLOCK, &signals_, nullptr);
     std::thread([state = state_, signals = signals_] { wait(*state, signals); }).detach();
   }
@@ -107,10 +113,12 @@ class StopOnSignal {
     std::unique_lock lock(state.mutex);  // held while the server is used
     if (state.server == nullptr) {
       std::cout << "stopping on signal " << signal << " while starting" << std::endl;
-      std::signal(signal, SIG_DFL);
+      struct sigaction default_action {};
+      default_action.sa_handler = SIG_DFL;
+      sigaction(signal, &default_action, nullptr);
       pthread_sigmask(SIG_UNBLOCK, &signals, nullptr);
-      raise(signal);  // ends the process
-      return;
+      raise(signal);             // ends the process, unless it is a container's PID 1
+      std::_Exit(128 + signal);  // then, as a shell reports a process the signal killed
     }
     state.stopping = true;  // before the line: a request sent once it is read is refused
     std::cout << "stopping on signal " << signal << std::endl;
