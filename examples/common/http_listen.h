@@ -43,15 +43,15 @@ inline int bind_exclusive(httplib::Server& server, const std::string& host, int 
 /// is interrupted by one. It starts a thread that waits for one (one the process inherited as
 /// ignored stays ignored). A signal that comes before watch() (the service still connecting to
 /// its backends, which may hang) ends the process at once, killed by it, or with exit status
-/// 128 + N where the kernel ignores the default action (a container's PID 1): nothing runs
-/// yet. From watch() on, a signal makes stopping()
-/// true, prints `stopping on signal N` and stops the server; one that comes before the server
-/// listens stops it once it does (cpp-httplib's stop() does nothing before). The requests running
-/// then finish and are answered; handlers should refuse a request that comes later on a
-/// connection kept alive (cpp-httplib still reads one): stopping() says when. When requests
-/// still run kDrainFor after the server was stopped, or at a second signal, watch()'s `overdue`
-/// is called (Deduplicator::shutdown(): the handlers' stop tokens are requested and their running
-/// statements cancelled; a handler that ignores its token is still waited for).
+/// 128 + N where the kernel ignores the default action (a container's PID 1): nothing runs yet.
+/// From watch() on, a signal makes stopping() true, prints `stopping on signal N` and stops the
+/// server; one that comes before the server listens stops it once it does (cpp-httplib's stop()
+/// does nothing before). The requests running then finish and are answered; handlers should refuse
+/// a request that comes later on a connection kept alive (cpp-httplib still reads one): stopping()
+/// says when. When requests still run kDrainFor after the server was stopped, or at a second
+/// signal, watch()'s `overdue` is called (Deduplicator::shutdown(): the handlers' stop tokens are
+/// requested and their running statements cancelled; a handler that ignores its token is still
+/// waited for).
 class StopOnSignal {
   struct State {
     std::atomic<bool> stopping = false;

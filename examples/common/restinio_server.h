@@ -133,11 +133,10 @@ class Answering {
 /// one 503 (Retry-After: 1, Connection: close: it ran nothing), and the answers running finish
 /// and are sent; those still running after kDrainFor, or at a second signal, are cancelled
 /// (dedup.shutdown(): their claims stay until their leases end, and they answer as a cancelled
-/// call does). Then `dedup` closes (its
-/// idle connections would keep the loop going) and `io` stops. Prints `listening on
-/// http://HOST:PORT` once the port is bound, `stopping on signal N` on a signal, and at the end
-/// `stopped` and the text of `metrics`. Throws what opening the server threw (e.g. the port is
-/// taken).
+/// call does). Then `dedup` closes (its idle connections would keep the loop going) and `io`
+/// stops. Prints `listening on http://HOST:PORT` once the port is bound, `stopping on signal N`
+/// on a signal, and at the end `stopped` and the text of `metrics`. Throws what opening the
+/// server threw (e.g. the port is taken).
 inline void serve_until_signal(
     asio::io_context& io, const std::string& host, int port,
     std::function<restinio::request_handling_status_t(const restinio::request_handle_t&)> route,

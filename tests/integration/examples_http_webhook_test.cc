@@ -83,6 +83,16 @@ bool claimed(const ExampleServer& server, const std::string& order) {
                      [&](const std::string& key) { return key.ends_with(":refund:" + order); });
 }
 
+// The refunds booked for `order` in `server`'s schema.
+std::int64_t refunds(const ExampleServer& server, const std::string& order) {
+  pqxx::connection conn(server.pg_url);
+  pqxx::work tx(conn);
+  return tx
+      .exec1("SELECT count(*) FROM " + server.schema +
+             ".refund_records WHERE order_id = " + tx.quote(order))[0]
+      .as<std::int64_t>();
+}
+
 // One server per suite, whose refunds each take kDelayMs.
 template <int kDelayMs>
 class WebhookServerTest : public ::testing::Test {
@@ -118,10 +128,7 @@ class WebhookServerTest : public ::testing::Test {
     return tx.exec1(sql)[0].as<std::int64_t>();
   }
 
-  static std::int64_t refunds(const std::string& order) {
-    return sql_count("SELECT count(*) FROM " + server_.schema +
-                     ".refund_records WHERE order_id = '" + order + "'");
-  }
+  static std::int64_t refunds(const std::string& order) { return test::refunds(server_, order); }
 
   static inline ExampleServer server_;
 };
@@ -458,11 +465,10 @@ TEST(HttpWebhookStop, ARefundInFlightAtSigtermIsAnsweredAndBooked) {
     return result ? result->status : 0;
   };
   ASSERT_EQ(post_kept_alive("os-0", "stop-0", 40), 200) << server.process->tail();
-  const auto claimed = [&](const std::string& order) { return test::claimed(server, order); };
   Reply reply;
   std::thread client(
       [&] { reply = post_refund(port, refund_body("os-1", 41, 100), key_header("stop-1")); });
-  const bool in_flight = wait_until(seconds(5), [&] { return claimed("os-1"); });
+  const bool in_flight = wait_until(seconds(5), [&] { return claimed(server, "os-1"); });
   server.process->signal(SIGTERM);
   ASSERT_TRUE(server.process->wait_for_line("stopping on signal", seconds(5)))
       << server.process->tail();
@@ -475,15 +481,10 @@ TEST(HttpWebhookStop, ARefundInFlightAtSigtermIsAnsweredAndBooked) {
 #else
   EXPECT_TRUE(refused == 503 || refused == 0) << refused;
 #endif
-  EXPECT_FALSE(claimed("os-2"));
+  EXPECT_FALSE(claimed(server, "os-2"));
   EXPECT_EQ(server.process->wait_exit(seconds(10)), 0) << server.process->tail();
-  pqxx::connection conn(server.pg_url);
-  pqxx::work tx(conn);
-  const std::string booked =
-      "SELECT count(*) FROM " + server.schema + ".refund_records WHERE order_id = ";
-  EXPECT_EQ(tx.exec1(booked + "'os-1'")[0].as<int>(), 1);
-  EXPECT_EQ(tx.exec1(booked + "'os-2'")[0].as<int>(), 0);
-  tx.commit();
+  EXPECT_EQ(refunds(server, "os-1"), 1);
+  EXPECT_EQ(refunds(server, "os-2"), 0);
   server.stop();  // drops its schema and keys
 }
 
@@ -524,12 +525,7 @@ void expect_cancelled_with_its_claim_kept(ExampleServer& server, const std::stri
   EXPECT_EQ(reply.status, 503) << reply.body << "\n" << server.process->tail();
   EXPECT_EQ(server.process->wait_exit(seconds(10)), 0) << server.process->tail();
   EXPECT_TRUE(claimed(server, order));
-  pqxx::connection conn(server.pg_url);
-  pqxx::work tx(conn);
-  const std::string booked = "SELECT count(*) FROM " + server.schema +
-                             ".refund_records WHERE order_id = " + tx.quote(order);
-  EXPECT_EQ(tx.exec1(booked)[0].as<int>(), 0);
-  tx.commit();
+  EXPECT_EQ(refunds(server, order), 0);
 }
 
 // SIGTERM while the server starts and its PostgreSQL hangs (a port that accepts connections and
