@@ -15,6 +15,7 @@ void Renewer::add(Renewable& call) {
   std::lock_guard lock(mutex_);
   if (!thread_.joinable()) thread_ = std::jthread([this](std::stop_token stop) { loop(stop); });
   calls_.insert(&call);
+  ++added_;
   changed_.notify_all();
 }
 
@@ -36,8 +37,12 @@ void Renewer::loop(const std::stop_token& stop) {
       }
     }
     if (due_call == nullptr || due > std::chrono::steady_clock::now()) {
-      // Woken by a new call, a removed one, the due time, or stop.
-      changed_.wait_until(lock, stop, due, [] { return false; });
+      // Ends with a new call (it may be due first), the due time, or stop. The predicate is what
+      // lets a notify end it: the stop_token overload waits again on a wake-up whose predicate is
+      // false, so an always-false one would sleep through every add() until the due time,
+      // forever when none was due.
+      const unsigned long seen = added_;
+      changed_.wait_until(lock, stop, due, [&] { return added_ != seen; });
       continue;
     }
     renewing_ = due_call;

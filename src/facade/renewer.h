@@ -43,6 +43,8 @@ class Renewer {
   std::condition_variable_any changed_;
   std::set<Renewable*> calls_;     // guarded by mutex_
   Renewable* renewing_ = nullptr;  // guarded by mutex_: the call being renewed now
+  unsigned long added_ = 0;        // guarded by mutex_: add() counts it up, so the thread's
+                                   // wait ends on a new call, not only at the due time
   std::jthread thread_;            // started by the first add()
 };
 

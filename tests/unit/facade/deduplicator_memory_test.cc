@@ -446,6 +446,27 @@ TEST(InMemoryFacadeLease, AutomaticRenewalKeepsALongHandlersClaim) {
   EXPECT_FALSE(outcome.lease_lost);  // 250 ms on a 100 ms lease: only renewals kept it
 }
 
+// The renewer thread, idle once the first call had ended, slept through the next calls' start:
+// only the handlers running when it first ran were renewed, and later ones lost their claims.
+TEST(InMemoryFacadeLease, AutomaticRenewalKeepsTheClaimOfACallAfterTheRenewerWentIdle) {
+  DeduplicatorOptions o;
+  o.guard = std::make_shared<InMemoryGuard>(
+      InMemoryGuardOptions{.lease = std::chrono::milliseconds(100)});
+  o.auto_renew_interval = std::chrono::milliseconds(20);
+  Deduplicator dedup(std::move(o));
+  for (const char* id : {"b13", "b14"}) {
+    ASSERT_EQ(dedup.run(request(id, id), [] { return std::string("quick"); }).kind,
+              Outcome::Kind::kExecuted);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the renewer has none due
+  }
+  const Outcome outcome = dedup.run(request("r2", "b15"), [&](Context& context) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    EXPECT_FALSE(context.lease_lost());
+    return std::string("done");
+  });
+  EXPECT_FALSE(outcome.lease_lost);
+}
+
 // A message re-sent with a new request ID in its body's requestId field (where
 // request_id_from_json() reads it) is a duplicate, not a mismatch: that field is left out of the
 // fingerprint.
