@@ -3,6 +3,7 @@
 #include <asio/associated_cancellation_slot.hpp>
 #include <asio/bind_cancellation_slot.hpp>
 #include <asio/cancellation_signal.hpp>
+#include <asio/detached.hpp>
 #include <asio/dispatch.hpp>
 #include <asio/redirect_error.hpp>
 #include <asio/this_coro.hpp>
@@ -242,7 +243,7 @@ void AsyncPgSink::give_back(const std::shared_ptr<PgAsyncConnection>& connection
 }
 
 asio::awaitable<PgResultPtr> AsyncPgSink::exec(Prepared statement, PgParams params,
-                                               bool cancellable) {
+                                               bool cancellable, std::optional<PgParams> release) {
   std::shared_ptr<PgAsyncConnection> connection = shared_connection();
   while (connection == nullptr) {
     co_await wait_for_connection(false);
@@ -258,6 +259,13 @@ asio::awaitable<PgResultPtr> AsyncPgSink::exec(Prepared statement, PgParams para
         asio::bind_cancellation_slot(asio::cancellation_slot(), asio::use_awaitable));
   } catch (const PostgresError&) {
     rethrow_own(std::current_exception());
+  } catch (const Cancelled&) {
+    // Sent or queued, the statement may still run. The connection runs its statements in order,
+    // so a release queued behind it runs after it and finds the row only if it wrote one.
+    if (release) {
+      connection->exec(prepared(Prepared::kRelease), std::move(*release), asio::detached);
+    }
+    throw;
   }
 }
 
@@ -272,7 +280,11 @@ asio::awaitable<SinkClaim> AsyncPgSink::claim(std::string_view key, std::string_
       // Named, as every PgParams here: GCC 12 cannot keep a temporary across a co_await.
       PgParams insert =
           pg_params(options_.ns, key, request_id, fingerprint, ms_text(options_.lease), owner);
-      inserted = co_await exec(Prepared::kClaim, std::move(insert), true);
+      // An attempt's own owner token fences the row: a claim cut short is released with it. A
+      // request ID is no such fence (a concurrent delivery of it may hold the row).
+      std::optional<PgParams> release;
+      if (!owner_token.empty()) release = pg_params(options_.ns, key, owner_token);
+      inserted = co_await exec(Prepared::kClaim, std::move(insert), true, std::move(release));
     } catch (const PostgresError& error) {
       if (error.sqlstate() != kLockNotAvailable) throw;
       co_return held_elsewhere();

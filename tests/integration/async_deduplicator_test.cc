@@ -19,6 +19,7 @@
 #include <functional>
 #include <future>
 #include <map>
+#include <pqxx/pqxx>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -338,6 +339,62 @@ TEST_F(AsyncDeduplicatorTest, AClaimCutShortByACancellationIsReleased) {
     EXPECT_NE(retry.kind, Outcome::Kind::kInProgress) << retry.error;
   }
   EXPECT_EQ(runs, kCalls + (kCalls - cancelled));
+}
+
+// run()'s sink claim cut short while it waited on the connection behind another call's claim:
+// the INSERT still ran after the call had ended Cancelled, and its row, left IN_PROGRESS, answered
+// every retry kInProgress until the sink's lease ended.
+TEST_F(AsyncDeduplicatorTest, ASinkClaimCutShortByACancellationIsReleased) {
+  asio::io_context io;
+  AsyncDeduplicatorOptions o = options(false, true);
+  o.postgres->pool_size = 1;  // the two claims share one pipelined connection
+  AsyncDeduplicator dedup(io.get_executor(), o);
+  const auto run_until = [&](const bool& done) {
+    while (!done && io.run_one_for(10s) > 0) {
+    }
+  };
+  const auto first = [](std::string response) {
+    return [response]() -> asio::awaitable<std::string> { co_return response; };
+  };
+  bool warm = false;  // connected, the statements prepared: both claims below go on the wire
+  dedup.run(request_for("sink-cut-warm"), first("warm"),
+            [&](std::exception_ptr, Outcome) { warm = true; });
+  run_until(warm);
+  // Another session holds the key lock of B's claim, so A's claim waits behind it.
+  const std::string b_key = KeyText{KeyForm::kRequestId, "u1", "refund", "sink-cut-b"}.encode();
+  pqxx::connection locker(pg_url_);
+  pqxx::work lock(locker);
+  lock.exec_params("SELECT pg_advisory_xact_lock(hashtextextended($1, hashtext($2)))", b_key,
+                   o.postgres->ns);
+  bool b_ended = false;
+  dedup.run(request_for("sink-cut-b"), first("b"),
+            [&](std::exception_ptr, Outcome) { b_ended = true; });
+  asio::cancellation_signal cancel;
+  bool a_ended = false;
+  bool a_cancelled = false;
+  dedup.run(request_for("sink-cut-a"), first("a"),
+            asio::bind_cancellation_slot(cancel.slot(), [&](std::exception_ptr error, Outcome) {
+              a_ended = true;
+              a_cancelled = test::is<Cancelled>(error);
+            }));
+  io.run_for(200ms);  // both claims sent; B's waits for the lock
+  ASSERT_FALSE(a_ended);
+  cancel.emit(asio::cancellation_type::terminal);
+  run_until(a_ended);
+  EXPECT_TRUE(a_cancelled);
+  lock.commit();  // B's claim goes on, then A's, then A's release
+  run_until(b_ended);
+  Outcome retry;
+  bool retried = false;
+  dedup.run(request_for("sink-cut-a"), first("retried"), [&](std::exception_ptr, Outcome outcome) {
+    retry = std::move(outcome);
+    retried = true;
+  });
+  run_until(retried);
+  EXPECT_EQ(retry.kind, Outcome::Kind::kExecuted) << retry.error;
+  EXPECT_EQ(rows("in_progress"), 0);
+  dedup.close();
+  io.run();
 }
 
 // close() while a handler ran: the call then connected again to save its result, and that idle
