@@ -96,6 +96,10 @@ void CallPlan::take(Done) {
   switch (state_) {
     case State::kProbeRelease:
       probe_token_.clear();
+      if (probe_in_doubt_) {  // the call is ending: on to its own claim's release
+        probe_in_doubt_ = false;
+        return release_or(after_release_);
+      }
       return enter_sink();
     case State::kWait:
       if (!stopped_ && !past_deadline()) lookup();  // else settle() ends the wait
@@ -210,9 +214,13 @@ void CallPlan::take(FailureDecision&& decision) {
 }
 
 void CallPlan::take(StepError&& error) {
+  // A claim cut short may hold: released like one that does, the probe's too.
   if (state_ == State::kGuardClaim && !error.claim_in_doubt.empty()) {
-    owner_token_ = std::move(error.claim_in_doubt);  // it may hold: released like one that does
+    owner_token_ = std::move(error.claim_in_doubt);
     claim_in_doubt_ = true;
+  } else if (state_ == State::kProbeClaim && !error.claim_in_doubt.empty()) {
+    probe_token_ = std::move(error.claim_in_doubt);
+    probe_in_doubt_ = true;
   }
   const bool interrupted = stopped_ || past_deadline() || error.kind == ErrorKind::kCancelled ||
                            error.kind == ErrorKind::kAborted;
@@ -621,6 +629,10 @@ void CallPlan::finish(Outcome outcome) {
 }
 
 void CallPlan::release_or(State next) {
+  if (probe_in_doubt_) {
+    after_release_ = next;
+    return go(State::kProbeRelease);
+  }
   if (!holds_claim()) return proceed(next);
   ++notes_.releases;
   after_release_ = next;
@@ -700,7 +712,8 @@ Step CallPlan::step() noexcept {
     case StepKind::kGuardComplete:
       if (state_ == State::kProbeRelease) step.key = key_.previous_bucket_key;
       step.owner_token = state_ == State::kProbeRelease ? probe_token_ : owner_token_;
-      step.unawaited = state_ == State::kGuardRelease && claim_in_doubt_;
+      step.unawaited = (state_ == State::kGuardRelease && claim_in_doubt_) ||
+                       (state_ == State::kProbeRelease && probe_in_doubt_);
       step.value = response_;
       step.ttl = record_retention();
       return step;

@@ -442,6 +442,7 @@ class CallPlan {
   std::string owner_token_;      // non-empty while this call owns a Redis claim
   bool claim_in_doubt_ = false;  // owner_token_ is a claim's that a cancellation cut short
   std::string probe_token_;      // owner of the previous-bucket probe while it is held
+  bool probe_in_doubt_ = false;  // probe_token_ is a probe's that a cancellation cut short
   std::string response_;         // the handler's (or the stored failure's) response
   std::string local_entry_;      // kLocalPut's value
   Outcome waiting_;              // kWait: the in-progress answer, should the wait end

@@ -544,6 +544,32 @@ TEST(CallPlan, AClaimCutShortByACancellationIsReleasedWithItsToken) {
   EXPECT_EQ(d.handler_runs, 0);
 }
 
+// The previous time bucket's probe, cut short the same way, held that key for its lease: every
+// delivery of the payload answered kInProgress with nothing running. Released now, unawaited,
+// before the call's own claim.
+TEST(CallPlan, AProbeCutShortByACancellationIsReleasedWithItsToken) {
+  ScriptedDriver d;
+  d.options.local_cache_capacity = 0;
+  d.options.fingerprint = FingerprintOptions{.time_bucket = std::chrono::seconds(60)};
+  d.changed();
+  int claims = 0;
+  std::vector<std::pair<std::string, bool>> released;  // owner token, unawaited
+  d.before_step = [&](const Step& step) {
+    if (step.kind == K::kGuardClaim && ++claims == 2) {  // the probe
+      d.faults.emplace(K::kGuardClaim,
+                       std::make_exception_ptr(ClaimCutShort("token-of-the-probe")));
+    }
+    if (step.kind == K::kGuardRelease) released.emplace_back(step.owner_token, step.unawaited);
+  };
+  EXPECT_THROW((void)d.call(request("", "", R"({"n":1})")), Cancelled);
+  EXPECT_EQ(trace_text(d.trace), "GuardClaim GuardClaim GuardRelease GuardRelease Throw");
+  ASSERT_EQ(released.size(), 2u);
+  EXPECT_EQ(released[0], std::make_pair(std::string("token-of-the-probe"), true));
+  EXPECT_FALSE(released[1].second);  // the call's own claim, whose answer came
+  EXPECT_EQ(d.guard->size(), 0u);
+  EXPECT_EQ(d.handler_runs, 0);
+}
+
 // ---- commits --------------------------------------------------------------------------------
 
 TEST(CallPlan, ACommitTheServerRefusedReleasesTheClaim) {
