@@ -341,13 +341,15 @@ struct DeduplicatorOptions {
 /// idem::CommitOutcomeUnknown, the claim is kept; the server refused the
 /// COMMIT, e.g. a deferred constraint: rolled back, the claim is released); idem::Cancelled after
 /// shutdown() or when Request::stop is requested before the handler starts (the handler never runs,
-/// nothing commits, the claims taken are released; a claim waiting on the sink's lock is cancelled
-/// on the server); and whatever the handler throws, unchanged (a release that failed after it is
-/// told in DecisionEvent::release_error), except that in run_transactional() a statement of the
-/// handler that failed (a pqxx::sql_error) reaches the caller as idem::PostgresError with its
-/// SQLSTATE (PostgresError::sqlstate()), as DeduplicatorOptions::on_handler_failure sees it. An
-/// unreachable backend is not an exception: it is Outcome::Kind::kUnavailable with Outcome::error.
-/// A completion that failed after the handler ran is not one either: Outcome::save_error.
+/// nothing commits, the claims taken are released; in run_transactional() a claim waiting on the
+/// sink's lock is cancelled on the server, while run()'s sink claim, in a transaction of its own,
+/// ends first: when the lock frees or at PgSinkOptions::lock_timeout); and whatever the handler
+/// throws, unchanged (a release that failed after it is told in DecisionEvent::release_error),
+/// except that in run_transactional() a statement of the handler that failed (a pqxx::sql_error)
+/// reaches the caller as idem::PostgresError with its SQLSTATE (PostgresError::sqlstate()), as
+/// DeduplicatorOptions::on_handler_failure sees it. An unreachable backend is not an exception: it
+/// is Outcome::Kind::kUnavailable with Outcome::error. A completion that failed after the handler
+/// ran is not one either: Outcome::save_error.
 class IDEM_EXPORT Deduplicator {
  public:
   /// Throws idem::ConfigError on inconsistent options, and when no layer can stop a duplicate

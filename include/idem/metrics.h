@@ -191,7 +191,8 @@ class IDEM_EXPORT InProcessMetrics final : public Metrics {
   /// `idem_decision_duration_seconds{layer}` (the whole call, handler included); and for what
   /// watch() was given, the gauges `idem_redis_breaker_state{state}` (guards in closed, open,
   /// half_open) and `idem_pool_connections_max`, `idem_pool_connections_open`,
-  /// `idem_pool_connections_in_use`, `idem_pool_waiters` `{layer}` (see PoolStats).
+  /// `idem_pool_connections_in_use`, `idem_pool_waiters` `{layer}` (see PoolStats): a blocking
+  /// RedisGuard's and PgSink's (an AsyncDeduplicator's clients report none).
   /// docs/prometheus/ has a scrape configuration, alert rules and a Grafana dashboard for them.
   [[nodiscard]] std::string prometheus_text() const;
 
