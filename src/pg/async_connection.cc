@@ -37,7 +37,8 @@ PgAsyncConnection::PgAsyncConnection(executor_type executor, PgAsyncSettings set
       texts_(settings_.prepared.begin(), settings_.prepared.end()),
       prepared_(settings_.prepared.size(), false),
       deadline_(executor_),
-      connect_timer_(executor_) {
+      connect_timer_(executor_),
+      cancel_wait_(executor_) {
   for (std::size_t i = 0; i < settings_.prepared.size(); ++i) {
     prepared_names_.push_back("idem_async_" + std::to_string(i));
   }
@@ -86,14 +87,18 @@ void PgAsyncConnection::enqueue(std::unique_ptr<Op> op, PgStatement statement, P
   arm_deadline(entry.deadline);
   if (state_ == State::kIdle) {
     connect();
-  } else if (state_ == State::kReady && !send_scheduled_) {
-    // Statements issued in this turn of the loop are sent together.
-    send_scheduled_ = true;
-    asio::post(executor_, [self = shared_from_this(), generation = generation_] {
-      self->send_scheduled_ = false;
-      if (generation == self->generation_) self->send_unsent();
-    });
+  } else {
+    schedule_send();  // statements issued in this turn of the loop are sent together
   }
+}
+
+void PgAsyncConnection::schedule_send() {
+  if (state_ != State::kReady || send_scheduled_) return;
+  send_scheduled_ = true;
+  asio::post(executor_, [self = shared_from_this(), generation = generation_] {
+    self->send_scheduled_ = false;
+    if (generation == self->generation_) self->send_unsent();
+  });
 }
 
 void PgAsyncConnection::drop_if_stale() {
@@ -185,7 +190,7 @@ void PgAsyncConnection::on_ready() {
 }
 
 void PgAsyncConnection::send_unsent() {
-  if (state_ != State::kReady) return;
+  if (state_ != State::kReady || cancel_delivered_ != nullptr) return;
   // Unsent statements follow the sent ones. Each gets a sync point of its own, but one that
   // shares the next one's (with_next()).
   std::size_t syncs = 0;
@@ -283,6 +288,11 @@ void PgAsyncConnection::finish_front(PgResultPtr result) {
   Pending entry = std::move(pending_.front());
   pending_.pop_front();
   if (pending_.empty()) deadline_.disarm();
+  if (entry.cancel_requested) {
+    // Ended by the request or before it took effect: what is queued waits until PQcancel has
+    // returned, the request delivered (a 57014 alone may be statement_timeout's).
+    after_cancel_delivered(Clock::now() + settings_.connect_timeout);
+  }
   if (entry.op == nullptr) return;
   std::unique_ptr<Op> op = std::move(entry.op);
   op->entry = nullptr;
@@ -316,12 +326,16 @@ void PgAsyncConnection::finish_front(PgResultPtr result) {
 }
 
 void PgAsyncConnection::cancel(Pending* entry) {
-  if (!pending_.empty() && &pending_.front() == entry && entry->sent && conn_ != nullptr &&
-      !entry->cancel_requested) {
+  const bool running = !pending_.empty() && &pending_.front() == entry && entry->sent;
+  if (running && alone_on_the_wire() && conn_ != nullptr && !entry->cancel_requested &&
+      cancel_delivered_ == nullptr) {
     // Running now: cancel it on the server too (it ends with 57014; its result is dropped), so
-    // what is queued behind it on the connection need not wait for it.
+    // what is queued behind it need not wait for it.
     entry->cancel_requested = true;
-    cancel_off_thread(PQgetCancel(conn_));  // libpq 15's PQcancel blocks: never on the loop
+    auto delivered = std::make_shared<std::atomic<bool>>(false);
+    cancel_delivered_ = delivered;
+    // libpq 15's PQcancel blocks: never on the loop.
+    cancel_off_thread(PQgetCancel(conn_), [delivered] { delivered->store(true); });
   }
   // Complete now, whether it runs, waits behind others or was not sent: its result will be
   // dropped. A stopped server never holds a cancelled call.
@@ -330,6 +344,31 @@ void PgAsyncConnection::cancel(Pending* entry) {
   op->entry = nullptr;
   Op* raw = op.get();
   raw->post_complete(std::move(op), cancelled());
+}
+
+bool PgAsyncConnection::alone_on_the_wire() const {
+  // The front's sync point ends at the first statement synced on its own.
+  auto it =
+      std::find_if(pending_.begin(), pending_.end(), [](const Pending& p) { return p.synced; });
+  return it == pending_.end() || std::next(it) == pending_.end() || !std::next(it)->sent;
+}
+
+void PgAsyncConnection::after_cancel_delivered(Clock::time_point give_up) {
+  if (cancel_delivered_ == nullptr) return;
+  if (cancel_delivered_->load()) {
+    cancel_delivered_.reset();
+    return schedule_send();
+  }
+  if (Clock::now() >= give_up) {
+    // Arriving later, it could cancel any statement sent meanwhile: a new session instead.
+    return fail(lost("a cancel request did not reach the server in " +
+                     std::to_string(settings_.connect_timeout.count()) + " ms"));
+  }
+  cancel_wait_.expires_after(std::chrono::milliseconds(1));  // PQcancel takes a few ms
+  cancel_wait_.async_wait(
+      [self = shared_from_this(), generation = generation_, give_up](std::error_code error) {
+        if (!error && generation == self->generation_) self->after_cancel_delivered(give_up);
+      });
 }
 
 void PgAsyncConnection::arm_deadline(Clock::time_point deadline) {
@@ -364,6 +403,8 @@ void PgAsyncConnection::fail(const std::exception_ptr& error) {
   flush_pending_ = false;
   prepared_.assign(prepared_.size(), false);  // a new session has none
   connect_timer_.cancel();
+  cancel_delivered_.reset();  // a session of its own: a late request reaches none of the new one's
+  cancel_wait_.cancel();
   deadline_.disarm();
   fail_all(pending_, error);
 }

@@ -13,9 +13,13 @@
 // Cancellation: when a statement's cancellation slot is emitted, it completes at once with
 // idem::Cancelled (not a business failure), and when it is the one running, it is cancelled on
 // the server too (PQcancel, on a helper thread since libpq 15's cancel blocks; it ends with
-// SQLSTATE 57014, its result dropped), so the statements behind it go on. A cancelled statement
-// still waiting behind others may still run; its result is dropped. A stopped server never
-// holds a cancelled call.
+// SQLSTATE 57014, its result dropped), so the statements behind it go on. PostgreSQL cancels
+// whatever its backend runs when the request arrives, so a request is made only when nothing
+// is sent behind the statement's sync point, and nothing more is sent until it ended with the
+// cancellation or the request reached the server (a request that has not in connect_timeout
+// closes the connection): it cannot cancel the next statement. A cancelled statement still
+// waiting behind others may still run; its result is dropped. A stopped server never holds a
+// cancelled call.
 //
 // Thread safety: not thread-safe; use it from its executor's thread. Completion handlers are
 // dispatched to their associated executor.
@@ -27,6 +31,7 @@
 #include <asio/async_result.hpp>
 #include <asio/posix/stream_descriptor.hpp>
 #include <asio/steady_timer.hpp>
+#include <atomic>
 #include <chrono>
 #include <deque>
 #include <exception>
@@ -194,12 +199,19 @@ class PgAsyncConnection : public std::enable_shared_from_this<PgAsyncConnection>
   void wait(bool for_write);
   void on_ready();
   void send_unsent();
+  // send_unsent() at the next turn of the loop, once for all that is queued in this one.
+  void schedule_send();
   bool send(Pending& entry, const std::vector<const char*>& values);
   // TCP_CORK on the socket (Linux): true when set.
   bool set_cork(bool on) const noexcept;
   bool read_results();
   void finish_front(PgResultPtr result);
   void cancel(Pending* entry);
+  // Whether nothing is sent behind the front's sync point: a cancel request that comes once the
+  // front ended can reach only the statements aborted with it (its sync point's).
+  [[nodiscard]] bool alone_on_the_wire() const;
+  // Sends what is queued once the cancel request under way has reached the server.
+  void after_cancel_delivered(Clock::time_point give_up);
   void arm_deadline(Clock::time_point deadline);
   friend class QueueDeadline;  // calls on_deadline()
   void on_deadline(Clock::time_point deadline);
@@ -227,6 +239,10 @@ class PgAsyncConnection : public std::enable_shared_from_this<PgAsyncConnection>
   std::vector<bool> prepared_;  // on this connection (reset when it is dropped)
   QueueDeadline deadline_;
   asio::steady_timer connect_timer_;
+  // A cancel request under way (null: none): set by its helper thread once PQcancel returned,
+  // when the server has it. Nothing is sent meanwhile.
+  std::shared_ptr<std::atomic<bool>> cancel_delivered_;
+  asio::steady_timer cancel_wait_;
   std::uint64_t connects_ = 0;
   std::uint64_t generation_ = 0;  // bumped when the connection is dropped
 };

@@ -19,6 +19,7 @@
 #include <functional>
 #include <future>
 #include <map>
+#include <optional>
 #include <pqxx/pqxx>
 #include <string>
 #include <system_error>
@@ -341,60 +342,116 @@ TEST_F(AsyncDeduplicatorTest, AClaimCutShortByACancellationIsReleased) {
   EXPECT_EQ(runs, kCalls + (kCalls - cancelled));
 }
 
-// run()'s sink claim cut short while it waited on the connection behind another call's claim:
-// the INSERT still ran after the call had ended Cancelled, and its row, left IN_PROGRESS, answered
-// every retry kInProgress until the sink's lease ended.
-TEST_F(AsyncDeduplicatorTest, ASinkClaimCutShortByACancellationIsReleased) {
-  asio::io_context io;
-  AsyncDeduplicatorOptions o = options(false, true);
-  o.postgres->pool_size = 1;  // the two claims share one pipelined connection
-  AsyncDeduplicator dedup(io.get_executor(), o);
-  const auto run_until = [&](const bool& done) {
-    while (!done && io.run_one_for(10s) > 0) {
-    }
-  };
-  const auto first = [](std::string response) {
+// run()'s sink claim cut short by a cancellation, on a sink of one pipelined connection: the
+// connection warmed up (connected, statements prepared) so that claims go on the wire at once.
+class AsyncSinkClaimCutShort : public AsyncDeduplicatorTest {
+ protected:
+  void SetUp() override {
+    AsyncDeduplicatorTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    AsyncDeduplicatorOptions o = options(false, true);
+    o.postgres->pool_size = 1;
+    ns_ = o.postgres->ns;
+    dedup_.emplace(io_.get_executor(), o);
+    bool warm = false;
+    dedup_->run(request_for("warm-up"), answer("warm"),
+                [&](std::exception_ptr, Outcome) { warm = true; });
+    run_until(warm);
+  }
+  void TearDown() override {
+    if (dedup_) dedup_->close();
+    io_.run();
+  }
+
+  static std::function<asio::awaitable<std::string>()> answer(std::string response) {
     return [response]() -> asio::awaitable<std::string> { co_return response; };
-  };
-  bool warm = false;  // connected, the statements prepared: both claims below go on the wire
-  dedup.run(request_for("sink-cut-warm"), first("warm"),
-            [&](std::exception_ptr, Outcome) { warm = true; });
-  run_until(warm);
-  // Another session holds the key lock of B's claim, so A's claim waits behind it.
-  const std::string b_key = KeyText{KeyForm::kRequestId, "u1", "refund", "sink-cut-b"}.encode();
+  }
+  // The loop runs until `done` (its idle connection keeps it from running out of work).
+  void run_until(const bool& done) {
+    while (!done && io_.run_one_for(10s) > 0) {
+    }
+  }
+  // Takes the sink's lock of `id`'s key in `tx`, another session: its claim waits for it.
+  void lock_key(pqxx::work& tx, const std::string& id) const {
+    tx.exec_params("SELECT pg_advisory_xact_lock(hashtextextended($1, hashtext($2)))",
+                   KeyText{KeyForm::kRequestId, "u1", "refund", id}.encode(), ns_);
+  }
+  // A retry of `id` runs its handler: no claim of the cut-short call is left.
+  void expect_a_retry_executes(const std::string& id) {
+    Outcome retry;
+    bool retried = false;
+    dedup_->run(request_for(id), answer("retried"), [&](std::exception_ptr, Outcome outcome) {
+      retry = std::move(outcome);
+      retried = true;
+    });
+    run_until(retried);
+    EXPECT_EQ(retry.kind, Outcome::Kind::kExecuted) << retry.error;
+    EXPECT_EQ(rows("in_progress"), 0);
+  }
+
+  asio::io_context io_;
+  std::string ns_;
+  std::optional<AsyncDeduplicator> dedup_;
+};
+
+// Cut short while it waited on the connection behind another call's claim, the INSERT still ran
+// after the call had ended Cancelled, and its row, left IN_PROGRESS, answered every retry
+// kInProgress until the sink's lease ended.
+TEST_F(AsyncSinkClaimCutShort, BehindAnotherClaimItIsReleased) {
   pqxx::connection locker(pg_url_);
   pqxx::work lock(locker);
-  lock.exec_params("SELECT pg_advisory_xact_lock(hashtextextended($1, hashtext($2)))", b_key,
-                   o.postgres->ns);
+  lock_key(lock, "sink-cut-b");
   bool b_ended = false;
-  dedup.run(request_for("sink-cut-b"), first("b"),
-            [&](std::exception_ptr, Outcome) { b_ended = true; });
+  dedup_->run(request_for("sink-cut-b"), answer("b"),
+              [&](std::exception_ptr, Outcome) { b_ended = true; });
   asio::cancellation_signal cancel;
   bool a_ended = false;
   bool a_cancelled = false;
-  dedup.run(request_for("sink-cut-a"), first("a"),
-            asio::bind_cancellation_slot(cancel.slot(), [&](std::exception_ptr error, Outcome) {
-              a_ended = true;
-              a_cancelled = test::is<Cancelled>(error);
-            }));
-  io.run_for(200ms);  // both claims sent; B's waits for the lock
+  dedup_->run(request_for("sink-cut-a"), answer("a"),
+              asio::bind_cancellation_slot(cancel.slot(), [&](std::exception_ptr error, Outcome) {
+                a_ended = true;
+                a_cancelled = test::is<Cancelled>(error);
+              }));
+  io_.run_for(200ms);  // both claims sent; B's waits for the lock
   ASSERT_FALSE(a_ended);
   cancel.emit(asio::cancellation_type::terminal);
   run_until(a_ended);
   EXPECT_TRUE(a_cancelled);
   lock.commit();  // B's claim goes on, then A's, then A's release
   run_until(b_ended);
-  Outcome retry;
-  bool retried = false;
-  dedup.run(request_for("sink-cut-a"), first("retried"), [&](std::exception_ptr, Outcome outcome) {
-    retry = std::move(outcome);
-    retried = true;
+  expect_a_retry_executes("sink-cut-a");
+}
+
+// Cut short while it ran on the server, the claim is sent a cancel request. When the claim ended
+// first, the request arrived while the release queued behind it ran, and cancelled that instead:
+// the row stayed IN_PROGRESS. A trigger makes the release take 300 ms, the window of the race.
+TEST_F(AsyncSinkClaimCutShort, ItsCancelRequestNeverCancelsTheReleaseBehindIt) {
+  const std::string& s = schema_->name();
+  schema_->exec("CREATE FUNCTION " + s +
+                ".slow_delete() RETURNS trigger LANGUAGE plpgsql AS "
+                "$$ BEGIN PERFORM pg_sleep(0.3); RETURN OLD; END $$");
+  schema_->exec("CREATE TRIGGER slow_delete BEFORE DELETE ON " + s +
+                ".idem_records FOR EACH ROW EXECUTE FUNCTION " + s + ".slow_delete()");
+  pqxx::connection locker(pg_url_);
+  pqxx::work lock(locker);
+  lock_key(lock, "sink-cancel-race");
+  std::stop_source stop;
+  Request request = request_for("sink-cancel-race");
+  request.stop = stop.get_token();
+  bool ended = false;
+  bool cancelled = false;
+  dedup_->run(request, answer("a"), [&](std::exception_ptr error, Outcome) {
+    ended = true;
+    cancelled = test::is<Cancelled>(error);
   });
-  run_until(retried);
-  EXPECT_EQ(retry.kind, Outcome::Kind::kExecuted) << retry.error;
-  EXPECT_EQ(rows("in_progress"), 0);
-  dedup.close();
-  io.run();
+  io_.run_for(200ms);  // the claim runs on the server, waiting for the lock
+  ASSERT_FALSE(ended);
+  lock.commit();  // the claim ends as its cancel request goes out
+  stop.request_stop();
+  run_until(ended);
+  EXPECT_TRUE(cancelled);
+  io_.run_for(1s);  // the release runs
+  expect_a_retry_executes("sink-cancel-race");
 }
 
 // close() while a handler ran: the call then connected again to save its result, and that idle
