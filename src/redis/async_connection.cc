@@ -2,6 +2,7 @@
 
 #include <hiredis/alloc.h>
 #include <hiredis/hiredis.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <array>
@@ -10,6 +11,7 @@
 #include <asio/local/stream_protocol.hpp>
 #include <asio/ssl/stream.hpp>
 #include <asio/write.hpp>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -120,6 +122,14 @@ struct AsyncConnection::Link {
     }
   }
   Tcp* tcp_socket() { return secure ? &secure->next_layer() : tcp ? &*tcp : nullptr; }
+  // Whether the server closed or reset the connection, by a peek that takes nothing from it (the
+  // read outstanding on it sees the end too, once the loop runs). No wait.
+  bool closed_by_peer() {
+    const int fd = local ? local->native_handle() : tcp_socket()->native_handle();
+    char byte = 0;
+    const ssize_t got = ::recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    return got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+  }
   void shut() noexcept {
     std::error_code ignored;
     if (Tcp* socket = tcp_socket()) socket->close(ignored);
@@ -173,6 +183,12 @@ void AsyncConnection::on_cancel(Op& op) {
 
 void AsyncConnection::enqueue(std::unique_ptr<Op> op, std::string_view bytes, int replies,
                               std::chrono::milliseconds timeout, bool durable) {
+  if (link_ != nullptr && ready_ && pending_.empty() && link_->closed_by_peer()) {
+    // Idle while the loop did not run, it missed the server closing it (a restart): the command
+    // goes on a new connection instead of being written into this one.
+    fail(std::make_exception_ptr(
+        RedisError("idem: redis: the server closed the idle connection", true)));
+  }
   Pending& entry = pending_.emplace_back();
   entry.replies_left = replies;
   entry.timeout = timeout;

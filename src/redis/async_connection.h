@@ -29,7 +29,9 @@
 //
 // Lifetime: a connected connection keeps one read outstanding (so it notices at once when the
 // server closes an idle connection; the next command reconnects), so io_context::run() returns
-// only after close(). Pending operations keep the connection alive.
+// only after close(). A command on a connection with nothing in flight first peeks at its socket,
+// so that an end the loop has not read yet (it did not run) is seen before the command is
+// written. Pending operations keep the connection alive.
 //
 // Thread safety: not thread-safe. Every call, and every completion, happens on the connection's
 // executor (a single-threaded io_context or a strand); completion handlers are dispatched to

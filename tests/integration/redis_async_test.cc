@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "exception_ptr.h"
 #include "idem/errors.h"
 #include "loop_probe.h"
 #include "redis/async_client.h"
@@ -318,6 +319,30 @@ TEST(RedisAsync, PendingCommandsFailWhenTheServerDiesAndTheNextReconnects) {
   });
   io.restart();
   io.run();
+  EXPECT_EQ(answer, "PONG");
+  EXPECT_EQ(connection->connects(), 2u);
+}
+
+// The server restarted while the loop did not run (a frozen serverless instance, a worker idle
+// between messages): the idle connection's end was never read, and the next command was written
+// into it and failed. The end is seen before the write now, and the command goes on a new one.
+TEST(RedisAsync, ACommandAfterARestartTheIdleLoopMissedGoesOnANewConnection) {
+  test::RedisServer server;
+  asio::io_context io;
+  auto connection = AsyncConnection::create(io.get_executor(), settings_for(server.url()));
+  connection->exec(Args{"PING"}, [](std::exception_ptr error, ReplyPtr) { ASSERT_FALSE(error); });
+  io.run_for(200ms);
+  server.restart();  // the loop does not run meanwhile
+  std::exception_ptr failed;
+  std::string answer;
+  connection->exec(Args{"PING"}, [&](std::exception_ptr error, ReplyPtr reply) {
+    failed = error;
+    if (!error) answer = text(reply);
+    connection->close();
+  });
+  io.restart();
+  io.run();
+  EXPECT_FALSE(failed) << test::what(failed);
   EXPECT_EQ(answer, "PONG");
   EXPECT_EQ(connection->connects(), 2u);
 }
