@@ -131,7 +131,8 @@ asio::awaitable<bool> AsyncRedisGuard::release(std::string_view key, std::string
 }
 
 void AsyncRedisGuard::release_unawaited(std::string_view key, std::string_view owner_token) {
-  // The coroutine keeps the client and its own copies: the guard may be gone when it runs.
+  // The coroutine keeps the client and its own copies: the guard may be gone when it runs (the
+  // script is the process's, GuardScripts::get()).
   asio::co_spawn(
       client_->get_executor(),
       [client = client_, script = &scripts_.release, redis_key = protocol_.redis_key(key),
