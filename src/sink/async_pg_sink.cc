@@ -243,7 +243,7 @@ void AsyncPgSink::give_back(const std::shared_ptr<PgAsyncConnection>& connection
 }
 
 asio::awaitable<PgResultPtr> AsyncPgSink::exec(Prepared statement, PgParams params,
-                                               bool cancellable, std::optional<PgParams> release) {
+                                               bool cancellable, std::optional<OwnRow> own_row) {
   std::shared_ptr<PgAsyncConnection> connection = shared_connection();
   while (connection == nullptr) {
     co_await wait_for_connection(false);
@@ -262,8 +262,9 @@ asio::awaitable<PgResultPtr> AsyncPgSink::exec(Prepared statement, PgParams para
   } catch (const Cancelled&) {
     // Sent or queued, the statement may still run. The connection runs its statements in order,
     // so a release queued behind it runs after it and finds the row only if it wrote one.
-    if (release) {
-      connection->exec(prepared(Prepared::kRelease), std::move(*release), asio::detached);
+    if (own_row) {
+      connection->exec(prepared(Prepared::kRelease),
+                       pg_params(options_.ns, own_row->key, own_row->owner), asio::detached);
     }
     throw;
   }
@@ -282,9 +283,9 @@ asio::awaitable<SinkClaim> AsyncPgSink::claim(std::string_view key, std::string_
           pg_params(options_.ns, key, request_id, fingerprint, ms_text(options_.lease), owner);
       // An attempt's own owner token fences the row: a claim cut short is released with it. A
       // request ID is no such fence (a concurrent delivery of it may hold the row).
-      std::optional<PgParams> release;
-      if (!owner_token.empty()) release = pg_params(options_.ns, key, owner_token);
-      inserted = co_await exec(Prepared::kClaim, std::move(insert), true, std::move(release));
+      std::optional<OwnRow> own_row;
+      if (!owner_token.empty()) own_row = OwnRow{key, owner_token};
+      inserted = co_await exec(Prepared::kClaim, std::move(insert), true, own_row);
     } catch (const PostgresError& error) {
       if (error.sqlstate() != kLockNotAvailable) throw;
       co_return held_elsewhere();

@@ -90,11 +90,15 @@ class AsyncPgSink final : public AsyncSink {
   // null when every one is held.
   std::shared_ptr<PgAsyncConnection> shared_connection();
   // Runs `statement` with `params` on a shared connection (waiting for one when all are held);
-  // `cancellable`: whether the awaiting coroutine's cancellation reaches it. `release`: kRelease's
-  // parameters, for a statement that may write a row of this attempt's: when a cancellation cuts
-  // it short, the release goes behind it on its connection (unawaited).
+  // `cancellable`: whether the awaiting coroutine's cancellation reaches it. `own_row`: the row
+  // of this attempt's that the statement may write (views valid until it completes): when a
+  // cancellation cuts it short, its release goes behind it on its connection (unawaited).
+  struct OwnRow {
+    std::string_view key;
+    std::string_view owner;
+  };
   asio::awaitable<PgResultPtr> exec(Prepared statement, PgParams params, bool cancellable,
-                                    std::optional<PgParams> release = std::nullopt);
+                                    std::optional<OwnRow> own_row = std::nullopt);
   // A connection of its own (the least busy one not held), waiting on the loop for one when all
   // are held.
   asio::awaitable<std::shared_ptr<PgAsyncConnection>> hold();
