@@ -12,6 +12,7 @@
 #include <asio/ssl/stream.hpp>
 #include <asio/write.hpp>
 #include <cerrno>
+#include <charconv>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -61,33 +62,43 @@ ReplyPtr pair_of(ReplyPtr first, ReplyPtr second) {
 
 }  // namespace
 
-RespCommand::RespCommand(std::span<const std::string_view> args) {
-  // Claims have at most 7 arguments: no heap for the argv arrays then.
-  constexpr std::size_t kInline = 16;
-  std::array<const char*, kInline> inline_pointers{};
-  std::array<std::size_t, kInline> inline_sizes{};
-  std::vector<const char*> heap_pointers;
-  std::vector<std::size_t> heap_sizes;
-  const char** pointers = inline_pointers.data();
-  std::size_t* sizes = inline_sizes.data();
-  if (args.size() > kInline) {
-    heap_pointers.resize(args.size());
-    heap_sizes.resize(args.size());
-    pointers = heap_pointers.data();
-    sizes = heap_sizes.data();
-  }
-  for (std::size_t i = 0; i < args.size(); ++i) {
-    pointers[i] = args[i].data();
-    sizes[i] = args[i].size();
-  }
-  char* raw = nullptr;
-  const int size = redisFormatCommandArgv(&raw, static_cast<int>(args.size()), pointers, sizes);
-  if (size < 0 || raw == nullptr) throw RedisError("idem: redis: cannot format a command", false);
-  data_.reset(raw);
-  size_ = static_cast<std::size_t>(size);
+namespace {
+
+// The decimal digits of n.
+std::size_t digits(std::size_t n) noexcept {
+  std::size_t count = 1;
+  for (; n >= 10; n /= 10) ++count;
+  return count;
 }
 
-void RespCommand::Free::operator()(char* raw) const noexcept { redisFreeCommand(raw); }
+// Writes `mark`, n in decimal and CRLF at `out`; returns the end.
+char* put_header(char* out, char mark, std::size_t n) noexcept {
+  *out++ = mark;
+  out = std::to_chars(out, out + digits(n), n).ptr;
+  *out++ = '\r';
+  *out++ = '\n';
+  return out;
+}
+
+}  // namespace
+
+RespCommand::RespCommand(std::span<const std::string_view> args) {
+  // A RESP array of bulk strings: "*<count>\r\n", then "$<length>\r\n<bytes>\r\n" for each
+  // argument. Sized first, written once into one allocation (hiredis's formatters print each
+  // header through printf or sds, which cost a claim a fifth of its client CPU).
+  std::size_t size = 3 + digits(args.size());
+  for (const std::string_view arg : args) size += 5 + digits(arg.size()) + arg.size();
+  data_ = std::make_unique_for_overwrite<char[]>(size);
+  char* out = put_header(data_.get(), '*', args.size());
+  for (const std::string_view arg : args) {
+    out = put_header(out, '$', arg.size());
+    if (!arg.empty()) std::memcpy(out, arg.data(), arg.size());
+    out += arg.size();
+    *out++ = '\r';
+    *out++ = '\n';
+  }
+  size_ = size;
+}
 
 struct AsyncConnection::Link {
   using Tcp = asio::ip::tcp::socket;

@@ -1,5 +1,5 @@
 // One asynchronous Redis connection on an Asio executor. Asio owns the socket (TCP, unix, or TLS
-// through asio::ssl); hiredis only formats commands (redisFormatCommandArgv) and parses replies
+// through asio::ssl); commands are written as RESP by RespCommand, and hiredis parses the replies
 // (redisReader).
 //
 // Automatic pipelining: every command issued while a write is in flight (or within one turn of
@@ -63,20 +63,17 @@ class context;
 
 namespace idem::detail {
 
-/// One RESP command, formatted by hiredis (redisFormatCommandArgv). Binary-safe. Move-only; its
-/// bytes stay where they are when it is moved (they are hiredis's own buffer), so a view of them
-/// outlives a move of the command.
+/// One Redis command as RESP bytes (an array of bulk strings, as redisFormatCommandArgv writes
+/// it). Binary-safe. Move-only; its bytes stay where they are when it is moved (one heap block),
+/// so a view of them outlives a move of the command.
 class RespCommand {
  public:
-  /// Throws idem::RedisError (not retryable) when hiredis cannot format `args`.
+  /// Throws std::bad_alloc only.
   explicit RespCommand(std::span<const std::string_view> args);
   [[nodiscard]] std::string_view bytes() const noexcept { return {data_.get(), size_}; }
 
  private:
-  struct Free {
-    void operator()(char* raw) const noexcept;
-  };
-  std::unique_ptr<char, Free> data_;
+  std::unique_ptr<char[]> data_;
   std::size_t size_ = 0;
 };
 

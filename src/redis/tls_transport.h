@@ -1,7 +1,7 @@
 // The blocking guard's `rediss://` transport: hiredis 0.14 cannot do TLS, so this owns the socket
 // and TLS (asio::ssl over OpenSSL, driven synchronously on a private io_context so that every
-// step has a timeout) and uses hiredis for the protocol only (redisFormatCommandArgv,
-// redisReader). Not thread-safe, like Connection, except shutdown().
+// step has a timeout); it writes commands with RespCommand and parses replies with hiredis's
+// redisReader. Not thread-safe, like Connection, except shutdown().
 #pragma once
 
 #include <chrono>
