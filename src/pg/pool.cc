@@ -1,5 +1,7 @@
 #include "pg/pool.h"
 
+#include <algorithm>
+#include <iterator>
 #include <utility>
 
 #include "pg/errors.h"
@@ -40,6 +42,12 @@ PgPool::Lease PgPool::borrow() {
       if (idle_.empty()) {
         ++open_;  // reserve the slot; connect outside the lock
       } else {
+        // The connection this thread gave back last, if it is idle: the same thread and server
+        // process keep meeting, which the kernel's scheduler places better than a rotation.
+        auto mine = std::find_if(idle_.begin(), idle_.end(), [](const auto& idle) {
+          return idle->last_user == std::this_thread::get_id();
+        });
+        if (mine != idle_.end()) std::iter_swap(mine, std::prev(idle_.end()));
         conn = std::move(idle_.back());
         idle_.pop_back();
       }
@@ -80,6 +88,7 @@ void PgPool::give_back(std::unique_ptr<PgConnection> conn, bool reuse) noexcept 
   {
     std::lock_guard lock(mutex_);
     if (reuse) {
+      conn->last_user = std::this_thread::get_id();
       idle_.push_back(std::move(conn));
     } else {
       --open_;

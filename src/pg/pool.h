@@ -9,6 +9,7 @@
 #include <mutex>
 #include <pqxx/connection>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -23,13 +24,16 @@ class PgConnection final : public pqxx::connection {
  public:
   using pqxx::connection::connection;
   std::unordered_map<std::string, std::string> statement_names;  // SQL text -> statement name
+  std::thread::id last_user;  // the thread that gave it back last (PgPool's)
 };
 
 /// Hands out at most `size` connections at once. Thread-safe. A connection is opened on demand
 /// (and prepared by `setup`), returned to the pool when its Lease ends, and destroyed instead
 /// when the lease was discarded or the connection is no longer open. Losing one connection
 /// drops every idle one too: they talk to the same server and are suspect. An idle connection
-/// the server has ended (readable or closed socket: a restart) is never handed out.
+/// the server has ended (readable or closed socket: a restart) is never handed out. A thread
+/// gets back the connection it gave back last while that one is idle (else the one given back
+/// last): a client thread and a server process that keep meeting cost the scheduler less.
 class PgPool {
  public:
   using Setup = std::function<void(pqxx::connection&)>;

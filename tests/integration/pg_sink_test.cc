@@ -654,5 +654,42 @@ TEST_F(PgSinkTest, AMalformedConnectionStringIsAConfigErrorNotAnOutage) {
   }
 }
 
+// The pool handed out the connection given back last, so threads and server processes met in
+// rotation; a thread meeting the same one again costs the kernel's scheduler less (the pg bench's
+// claims ran about a quarter faster with the same connections).
+TEST_F(PgSinkTest, AThreadGetsBackTheConnectionItGaveBackLastWhileItIsIdle) {
+  PgSinkOptions opts = options();
+  opts.pool_size = 2;
+  PgSink sink(opts);
+  const auto backend = [&] {
+    int pid = 0;
+    sink.transact([&](pqxx::transaction_base& tx) {
+      pid = tx.exec1("SELECT pg_backend_pid()")[0].as<int>();
+    });
+    return pid;
+  };
+  // Two connections at once: this thread's goes back first, so the other's is on top of the
+  // idle ones afterwards.
+  std::promise<void> theirs_open, mine_back;
+  int theirs = 0;
+  std::thread other([&] {
+    sink.transact([&](pqxx::transaction_base& tx) {
+      theirs = tx.exec1("SELECT pg_backend_pid()")[0].as<int>();
+      theirs_open.set_value();
+      mine_back.get_future().wait();
+    });
+  });
+  theirs_open.get_future().wait();
+  const int mine = backend();
+  mine_back.set_value();
+  other.join();
+  ASSERT_NE(mine, theirs);
+  EXPECT_EQ(backend(), mine);
+  EXPECT_EQ(backend(), mine);
+  int again = 0;
+  std::thread([&] { again = backend(); }).join();  // a thread with none of its own: any
+  EXPECT_TRUE(again == mine || again == theirs) << again;
+}
+
 }  // namespace
 }  // namespace idem
