@@ -2,48 +2,102 @@
 
 #include <sys/socket.h>
 
+#include <algorithm>
+#include <limits>
 #include <string>
 
 namespace idem::detail {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr std::int64_t kNever = std::numeric_limits<std::int64_t>::max();
+
+std::int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
 
 PgWatchdog::PgWatchdog(std::chrono::milliseconds timeout) : timeout_(timeout) {
-  if (timeout_.count() > 0) thread_ = std::jthread([this](std::stop_token stop) { loop(stop); });
+  if (timeout_.count() == 0) return;
+  chunks_ = std::make_unique<std::atomic<Chunk*>[]>(kChunks);
+  thread_ = std::jthread([this](std::stop_token stop) { loop(stop); });
 }
 
-PgWatchdog::~PgWatchdog() = default;  // thread_ is requested to stop and joined first
+PgWatchdog::~PgWatchdog() {
+  if (thread_.joinable()) {
+    thread_.request_stop();
+    thread_.join();
+  }
+  if (chunks_ == nullptr) return;
+  for (std::size_t i = 0; i < kChunks; ++i) delete chunks_[i].load(std::memory_order_relaxed);
+}
 
-std::uint64_t PgWatchdog::watch(int socket) {
-  bool wake = false;
-  std::uint64_t id = 0;
-  {
+PgWatchdog::Slot& PgWatchdog::slot_for(int socket) {
+  const auto index = static_cast<std::size_t>(socket);
+  const std::size_t chunk = index >> kSlotBits;
+  if (chunk >= kChunks) {
+    throw PostgresError("idem: postgres: socket number " + std::to_string(socket) +
+                            " is beyond what the response watchdog tracks (2^22)",
+                        false);
+  }
+  Chunk* slots = chunks_[chunk].load(std::memory_order_acquire);
+  if (slots == nullptr) {
     const std::lock_guard lock(mutex_);
-    wake = waiting_for_work_;
-    id = next_id_++;
-    watches_.emplace(id, Watch{deadline_from_now(), socket, false});
+    slots = chunks_[chunk].load(std::memory_order_relaxed);
+    if (slots == nullptr) {
+      slots = new Chunk();
+      chunks_[chunk].store(slots, std::memory_order_release);
+    }
   }
-  // Every watch has the same timeout, so a new one never ends before those the thread already
-  // waits for: only a thread waiting with no deadline needs waking.
-  if (wake) added_.notify_one();
-  return id;
+  return (*slots)[index & (kChunkSlots - 1)];
 }
 
-std::chrono::steady_clock::time_point PgWatchdog::deadline_from_now() const {
-  using Clock = std::chrono::steady_clock;
-  const Clock::time_point now = Clock::now();
+PgWatchdog::Slot& PgWatchdog::watch(int socket) {
+  Slot& slot = slot_for(socket);
+  const int depth = slot.depth.load(std::memory_order_relaxed);
+  slot.depth.store(depth + 1, std::memory_order_relaxed);
+  if (depth > 0) return slot;  // nested: the outer call's deadline bounds the socket
+  slot.state.store(deadline_from_now(), std::memory_order_seq_cst);
+  // The helper found no call to watch and waits: wake it. Either it sees this deadline when it
+  // looks once more after raising idle_, or this sees idle_ raised (both are seq_cst).
+  if (idle_.load(std::memory_order_seq_cst) && idle_.exchange(false)) {
+    const std::lock_guard lock(mutex_);
+    woken_ = true;
+    wake_.notify_one();
+  }
+  return slot;
+}
+
+bool PgWatchdog::unwatch(Slot& slot) noexcept {
+  const int depth = slot.depth.load(std::memory_order_relaxed) - 1;
+  slot.depth.store(depth, std::memory_order_relaxed);
+  const bool outermost = depth == 0;
+  for (;;) {
+    std::int64_t state = slot.state.load(std::memory_order_acquire);
+    if (state == kFiring) {  // a shutdown in progress: wait it out, it is one system call
+      std::this_thread::yield();
+      continue;
+    }
+    if (!outermost) return state == kFired;
+    // Only the helper changes a deadline meanwhile (to kFiring): then wait and look again.
+    if (slot.state.compare_exchange_weak(state, kIdle, std::memory_order_acq_rel)) {
+      return state == kFired;
+    }
+  }
+}
+
+std::int64_t PgWatchdog::deadline_from_now() const {
+  const std::int64_t now = now_ns();
   // A timeout past the clock's range (milliseconds::max() meant as "never") saturates instead
-  // of overflowing into the past.
-  if (timeout_ >= std::chrono::floor<std::chrono::milliseconds>(Clock::time_point::max() - now)) {
-    return Clock::time_point::max();
+  // of overflowing into the past, to a deadline the helper can sleep until.
+  const std::int64_t room = kNever - 1 - now;
+  if (timeout_ >=
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::nanoseconds(room))) {
+    return now + room;
   }
-  return now + timeout_;
-}
-
-bool PgWatchdog::unwatch(std::uint64_t id) {
-  const std::lock_guard lock(mutex_);
-  const auto found = watches_.find(id);
-  const bool fired = found->second.fired;
-  watches_.erase(found);
-  return fired;
+  return now + std::chrono::duration_cast<std::chrono::nanoseconds>(timeout_).count();
 }
 
 void PgWatchdog::throw_timed_out(const pqxx::failure& error) const {
@@ -58,29 +112,47 @@ void PgWatchdog::throw_timed_out(const pqxx::failure& error) const {
   }
 }
 
-void PgWatchdog::loop(std::stop_token stop) {
-  std::unique_lock lock(mutex_);
-  while (!stop.stop_requested()) {
-    const auto now = std::chrono::steady_clock::now();
-    auto next = std::chrono::steady_clock::time_point::max();
-    for (auto& entry : watches_) {
-      Watch& watch = entry.second;
-      if (watch.fired) continue;
-      if (watch.deadline > now) {
-        next = watch.deadline;  // the earliest: ids rise with deadlines
-        break;
+std::int64_t PgWatchdog::sweep(std::int64_t now) {
+  std::int64_t next = kNever;
+  for (std::size_t chunk = 0; chunk < kChunks; ++chunk) {
+    Chunk* slots = chunks_[chunk].load(std::memory_order_acquire);
+    if (slots == nullptr) continue;
+    for (std::size_t i = 0; i < kChunkSlots; ++i) {
+      std::int64_t deadline = (*slots)[i].state.load(std::memory_order_seq_cst);
+      if (deadline <= kIdle) continue;
+      if (deadline > now) {
+        next = std::min(next, deadline);
+        continue;
       }
-      ::shutdown(watch.socket, SHUT_RDWR);  // the blocked recv() returns; the fd stays open
-      watch.fired = true;
+      // Still the same call (its deadline, to the nanosecond): then it cannot end before the
+      // shutdown is done, so the socket is still its connection's.
+      if ((*slots)[i].state.compare_exchange_strong(deadline, kFiring)) {
+        ::shutdown(static_cast<int>((chunk << kSlotBits) | i), SHUT_RDWR);  // recv() returns
+        (*slots)[i].state.store(kFired, std::memory_order_release);
+      }
     }
-    if (next == std::chrono::steady_clock::time_point::max()) {
-      const std::uint64_t seen = next_id_;
-      waiting_for_work_ = true;
-      added_.wait(lock, stop, [&] { return next_id_ != seen; });
-      waiting_for_work_ = false;
-    } else {
-      added_.wait_until(lock, stop, next, [] { return false; });
+  }
+  return next;
+}
+
+void PgWatchdog::loop(std::stop_token stop) {
+  while (!stop.stop_requested()) {
+    std::int64_t next = sweep(now_ns());
+    if (next == kNever) {
+      idle_.store(true, std::memory_order_seq_cst);
+      next = sweep(now_ns());  // a call that started before idle_ was raised
+      if (next == kNever) {
+        std::unique_lock lock(mutex_);
+        wake_.wait(lock, stop, [&] { return woken_; });
+        woken_ = false;
+        continue;
+      }
+      idle_.store(false, std::memory_order_relaxed);
     }
+    // Every call has the same timeout, so one that starts meanwhile ends after `next`.
+    std::unique_lock lock(mutex_);
+    wake_.wait_until(lock, stop, Clock::time_point(std::chrono::nanoseconds(next)),
+                     [] { return false; });
   }
 }
 

@@ -1,10 +1,12 @@
 // A client-side bound on how long idem waits for PostgreSQL to answer.
 #pragma once
 
+#include <array>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
-#include <map>
+#include <memory>
 #include <mutex>
 #include <pqxx/except>
 #include <thread>
@@ -18,7 +20,13 @@ namespace idem::detail {
 /// libpq call blocked on a server that stopped answering (a stopped process, a paused VM, a
 /// partition the keepalives have not noticed yet) returns as a lost connection. The
 /// server-side statement_timeout cannot fire in those cases. One helper thread per watchdog
-/// (none when the timeout is zero). Thread-safe.
+/// (none when the timeout is zero). Thread-safe; run() on one socket is used by one thread at a
+/// time (as a connection is), and may nest (the outermost call's deadline bounds the socket).
+///
+/// A watched call takes no lock and allocates nothing: each socket number has a slot (one 64 KiB
+/// block per 1 024 socket numbers in use), which the call marks with its deadline and clears.
+/// The helper thread sleeps until the earliest deadline it saw, or until woken when a call
+/// starts after it found none.
 class PgWatchdog {
  public:
   /// `timeout` zero: calls are never bounded.
@@ -27,13 +35,16 @@ class PgWatchdog {
   PgWatchdog(const PgWatchdog&) = delete;
   PgWatchdog& operator=(const PgWatchdog&) = delete;
 
-  /// Runs `fn`, which talks to the server over `socket` (pqxx::connection::sock()). When the
-  /// watchdog shut the socket down meanwhile, the libpqxx failure that follows becomes an
-  /// idem::PostgresError that says so (retryable, SQLSTATE 08006; an idem::CommitOutcomeUnknown
-  /// when it was a commit). Other failures pass through unchanged.
+  /// Runs `fn`, which talks to the server over `socket` (pqxx::connection::sock(); a negative
+  /// one, a closed connection, is not watched). When the watchdog shut the socket down
+  /// meanwhile, the libpqxx failure that follows becomes an idem::PostgresError that says so
+  /// (retryable, SQLSTATE 08006; an idem::CommitOutcomeUnknown when it was a commit). Other
+  /// failures pass through unchanged. A socket number of 2^22 or more (beyond what Linux
+  /// allows unless fs.nr_open is raised that far) throws idem::PostgresError (not retryable)
+  /// without calling `fn`.
   template <typename F>
   decltype(auto) run(int socket, F&& fn) {
-    if (timeout_.count() == 0) return std::forward<F>(fn)();
+    if (timeout_.count() == 0 || socket < 0) return std::forward<F>(fn)();
     Watched watched(*this, socket);
     try {
       return std::forward<F>(fn)();
@@ -44,48 +55,61 @@ class PgWatchdog {
   }
 
  private:
-  struct Watch {
-    std::chrono::steady_clock::time_point deadline;
-    int socket;
-    bool fired;
+  // A slot's state: idle, a watched call's deadline (steady clock, ns, at least 1), or:
+  static constexpr std::int64_t kIdle = 0;
+  static constexpr std::int64_t kFiring = -1;  // the helper thread is shutting the socket down
+  static constexpr std::int64_t kFired = -2;   // it did: the call's failure is the watchdog's
+
+  struct alignas(64) Slot {  // a cache line each: connections on neighbouring sockets share none
+    std::atomic<std::int64_t> state{kIdle};
+    // Nested run()s on the socket, counted by the thread that runs them (atomic only because
+    // the next connection on the socket number may be another thread's).
+    std::atomic<int> depth{0};
   };
+  static constexpr int kSlotBits = 10;
+  static constexpr std::size_t kChunkSlots = std::size_t{1} << kSlotBits;
+  static constexpr std::size_t kChunks = 4096;  // socket numbers below 2^22
+  using Chunk = std::array<Slot, kChunkSlots>;
 
   // One call's watch, ended by end() or at the latest by the destructor.
   class Watched {
    public:
-    Watched(PgWatchdog& watchdog, int socket) : watchdog_(watchdog), id_(watchdog.watch(socket)) {}
+    Watched(PgWatchdog& watchdog, int socket) : slot_(watchdog.watch(socket)) {}
     ~Watched() { (void)end(); }
     Watched(const Watched&) = delete;
     Watched& operator=(const Watched&) = delete;
     // True when the watchdog shut the socket down. Afterwards the socket is never touched again
-    // (the watchdog acts under the lock that end() takes).
+    // by the helper thread for this call (end() waits out a shutdown in progress).
     bool end() {
-      if (!ended_) fired_ = watchdog_.unwatch(id_);
+      if (!ended_) fired_ = unwatch(slot_);
       ended_ = true;
       return fired_;
     }
 
    private:
-    PgWatchdog& watchdog_;
-    std::uint64_t id_;
+    Slot& slot_;
     bool ended_ = false;
     bool fired_ = false;
   };
 
-  std::uint64_t watch(int socket);
-  [[nodiscard]] std::chrono::steady_clock::time_point deadline_from_now() const;
-  bool unwatch(std::uint64_t id);
+  Slot& watch(int socket);
+  static bool unwatch(Slot& slot) noexcept;
+  Slot& slot_for(int socket);
+  [[nodiscard]] std::int64_t deadline_from_now() const;
   // Throws what `error` became because the watchdog shut its socket down.
   [[noreturn]] void throw_timed_out(const pqxx::failure& error) const;
+  // Shuts down the sockets past their deadline; returns the earliest deadline still ahead
+  // (INT64_MAX: none is watched).
+  std::int64_t sweep(std::int64_t now);
   void loop(std::stop_token stop);
 
   const std::chrono::milliseconds timeout_;
-  std::mutex mutex_;
-  std::condition_variable_any added_;
-  std::map<std::uint64_t, Watch> watches_;  // guarded by mutex_; by id, so by deadline too
-  std::uint64_t next_id_ = 0;               // guarded by mutex_
-  bool waiting_for_work_ = false;           // guarded by mutex_: the thread waits with no deadline
-  std::jthread thread_;                     // last: stopped and joined first
+  std::unique_ptr<std::atomic<Chunk*>[]> chunks_;  // kChunks, each allocated at first use
+  std::mutex mutex_;                               // allocates chunks; the helper's waits
+  std::condition_variable_any wake_;
+  std::atomic<bool> idle_{false};  // the helper found no call watched and waits for one
+  bool woken_ = false;             // guarded by mutex_
+  std::jthread thread_;            // last: stopped and joined first
 };
 
 }  // namespace idem::detail

@@ -1,13 +1,16 @@
 // The client-side response bound of the Postgres sink, on a socket pair: no server needed.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <pqxx/except>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "pg/watchdog.h"
 
@@ -104,6 +107,85 @@ TEST(PgWatchdog, ZeroNeverBoundsACall) {
   SocketPair pair;
   ASSERT_EQ(::send(pair.fds[1], "z", 1, 0), 1);
   EXPECT_EQ(watchdog.run(pair.fds[0], [&] { return wait_for_answer(pair.fds[0]); }), 'z');
+}
+
+// Expects `call` to end with the watchdog's timeout error.
+template <typename F>
+void expect_timed_out(F&& call) {
+  try {
+    call();
+    ADD_FAILURE() << "the call returned without an answer";
+  } catch (const PostgresError& error) {
+    EXPECT_NE(std::string(error.what()).find("no answer within response_timeout"),
+              std::string::npos)
+        << error.what();
+  }
+}
+
+// The helper thread sleeps while no call is watched; the first call after such a spell must
+// wake it, or a silent server would hold that call for ever.
+TEST(PgWatchdog, ACallAfterAnIdleSpellIsStillBounded) {
+  PgWatchdog watchdog(milliseconds(50));
+  for (int spell = 0; spell < 3; ++spell) {
+    std::this_thread::sleep_for(milliseconds(100));  // nothing watched: the helper idles
+    SocketPair pair;
+    expect_timed_out(
+        [&] { watchdog.run(pair.fds[0], [&] { return wait_for_answer(pair.fds[0]); }); });
+  }
+}
+
+// run() inside run() on one socket (a statement inside a watched transaction step): the outer
+// call's deadline bounds both, and the inner call's failure is the timeout.
+TEST(PgWatchdog, ANestedCallOnTheSameSocketIsBoundByTheOutermostDeadline) {
+  PgWatchdog watchdog(milliseconds(100));
+  SocketPair pair;
+  expect_timed_out([&] {
+    watchdog.run(pair.fds[0], [&] {
+      return watchdog.run(pair.fds[0], [&] { return wait_for_answer(pair.fds[0]); });
+    });
+  });
+  // The socket's slot is free again: an answered call on a fresh pair at the same number passes.
+  SocketPair next;
+  ASSERT_EQ(::send(next.fds[1], "n", 1, 0), 1);
+  EXPECT_EQ(watchdog.run(next.fds[0], [&] { return wait_for_answer(next.fds[0]); }), 'n');
+}
+
+// Socket numbers are tracked in blocks of 1 024: one far from the first block is watched too.
+TEST(PgWatchdog, ASocketNumberBeyondTheFirstThousandIsWatched) {
+  rlimit limit{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &limit), 0);
+  constexpr int kFar = 3000;
+  if (limit.rlim_cur <= kFar) GTEST_SKIP() << "RLIMIT_NOFILE " << limit.rlim_cur;
+  PgWatchdog watchdog(milliseconds(50));
+  SocketPair pair;
+  ASSERT_EQ(::dup2(pair.fds[0], kFar), kFar);
+  expect_timed_out([&] { watchdog.run(kFar, [&] { return wait_for_answer(kFar); }); });
+  ::close(kFar);
+}
+
+// Calls on many sockets at once, from many threads: only the silent one is cut off.
+TEST(PgWatchdog, OnlyTheSilentSocketOfManyIsShutDown) {
+  PgWatchdog watchdog(milliseconds(200));
+  constexpr int kThreads = 6;
+  constexpr int kCalls = 2000;
+  std::vector<std::thread> threads;
+  std::atomic<int> answered{0};
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&] {
+      SocketPair pair;
+      for (int i = 0; i < kCalls; ++i) {
+        if (::send(pair.fds[1], "a", 1, 0) != 1) return;
+        if (watchdog.run(pair.fds[0], [&] { return wait_for_answer(pair.fds[0]); }) == 'a') {
+          ++answered;
+        }
+      }
+    });
+  }
+  SocketPair silent;
+  expect_timed_out(
+      [&] { watchdog.run(silent.fds[0], [&] { return wait_for_answer(silent.fds[0]); }); });
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(answered.load(), kThreads * kCalls);
 }
 
 }  // namespace
