@@ -12,6 +12,7 @@
 
 #include "redis/errors.h"
 #include "redis/reply.h"
+#include "redis/resp_command.h"
 #include "redis/sentinel_rules.h"
 #include "redis/tls_transport.h"
 
@@ -22,21 +23,6 @@ timeval to_timeval(std::chrono::milliseconds duration) {
   const auto ms = duration.count();
   return timeval{static_cast<time_t>(ms / 1000), static_cast<suseconds_t>((ms % 1000) * 1000)};
 }
-
-// hiredis' binary-safe argv form of `args`.
-struct Argv {
-  explicit Argv(std::span<const std::string_view> args) {
-    pointers.reserve(args.size());
-    sizes.reserve(args.size());
-    for (const std::string_view arg : args) {
-      pointers.push_back(arg.data());
-      sizes.push_back(arg.size());
-    }
-  }
-  [[nodiscard]] int count() const { return static_cast<int>(pointers.size()); }
-  std::vector<const char*> pointers;
-  std::vector<std::size_t> sizes;
-};
 
 }  // namespace
 
@@ -102,10 +88,10 @@ ReplyPtr Connection::command(std::span<const std::string_view> args) {
 
 void Connection::append(std::span<const std::string_view> args) {
   if (tls_ != nullptr) return tls_->append(args);
-  Argv argv(args);
+  const RespCommand command(args);  // hiredis's own formatter prints each header (sds)
   errno = 0;
-  if (redisAppendCommandArgv(context_.get(), argv.count(), argv.pointers.data(),
-                             argv.sizes.data()) != REDIS_OK) {
+  if (redisAppendFormattedCommand(context_.get(), command.bytes().data(), command.bytes().size()) !=
+      REDIS_OK) {
     fail(errno, "append");
   }
 }

@@ -14,9 +14,9 @@
 #include <optional>
 #include <string>
 
-#include "redis/async_connection.h"
 #include "redis/errors.h"
 #include "redis/reply.h"
+#include "redis/resp_command.h"
 #include "redis/tls.h"
 
 namespace idem::detail {

@@ -1,4 +1,4 @@
-// RespCommand (src/redis/async_connection.h): the RESP bytes of a command, byte for byte those
+// RespCommand (src/redis/resp_command.h): the RESP bytes of a command, byte for byte those
 // of hiredis's redisFormatCommandArgv, the reference formatter.
 #include <gtest/gtest.h>
 #include <hiredis/hiredis.h>
@@ -7,7 +7,7 @@
 #include <string_view>
 #include <vector>
 
-#include "redis/async_connection.h"
+#include "redis/resp_command.h"
 
 namespace idem::detail {
 namespace {
