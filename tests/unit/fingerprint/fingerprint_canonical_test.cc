@@ -243,6 +243,21 @@ TEST(Fingerprint, SeedCompatibleMd5) {
   EXPECT_EQ(fp.fingerprint(R"({ "a": 1.0 })"), "e47e54c5e61e4f0a318e2f1a9296c49f");
 }
 
+// A thread's digest context is restarted as it is while the algorithm stays the same: one that
+// changes between calls must change the digest with it, each way.
+TEST(Fingerprint, AlternatingAlgorithmsOnOneThreadEachGiveTheirOwnDigest) {
+  const Fingerprinter sha({.domain_separated = false, .hex_length = 64});
+  const Fingerprinter md5({.form = CanonicalForm::kPythonJsonDumps,
+                           .hash = HashAlgorithm::kMd5,
+                           .domain_separated = false});
+  for (int round = 0; round < 3; ++round) {
+    EXPECT_EQ(sha.fingerprint(" { } "),
+              "44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a");
+    EXPECT_EQ(md5.fingerprint(R"({ "a": 1.0 })"), "e47e54c5e61e4f0a318e2f1a9296c49f");
+    EXPECT_EQ(md5.fingerprint(R"({ "a": 1.0 })"), "e47e54c5e61e4f0a318e2f1a9296c49f");
+  }
+}
+
 TEST(Fingerprint, ScopeChangesTheFingerprint) {
   const Fingerprinter fp;
   EXPECT_NE(fp.fingerprint("{}", "u1"), fp.fingerprint("{}", "u2"));
