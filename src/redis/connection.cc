@@ -88,7 +88,7 @@ ReplyPtr Connection::command(std::span<const std::string_view> args) {
 
 void Connection::append(std::span<const std::string_view> args) {
   if (tls_ != nullptr) return tls_->append(args);
-  const RespCommand command(args);  // hiredis's own formatter prints each header (sds)
+  const RespCommand command(args);  // not redisAppendCommandArgv: its sds printer is slow
   errno = 0;
   if (redisAppendFormattedCommand(context_.get(), command.bytes().data(), command.bytes().size()) !=
       REDIS_OK) {
