@@ -1,9 +1,9 @@
-// Heap allocations made by this process so far, for benchmarks that report allocations per
-// call: every malloc(), calloc() and realloc() of a null pointer, whoever calls it (operator
-// new, libpq, hiredis, OpenSSL). Defined in bench/allocations.cc, which replaces malloc() with
-// a counting wrapper around glibc's own (__libc_malloc); with a sanitizer, which replaces
-// malloc() itself, or without glibc, nothing is counted and allocations() returns -1.
-// Thread-safe (a relaxed atomic counter).
+// Heap allocations made by the calling thread so far, for benchmarks that report allocations
+// per call of a loop on one thread: every malloc(), calloc() and realloc() of a null pointer,
+// whoever calls it (operator new, libpq, hiredis, OpenSSL). Defined in bench/allocations.cc, which
+// replaces malloc() with a counting wrapper around glibc's own (__libc_malloc); with a sanitizer,
+// which replaces malloc() itself, or without glibc, nothing is counted and allocations() returns
+// -1. Thread-safe (a counter per thread).
 #pragma once
 
 namespace bench {

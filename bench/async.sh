@@ -44,7 +44,7 @@
 # servers: the floor user-space work cannot cut), the share of the time it ran and the share it
 # waited, runnable, for a core (on shared cores one thread gets about cores / load average of
 # one; the rate on a core of its own is 10^6 / CPU µs per call), and the heap allocations per
-# call (every malloc of the process over the timed phase, libpq's and hiredis' too:
+# call (every malloc of the loop thread over the timed phase, libpq's and hiredis' too:
 # bench/allocations.h), for idem and for the hand-written method alike.
 # By default a private redis-server is started on a free port (and stopped); PostgreSQL is the
 # one of scripts/dev's services (IDEM_TEST_PG_URL), in a schema of its own (dropped).

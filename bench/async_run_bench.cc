@@ -227,7 +227,7 @@ class LoopBench {
     double cpu = 0;             // s of this thread's CPU
     double system = 0;          // s of it in the kernel
     double waited = 0;          // s runnable, waiting for a core
-    long long allocations = 0;  // the process's heap allocations (-1: not counted)
+    long long allocations = 0;  // the loop thread's heap allocations (-1: not counted)
   };
 
   // Spawns --in-flight `caller(stop)` coroutines and runs the loop for --seconds; each caller
