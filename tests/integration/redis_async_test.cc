@@ -426,6 +426,31 @@ TEST(RedisAsync, TlsConnectionVerifiesTheServer) {
   EXPECT_EQ(tls.server.cli({"GET", "over-tls"}), "yes");
 }
 
+// As ACommandAfterARestartTheIdleLoopMissedGoesOnANewConnection, over TLS: the peek sees the end
+// of a TLS connection too (redis-server 7.0 sends no TLS alert ahead of it that would hide it).
+TEST(RedisAsync, ACommandAfterARestartTheIdleLoopMissedGoesOnANewTlsConnection) {
+  TlsRedis tls;
+  asio::io_context io;
+  auto connection = AsyncConnection::create(
+      io.get_executor(), settings_for("rediss://127.0.0.1:" + std::to_string(tls.tls_port) +
+                                      "/0?ca_file=" + tls.certs.ca_file()));
+  connection->exec(Args{"PING"}, [](std::exception_ptr error, ReplyPtr) { ASSERT_FALSE(error); });
+  io.run_for(200ms);
+  tls.server.restart();  // the loop does not run meanwhile
+  std::exception_ptr failed;
+  std::string answer;
+  connection->exec(Args{"PING"}, [&](std::exception_ptr error, ReplyPtr reply) {
+    failed = error;
+    if (!error) answer = text(reply);
+    connection->close();
+  });
+  io.restart();
+  io.run();
+  EXPECT_FALSE(failed) << test::what(failed);
+  EXPECT_EQ(answer, "PONG");
+  EXPECT_EQ(connection->connects(), 2u);
+}
+
 // redis-server closes, unanswered, a connection whose first bytes are not a TLS handshake: the
 // error names the likely cause, a redis:// URL at a TLS port.
 TEST(RedisAsync, ARedisUrlAtATlsPortSaysToUseRediss) {
