@@ -2,7 +2,7 @@
 
 #include <hiredis/alloc.h>
 #include <hiredis/hiredis.h>
-#include <sys/socket.h>
+#include <poll.h>
 
 #include <algorithm>
 #include <array>
@@ -11,7 +11,6 @@
 #include <asio/local/stream_protocol.hpp>
 #include <asio/ssl/stream.hpp>
 #include <asio/write.hpp>
-#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -94,13 +93,17 @@ struct AsyncConnection::Link {
     }
   }
   Tcp* tcp_socket() { return secure ? &secure->next_layer() : tcp ? &*tcp : nullptr; }
-  // Whether the server closed or reset the connection, by a peek that takes nothing from it (the
-  // read outstanding on it sees the end too, once the loop runs). No wait.
-  bool closed_by_peer() {
+  // Whether this idle connection (no reply due) is over, asked of the socket without reading
+  // from it (the read outstanding on it sees the same once the loop runs). No wait. Over: the
+  // server closed or reset it, or, unless pushes are expected, sent something unasked, which on
+  // an idle connection only an ending does: a TLS front's close_notify alert, sent before it
+  // waits (up to a minute with stunnel) for ours and only then closes.
+  bool ended_while_idle(bool pushes_expected) {
     const int fd = local ? local->native_handle() : tcp_socket()->native_handle();
-    char byte = 0;
-    const ssize_t got = ::recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
-    return got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+    pollfd state{.fd = fd, .events = POLLIN | POLLRDHUP, .revents = 0};
+    if (::poll(&state, 1, 0) <= 0) return false;
+    if ((state.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) return true;
+    return !pushes_expected && (state.revents & POLLIN) != 0;
   }
   void shut() noexcept {
     std::error_code ignored;
@@ -155,11 +158,12 @@ void AsyncConnection::on_cancel(Op& op) {
 
 void AsyncConnection::enqueue(std::unique_ptr<Op> op, std::string_view bytes, int replies,
                               std::chrono::milliseconds timeout, bool durable) {
-  if (link_ != nullptr && ready_ && pending_.empty() && link_->closed_by_peer()) {
-    // Idle while the loop did not run, it missed the server closing it (a restart): the command
+  if (link_ != nullptr && ready_ && pending_.empty() &&
+      link_->ended_while_idle(static_cast<bool>(settings_.on_push))) {
+    // Idle while the loop did not run, it missed the server ending it (a restart): the command
     // goes on a new connection instead of being written into this one.
     fail(std::make_exception_ptr(
-        RedisError("idem: redis: the server closed the idle connection", true)));
+        RedisError("idem: redis: the server ended the idle connection", true)));
   }
   Pending& entry = pending_.emplace_back();
   entry.replies_left = replies;

@@ -29,6 +29,7 @@
 #include "redis_server.h"
 #include "test_env.h"
 #include "tls_certs.h"
+#include "tls_front.h"
 
 namespace idem::detail {
 namespace {
@@ -437,6 +438,36 @@ TEST(RedisAsync, ACommandAfterARestartTheIdleLoopMissedGoesOnANewTlsConnection) 
   connection->exec(Args{"PING"}, [](std::exception_ptr error, ReplyPtr) { ASSERT_FALSE(error); });
   io.run_for(200ms);
   tls.server.restart();  // the loop does not run meanwhile
+  std::exception_ptr failed;
+  std::string answer;
+  connection->exec(Args{"PING"}, [&](std::exception_ptr error, ReplyPtr reply) {
+    failed = error;
+    if (!error) answer = text(reply);
+    connection->close();
+  });
+  io.restart();
+  io.run();
+  EXPECT_FALSE(failed) << test::what(failed);
+  EXPECT_EQ(answer, "PONG");
+  EXPECT_EQ(connection->connects(), 2u);
+}
+
+// The same behind a TLS terminator (stunnel): when the server behind it restarts, the front sends
+// a TLS close_notify alert and waits for the client's before it closes. The idle check looked for
+// the end only, saw none, and the next command was written into the ending connection and failed
+// ("connection closed by the server").
+TEST(RedisAsync, ACommandAfterARestartBehindATlsFrontTheIdleLoopMissedGoesOnANewConnection) {
+  const test::TestCertificates certs;
+  test::RedisServer server;
+  const test::TlsFront front(certs, server.port());
+  asio::io_context io;
+  auto connection = AsyncConnection::create(
+      io.get_executor(), settings_for("rediss://127.0.0.1:" + std::to_string(front.port()) +
+                                      "/0?ca_file=" + certs.ca_file()));
+  connection->exec(Args{"PING"}, [](std::exception_ptr error, ReplyPtr) { ASSERT_FALSE(error); });
+  io.run_for(200ms);
+  server.restart();                    // the loop does not run meanwhile
+  std::this_thread::sleep_for(100ms);  // the front's close reaches the idle connection
   std::exception_ptr failed;
   std::string answer;
   connection->exec(Args{"PING"}, [&](std::exception_ptr error, ReplyPtr reply) {
