@@ -6,12 +6,14 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "idem/errors.h"
 #include "idem/redis_guard.h"
 #include "redis_server.h"
 #include "tls_certs.h"
+#include "tls_front.h"
 
 namespace idem {
 namespace {
@@ -76,6 +78,27 @@ TEST_F(RedisTlsTest, APooledConnectionTheServerClosedIsRetriedOnANewOne) {
     (void)server_->cli({"CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"});
     const ClaimResult again = guard.claim(key, "req-2", "");
     EXPECT_EQ(again.status, ClaimStatus::kRepeatOther) << "round " << round;
+  }
+}
+
+// The same behind a TLS terminator (stunnel) when the server behind it restarts: the front sends
+// a close_notify alert and waits for the client's before it closes, so the pooled connection
+// still looks open. The claim written into it ends at that alert, as a close, and runs again on a
+// new connection.
+TEST_F(RedisTlsTest, APooledConnectionBehindATlsFrontIsRetriedOnANewOneAfterARestart) {
+  test::RedisServer plain;
+  const test::TlsFront front(*certs_, plain.port());
+  RedisGuardOptions one = options("ca_file=" + certs_->ca_file());
+  one.redis.url =
+      "rediss://127.0.0.1:" + std::to_string(front.port()) + "/0?ca_file=" + certs_->ca_file();
+  one.redis.pool_size = 1;
+  RedisGuard guard(one);
+  for (int round = 0; round < 3; ++round) {
+    const std::string key = "u7:refund:o" + std::to_string(round);
+    ASSERT_EQ(guard.claim(key, "req-1", "").status, ClaimStatus::kFirst) << "round " << round;
+    plain.restart();                     // not persistent: the claim is gone with it
+    std::this_thread::sleep_for(100ms);  // the front's alert reaches the pooled connection
+    EXPECT_EQ(guard.claim(key, "req-2", "").status, ClaimStatus::kFirst) << "round " << round;
   }
 }
 
