@@ -297,9 +297,9 @@ struct DeduplicatorOptions {
   /// turns automatic renewal off. Keep it well under the guard's lease (a third of it, say), or
   /// the lease may run out between renewals; one as long as the lease or longer is an
   /// idem::ConfigError. Helper threads of the Deduplicator renew the running handlers' leases:
-  /// one, started on first use, and one more (up to four) whenever all are busy renewing and
-  /// another lease is due, so a renewal waiting on a slow backend delays the others only once
-  /// four wait. Failures show in Context::lease_lost().
+  /// one, started on first use, and one more (up to four) whenever a renewal leaves none free,
+  /// so a renewal waiting on a slow backend delays the others only once four wait. Failures show in
+  /// Context::lease_lost().
   std::chrono::milliseconds auto_renew_interval{0};
   /// How long a completion the guard failed to save (Guard::complete() threw: Redis down, slow
   /// or failing over) is sent again, in ms, >= 0: after 100 ms, then at intervals doubling up to

@@ -55,7 +55,7 @@ void Renewer::loop(const std::stop_token& stop) {
       continue;
     }
     renewing_.insert(due_call);
-    // Every thread busy now: the next call due gets a thread of its own.
+    // No thread free now: the next call due gets one of its own.
     if (renewing_.size() == threads_.size() && threads_.size() < kMaxThreads && !stopping_) {
       start_thread();
     }

@@ -25,11 +25,10 @@ class Renewable {
   virtual void renew_now() = 0;
 };
 
-/// Thread-safe. Its first thread starts on the first add(); while every thread it has is busy
-/// renewing and another call is due, it starts one more, up to kMaxThreads, so that a renewal
-/// waiting on a slow backend (a stalled Redis, a sink renewal waiting for a pooled connection)
-/// holds up only the calls behind it once all of them wait. A call is renewed by one thread at a
-/// time. The threads stop with it.
+/// Thread-safe. Its first thread starts on the first add(), and one more whenever a renewal
+/// leaves none free, up to kMaxThreads, so that a renewal waiting on a slow backend (a stalled
+/// Redis, a sink renewal waiting for a pooled connection) holds up the others only once all of
+/// them wait. A call is renewed by one thread at a time. The threads stop with it.
 class Renewer {
  public:
   static constexpr std::size_t kMaxThreads = 4;
