@@ -136,8 +136,19 @@ class IDEM_EXPORT PgSink final : public Sink {
   PgSink& operator=(const PgSink&) = delete;
 
   /// Creates or upgrades the schema objects (src/sink/schema.sql) to the current version.
-  /// Idempotent, and safe to run concurrently from many processes (advisory lock).
+  /// Idempotent, and safe to run concurrently from many processes (advisory lock). Throws
+  /// idem::PostgresError (the migration's transaction rolls back).
   void migrate() override;
+
+  /// The schema versions a migration went between (see schema_version()).
+  struct Migration {
+    int from = 0;  ///< What it found: 0 when migrate() never ran on this schema and table.
+    int to = 0;    ///< What it left: the current version.
+  };
+  /// As migrate(), and says what it did. Both versions are read under the migration's lock, so
+  /// of migrations run at once each reports its own: the first from what it found, the others
+  /// from the version it left.
+  Migration migrate_schema();
 
   /// The highest schema migration applied (src/sink/schema.sql's `-- idem:migration N`), 0 when
   /// migrate() never ran on this schema and table.

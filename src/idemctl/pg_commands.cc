@@ -30,13 +30,12 @@ void on_postgres(const PgFlags& flags, Body&& body) {
 
 int migrate(const PgFlags& flags) {
   const std::unique_ptr<PgSink> sink = required_sink(flags);
-  int before = 0;
-  int after = 0;
-  on_postgres(flags, [&] {
-    before = sink->schema_version();
-    sink->migrate();
-    after = sink->schema_version();
-  });
+  PgSink::Migration done;
+  // Both versions read under the migration's lock: run at once with another, each says what
+  // it did.
+  on_postgres(flags, [&] { done = sink->migrate_schema(); });
+  const int before = done.from;
+  const int after = done.to;
   const std::string table = flags.backends.pg_schema + "." + flags.backends.pg_table;
   if (flags.json) {
     print_json({{"table", table}, {"schema_version", after}, {"previous_version", before}});

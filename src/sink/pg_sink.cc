@@ -478,11 +478,14 @@ PgSink::PgSink(PgSinkOptions options) : impl_(std::make_unique<Impl>(std::move(o
 
 PgSink::~PgSink() = default;
 
-void PgSink::migrate() {
+void PgSink::migrate() { (void)migrate_schema(); }
+
+PgSink::Migration PgSink::migrate_schema() {
   const detail::MigrationScript script =
       detail::split_migrations(detail::substitute_names(detail::kSchemaScript, impl_->names));
   const std::string schema = detail::quote_identifier(impl_->names.schema);
   const std::string versions = schema + "." + detail::quote_identifier(impl_->names.versions);
+  Migration done;
   impl_->with_connection([&](pqxx::connection& conn) {
     return impl_->watched_transaction(conn, [&](pqxx::work& tx) {
       tx.exec_params("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
@@ -494,14 +497,17 @@ void PgSink::migrate() {
       if (tx.exec_params1("SELECT to_regclass($1) IS NULL", versions)[0].as<bool>()) {
         tx.exec(script.preamble);
       }
-      const int current =
-          tx.exec1("SELECT coalesce(max(version), 0) FROM " + versions)[0].as<int>();
+      done.from = tx.exec1("SELECT coalesce(max(version), 0) FROM " + versions)[0].as<int>();
+      done.to = done.from;
       for (const auto& step : script.steps) {
-        if (step.version > current) tx.exec(step.sql);
+        if (step.version <= done.from) continue;
+        tx.exec(step.sql);
+        done.to = step.version;
       }
       return true;
     });
   });
+  return done;
 }
 
 int PgSink::schema_version() {

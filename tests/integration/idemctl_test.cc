@@ -8,11 +8,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdlib>
+#include <future>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <pqxx/pqxx>
 #include <string>
 #include <thread>
 #include <vector>
@@ -216,6 +219,44 @@ TEST_F(IdemctlTest, MigrateTwiceIsIdempotentAndPrintsTheSchemaVersion) {
   ASSERT_EQ(second.code, kOk) << second.describe();
   EXPECT_EQ(second.json()["schema_version"], 2);
   EXPECT_EQ(second.json()["previous_version"], 2);
+}
+
+// Two migrations at once on a fresh schema: one creates it and says "was 0", the other waits for
+// it (the migration's lock) and finds it done. Both read the version before taking the lock, and
+// both said "was 0".
+TEST_F(IdemctlTest, TwoMigrationsAtOnceEachSayWhatItDid) {
+  // The migration's lock, held so that both are under way before either runs.
+  pqxx::connection holder(pg_url_);
+  pqxx::nontransaction hold(holder);
+  const std::string lock = "idem.migrate:" + schema_->name() + ".idem_records";
+  hold.exec_params("SELECT pg_advisory_lock(hashtextextended($1, 0))", lock);
+  auto first = std::async(std::launch::async, [&] {
+    return idemctl(pg_only({"migrate", "--json"}));
+  });
+  auto second = std::async(std::launch::async, [&] {
+    return idemctl(pg_only({"migrate", "--json"}));
+  });
+  // Both wait for the lock (at most 30 s).
+  const std::string waiting =
+      "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND "
+      "((classid::bigint << 32) | objid::bigint) = hashtextextended('" +
+      lock + "', 0)";
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (schema_->count(waiting) < 2 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(schema_->count(waiting), 2);
+  hold.exec_params("SELECT pg_advisory_unlock(hashtextextended($1, 0))", lock);
+  const CtlRun a = first.get();
+  const CtlRun b = second.get();
+  ASSERT_EQ(a.code, kOk) << a.describe();
+  ASSERT_EQ(b.code, kOk) << b.describe();
+  EXPECT_EQ(a.json()["schema_version"], 2);
+  EXPECT_EQ(b.json()["schema_version"], 2);
+  std::array<int, 2> previous{a.json()["previous_version"].get<int>(),
+                              b.json()["previous_version"].get<int>()};
+  std::sort(previous.begin(), previous.end());
+  EXPECT_EQ(previous, (std::array<int, 2>{0, 2})) << a.out << b.out;
 }
 
 TEST_F(IdemctlTest, InspectShowsAClaimInBothBackendsThenItsCompletion) {
