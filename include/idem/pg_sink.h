@@ -136,7 +136,8 @@ class IDEM_EXPORT PgSink final : public Sink {
   PgSink& operator=(const PgSink&) = delete;
 
   /// Creates or upgrades the schema objects (src/sink/schema.sql) to the current version.
-  /// Idempotent, and safe to run concurrently from many processes (advisory lock). Throws
+  /// Idempotent, and safe to run concurrently from many processes: one migrates at a time (an
+  /// advisory lock, waited for up to statement_timeout), the others then find it done. Throws
   /// idem::PostgresError (the migration's transaction rolls back).
   void migrate() override;
 

@@ -488,8 +488,13 @@ PgSink::Migration PgSink::migrate_schema() {
   Migration done;
   impl_->with_connection([&](pqxx::connection& conn) {
     return impl_->watched_transaction(conn, [&](pqxx::work& tx) {
+      // A migration under way elsewhere is waited for up to statement_timeout, not lock_timeout
+      // (a claim's bound): processes that start together all migrate. The DDL below waits for
+      // table locks within lock_timeout again.
+      tx.exec("SET LOCAL lock_timeout = 0");
       tx.exec_params("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
                      "idem.migrate:" + impl_->names.schema + "." + impl_->names.table);
+      tx.exec("SET LOCAL lock_timeout = " + std::to_string(impl_->options.lock_timeout.count()));
       // Skipped when present: CREATE … IF NOT EXISTS still demands the CREATE privilege.
       if (tx.exec_params1("SELECT to_regnamespace($1) IS NULL", schema)[0].as<bool>()) {
         tx.exec("CREATE SCHEMA IF NOT EXISTS " + schema);

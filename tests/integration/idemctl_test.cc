@@ -223,7 +223,7 @@ TEST_F(IdemctlTest, MigrateTwiceIsIdempotentAndPrintsTheSchemaVersion) {
 
 // Two migrations at once on a fresh schema: one creates it and says "was 0", the other waits for
 // it (the migration's lock) and finds it done. Both read the version before taking the lock, and
-// both said "was 0".
+// both said "was 0"; and a wait for the lock longer than lock_timeout failed the migration.
 TEST_F(IdemctlTest, TwoMigrationsAtOnceEachSayWhatItDid) {
   // The migration's lock, held so that both are under way before either runs.
   pqxx::connection holder(pg_url_);
@@ -246,6 +246,9 @@ TEST_F(IdemctlTest, TwoMigrationsAtOnceEachSayWhatItDid) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   EXPECT_EQ(schema_->count(waiting), 2);
+  // Longer than the sink's lock_timeout (1 s by default): a migration waits for another up to
+  // statement_timeout (5 s) instead, so that processes that start together all migrate.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   hold.exec_params("SELECT pg_advisory_unlock(hashtextextended($1, 0))", lock);
   const CtlRun a = first.get();
   const CtlRun b = second.get();
