@@ -49,7 +49,10 @@ TlsFront::TlsFront(const TestCertificates& certs, int backend_port) : port_(free
     conf << "foreground = quiet\npid =\noutput = " << dir_ << "/stunnel.log\n"
          << "[redis]\naccept = 127.0.0.1:" << port_ << "\nconnect = 127.0.0.1:" << backend_port
          << "\ncert = " << certs.server_cert() << "\nkey = " << certs.server_key() << "\n";
-    if (!conf) throw std::runtime_error("stunnel: cannot write " + config);
+    if (!conf) {
+      remove_dir();
+      throw std::runtime_error("stunnel: cannot write " + config);
+    }
   }
   std::vector<std::string> argv = {"stunnel", config};
   std::vector<char*> args;
@@ -57,16 +60,21 @@ TlsFront::TlsFront(const TestCertificates& certs, int backend_port) : port_(free
   args.push_back(nullptr);
   if (::posix_spawnp(&pid_, "stunnel", nullptr, nullptr, args.data(), environ) != 0) {
     pid_ = -1;
+    remove_dir();
     throw std::runtime_error("stunnel: cannot run stunnel (scripts/dev setup installs it)");
   }
-  for (int attempt = 0; attempt < 400; ++attempt) {
+  bool exited = false;
+  for (int attempt = 0; attempt < 400 && !exited; ++attempt) {
     if (accepts(port_)) return;
-    if (::waitpid(pid_, nullptr, WNOHANG) == pid_) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    exited = ::waitpid(pid_, nullptr, WNOHANG) == pid_;  // reaped: its pid is no longer ours
+    if (!exited) std::this_thread::sleep_for(std::chrono::milliseconds(25));
   }
-  ::kill(pid_, SIGTERM);
-  ::waitpid(pid_, nullptr, 0);
+  if (!exited) {
+    ::kill(pid_, SIGTERM);
+    ::waitpid(pid_, nullptr, 0);
+  }
   pid_ = -1;
+  // The directory stays: its stunnel.log says why.
   throw std::runtime_error("stunnel on port " + std::to_string(port_) + " did not come up (see " +
                            dir_ + "/stunnel.log)");
 }
@@ -76,6 +84,10 @@ TlsFront::~TlsFront() {
     ::kill(pid_, SIGTERM);
     ::waitpid(pid_, nullptr, 0);
   }
+  remove_dir();
+}
+
+void TlsFront::remove_dir() const noexcept {
   std::error_code ignored;
   std::filesystem::remove_all(dir_, ignored);
 }

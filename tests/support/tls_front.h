@@ -28,6 +28,8 @@ class TlsFront {
   [[nodiscard]] int port() const noexcept { return port_; }
 
  private:
+  void remove_dir() const noexcept;
+
   std::string dir_;
   int port_ = 0;
   pid_t pid_ = -1;
