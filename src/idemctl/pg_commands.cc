@@ -34,15 +34,13 @@ int migrate(const PgFlags& flags) {
   // Both versions read under the migration's lock: run at once with another, each says what
   // it did.
   on_postgres(flags, [&] { done = sink->migrate_schema(); });
-  const int before = done.from;
-  const int after = done.to;
   const std::string table = flags.backends.pg_schema + "." + flags.backends.pg_table;
   if (flags.json) {
-    print_json({{"table", table}, {"schema_version", after}, {"previous_version", before}});
-  } else if (before == after) {
-    std::cout << table << ": schema version " << after << " (already up to date)\n";
+    print_json({{"table", table}, {"schema_version", done.to}, {"previous_version", done.from}});
+  } else if (done.from == done.to) {
+    std::cout << table << ": schema version " << done.to << " (already up to date)\n";
   } else {
-    std::cout << table << ": schema version " << after << " (was " << before << ")\n";
+    std::cout << table << ": schema version " << done.to << " (was " << done.from << ")\n";
   }
   return kOk;
 }
