@@ -1,58 +1,14 @@
-// Runs an example binary as a child process for the examples' end-to-end tests: its output is
-// collected line by line, every wait is bounded, and the child never outlives the test (killed
-// on destruction, and by the kernel if the test process dies first).
+// An example under test, for the examples' end-to-end tests: an HTTP server run as a child
+// process (ChildProcess) against the shared Redis and PostgreSQL.
 #pragma once
 
-#include <sys/types.h>
-
-#include <chrono>
-#include <condition_variable>
 #include <memory>
-#include <mutex>
-#include <optional>
 #include <string>
-#include <string_view>
-#include <thread>
 #include <vector>
 
+#include "child_process.h"
+
 namespace idem::test {
-
-class ChildProcess {
- public:
-  /// Starts `argv[0]` with `argv`; stdout and stderr are collected. Throws std::runtime_error
-  /// when it cannot start.
-  explicit ChildProcess(std::vector<std::string> argv);
-  /// SIGKILLs the child if it still runs, reaps it and joins the reader.
-  ~ChildProcess();
-  ChildProcess(const ChildProcess&) = delete;
-  ChildProcess& operator=(const ChildProcess&) = delete;
-
-  /// The first output line starting with `prefix`, waiting up to `timeout`; nullopt on timeout
-  /// or when the child closed its output first.
-  std::optional<std::string> wait_for_line(std::string_view prefix,
-                                           std::chrono::milliseconds timeout);
-  /// Sends `signal` to the child (no-op once it was reaped).
-  void signal(int signal);
-  /// Waits up to `timeout` for the child to exit; its exit code (128 + signal when killed), or
-  /// nullopt when it still runs. Once it exited, lines() holds everything it wrote (waiting up to
-  /// 2 s more for the pipe to drain).
-  std::optional<int> wait_exit(std::chrono::milliseconds timeout);
-  /// Every line printed so far.
-  [[nodiscard]] std::vector<std::string> lines() const;
-  /// The last `n` lines, joined, for failure messages.
-  [[nodiscard]] std::string tail(std::size_t n = 20) const;
-
- private:
-  void read_output(int fd);
-
-  pid_t pid_ = -1;
-  std::optional<int> exit_code_;
-  mutable std::mutex mutex_;
-  std::condition_variable changed_;
-  std::vector<std::string> lines_;
-  bool output_closed_ = false;
-  std::thread reader_;
-};
 
 /// An example HTTP server under test, run against the shared Redis and PostgreSQL
 /// (IDEM_TEST_REDIS_URL, IDEM_TEST_PG_URL) in a PostgreSQL schema and an idem namespace of its

@@ -1,10 +1,6 @@
 #include "pg_server.h"
 
-#include <netinet/in.h>
 #include <pwd.h>
-#include <spawn.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,9 +17,8 @@
 #include <thread>
 #include <vector>
 
+#include "redis_server.h"  // free_port()
 #include "test_env.h"
-
-extern char** environ;
 
 namespace idem::test {
 
@@ -35,20 +30,6 @@ PgAddress parse_pg_url(const std::string& url) {
   return {m[1], m[2], std::stoi(m[3]), m[4]};
 }
 namespace {
-
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    throw std::runtime_error("pg_server: no free port");
-  }
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
 
 std::string postgres_bin_dir() {
   for (const char* version : {"17", "16", "15", "14", "13"}) {
@@ -283,7 +264,7 @@ PgBouncer::PgBouncer(const std::string& server_url, const std::string& pool_mode
         << "logfile = " << dir_ << "/pgbouncer.log\n";
     if (!ini) throw std::runtime_error("pgbouncer: cannot write pgbouncer.ini");
   }
-  // A child of ours (not -d): waitpid() reaps it at once on destruction.
+  // A child of ours (not -d), reaped at once on destruction.
   std::vector<std::string> argv = {"pgbouncer", dir_ + "/pgbouncer.ini"};
   if (::geteuid() == 0) {
     const passwd* owner = ::getpwnam("postgres");
@@ -292,32 +273,29 @@ PgBouncer::PgBouncer(const std::string& server_url, const std::string& pool_mode
     }
     argv.insert(argv.begin() + 1, {"-u", "postgres"});
   }
-  std::vector<char*> args;
-  for (std::string& arg : argv) args.push_back(arg.data());
-  args.push_back(nullptr);
-  if (::posix_spawnp(&pid_, "pgbouncer", nullptr, nullptr, args.data(), environ) != 0) {
-    pid_ = -1;
-    throw std::runtime_error("pgbouncer: cannot run pgbouncer (scripts/dev setup installs it)");
+  try {
+    process_ = std::make_unique<ChildProcess>(std::move(argv));
+  } catch (const std::exception& e) {
+    throw std::runtime_error(std::string("pgbouncer (scripts/dev setup installs it): ") + e.what());
   }
-  for (int attempt = 0; attempt < 200; ++attempt) {
+  const auto answers = [this] {
     try {
       pqxx::connection probe(url());
-      return;
+      return true;
     } catch (const std::exception&) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+      return false;
     }
+  };
+  if (process_->wait_until_serving(answers, std::chrono::seconds(5),
+                                   std::chrono::milliseconds(25)) !=
+      ChildProcess::Start::kServing) {
+    throw std::runtime_error("pgbouncer on port " + std::to_string(port_) +
+                             " did not answer (see " + dir_ + "/pgbouncer.log)");
   }
-  ::kill(pid_, SIGTERM);
-  ::waitpid(pid_, nullptr, 0);
-  throw std::runtime_error("pgbouncer on port " + std::to_string(port_) + " did not answer (see " +
-                           dir_ + "/pgbouncer.log)");
 }
 
 PgBouncer::~PgBouncer() {
-  if (pid_ > 0) {
-    ::kill(pid_, SIGTERM);
-    ::waitpid(pid_, nullptr, 0);
-  }
+  process_.reset();
   std::error_code ignored;
   std::filesystem::remove_all(dir_, ignored);
 }

@@ -2,11 +2,11 @@
 // throwaway cluster for destructive tests (restart mid-run).
 #pragma once
 
-#include <sys/types.h>
-
 #include <cstdint>
 #include <memory>
 #include <string>
+
+#include "child_process.h"
 
 namespace idem::test {
 
@@ -118,7 +118,7 @@ class PgBouncer {
   std::string user_;
   std::string database_;
   int port_ = 0;
-  pid_t pid_ = -1;
+  std::unique_ptr<ChildProcess> process_;
 };
 
 }  // namespace idem::test

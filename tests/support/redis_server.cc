@@ -133,20 +133,17 @@ RedisServer::~RedisServer() {
 std::string RedisServer::url() const { return "redis://127.0.0.1:" + std::to_string(port_) + "/0"; }
 
 void RedisServer::kill() {
-  if (pid_ <= 0) return;
-  ::kill(pid_, SIGKILL);
+  process_.reset();  // SIGKILL, reaped
   paused_ = false;
-  ::waitpid(pid_, nullptr, 0);
-  pid_ = -1;
 }
 
 void RedisServer::pause() {
-  if (pid_ > 0 && !paused_) ::kill(pid_, SIGSTOP);
-  paused_ = pid_ > 0;
+  if (process_ != nullptr && !paused_) process_->signal(SIGSTOP);
+  paused_ = process_ != nullptr;
 }
 
 void RedisServer::resume() {
-  if (pid_ > 0 && paused_) ::kill(pid_, SIGCONT);
+  if (paused_) process_->signal(SIGCONT);
   paused_ = false;
 }
 
@@ -188,26 +185,18 @@ bool RedisServer::launch() {
       argv.emplace_back(arg);
   }
   argv.insert(argv.end(), extra_args_.begin(), extra_args_.end());
-  std::vector<char*> args;
-  for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
-  args.push_back(nullptr);
-  if (posix_spawnp(&pid_, "redis-server", nullptr, nullptr, args.data(), environ) != 0) {
-    pid_ = -1;
-    throw std::runtime_error("cannot start redis-server");
-  }
+  process_ = std::make_unique<ChildProcess>(std::move(argv));
   // Wait (up to 10 s) until it answers, or exits.
   const std::vector<std::string> ping = {"redis-cli", "-p", std::to_string(port_), "PING"};
-  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (std::chrono::steady_clock::now() < give_up) {
+  const auto answers = [&ping] {
     std::string answer;
-    if (run(ping, &answer) == 0 && (answer == "PONG" || answer.starts_with("NOAUTH"))) return true;
-    if (::waitpid(pid_, nullptr, WNOHANG) == pid_) {
-      pid_ = -1;
-      return false;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  kill();
+    return run(ping, &answer) == 0 && (answer == "PONG" || answer.starts_with("NOAUTH"));
+  };
+  const ChildProcess::Start start = process_->wait_until_serving(answers, std::chrono::seconds(10),
+                                                                 std::chrono::milliseconds(10));
+  if (start == ChildProcess::Start::kServing) return true;
+  process_.reset();
+  if (start == ChildProcess::Start::kExited) return false;
   throw std::runtime_error("redis-server on port " + std::to_string(port_) + " did not answer");
 }
 

@@ -4,14 +4,14 @@
 // answering with fixed bytes (RawReplyServer).
 #pragma once
 
-#include <sys/types.h>
-
 #include <atomic>
 #include <filesystem>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "child_process.h"
 
 namespace idem::test {
 
@@ -60,7 +60,7 @@ class RedisServer {
   /// Runs redis-cli against this server.
   std::string cli(const std::vector<std::string>& args) const { return redis_cli(url(), args); }
   /// Whether the server runs (started and not killed).
-  [[nodiscard]] bool running() const noexcept { return pid_ > 0; }
+  [[nodiscard]] bool running() const noexcept { return process_ != nullptr; }
   /// SIGSTOP: the server keeps its sockets (connects still succeed in the kernel's backlog)
   /// but answers nothing, like a paused VM. resume() (or kill()) ends it.
   void pause();
@@ -88,7 +88,7 @@ class RedisServer {
   std::vector<std::string> extra_args_;
   int port_ = 0;
   std::filesystem::path dir_;
-  pid_t pid_ = -1;
+  std::unique_ptr<ChildProcess> process_;
   bool paused_ = false;
 };
 

@@ -4,10 +4,10 @@
 // then waits for the client's (up to stunnel's TIMEOUTclose, 60 s) before the TCP close.
 #pragma once
 
-#include <sys/types.h>
-
+#include <memory>
 #include <string>
 
+#include "child_process.h"
 #include "tls_certs.h"
 
 namespace idem::test {
@@ -32,7 +32,7 @@ class TlsFront {
 
   std::string dir_;
   int port_ = 0;
-  pid_t pid_ = -1;
+  std::unique_ptr<ChildProcess> process_;
 };
 
 }  // namespace idem::test
