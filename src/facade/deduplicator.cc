@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "facade/call_state.h"
+#include "facade/contract_steps.h"
 #include "facade/in_process.h"
 #include "facade/plan.h"
 #include "facade/renewer.h"
@@ -256,35 +257,24 @@ detail::StepResult BlockingCall::perform(const detail::Step& step, const Handler
 
 detail::StepResult BlockingCall::perform_io(const detail::Step& step, const Handler& handler) {
   using detail::StepKind;
-  Guard* guard = options_.guard.get();
-  Sink* sink = options_.sink.get();
+  if (std::optional<detail::StepResult> done = detail::perform_contract_step(
+          options_.guard.get(), options_.sink.get(), tx_.has_value(), step)) {
+    return *std::move(done);
+  }
   switch (step.kind) {
-    case StepKind::kGuardClaim:
-      return guard->claim(step.key, step.request_id, step.fingerprint);
-    case StepKind::kGuardComplete:
-      return detail::Completed{guard->complete(step.key, step.owner_token, step.value, step.ttl)};
-    case StepKind::kGuardRelease:
-      (void)guard->release(step.key, step.owner_token);
-      return detail::Done{};
     case StepKind::kSinkBegin:
       tx_.emplace(*shared_.pg);
       tx_->open(!step.with_next);
       return detail::Done{};
-    case StepKind::kSinkClaim:
-      if (!tx_) return sink->claim(step.key, step.request_id, step.fingerprint, step.owner_token);
-      {
-        // The claim may wait on the key's lock: a stop meanwhile cancels it.
-        const CancelOnStop cancel(*tx_, shared_.pg->options().response_timeout, stop_token());
-        return tx_->claim(step.key, step.request_id, step.fingerprint);
-      }
+    case StepKind::kSinkClaim: {
+      // The claim may wait on the key's lock: a stop meanwhile cancels it.
+      const CancelOnStop cancel(*tx_, shared_.pg->options().response_timeout, stop_token());
+      return tx_->claim(step.key, step.request_id, step.fingerprint);
+    }
     case StepKind::kRunHandler:
       return run_handler(handler);
-    case StepKind::kSinkComplete:
-      if (tx_) {
-        tx_->record(step.key, step.request_id, step.fingerprint, step.value, step.ttl);
-      } else {
-        return detail::Completed{sink->complete(step.key, step.owner_token, step.value, step.ttl)};
-      }
+    case StepKind::kSinkComplete:  // staged: COMMIT carries it
+      tx_->record(step.key, step.request_id, step.fingerprint, step.value, step.ttl);
       return detail::Done{};
     case StepKind::kCommit:
       tx_->commit();
@@ -293,9 +283,6 @@ detail::StepResult BlockingCall::perform_io(const detail::Step& step, const Hand
     case StepKind::kRollback:
       if (tx_) tx_->rollback();
       tx_.reset();
-      return detail::Done{};
-    case StepKind::kSinkRelease:
-      (void)sink->release(step.key, step.owner_token);
       return detail::Done{};
     case StepKind::kWait:
       wait_until(step.at);

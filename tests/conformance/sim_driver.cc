@@ -5,6 +5,7 @@
 #include <string>
 #include <utility>
 
+#include "facade/contract_steps.h"
 #include "idem/errors.h"
 
 namespace idem::conformance {
@@ -74,26 +75,13 @@ StepResult SimTestDriver::perform(detail::CallPlan& plan, const detail::Step& st
 }
 
 StepResult SimTestDriver::perform_io(detail::CallPlan& plan, const detail::Step& step) {
-  Guard* guard = rules_.options().guard.get();
-  Sink* sink = rules_.options().sink.get();
+  if (std::optional<StepResult> done = detail::perform_contract_step(
+          rules_.options().guard.get(), rules_.options().sink.get(), tx_ != 0, step)) {
+    return *std::move(done);
+  }
   switch (step.kind) {
-    case StepKind::kGuardClaim:
-      return guard->claim(step.key, step.request_id, step.fingerprint);
-    case StepKind::kGuardComplete:
-      return detail::Completed{guard->complete(step.key, step.owner_token, step.value, step.ttl)};
-    case StepKind::kGuardRelease:
-      (void)guard->release(step.key, step.owner_token);
-      return detail::Done{};
     case StepKind::kSinkClaim:
-      if (tx_ == 0)
-        return sink->claim(step.key, step.request_id, step.fingerprint, step.owner_token);
-      return in_transaction(step);
     case StepKind::kSinkComplete:
-      if (tx_ != 0) return in_transaction(step);
-      return detail::Completed{sink->complete(step.key, step.owner_token, step.value, step.ttl)};
-    case StepKind::kSinkRelease:
-      (void)sink->release(step.key, step.owner_token);
-      return detail::Done{};
     case StepKind::kSinkBegin:
     case StepKind::kCommit:
     case StepKind::kRollback:
