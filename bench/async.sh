@@ -122,7 +122,7 @@ s="\"$schema\"" k="'u|refund|pgb-' || CAST(:client_id AS text) || '-' || CAST(:n
   echo '\set n random(1, 1152921504606846976)'
   echo '\startpipeline'
   echo 'BEGIN;'
-  echo "SELECT pg_advisory_xact_lock(hashtextextended($k, hashtext('bench')));"
+  echo "SELECT WHERE pg_advisory_xact_lock(hashtextextended($k, hashtext('bench'))) IS NULL;"
   echo "SELECT state, fingerprint, request_id, response, response_sha256, expires_at <= now() FROM $s.idem_records WHERE ns = 'bench' AND key = $k;"
   echo '\endpipeline'
   echo "INSERT INTO $s.bench_ledger (key) VALUES ($k);"

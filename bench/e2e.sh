@@ -84,7 +84,7 @@ retention="now() + 86400000::float8 * interval '1 ms'"
 # A completed record as the sink writes it with COMMIT (src/sink/pg_sink.cc, kRecord).
 record="INSERT INTO $s.idem_records (ns, key, request_id, fingerprint, state, response, response_sha256, expires_at) VALUES ('bench', $key, 'req-pgb-' || CAST(:n AS text), $fingerprint, 'completed', $response, NULL, $retention)"
 # The sink's claim as it sends it with BEGIN (src/sink/pg_sink.cc, kLockKey and kLookup).
-lock="SELECT pg_advisory_xact_lock(hashtextextended($key, hashtext('bench')))"
+lock="SELECT WHERE pg_advisory_xact_lock(hashtextextended($key, hashtext('bench'))) IS NULL"
 lookup="SELECT state, fingerprint, request_id, response, response_sha256, expires_at <= now() FROM $s.idem_records WHERE ns = 'bench' AND key = $key"
 # The other claim design: an in-progress record inserted with BEGIN (a competitor's insert of the
 # key waits at the unique index until this transaction ends; no row back means a duplicate),

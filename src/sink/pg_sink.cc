@@ -142,7 +142,9 @@ std::array<std::string, kCount> statements(const std::string& table) {
                 " (ns, key, request_id, fingerprint, expires_at, owner_token)"
                 " SELECT $1, $2, $3, $4, now() + $5::float8 * interval '1 ms', $6 FROM key_lock"
                 " ON CONFLICT (ns, key) DO NOTHING RETURNING 1";
-  sql[kLockKey] = "SELECT " + key_lock;
+  // The lock alone answers no column and no row (it is never null): a result of either would
+  // cost the client a heap block per call in libpq (2 KB for the columns, 1 KB for the rows).
+  sql[kLockKey] = "SELECT WHERE " + key_lock + " IS NULL";
   sql[kLookup] =
       "SELECT state, fingerprint, request_id, response, response_sha256,"
       " expires_at <= now() FROM " +

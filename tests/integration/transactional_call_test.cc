@@ -37,6 +37,7 @@ struct Cost {
   std::map<std::string, long> statements;  // "BEGIN", "COMMIT", "ROLLBACK", "idem", "business"
   std::map<std::string, std::size_t> redis_commands;
   std::map<char, std::size_t> pg_messages;  // PostgreSQL frontend messages by type
+  long idem_rows_read = 0;                  // rows idem's SELECTs answered
 
   [[nodiscard]] long count(const std::string& kind) const {
     const auto found = statements.find(kind);
@@ -180,8 +181,8 @@ class CallCounter {
     pqxx::connection conn(admin_url_);
     pqxx::nontransaction tx(conn);
     const pqxx::result rows = tx.exec_params(
-        "SELECT query, calls FROM pg_stat_statements WHERE userid = (SELECT oid FROM pg_roles "
-        "WHERE rolname = $1)",
+        "SELECT query, calls, rows FROM pg_stat_statements "
+        "WHERE userid = (SELECT oid FROM pg_roles WHERE rolname = $1)",
         role_);
     for (const auto& row : rows) {
       const std::string query = row[0].as<std::string>();
@@ -196,6 +197,7 @@ class CallCounter {
         kind = "business";
       }
       cost.statements[kind] += row[1].as<long>();
+      if (kind == "idem" && query.starts_with("SELECT")) cost.idem_rows_read += row[2].as<long>();
     }
     return cost;
   }
@@ -225,6 +227,7 @@ std::string describe(const Cost& cost) {
                      ", redis round trips " + std::to_string(cost.redis_round_trips) + ";";
   for (const auto& [kind, calls] : cost.statements)
     text += " " + kind + "=" + std::to_string(calls);
+  text += "; rows idem read " + std::to_string(cost.idem_rows_read);
   text += "; pg messages:";
   for (const auto& [type, count] : cost.pg_messages)
     text += std::string(" ") + type + "=" + std::to_string(count);
@@ -287,6 +290,9 @@ TEST_F(TransactionalCallTest, StatementsAndRoundTripsPerCallAreTheDocumentedOnes
   // handler's two unnamed statements (idem's lock, read and record are never parsed again).
   EXPECT_EQ(first.pg_messages.count('Q'), 0u) << describe(first);
   EXPECT_EQ(first.pg_messages.at('P'), 4u) << describe(first);
+  // A first execution reads no record, and the key's lock answers no row either: libpq
+  // allocates no row storage for idem's statements.
+  EXPECT_EQ(first.idem_rows_read, 0) << describe(first);
 
   counter.reset();
   const Outcome duplicate = dedup->run_transactional(request("r2", "o1"), refund("o1"));
