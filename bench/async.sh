@@ -113,7 +113,7 @@ blocking_threads=50 pg_connections=8
 s="\"$schema\"" k="'u|refund|pgb-' || CAST(:client_id AS text) || '-' || CAST(:n AS text)"
 {
   echo '\set n random(1, 1152921504606846976)'
-  echo "WITH key_lock AS (SELECT pg_advisory_xact_lock(hashtextextended($k, hashtext('bench')))) INSERT INTO $s.idem_records (ns, key, request_id, fingerprint, expires_at, owner_token) SELECT 'bench', $k, 'req-pgb-' || CAST(:n AS text), 'f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f00', now() + 30000::float8 * interval '1 ms', 'owner-' || CAST(:n AS text) FROM key_lock ON CONFLICT (ns, key) DO NOTHING RETURNING 1;"
+  echo "WITH key_lock AS (SELECT pg_advisory_xact_lock(hashtextextended($k, hashtext('bench')))) INSERT INTO $s.idem_records (ns, key, request_id, fingerprint, expires_at, owner_token) SELECT 'bench', $k, 'req-pgb-' || CAST(:n AS text), 'f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f00', now() + 30000::float8 * interval '1 ms', 'owner-' || CAST(:n AS text) FROM key_lock ON CONFLICT (ns, key) DO NOTHING;"
   echo "UPDATE $s.idem_records SET state = 'completed', response = '\\x7b22737461747573223a22726566756e646564222c22616d6f756e745f63656e7473223a3530307d'::bytea, response_sha256 = NULL, expires_at = now() + 86400000::float8 * interval '1 ms' WHERE ns = 'bench' AND key = $k AND state = 'in_progress' AND owner_token = coalesce('owner-' || CAST(:n AS text), owner_token);"
 } >"$work/sink.sql"
 # The transaction of a run_transactional() call as the async front sends it (src/sink/pg_sink.cc's

@@ -2,7 +2,7 @@
 # scripts/dev bench pg [--report-json PATH] [--report-md PATH] [--seconds N] [--runs N]
 #
 # The Postgres sink against pgbench running the same SQL, on the same server in the same run:
-#   claim              the claim INSERT … ON CONFLICT DO NOTHING RETURNING (autocommit: idem's
+#   claim              the claim INSERT … ON CONFLICT DO NOTHING (autocommit: idem's
 #                      non-transactional claim)
 #   claim_plus_update  BEGIN; the claim; UPDATE accounts …; COMMIT (idem's transact())
 # at 1 and 8 clients; each point is the median of --runs runs (default 3). A run gives each tool
@@ -42,7 +42,7 @@ at_exit cleanup
 
 # The statements idem sends (src/sink/pg_sink.cc, bench/pg_bench.cc), with pgbench variables for the
 # parameters. Keys are random 60-bit numbers: a collision in one run is practically impossible.
-claim_sql="WITH key_lock AS (SELECT pg_advisory_xact_lock(hashtextextended('pgbench:' || :client_id || ':' || :n, hashtext('bench')))) INSERT INTO $table (ns, key, request_id, fingerprint, expires_at) SELECT 'bench', 'pgbench:' || :client_id || ':' || :n, 'req', 'fp', now() + :keep::float8 * interval '1 ms' FROM key_lock ON CONFLICT (ns, key) DO NOTHING RETURNING 1;"
+claim_sql="WITH key_lock AS (SELECT pg_advisory_xact_lock(hashtextextended('pgbench:' || :client_id || ':' || :n, hashtext('bench')))) INSERT INTO $table (ns, key, request_id, fingerprint, expires_at) SELECT 'bench', 'pgbench:' || :client_id || ':' || :n, 'req', 'fp', now() + :keep::float8 * interval '1 ms' FROM key_lock ON CONFLICT (ns, key) DO NOTHING;"
 cat >"$work/claim.sql" <<SQL
 \set n random(1, 1152921504606846976)
 \set keep 86400000

@@ -290,7 +290,7 @@ asio::awaitable<SinkClaim> AsyncPgSink::claim(std::string_view key, std::string_
       if (error.sqlstate() != kLockNotAvailable) throw;
       co_return held_elsewhere();
     }
-    if (PQntuples(inserted.get()) > 0) co_return SinkClaim{};
+    if (std::string_view(PQcmdTuples(inserted.get())) == "1") co_return SinkClaim{};
     PgParams lookup = pg_params(options_.ns, key);
     const PgResultPtr found = co_await exec(Prepared::kLookup, std::move(lookup), true);
     const PGresult* row = found.get();

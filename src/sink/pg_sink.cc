@@ -137,14 +137,14 @@ std::array<std::string, kCount> statements(const std::string& table) {
   const std::string key_lock = "pg_advisory_xact_lock(hashtextextended($2, hashtext($1)))";
   // The lock is a CTE the insert reads from, so it is held before the row is inserted (a
   // volatile CTE is evaluated once, never inlined); ON CONFLICT sees committed rows whatever
-  // the statement's snapshot.
+  // the statement's snapshot. Whether it inserted is its command tag's count ("INSERT 0 1"):
+  // like the lock below, it answers no column and no row, either of which would cost the client
+  // a heap block per call in libpq (2 KB for the columns, 1 KB for the rows).
   sql[kClaim] = "WITH key_lock AS (SELECT " + key_lock + ") INSERT INTO " + table +
                 " (ns, key, request_id, fingerprint, expires_at, owner_token)"
                 " SELECT $1, $2, $3, $4, now() + $5::float8 * interval '1 ms', $6 FROM key_lock"
-                " ON CONFLICT (ns, key) DO NOTHING RETURNING 1";
-  // The lock alone answers no column and no row (it is never null): a result of either would
-  // cost the client a heap block per call in libpq (2 KB for the columns, 1 KB for the rows).
-  sql[kLockKey] = "SELECT WHERE " + key_lock + " IS NULL";
+                " ON CONFLICT (ns, key) DO NOTHING";
+  sql[kLockKey] = "SELECT WHERE " + key_lock + " IS NULL";  // never null: no row
   sql[kLookup] =
       "SELECT state, fingerprint, request_id, response, response_sha256,"
       " expires_at <= now() FROM " +
@@ -416,7 +416,7 @@ struct PgSink::Impl {
     return detail::translating([&] {
       try {
         for (int attempt = 0; attempt < kClaimAttempts; ++attempt) {
-          if (run(tx, kClaim, claim_params).rows != 0) return SinkClaim{};
+          if (run(tx, kClaim, claim_params).changed != 0) return SinkClaim{};
           const pqxx::result found = exec(tx, kLookup, options.ns, k);
           if (found.empty()) continue;   // released or purged since the insert
           if (found[0][5].as<bool>()) {  // expired: take the key over
