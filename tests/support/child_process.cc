@@ -31,28 +31,41 @@ std::string executable_path(const std::string& name) {
 
 }  // namespace
 
-ChildProcess::ChildProcess(std::vector<std::string> argv) {
+ChildProcess::ChildProcess(std::vector<std::string> argv, Output output) {
   // The path is found before fork(): between fork() and exec the child calls only what is safe
   // in the child of a threaded process.
   const std::string path = executable_path(argv.at(0));
-  int fds[2];
-  if (pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
+  const bool collect = output == Output::kCollect;
+  int fds[2] = {-1, -1};
+  if (collect && pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
   std::vector<char*> args;
   for (auto& a : argv) args.push_back(a.data());
   args.push_back(nullptr);
   const pid_t parent = getpid();
   pid_ = fork();
-  if (pid_ < 0) throw std::runtime_error("fork failed");
+  if (pid_ < 0) {
+    if (collect) {
+      close(fds[0]);
+      close(fds[1]);
+    }
+    throw std::runtime_error("fork failed");
+  }
   if (pid_ == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(127);  // the test died between fork and prctl
-    dup2(fds[1], STDOUT_FILENO);
-    dup2(fds[1], STDERR_FILENO);
+    if (collect) {
+      dup2(fds[1], STDOUT_FILENO);
+      dup2(fds[1], STDERR_FILENO);
+    }
     // Nothing else of the test's goes with it: a listening socket the child kept open would
     // still accept connections after the test closed it (a backend "taken away").
     close_range(3, ~0U, 0);
     execv(path.c_str(), args.data());
     _exit(127);
+  }
+  if (!collect) {
+    output_closed_ = true;  // nothing to read
+    return;
   }
   close(fds[1]);
   reader_ = std::thread([this, fd = fds[0]] { read_output(fd); });
@@ -64,7 +77,7 @@ ChildProcess::~ChildProcess() {
     int status = 0;
     waitpid(pid_, &status, 0);
   }
-  reader_.join();
+  if (reader_.joinable()) reader_.join();
 }
 
 void ChildProcess::read_output(int fd) {

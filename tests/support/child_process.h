@@ -1,5 +1,5 @@
 // A process a test runs beside it: an example under test, or a server the harness owns
-// (redis-server, pgbouncer, stunnel). Its output is collected line by line, every wait is
+// (redis-server, pgbouncer, stunnel). Its output can be collected line by line, every wait is
 // bounded, and it never outlives the test (killed on destruction, and by the kernel if the test
 // process dies first).
 #pragma once
@@ -20,16 +20,24 @@ namespace idem::test {
 
 class ChildProcess {
  public:
-  /// Starts `argv[0]` (searched in PATH when it names no directory) with `argv`; stdout and
-  /// stderr are collected. Throws std::runtime_error when it is not found or cannot start.
-  explicit ChildProcess(std::vector<std::string> argv);
+  /// kCollect: the child's stdout and stderr are read by a thread of the test's, line by line
+  /// (wait_for_line(), lines(), tail()). kInherit: the child writes to the test's own (a server
+  /// that logs to a file of its own); the test starts no thread for it, so a test that forks
+  /// itself afterwards stays single-threaded (TSan stops a forked child of a threaded process
+  /// when it starts a thread).
+  enum class Output { kCollect, kInherit };
+
+  /// Starts `argv[0]` (searched in PATH when it names no directory) with `argv`. Throws
+  /// std::runtime_error when it is not found or cannot start. The child is killed when the
+  /// thread that started it ends (PR_SET_PDEATHSIG): start it from a thread that outlives it.
+  explicit ChildProcess(std::vector<std::string> argv, Output output = Output::kCollect);
   /// SIGKILLs the child if it still runs, reaps it and joins the reader.
   ~ChildProcess();
   ChildProcess(const ChildProcess&) = delete;
   ChildProcess& operator=(const ChildProcess&) = delete;
 
-  /// The first output line starting with `prefix`, waiting up to `timeout`; nullopt on timeout
-  /// or when the child closed its output first.
+  /// The first output line starting with `prefix`, waiting up to `timeout`; nullopt on timeout,
+  /// when the child closed its output first, or with Output::kInherit.
   std::optional<std::string> wait_for_line(std::string_view prefix,
                                            std::chrono::milliseconds timeout);
   enum class Start { kServing, kExited, kTimedOut };

@@ -274,7 +274,7 @@ PgBouncer::PgBouncer(const std::string& server_url, const std::string& pool_mode
     argv.insert(argv.begin() + 1, {"-u", "postgres"});
   }
   try {
-    process_ = std::make_unique<ChildProcess>(std::move(argv));
+    process_ = std::make_unique<ChildProcess>(std::move(argv), ChildProcess::Output::kInherit);
   } catch (const std::exception& e) {
     throw std::runtime_error(std::string("pgbouncer (scripts/dev setup installs it): ") + e.what());
   }

@@ -185,7 +185,7 @@ bool RedisServer::launch() {
       argv.emplace_back(arg);
   }
   argv.insert(argv.end(), extra_args_.begin(), extra_args_.end());
-  process_ = std::make_unique<ChildProcess>(std::move(argv));
+  process_ = std::make_unique<ChildProcess>(std::move(argv), ChildProcess::Output::kInherit);
   // Wait (up to 10 s) until it answers, or exits.
   const std::vector<std::string> ping = {"redis-cli", "-p", std::to_string(port_), "PING"};
   const auto answers = [&ping] {

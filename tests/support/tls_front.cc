@@ -29,7 +29,8 @@ TlsFront::TlsFront(const TestCertificates& certs, int backend_port) : port_(free
     }
   }
   try {
-    process_ = std::make_unique<ChildProcess>(std::vector<std::string>{"stunnel", config});
+    process_ = std::make_unique<ChildProcess>(std::vector<std::string>{"stunnel", config},
+                                              ChildProcess::Output::kInherit);
   } catch (const std::exception& e) {
     remove_dir();
     throw std::runtime_error(std::string("stunnel (scripts/dev setup installs it): ") + e.what());
