@@ -118,7 +118,9 @@ void fail_all(Queue& queue, const std::exception_ptr& error) {
 }
 
 /// One timer for the earliest deadline among a connection's pending operations (each with a
-/// `deadline` time point). An idle connection holds no timer.
+/// `deadline` time point). Left armed when the queue empties, it fires, finds nothing due and
+/// stays off; disarm() cancels it (a failed connection, or one whose idle state must hold no
+/// work on its io_context).
 class QueueDeadline {
  public:
   using Clock = std::chrono::steady_clock;
@@ -156,7 +158,7 @@ class QueueDeadline {
     return nullptr;
   }
 
-  /// Cancels the timer (the queue is empty, or its connection failed).
+  /// Cancels the timer.
   void disarm() {
     if (armed_for_ == Clock::time_point::max()) return;
     armed_for_ = Clock::time_point::max();

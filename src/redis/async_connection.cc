@@ -93,6 +93,22 @@ struct AsyncConnection::Link {
     }
   }
   Tcp* tcp_socket() { return secure ? &secure->next_layer() : tcp ? &*tcp : nullptr; }
+  // Puts a plaintext socket in non-blocking mode for write_at_once(); false when it cannot.
+  bool allow_writes_at_once() {
+    std::error_code error;
+    if (tcp) tcp->non_blocking(true, error);
+    if (local) local->non_blocking(true, error);
+    return (tcp || local) && !error;
+  }
+  // Writes what the socket takes of `bytes` now, without waiting: the bytes written, 0 when it
+  // would block or failed (the asynchronous write that follows meets the failure and reports
+  // it). Plaintext sockets after allow_writes_at_once() only: TLS records go through the stream.
+  std::size_t write_at_once(std::string_view bytes) {
+    std::error_code error;
+    const std::size_t written = local ? local->write_some(asio::buffer(bytes), error)
+                                      : tcp->write_some(asio::buffer(bytes), error);
+    return error ? 0 : written;
+  }
   // Whether this idle connection (no reply due) is over, asked of the socket without reading
   // from it (the read outstanding on it sees the same once the loop runs). No wait. Over: the
   // server closed or reset it, or, unless pushes are expected, sent something unasked, which on
@@ -122,7 +138,8 @@ struct AsyncConnection::Link {
   HostPort peer;        // where it connects; empty host while the locator is asked
   std::string writing;  // the bytes of the write in flight
   bool write_active = false;
-  bool answered = false;  // a reply has come on this link
+  bool writes_at_once = false;  // write_at_once() is allowed
+  bool answered = false;        // a reply has come on this link
   std::array<char, 16 * 1024> input{};
 };
 
@@ -158,7 +175,8 @@ void AsyncConnection::on_cancel(Op& op) {
 
 void AsyncConnection::enqueue(std::unique_ptr<Op> op, std::string_view bytes, int replies,
                               std::chrono::milliseconds timeout, bool durable) {
-  if (link_ != nullptr && ready_ && pending_.empty() &&
+  const Clock::time_point now = Clock::now();
+  if (link_ != nullptr && ready_ && pending_.empty() && now - idle_since_ >= kIdlePeekAfter &&
       link_->ended_while_idle(static_cast<bool>(settings_.on_push))) {
     // Idle while the loop did not run, it missed the server ending it (a restart): the command
     // goes on a new connection instead of being written into this one.
@@ -168,7 +186,7 @@ void AsyncConnection::enqueue(std::unique_ptr<Op> op, std::string_view bytes, in
   Pending& entry = pending_.emplace_back();
   entry.replies_left = replies;
   entry.timeout = timeout;
-  entry.deadline = Clock::now() + timeout;
+  entry.deadline = now + timeout;
   entry.op = std::move(op);
   entry.op->entry = &entry;
   entry.durable = durable && wait_.has_value();
@@ -181,8 +199,22 @@ void AsyncConnection::enqueue(std::unique_ptr<Op> op, std::string_view bytes, in
   if (link_ == nullptr) {
     connect();
   } else if (ready_) {
-    schedule_write();
+    write_or_schedule();
   }
+}
+
+void AsyncConnection::write_or_schedule() {
+  // The only command in flight (nothing queued, no write active, no WAIT due) goes out now
+  // instead of a turn of the loop later: nothing else is waiting to share its write.
+  Link& link = *link_;
+  if (link.writes_at_once && pending_.size() == 1 && !write_scheduled_ && !link.write_active &&
+      !barrier_due_) {
+    const std::size_t written = link.write_at_once(out_);
+    if (written > 0) ++writes_;
+    out_.erase(0, written);
+    if (out_.empty()) return;
+  }
+  schedule_write();
 }
 
 void AsyncConnection::schedule_write() {
@@ -266,7 +298,7 @@ void AsyncConnection::on_reply(ReplyPtr reply) {
   Pending& entry = pending_.front();
   if (entry.barrier) {
     pending_.pop_front();
-    if (pending_.empty()) deadline_.disarm();
+    if (pending_.empty()) idle_since_ = Clock::now();
     on_barrier(reply);
     return;
   }
@@ -288,7 +320,7 @@ void AsyncConnection::on_reply(ReplyPtr reply) {
   std::unique_ptr<Op> op = std::move(entry.op);
   const bool durable = entry.durable;
   pending_.pop_front();
-  if (pending_.empty()) deadline_.disarm();  // an idle connection holds no timer (nor run())
+  if (pending_.empty()) idle_since_ = Clock::now();
   if (settings_.locator != nullptr && failover_reply(*result)) {
     // No longer the master: the commands behind this one go nowhere else (they fail), and the
     // next command asks the locator again.
@@ -409,6 +441,7 @@ void AsyncConnection::on_connected(const std::shared_ptr<Link>& link) {
     std::error_code ignored;
     socket->set_option(asio::ip::tcp::no_delay(true), ignored);
   }
+  link->writes_at_once = link->allow_writes_at_once();
   // AUTH, then SELECT, go first: ahead of the commands queued while connecting.
   const RedisEndpoint& endpoint = settings_.endpoint;
   const std::string db = std::to_string(endpoint.db);

@@ -4,7 +4,10 @@
 //
 // Automatic pipelining: every command issued while a write is in flight (or within one turn of
 // the loop) is appended to one buffer and goes out in the next single write; replies are matched
-// to commands in order. Model: Boost.Redis' connection (read, not copied).
+// to commands in order. A command on a plaintext connection with nothing else in flight is
+// written at once instead (there is nothing to share its write with), with a write that does
+// not wait: what the socket does not take goes out as above. Model: Boost.Redis' connection
+// (read, not copied).
 //
 // Timeouts: each command has a deadline (its timeout from the call). When any deadline passes,
 // the connection is closed and every pending command fails with a retryable idem::RedisError, so
@@ -28,10 +31,13 @@
 // again, so nothing runs twice; the next command connects to wherever the locator says.
 //
 // Lifetime: a connected connection keeps one read outstanding (so it notices at once when the
-// server closes an idle connection; the next command reconnects), so io_context::run() returns
-// only after close(). A command on a connection with nothing in flight first peeks at its socket,
-// so that an end the loop has not read yet (it did not run) is seen before the command is
-// written. Pending operations keep the connection alive.
+// server closes an idle connection; the next command reconnects), and its deadline timer stays
+// armed while it is idle (it finds nothing due when it fires), so io_context::run() returns only
+// after close(). A command on a connection idle for kIdlePeekAfter or longer first peeks at its
+// socket, so that an end the loop has not read yet (it did not run: a frozen serverless
+// instance, a loop held by other work) is seen before the command is written; a shorter idle
+// time is a reply just read, proof enough that the server was there. Pending operations keep
+// the connection alive.
 //
 // Thread safety: not thread-safe. Every call, and every completion, happens on the connection's
 // executor (a single-threaded io_context or a strand); completion handlers are dispatched to
@@ -177,6 +183,10 @@ class AsyncConnection : public std::enable_shared_from_this<AsyncConnection> {
   /// Socket writes so far (each carries every command queued meanwhile), for tests and metrics.
   [[nodiscard]] std::uint64_t writes() const noexcept { return writes_; }
 
+  /// How long a connection has been idle before a command peeks at its socket for an end the
+  /// loop has not read (see the file comment).
+  static constexpr std::chrono::milliseconds kIdlePeekAfter{1};
+
  private:
   using Op = PendingOp<ReplyPtr>;
   // One command (or group of commands sent together) awaiting its replies.
@@ -203,6 +213,9 @@ class AsyncConnection : public std::enable_shared_from_this<AsyncConnection> {
                std::chrono::milliseconds timeout, bool durable = false);
   // The WAIT's reply came: completes the durable commands waiting for it.
   void on_barrier(const ReplyPtr& acks);
+  // Writes the command just queued at once when it is the only one in flight, else (or for
+  // what the socket did not take) schedule_write().
+  void write_or_schedule();
   void schedule_write();
   void start_write();
   void start_read(const std::shared_ptr<Link>& link);
@@ -228,6 +241,7 @@ class AsyncConnection : public std::enable_shared_from_this<AsyncConnection> {
   std::string out_;                          // commands not yet handed to a write
   bool write_scheduled_ = false;
   std::deque<Pending> pending_;
+  Clock::time_point idle_since_{};   // when pending_ last became empty
   std::deque<Pending> held_;         // durable commands answered, waiting for their barrier's reply
   std::optional<RespCommand> wait_;  // WAIT wait_replicas wait_timeout; null: none
   bool barrier_due_ = false;         // out_ holds durable commands with no WAIT after them yet

@@ -356,6 +356,79 @@ TEST(RedisAsync, ACommandAfterARestartTheIdleLoopMissedGoesOnANewConnection) {
   expect_a_missed_restart_costs_no_command(server.url(), [&] { server.restart(); });
 }
 
+// A command on a connection with nothing in flight is written when it is issued, not a turn of
+// the loop later: the server has it while the loop is not running. A second one issued meanwhile
+// waits for the loop, to share a write with whatever else comes in that turn.
+TEST(RedisAsync, ACommandWithNothingInFlightIsWrittenWhenIssued) {
+  test::RedisServer server;
+  asio::io_context io;
+  auto connection = AsyncConnection::create(io.get_executor(), settings_for(server.url()));
+  connection->exec(Args{"PING"}, [](std::exception_ptr error, ReplyPtr) { ASSERT_FALSE(error); });
+  io.run_for(200ms);  // connected, and the PING answered: idle
+  const std::uint64_t writes = connection->writes();
+  int answered = 0;
+  const auto count = [&](std::exception_ptr error, ReplyPtr) {
+    EXPECT_FALSE(error) << test::what(error);
+    if (++answered == 2) connection->close();
+  };
+  connection->exec(Args{"SET", "written-when-issued", "yes"}, count);
+  connection->exec(Args{"SET", "written-by-the-loop", "yes"}, count);
+  EXPECT_EQ(connection->writes(), writes + 1);
+  std::string seen;
+  for (const auto until = std::chrono::steady_clock::now() + 2s;
+       seen != "yes" && std::chrono::steady_clock::now() < until;) {
+    seen = server.cli({"GET", "written-when-issued"});
+    if (seen != "yes") std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_EQ(seen, "yes") << "the command waited for the loop";
+  EXPECT_EQ(server.cli({"EXISTS", "written-by-the-loop"}), "0");
+  io.restart();
+  io.run();
+  EXPECT_EQ(answered, 2);
+  EXPECT_EQ(connection->writes(), writes + 2);
+  EXPECT_EQ(server.cli({"GET", "written-by-the-loop"}), "yes");
+}
+
+// What the socket does not take of a command written when issued goes out with the loop's
+// writes, whole: a 32 MB value (beyond a loopback socket's send buffer) arrives intact.
+TEST(RedisAsync, ACommandTheSocketDoesNotTakeAtOnceArrivesWhole) {
+  test::RedisServer server;
+  run_coroutine([&](auto executor) -> asio::awaitable<void> {
+    auto connection = AsyncConnection::create(executor, settings_for(server.url(), 10s));
+    const Args ping{"PING"};
+    (void)co_await connection->exec(ping, asio::use_awaitable);
+    std::string value(32u << 20, 'v');
+    value.back() = 'e';
+    const Args set{"SET", "large", value};
+    EXPECT_EQ(text(co_await connection->exec(set, asio::use_awaitable)), "OK");
+    const Args get{"GET", "large"};
+    EXPECT_TRUE(text(co_await connection->exec(get, asio::use_awaitable)) == value);
+    connection->close();
+  });
+}
+
+// An idle connection's deadline timer stays armed for the last command it sent; when it fires
+// with nothing due, the connection stays up: no reconnect, and the next command is answered.
+TEST(RedisAsync, AnIdleConnectionOutlivesItsLastCommandsDeadline) {
+  test::RedisServer server;
+  asio::io_context io;
+  auto connection = AsyncConnection::create(io.get_executor(), settings_for(server.url(), 100ms));
+  connection->exec(Args{"PING"}, [](std::exception_ptr error, ReplyPtr) { ASSERT_FALSE(error); });
+  io.run_for(400ms);  // the PING's deadline passes while the connection is idle
+  io.restart();
+  std::exception_ptr failed;
+  std::string answer;
+  connection->exec(Args{"PING"}, [&](std::exception_ptr error, ReplyPtr reply) {
+    failed = error;
+    if (!error) answer = text(reply);
+    connection->close();
+  });
+  io.run();
+  EXPECT_FALSE(failed) << test::what(failed);
+  EXPECT_EQ(answer, "PONG");
+  EXPECT_EQ(connection->connects(), 1u);
+}
+
 // The loop never blocks on a stopped server: a 1 ms timer keeps firing (no gap over 10 ms)
 // while 1 000 commands wait on a SIGSTOPped redis-server, and they end at their timeout.
 TEST(RedisAsync, LoopKeepsRunningWhileRedisIsStopped) {
