@@ -27,8 +27,11 @@ struct PendingOp {
   virtual ~PendingOp() = default;
   /// Completes the handler exactly once, dispatched to its associated executor, after clearing
   /// its cancellation slot; consumes `self` first (the handler may start the next operation).
-  virtual void complete(std::unique_ptr<PendingOp> self, std::exception_ptr error,
-                        Result result) = 0;
+  /// `in_owner_handler`: called from a handler the owner's executor runs, so a handler on that
+  /// executor is called directly (as dispatch() would, without wrapping it in a type-erased
+  /// function: an allocation per operation).
+  virtual void complete(std::unique_ptr<PendingOp> self, std::exception_ptr error, Result result,
+                        bool in_owner_handler) = 0;
   /// Posts complete() to the handler's executor (from inside a cancellation handler, where the
   /// slot must not be cleared).
   virtual void post_complete(std::unique_ptr<PendingOp> self, std::exception_ptr error) = 0;
@@ -38,11 +41,20 @@ struct PendingOp {
   void (*on_cancel)(PendingOp& op) = nullptr;
 };
 
-/// complete() of `op` (which it consumes).
+/// complete() of `op` (which it consumes), from anywhere on the owner's executor.
 template <typename Result>
 void finish(std::unique_ptr<PendingOp<Result>> op, std::exception_ptr error, Result result) {
   PendingOp<Result>* raw = op.get();
-  raw->complete(std::move(op), error, std::move(result));
+  raw->complete(std::move(op), error, std::move(result), false);
+}
+
+/// finish() from inside a handler the owner's executor runs (a read's), where the loop is
+/// running: see PendingOp::complete().
+template <typename Result>
+void finish_in_handler(std::unique_ptr<PendingOp<Result>> op, std::exception_ptr error,
+                       Result result) {
+  PendingOp<Result>* raw = op.get();
+  raw->complete(std::move(op), error, std::move(result), true);
 }
 
 template <typename Result, typename Handler>
@@ -54,18 +66,26 @@ class HandlerOp final : public PendingOp<Result> {
             void (*on_cancel)(PendingOp<Result>&))
       : handler_(std::move(handler)),
         work_(asio::make_work_guard(asio::get_associated_executor(handler_, fallback))) {
+    if constexpr (std::is_same_v<Executor, asio::any_io_executor>) {
+      same_executor_ = work_.get_executor() == fallback;
+    }
     this->on_cancel = on_cancel;
     auto slot = asio::get_associated_cancellation_slot(handler_);
     if (slot.is_connected()) slot.template emplace<Canceller>(this);
   }
 
-  void complete(std::unique_ptr<PendingOp<Result>> self, std::exception_ptr error,
-                Result result) override {
+  void complete(std::unique_ptr<PendingOp<Result>> self, std::exception_ptr error, Result result,
+                bool in_owner_handler) override {
     auto slot = asio::get_associated_cancellation_slot(handler_);
     if (slot.is_connected()) slot.clear();
     Handler handler = std::move(handler_);
     auto work = std::move(work_);
+    const bool direct = in_owner_handler && same_executor_;
     self.reset();
+    if (direct) {
+      std::move(handler)(error, std::move(result));  // `work` outlives it
+      return;
+    }
     asio::dispatch(work.get_executor(),
                    [h = std::move(handler), error, r = std::move(result)]() mutable {
                      std::move(h)(error, std::move(r));
@@ -93,6 +113,7 @@ class HandlerOp final : public PendingOp<Result> {
 
   Handler handler_;
   asio::executor_work_guard<Executor> work_;
+  bool same_executor_ = false;  // the handler's executor is the owner's (`fallback`)
 };
 
 /// A PendingOp for `handler`; `on_cancel` reacts to its cancellation (see PendingOp).

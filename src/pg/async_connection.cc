@@ -322,7 +322,7 @@ void PgAsyncConnection::finish_front(PgResultPtr result) {
     }
     result.reset();
   }
-  finish(std::move(op), error, std::move(result));
+  finish_in_handler(std::move(op), error, std::move(result));
 }
 
 void PgAsyncConnection::cancel(Pending* entry) {

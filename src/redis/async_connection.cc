@@ -339,7 +339,7 @@ void AsyncConnection::on_reply(ReplyPtr reply) {
     return;
   }
   op->entry = nullptr;
-  finish(std::move(op), nullptr, std::move(result));
+  finish_in_handler(std::move(op), nullptr, std::move(result));
 }
 
 void AsyncConnection::on_barrier(const ReplyPtr& acks) {
@@ -358,7 +358,7 @@ void AsyncConnection::on_barrier(const ReplyPtr& acks) {
     if (entry.op == nullptr) continue;  // cancelled while it waited
     std::unique_ptr<Op> op = std::move(entry.op);
     op->entry = nullptr;
-    finish(std::move(op), nullptr, pair_of(std::move(entry.reply), copy_scalar(*acks)));
+    finish_in_handler(std::move(op), nullptr, pair_of(std::move(entry.reply), copy_scalar(*acks)));
   }
 }
 
