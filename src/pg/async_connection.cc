@@ -87,6 +87,14 @@ void PgAsyncConnection::enqueue(std::unique_ptr<Op> op, PgStatement statement, P
   arm_deadline(entry.deadline);
   if (state_ == State::kIdle) {
     connect();
+  } else if (state_ == State::kReady && !entry.sync_with_next && !pending_.front().sent) {
+    // It ends its flight and nothing is on the wire: nothing to wait for. A failure to send
+    // fails the connection on the loop's next turn, not inside the caller's initiation.
+    if (std::exception_ptr error = send_all_unsent()) {
+      asio::post(executor_, [self = shared_from_this(), generation = generation_, error] {
+        if (generation == self->generation_) self->fail(error);
+      });
+    }
   } else {
     schedule_send();  // statements issued in this turn of the loop are sent together
   }
@@ -190,7 +198,11 @@ void PgAsyncConnection::on_ready() {
 }
 
 void PgAsyncConnection::send_unsent() {
-  if (state_ != State::kReady || cancel_delivered_ != nullptr) return;
+  if (std::exception_ptr error = send_all_unsent()) fail(error);
+}
+
+std::exception_ptr PgAsyncConnection::send_all_unsent() {
+  if (state_ != State::kReady || cancel_delivered_ != nullptr) return nullptr;
   // Unsent statements follow the sent ones. Each gets a sync point of its own, but one that
   // shares the next one's (with_next()).
   std::size_t syncs = 0;
@@ -199,7 +211,7 @@ void PgAsyncConnection::send_unsent() {
     it->synced = !it->sync_with_next || std::next(it) == pending_.end();
     syncs += it->synced ? 1 : 0;
   }
-  if (syncs == 0) return;
+  if (syncs == 0) return nullptr;
   // libpq 15's PQpipelineSync writes to the socket at once: one TCP segment, and one wake-up of
   // the server, per sync point. Corked, the statements of this turn leave together when the cork
   // comes off below (TCP_CORK fails harmlessly on a Unix socket).
@@ -209,16 +221,18 @@ void PgAsyncConnection::send_unsent() {
     values_.clear();
     for (const auto& param : entry.params) values_.push_back(param ? param->c_str() : nullptr);
     if (!send(entry, values_) || (entry.synced && PQpipelineSync(conn_) != 1)) {
-      return fail(lost("send: " + pq_message(PQerrorMessage(conn_))));
+      if (corked) set_cork(false);
+      return lost("send: " + pq_message(PQerrorMessage(conn_)));
     }
     entry.sent = true;
   }
   if (corked) set_cork(false);
   const int flushed = PQflush(conn_);
-  if (flushed < 0) return fail(lost("send: " + pq_message(PQerrorMessage(conn_))));
+  if (flushed < 0) return lost("send: " + pq_message(PQerrorMessage(conn_)));
   flush_pending_ = flushed == 1;
   if (flush_pending_) wait(true);
   wait(false);
+  return nullptr;
 }
 
 bool PgAsyncConnection::set_cork(bool on) const noexcept {

@@ -3,7 +3,9 @@
 // socket readiness on the loop, in pipeline mode (libpq 14+): statements issued while others
 // run are sent at once, each followed by its own sync point, so concurrent statements share
 // round trips and an error in one never aborts another's. The statements of one loop turn leave
-// together (TCP_CORK around them: libpq 15 writes to the socket at every sync point).
+// together (TCP_CORK around them: libpq 15 writes to the socket at every sync point). A
+// statement that ends a flight (not with_next()) issued with nothing on the wire is sent when it
+// is issued, with the flight it ends, instead of a turn of the loop later.
 //
 // Deadlines: each statement has one (its timeout from the call). When it passes, the connection
 // is closed and every pending statement fails with a retryable idem::PostgresError (SQLSTATE
@@ -199,6 +201,9 @@ class PgAsyncConnection : public std::enable_shared_from_this<PgAsyncConnection>
   void wait(bool for_write);
   void on_ready();
   void send_unsent();
+  // Sends every statement not sent yet; the failure, if any (the connection is then unusable:
+  // the caller fails it).
+  std::exception_ptr send_all_unsent();
   // send_unsent() at the next turn of the loop, once for all that is queued in this one.
   void schedule_send();
   bool send(Pending& entry, const std::vector<const char*>& values);

@@ -16,8 +16,10 @@
 #include <cstdint>
 #include <pqxx/pqxx>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "exception_ptr.h"
 #include "gcc_coroutine_frames.h"
 #include "idem/errors.h"
 #include "loop_probe.h"
@@ -194,6 +196,48 @@ TEST(PgAsync, ConcurrentStatementsArePipelinedAndAnsweredInOrder) {
     }
   }
   EXPECT_EQ(connection->connects(), 1u);
+}
+
+// A statement that ends its flight, issued with nothing on the wire, is sent when it is issued
+// (the server runs it while the loop is not running); one marked with_next() waits for the
+// statement after it, or for the loop.
+TEST(PgAsync, AFlightIssuedWithNothingOnTheWireIsSentWhenIssued) {
+  IDEM_REQUIRE_SERVICE(url, "IDEM_TEST_PG_URL");
+  const std::string table = test::unique_name("idem_sent_at_once");
+  pqxx::connection admin(url);
+  pqxx::nontransaction(admin).exec0("CREATE TABLE " + table + " (x int)");
+  const auto count = [&](int x) {
+    return pqxx::nontransaction(admin)
+        .exec1("SELECT count(*) FROM " + table + " WHERE x = " + std::to_string(x))[0]
+        .as<int>();
+  };
+  asio::io_context io;
+  auto connection = PgAsyncConnection::create(io.get_executor(), settings_for(url));
+  connection->exec("SELECT 1", {}, [](std::exception_ptr, PgResultPtr) {});
+  io.run();  // connected, and idle
+  io.restart();
+  int answered = 0;
+  const auto done = [&](std::exception_ptr error, PgResultPtr) {
+    EXPECT_FALSE(error) << test::what(error);
+    ++answered;
+  };
+  connection->exec("INSERT INTO " + table + " VALUES (1)", {}, done);
+  int seen = 0;
+  for (const auto until = Clock::now() + 2s; seen == 0 && Clock::now() < until;) {
+    seen = count(1);
+    if (seen == 0) std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_EQ(seen, 1) << "the statement waited for the loop";
+  io.run();  // its answer read: idle again
+  io.restart();
+  EXPECT_EQ(answered, 1);
+  connection->exec(PgStatement("INSERT INTO " + table + " VALUES (2)").with_next(), {}, done);
+  std::this_thread::sleep_for(200ms);
+  EXPECT_EQ(count(2), 0) << "a statement sharing the next one's sync point went alone";
+  io.run();
+  EXPECT_EQ(answered, 2);
+  EXPECT_EQ(count(2), 1);
+  pqxx::nontransaction(admin).exec0("DROP TABLE " + table);
 }
 
 // libpq 15's PQpipelineSync writes to the socket at once, so statements issued in one turn of
