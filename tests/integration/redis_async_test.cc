@@ -325,15 +325,17 @@ TEST(RedisAsync, PendingCommandsFailWhenTheServerDiesAndTheNextReconnects) {
   EXPECT_EQ(connection->connects(), 2u);
 }
 
-// A PING on a connection to `url`, then `restart` (of the server behind it) while the loop does
-// not run, then a PING more: it must be answered, on a second connection.
-void expect_a_missed_restart_costs_no_command(const std::string& url,
-                                              const std::function<void()>& restart) {
+// A PING on a connection to `url` (commands bounded by `timeout`), the loop run `idle` more,
+// then `meanwhile` while the loop does not run, then a PING more: it must be answered, on the
+// connection `connects` says (1: the first).
+void expect_the_next_ping_answered(const std::string& url, std::chrono::milliseconds timeout,
+                                   std::chrono::milliseconds idle,
+                                   const std::function<void()>& meanwhile, std::uint64_t connects) {
   asio::io_context io;
-  auto connection = AsyncConnection::create(io.get_executor(), settings_for(url));
+  auto connection = AsyncConnection::create(io.get_executor(), settings_for(url, timeout));
   connection->exec(Args{"PING"}, [](std::exception_ptr error, ReplyPtr) { ASSERT_FALSE(error); });
-  io.run_for(200ms);
-  restart();
+  io.run_for(idle);
+  meanwhile();
   std::exception_ptr failed;
   std::string answer;
   connection->exec(Args{"PING"}, [&](std::exception_ptr error, ReplyPtr reply) {
@@ -345,7 +347,14 @@ void expect_a_missed_restart_costs_no_command(const std::string& url,
   io.run();
   EXPECT_FALSE(failed) << test::what(failed);
   EXPECT_EQ(answer, "PONG");
-  EXPECT_EQ(connection->connects(), 2u);
+  EXPECT_EQ(connection->connects(), connects);
+}
+
+// A PING on a connection to `url`, then `restart` (of the server behind it) while the loop does
+// not run, then a PING more: it must be answered, on a second connection.
+void expect_a_missed_restart_costs_no_command(const std::string& url,
+                                              const std::function<void()>& restart) {
+  expect_the_next_ping_answered(url, 1000ms, 200ms, restart, 2);
 }
 
 // The server restarted while the loop did not run (a frozen serverless instance, a worker idle
@@ -411,22 +420,9 @@ TEST(RedisAsync, ACommandTheSocketDoesNotTakeAtOnceArrivesWhole) {
 // with nothing due, the connection stays up: no reconnect, and the next command is answered.
 TEST(RedisAsync, AnIdleConnectionOutlivesItsLastCommandsDeadline) {
   test::RedisServer server;
-  asio::io_context io;
-  auto connection = AsyncConnection::create(io.get_executor(), settings_for(server.url(), 100ms));
-  connection->exec(Args{"PING"}, [](std::exception_ptr error, ReplyPtr) { ASSERT_FALSE(error); });
-  io.run_for(400ms);  // the PING's deadline passes while the connection is idle
-  io.restart();
-  std::exception_ptr failed;
-  std::string answer;
-  connection->exec(Args{"PING"}, [&](std::exception_ptr error, ReplyPtr reply) {
-    failed = error;
-    if (!error) answer = text(reply);
-    connection->close();
-  });
-  io.run();
-  EXPECT_FALSE(failed) << test::what(failed);
-  EXPECT_EQ(answer, "PONG");
-  EXPECT_EQ(connection->connects(), 1u);
+  // Commands bounded by 100 ms; the first one's deadline passes while the connection is idle.
+  expect_the_next_ping_answered(
+      server.url(), 100ms, 400ms, [] {}, 1);
 }
 
 // The loop never blocks on a stopped server: a 1 ms timer keeps firing (no gap over 10 ms)
