@@ -34,25 +34,31 @@ namespace idem::test {
 #endif
 #endif
 
-/// The longest gap the async tests allow between two firings of a 1 ms timer, run-queue waits
-/// left out (LoopProbe). An optimized build is held to 10 ms. Others run every handler several
-/// times slower: a turn that handles 1 000 replies at once takes 12-16 ms at -O0 (2-5.5 ms in the
-/// RelWithDebInfo build), and fits in 50 ms under ASan; under TSan 1 000 calls ending together
-/// can take 70 to 140 ms of the loop's own CPU in one turn on a 2-core machine, so TSan gets
-/// 250 ms. A loop that blocked on the stopped server would stall until the server resumed, 700 ms
-/// after the probe began.
+/// The longest gap the async tests allow between two firings of a 1 ms timer while calls wait
+/// on a stopped server, run-queue waits left out (LoopProbe). A loop that blocked on that server
+/// would stall until it resumed, 700 ms after the probe began; the bound only has to stay well
+/// under that, and above what the machine takes from a thread that neither blocks nor waits on a
+/// run queue. An optimized build idles at 1-2 ms gaps with a tail to 9 ms, and a shared CI
+/// virtual machine has stretched one gap to 21 ms with no run-queue wait (time the hypervisor
+/// takes from the vCPU counts nowhere in the thread's schedstat when the guest accounts steal
+/// paravirtually, as these kernels do). So 50 ms, which also holds a turn of 1 000 replies at once
+/// in an unoptimized (12-16 ms) or ASan build. Under TSan 1 000 calls ending together can take 70
+/// to 140 ms of the loop's own CPU in one turn on a 2-core machine, so TSan gets 250 ms.
 #if defined(IDEM_TEST_TSAN)
 inline constexpr std::chrono::milliseconds kMaxLoopGap{250};
-#elif defined(IDEM_TEST_ASAN) || !defined(__OPTIMIZE__)
-inline constexpr std::chrono::milliseconds kMaxLoopGap{50};
 #else
-inline constexpr std::chrono::milliseconds kMaxLoopGap{10};
+inline constexpr std::chrono::milliseconds kMaxLoopGap{50};
 #endif
 
 /// What a sanitizer or unoptimized build adds to a bound on when calls that wait on a stopped
 /// server end (0 in an optimized build): the same handlers, run slower.
-inline constexpr std::chrono::milliseconds kSanitizerSlack =
-    kMaxLoopGap - std::chrono::milliseconds(10);
+#if defined(IDEM_TEST_TSAN)
+inline constexpr std::chrono::milliseconds kSanitizerSlack{240};
+#elif defined(IDEM_TEST_ASAN) || !defined(__OPTIMIZE__)
+inline constexpr std::chrono::milliseconds kSanitizerSlack{40};
+#else
+inline constexpr std::chrono::milliseconds kSanitizerSlack{0};
+#endif
 
 /// The longest the loop may spend in the turn where 1 000 calls end together at one deadline:
 /// their completions run back to back, CPU work that grows with the calls (2-5.5 ms in the
