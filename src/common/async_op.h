@@ -34,7 +34,8 @@ struct PendingOp {
                         bool in_owner_handler) = 0;
   /// Posts complete() to the handler's executor (from inside a cancellation handler, where the
   /// slot must not be cleared).
-  virtual void post_complete(std::unique_ptr<PendingOp> self, std::exception_ptr error) = 0;
+  virtual void post_complete(std::unique_ptr<PendingOp> self, std::exception_ptr error,
+                             Result result) = 0;
   /// The owner's queue entry while the operation is queued; null once it is detached.
   void* entry = nullptr;
   /// Called when the handler's cancellation slot is emitted while `entry` is set.
@@ -92,10 +93,11 @@ class HandlerOp final : public PendingOp<Result> {
                    });
   }
 
-  void post_complete(std::unique_ptr<PendingOp<Result>> self, std::exception_ptr error) override {
+  void post_complete(std::unique_ptr<PendingOp<Result>> self, std::exception_ptr error,
+                     Result result) override {
     const Executor executor = work_.get_executor();
-    asio::post(executor, [self = std::move(self), error]() mutable {
-      finish(std::move(self), error, Result{});
+    asio::post(executor, [self = std::move(self), error, r = std::move(result)]() mutable {
+      finish(std::move(self), error, std::move(r));
     });
   }
 

@@ -67,27 +67,73 @@ void PgAsyncConnection::on_cancel(Op& op) {
   entry->owner->cancel(entry);
 }
 
-void PgAsyncConnection::enqueue(std::unique_ptr<Op> op, PgStatement statement, PgParams params,
-                                std::chrono::milliseconds timeout) {
-  if (statement.prepared_index() >= static_cast<int>(settings_.prepared.size())) {
-    Op* raw = op.get();
-    return raw->post_complete(
-        std::move(op), std::make_exception_ptr(Error("idem: no prepared statement " +
-                                                     std::to_string(statement.prepared_index()))));
-  }
+void PgAsyncConnection::on_cancel_batch(BatchOp& op) {
+  auto* batch = static_cast<Batch*>(op.entry);
+  batch->owner->cancel_batch(*batch);
+}
+
+template <typename Result>
+bool PgAsyncConnection::refused(std::unique_ptr<PendingOp<Result>>& op,
+                                const PgStatement& statement) {
+  if (statement.prepared_index() < static_cast<int>(settings_.prepared.size())) return false;
+  PendingOp<Result>* raw = op.get();
+  raw->post_complete(std::move(op),
+                     std::make_exception_ptr(Error("idem: no prepared statement " +
+                                                   std::to_string(statement.prepared_index()))),
+                     Result{});
+  return true;
+}
+
+PgAsyncConnection::Pending& PgAsyncConnection::push(PgStatement statement, PgParams params,
+                                                    std::chrono::milliseconds timeout) {
   Pending& entry = pending_.emplace_back();
   entry.sync_with_next = statement.syncs_with_next();
   entry.statement = statement.is_cached() ? resolved(std::move(statement)) : std::move(statement);
   entry.params = std::move(params);
   entry.timeout = timeout;
   entry.deadline = Clock::now() + timeout;
-  entry.op = std::move(op);
   entry.owner = this;
-  entry.op->entry = &entry;
   arm_deadline(entry.deadline);
+  return entry;
+}
+
+void PgAsyncConnection::enqueue(std::unique_ptr<Op> op, PgStatement statement, PgParams params,
+                                std::chrono::milliseconds timeout) {
+  if (refused(op, statement)) return;
+  Pending& entry = push(std::move(statement), std::move(params), timeout);
+  entry.op = std::move(op);
+  entry.op->entry = &entry;
+  after_enqueue();
+}
+
+void PgAsyncConnection::enqueue(std::unique_ptr<BatchOp> op, PgBatch statements) {
+  if (statements.empty()) {
+    BatchOp* raw = op.get();
+    return raw->post_complete(
+        std::move(op), std::make_exception_ptr(Error("idem: an empty batch of statements")), {});
+  }
+  for (const auto& [statement, params] : statements) {
+    if (refused(op, statement)) return;
+  }
+  auto batch = std::make_shared<Batch>();
+  batch->ends.resize(statements.size());
+  batch->left = statements.size();
+  batch->owner = this;
+  for (std::size_t i = 0; i < statements.size(); ++i) {
+    Pending& entry = push(std::move(statements[i].first), std::move(statements[i].second),
+                          settings_.statement_timeout);
+    entry.batch = batch;
+    entry.in_batch = i;
+  }
+  op->entry = batch.get();
+  batch->op = std::move(op);
+  after_enqueue();
+}
+
+void PgAsyncConnection::after_enqueue() {
   if (state_ == State::kIdle) {
     connect();
-  } else if (state_ == State::kReady && !entry.sync_with_next && !pending_.front().sent) {
+  } else if (state_ == State::kReady && !pending_.back().sync_with_next && !pending_.front().sent) {
     // It ends its flight and nothing is on the wire: nothing to wait for. A failure to send
     // fails the connection on the loop's next turn, not inside the caller's initiation.
     if (std::exception_ptr error = send_all_unsent()) {
@@ -307,9 +353,7 @@ void PgAsyncConnection::finish_front(PgResultPtr result) {
     // returned, the request delivered (a 57014 alone may be statement_timeout's).
     after_cancel_delivered(Clock::now() + settings_.connect_timeout);
   }
-  if (entry.op == nullptr) return;
-  std::unique_ptr<Op> op = std::move(entry.op);
-  op->entry = nullptr;
+  if (entry.op == nullptr && entry.batch == nullptr) return;
   std::exception_ptr error;
   if (result == nullptr) {
     error = lost("statement ended without a result");
@@ -336,10 +380,56 @@ void PgAsyncConnection::finish_front(PgResultPtr result) {
     }
     result.reset();
   }
-  finish_in_handler(std::move(op), error, std::move(result));
+  deliver(entry, error, std::move(result), true);
+}
+
+void PgAsyncConnection::deliver(Pending& entry, std::exception_ptr error, PgResultPtr result,
+                                bool in_handler) {
+  if (entry.op != nullptr) {
+    std::unique_ptr<Op> op = std::move(entry.op);
+    op->entry = nullptr;
+    Op* raw = op.get();
+    return raw->complete(std::move(op), error, std::move(result), in_handler);
+  }
+  const std::shared_ptr<Batch> batch = std::move(entry.batch);
+  if (batch == nullptr) return;
+  batch->ends[entry.in_batch] = {error, std::move(result)};
+  if (--batch->left > 0 || batch->op == nullptr) return;
+  std::unique_ptr<BatchOp> op = std::move(batch->op);
+  op->entry = nullptr;
+  BatchOp* raw = op.get();
+  raw->complete(std::move(op), nullptr, std::move(batch->ends), in_handler);
 }
 
 void PgAsyncConnection::cancel(Pending* entry) {
+  cancel_if_running(entry);
+  // Complete now, whether it runs, waits behind others or was not sent: its result will be
+  // dropped. A stopped server never holds a cancelled call.
+  std::unique_ptr<Op> op = std::move(entry->op);
+  if (op == nullptr) return;
+  op->entry = nullptr;
+  Op* raw = op.get();
+  raw->post_complete(std::move(op), cancelled(), nullptr);
+}
+
+void PgAsyncConnection::cancel_batch(Batch& batch) {
+  // Its statements not ended yet (their entries own it: `kept` does from here) end now, as
+  // cancel() ends one statement.
+  std::shared_ptr<Batch> kept;
+  for (Pending& entry : pending_) {
+    if (entry.batch.get() != &batch) continue;
+    kept = std::move(entry.batch);
+    cancel_if_running(&entry);
+    kept->ends[entry.in_batch] = {cancelled(), nullptr};
+  }
+  if (kept == nullptr || kept->op == nullptr) return;  // none queued: fail() is ending them
+  std::unique_ptr<BatchOp> op = std::move(kept->op);
+  op->entry = nullptr;
+  BatchOp* raw = op.get();
+  raw->post_complete(std::move(op), nullptr, std::move(kept->ends));
+}
+
+void PgAsyncConnection::cancel_if_running(Pending* entry) {
   const bool running = !pending_.empty() && &pending_.front() == entry && entry->sent;
   if (running && alone_on_the_wire() && conn_ != nullptr && !entry->cancel_requested &&
       cancel_delivered_ == nullptr) {
@@ -351,13 +441,6 @@ void PgAsyncConnection::cancel(Pending* entry) {
     // libpq 15's PQcancel blocks: never on the loop.
     cancel_off_thread(PQgetCancel(conn_), [delivered] { delivered->store(true); });
   }
-  // Complete now, whether it runs, waits behind others or was not sent: its result will be
-  // dropped. A stopped server never holds a cancelled call.
-  std::unique_ptr<Op> op = std::move(entry->op);
-  if (op == nullptr) return;
-  op->entry = nullptr;
-  Op* raw = op.get();
-  raw->post_complete(std::move(op), cancelled());
 }
 
 bool PgAsyncConnection::alone_on_the_wire() const {
@@ -420,7 +503,9 @@ void PgAsyncConnection::fail(const std::exception_ptr& error) {
   cancel_delivered_.reset();  // a session of its own: a late request reaches none of the new one's
   cancel_wait_.cancel();
   deadline_.disarm();
-  fail_all(pending_, error);
+  std::deque<Pending> failed;
+  failed.swap(pending_);
+  for (Pending& entry : failed) deliver(entry, error, nullptr, false);
 }
 
 }  // namespace idem::detail

@@ -5,14 +5,17 @@
 // round trips and an error in one never aborts another's. The statements of one loop turn leave
 // together (TCP_CORK around them: libpq 15 writes to the socket at every sync point). A
 // statement that ends a flight (not with_next()) issued with nothing on the wire is sent when it
-// is issued, with the flight it ends, instead of a turn of the loop later.
+// is issued, with the flight it ends, instead of a turn of the loop later. A batch (exec_batch())
+// is several statements issued as one operation: queued together, sent together, completed once
+// with the end of each.
 //
 // Deadlines: each statement has one (its timeout from the call). When it passes, the connection
 // is closed and every pending statement fails with a retryable idem::PostgresError (SQLSTATE
 // 08006, "connection lost"): a stalled server never holds the loop, and a late result is never
 // delivered to a later statement. A COMMIT that fails that way has an unknown outcome.
 //
-// Cancellation: when a statement's cancellation slot is emitted, it completes at once with
+// Cancellation: when a statement's (or a batch's) cancellation slot is emitted, it completes at
+// once with
 // idem::Cancelled (not a business failure), and when it is the one running with nothing sent
 // behind its sync point, it is cancelled on the server too (PQcancel, on a helper thread since
 // libpq 15's cancel blocks; it ends with SQLSTATE 57014, its result dropped), so the statements
@@ -121,6 +124,15 @@ class PgStatement {
   bool sync_with_next_ = false;
 };
 
+/// Statements of one unit of work issued together (exec_batch()) with their parameters.
+using PgBatch = std::vector<std::pair<PgStatement, PgParams>>;
+/// The ends of a batch's statements, in order: what PgSignature would give each (an error or a
+/// result).
+using PgBatchEnds = std::vector<std::pair<std::exception_ptr, PgResultPtr>>;
+/// Completion signature of a batch: an error only when it was refused whole (empty, or naming a
+/// prepared statement that does not exist; nothing was sent), else the end of every statement.
+using PgBatchSignature = void(std::exception_ptr, PgBatchEnds);
+
 class PgAsyncConnection : public std::enable_shared_from_this<PgAsyncConnection> {
  public:
   using executor_type = asio::any_io_executor;
@@ -154,6 +166,22 @@ class PgAsyncConnection : public std::enable_shared_from_this<PgAsyncConnection>
         token, std::move(statement), std::move(params), timeout);
   }
 
+  /// Runs `batch`'s statements in order as one operation: queued and sent together (each with
+  /// the sync point its with_next() gives it), each with the default statement timeout, and
+  /// completes with PgBatchSignature once every one ended. A cancellation reaches every statement
+  /// not ended yet (each ends with idem::Cancelled; a running one is cancelled on the server as
+  /// exec()'s is). `batch` is moved into the operation.
+  template <typename Token>
+  auto exec_batch(PgBatch batch, Token&& token) {
+    return asio::async_initiate<Token, PgBatchSignature>(
+        [self = shared_from_this()](auto handler, PgBatch statements) {
+          self->enqueue(
+              make_pending_op<PgBatchEnds>(std::move(handler), self->executor_, &on_cancel_batch),
+              std::move(statements));
+        },
+        token, std::move(batch));
+  }
+
   /// Closes the connection; pending statements fail (retryable, SQLSTATE 08006).
   void close();
 
@@ -172,8 +200,19 @@ class PgAsyncConnection : public std::enable_shared_from_this<PgAsyncConnection>
 
  private:
   using Op = PendingOp<PgResultPtr>;
+  using BatchOp = PendingOp<PgBatchEnds>;
+  // A batch while some of its statements are queued: its operation (null once completed) and
+  // the ends so far. BatchOp::entry points here.
+  struct Batch {
+    std::unique_ptr<BatchOp> op;
+    PgBatchEnds ends;
+    std::size_t left = 0;  // statements not ended
+    PgAsyncConnection* owner = nullptr;
+  };
   struct Pending {
-    std::unique_ptr<Op> op;  // null: cancelled while queued, the result is dropped
+    std::unique_ptr<Op> op;  // a statement of its own; null: cancelled while queued, or batched
+    std::shared_ptr<Batch> batch;  // the batch it is statement `in_batch` of (null: none, or
+    std::size_t in_batch = 0;      // the batch was cancelled: the result is dropped)
     PgAsyncConnection* owner = nullptr;
     PgStatement statement{""};
     PgParams params;
@@ -191,11 +230,20 @@ class PgAsyncConnection : public std::enable_shared_from_this<PgAsyncConnection>
   PgAsyncConnection(executor_type executor, PgAsyncSettings settings);
 
   static void on_cancel(Op& op);
+  static void on_cancel_batch(BatchOp& op);
   // A cached() statement as the connection sends it: by the index of its text among texts_
   // (added there while statement_cache allows), else as SQL text.
   PgStatement resolved(PgStatement statement);
   void enqueue(std::unique_ptr<Op> op, PgStatement statement, PgParams params,
                std::chrono::milliseconds timeout);
+  void enqueue(std::unique_ptr<BatchOp> op, PgBatch statements);
+  // Whether the statement's prepared index exists (else `op` was completed with the error).
+  template <typename Result>
+  bool refused(std::unique_ptr<PendingOp<Result>>& op, const PgStatement& statement);
+  // Queues a statement (its op, if any, is set by the caller).
+  Pending& push(PgStatement statement, PgParams params, std::chrono::milliseconds timeout);
+  // Once statements are queued: connects, sends them at once or schedules the send.
+  void after_enqueue();
   void connect();
   void poll_connect();
   void wait(bool for_write);
@@ -211,7 +259,13 @@ class PgAsyncConnection : public std::enable_shared_from_this<PgAsyncConnection>
   bool set_cork(bool on) const noexcept;
   bool read_results();
   void finish_front(PgResultPtr result);
+  // Gives `entry`'s end to its operation or its batch's (`in_handler`: see finish_in_handler()).
+  static void deliver(Pending& entry, std::exception_ptr error, PgResultPtr result,
+                      bool in_handler);
   void cancel(Pending* entry);
+  void cancel_batch(Batch& batch);
+  // Cancels `entry` on the server when it runs with nothing sent behind its sync point.
+  void cancel_if_running(Pending* entry);
   // Whether nothing is sent behind the front's sync point: a cancel request that comes once the
   // front ended can reach only the statements aborted with it (its sync point's).
   [[nodiscard]] bool alone_on_the_wire() const;

@@ -170,7 +170,8 @@ void AsyncConnection::on_cancel(Op& op) {
   Op* raw = self.get();
   raw->post_complete(std::move(self),
                      std::make_exception_ptr(
-                         Cancelled("idem: redis command cancelled (the server may still run it)")));
+                         Cancelled("idem: redis command cancelled (the server may still run it)")),
+                     nullptr);
 }
 
 void AsyncConnection::enqueue(std::unique_ptr<Op> op, std::string_view bytes, int replies,

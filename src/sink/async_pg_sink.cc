@@ -61,67 +61,24 @@ PgStatement prepared(Prepared statement) {
   return PgStatement::prepared(static_cast<std::size_t>(statement));
 }
 
-// Statements of one explicit transaction sent together on one connection (pipelined: one round
-// trip, one sync point: the server answers them in one write) and their ends, in order: the
-// error or the result of each. After a failed one, the rest fail unrun (the transaction is
-// aborted anyway).
-using Batch = std::vector<std::pair<PgStatement, PgParams>>;
-using BatchEnds = std::vector<std::pair<std::exception_ptr, PgResultPtr>>;
-
-// Where a batch's sync points are: one for all its statements, or its last statement (a COMMIT)
-// with a sync point of its own, so that it runs whatever failed before it.
+// Where a batch's sync points are: one for all its statements (one round trip, one write of the
+// server's answers; after a failed one the rest fail unrun, as the transaction is aborted
+// anyway), or its last statement (a COMMIT) with a sync point of its own, so that it runs
+// whatever failed before it.
 enum class Syncs { kOne, kLastAlone };
 
-// Runs `batch` on `connection` and completes with `void(BatchEnds)` once every statement ended.
-// A cancellation of the whole reaches each statement (a running one is cancelled on the server).
-template <typename Token>
-auto exec_batch(const std::shared_ptr<PgAsyncConnection>& connection, Batch batch, Token&& token,
-                Syncs syncs = Syncs::kOne) {
-  return asio::async_initiate<Token, void(BatchEnds)>(
-      [connection, syncs](auto handler, Batch statements) {
-        using Handler = decltype(handler);
-        struct State {
-          State(Handler h, std::size_t n)
-              : handler(std::move(h)),
-                ends(n),
-                signals(new asio::cancellation_signal[n]),
-                left(n) {}
-          Handler handler;
-          BatchEnds ends;
-          std::unique_ptr<asio::cancellation_signal[]> signals;
-          std::size_t left;
-        };
-        const std::size_t n = statements.size();
-        auto state = std::make_shared<State>(std::move(handler), n);
-        auto slot = asio::get_associated_cancellation_slot(state->handler);
-        if (slot.is_connected()) {
-          slot.assign([raw = state.get(), n](asio::cancellation_type type) {
-            for (std::size_t i = 0; i < n; ++i) raw->signals[i].emit(type);
-          });
-        }
-        const std::size_t shared = syncs == Syncs::kLastAlone ? n - 1 : n;
-        for (std::size_t i = 0; i < n; ++i) {
-          PgStatement statement = std::move(statements[i].first);
-          connection->exec(
-              i + 1 < shared ? std::move(statement).with_next() : std::move(statement),
-              std::move(statements[i].second),
-              asio::bind_cancellation_slot(
-                  state->signals[i].slot(), [state, i, executor = connection->get_executor()](
-                                                std::exception_ptr error, PgResultPtr result) {
-                    state->ends[i] = {error, std::move(result)};
-                    if (--state->left > 0) return;
-                    auto done = asio::get_associated_cancellation_slot(state->handler);
-                    if (done.is_connected()) done.clear();
-                    asio::dispatch(asio::get_associated_executor(state->handler, executor),
-                                   [state] { std::move(state->handler)(std::move(state->ends)); });
-                  }));
-        }
-      },
-      token, std::move(batch));
+// `batch` (of one explicit transaction) with its statements marked for `syncs`.
+PgBatch synced(PgBatch batch, Syncs syncs = Syncs::kOne) {
+  const std::size_t shared = syncs == Syncs::kLastAlone ? batch.size() - 1 : batch.size();
+  for (std::size_t i = 0; i + 1 < shared; ++i) {
+    PgStatement marked = std::move(batch[i].first).with_next();
+    batch[i].first = std::move(marked);
+  }
+  return batch;
 }
 
 // `ends[i]`'s error, rethrown, if any.
-void rethrow_end(const BatchEnds& ends, std::size_t i) {
+void rethrow_end(const PgBatchEnds& ends, std::size_t i) {
   if (ends[i].first) std::rethrow_exception(ends[i].first);
 }
 
@@ -155,7 +112,7 @@ std::optional<std::string> in_doubt(const std::exception_ptr& error) {
 }
 
 // rethrow_end() for one of idem's own statements (rethrow_own()).
-void rethrow_own_end(const BatchEnds& ends, std::size_t i) {
+void rethrow_own_end(const PgBatchEnds& ends, std::size_t i) {
   if (ends[i].first) rethrow_own(ends[i].first);
 }
 
@@ -377,14 +334,15 @@ asio::awaitable<SinkClaim> AsyncPgTransaction::claim(std::string_view key,
   check_session();
   last_writes_.reset();
   const PgSinkOptions& o = sink_.options_;
-  Batch batch;
+  PgBatch batch;
   batch.reserve(3);
   if (pending_begin_) batch.emplace_back(prepared(Prepared::kBegin), PgParams{});
   const std::size_t lock = batch.size();
   batch.emplace_back(prepared(Prepared::kLock), pg_params(o.ns, key));
   batch.emplace_back(prepared(Prepared::kLookup), pg_params(o.ns, key));
   pending_begin_ = false;
-  BatchEnds ends = co_await exec_batch(connection_, std::move(batch), asio::use_awaitable);
+  PgBatchEnds ends =
+      co_await connection_->exec_batch(synced(std::move(batch)), asio::use_awaitable);
   if (lock > 0) rethrow_end(ends, 0);  // BEGIN
   try {
     rethrow_end(ends, lock);
@@ -410,13 +368,13 @@ asio::awaitable<PgResultPtr> AsyncPgTransaction::send(PgStatement statement, PgP
   if (!pending_begin_ && staged_.empty()) {
     co_return co_await connection_->exec(std::move(statement), std::move(params), token);
   }
-  Batch batch = std::move(staged_);
+  PgBatch batch = std::move(staged_);
   staged_.clear();
   handler_staged_ = 0;
   if (pending_begin_) batch.insert(batch.begin(), {prepared(Prepared::kBegin), PgParams{}});
   pending_begin_ = false;
   batch.emplace_back(std::move(statement), std::move(params));
-  BatchEnds ends = co_await exec_batch(connection_, std::move(batch), token);
+  PgBatchEnds ends = co_await connection_->exec_batch(synced(std::move(batch)), token);
   for (std::size_t i = 0; i < ends.size(); ++i) rethrow_end(ends, i);
   co_return std::move(ends.back().second);
 }
@@ -449,7 +407,7 @@ void AsyncPgTransaction::record(std::string_view key, std::string_view request_i
 
 asio::awaitable<void> AsyncPgTransaction::commit() {
   check_session();
-  Batch batch = std::move(staged_);
+  PgBatch batch = std::move(staged_);
   staged_.clear();
   // The handler's statements are batch[first, first + handler_staged_).
   const std::size_t first = pending_begin_ ? 1 : 0;
@@ -466,10 +424,9 @@ asio::awaitable<void> AsyncPgTransaction::commit() {
   const bool hand_over = sink_.someone_waiting();
   const std::shared_ptr<PgAsyncConnection> connection = connection_;
   if (hand_over) give_back();
-  BatchEnds ends = co_await exec_batch(
-      connection, std::move(batch),
-      asio::bind_cancellation_slot(asio::cancellation_slot(), asio::use_awaitable),
-      hand_over ? Syncs::kLastAlone : Syncs::kOne);
+  PgBatchEnds ends = co_await connection->exec_batch(
+      synced(std::move(batch), hand_over ? Syncs::kLastAlone : Syncs::kOne),
+      asio::bind_cancellation_slot(asio::cancellation_slot(), asio::use_awaitable));
   begun_ = false;
   for (std::size_t i = 0; i + 1 < ends.size(); ++i) {
     // A staged statement the server refused: the transaction cannot have committed (COMMIT was

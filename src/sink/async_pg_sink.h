@@ -195,11 +195,11 @@ class AsyncPgTransaction {
   std::shared_ptr<PgAsyncConnection> connection_;
   std::uint64_t generation_ = 0;  // the connection's, when BEGIN was sent
   bool begun_ = false;
-  bool pending_begin_ = false;                            // BEGIN goes with the claim
-  std::vector<std::pair<PgStatement, PgParams>> staged_;  // the handler's, then the record
-  std::size_t handler_staged_ = 0;                        // of staged_, the handler's (first)
-  bool handler_failed_ = false;                           // commit() threw a handler's error
-  std::optional<TransactionWrites> last_writes_;          // writes()'s, until the next exec()
+  bool pending_begin_ = false;                    // BEGIN goes with the claim
+  PgBatch staged_;                                // the handler's, then the record
+  std::size_t handler_staged_ = 0;                // of staged_, the handler's (first)
+  bool handler_failed_ = false;                   // commit() threw a handler's error
+  std::optional<TransactionWrites> last_writes_;  // writes()'s, until the next exec()
 };
 
 }  // namespace idem::detail

@@ -333,6 +333,115 @@ TEST(PgAsync, StatementsSharingASyncPointAreAnsweredInOneWriteAndAnErrorSkipsThe
   EXPECT_EQ(connection->connects(), 1u);
 }
 
+// A batch is queued and sent as one operation: issued on an idle connection it leaves whole at
+// once, each statement with the sync point its with_next() gives it (statement by statement,
+// the first left alone and the rest a turn of the loop later: the record sent ahead of a
+// handed-over COMMIT went so), and it completes once with the end of each, in order.
+TEST(PgAsync, ABatchIsSentWholeWhenIssuedAndEndsEachStatementInOrder) {
+  IDEM_REQUIRE_SERVICE(url, "IDEM_TEST_PG_URL");
+  const std::string table = test::unique_name("b");
+  pqxx::connection admin(url);
+  pqxx::nontransaction(admin).exec0("CREATE TABLE " + table + " (x int)");
+  const auto rows = [&] {
+    return pqxx::nontransaction(admin).exec1("SELECT count(*) FROM " + table)[0].as<int>();
+  };
+  asio::io_context io;
+  auto connection = PgAsyncConnection::create(io.get_executor(), settings_for(url));
+  connection->exec("SELECT 1", {}, [](std::exception_ptr, PgResultPtr) {});
+  io.run();  // connected, and idle
+  io.restart();
+  std::vector<std::string> ends;
+  int completions = 0;
+  const auto record = [&](std::exception_ptr error, PgBatchEnds batch) {
+    ++completions;
+    ASSERT_FALSE(error) << test::what(error);
+    for (const auto& [failure, result] : batch) {
+      if (!failure) {
+        ends.push_back(PQresultStatus(result.get()) == PGRES_TUPLES_OK ? value(result) : "ok");
+        continue;
+      }
+      try {
+        std::rethrow_exception(failure);
+      } catch (const PostgresError& e) {
+        ends.push_back(e.sqlstate().empty() ? std::string(e.what()) : e.sqlstate());
+      }
+    }
+  };
+  connection->exec_batch({{"INSERT INTO " + table + " VALUES (1)", {}},
+                          {"INSERT INTO " + table + " VALUES ($1::int)", PgParams{"2"}}},
+                         record);
+  int seen = 0;
+  for (const auto until = Clock::now() + 2s; seen < 2 && Clock::now() < until;) {
+    seen = rows();
+    if (seen < 2) std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_EQ(seen, 2) << "the batch did not leave whole when issued";
+  io.run();
+  io.restart();
+  EXPECT_EQ(completions, 1);
+  EXPECT_EQ(ends, (std::vector<std::string>{"ok", "ok"}));
+
+  // An error skips the statements sharing its sync point, not those after it.
+  ends.clear();
+  connection->exec_batch({{PgStatement("SELECT 1 / 0").with_next(), {}},
+                          {"SELECT 'skipped'", {}},
+                          {"SELECT 'own sync point'", {}}},
+                         record);
+  io.run();
+  io.restart();
+  EXPECT_EQ(completions, 2);
+  ASSERT_EQ(ends.size(), 3u);
+  EXPECT_EQ(ends[0], "22012");
+  EXPECT_NE(ends[1].find("not run"), std::string::npos) << ends[1];
+  EXPECT_EQ(ends[2], "own sync point");
+
+  // Refused whole, nothing sent: an empty batch, a prepared statement that does not exist.
+  std::vector<std::string> refusals;
+  const auto refused = [&](std::exception_ptr error, PgBatchEnds batch) {
+    EXPECT_TRUE(test::is<Error>(error));
+    EXPECT_TRUE(batch.empty());
+    refusals.push_back(test::what(error));
+  };
+  connection->exec_batch({}, refused);
+  connection->exec_batch(
+      {{"INSERT INTO " + table + " VALUES (3)", {}}, {PgStatement::prepared(7), {}}}, refused);
+  io.run();
+  ASSERT_EQ(refusals.size(), 2u);
+  EXPECT_NE(refusals[0].find("empty"), std::string::npos) << refusals[0];
+  EXPECT_NE(refusals[1].find("no prepared statement 7"), std::string::npos) << refusals[1];
+  EXPECT_EQ(rows(), 2);
+  EXPECT_EQ(connection->connects(), 1u);
+  pqxx::nontransaction(admin).exec0("DROP TABLE " + table);
+}
+
+// A cancelled batch ends at once: what ended keeps its result, the running statement is
+// cancelled on the server, and every statement not ended is idem::Cancelled.
+TEST(PgAsync, ACancelledBatchEndsItsStatementsNotEndedAsCancelled) {
+  IDEM_REQUIRE_SERVICE(url, "IDEM_TEST_PG_URL");
+  run_coroutine([&](auto executor) -> asio::awaitable<void> {
+    auto connection = PgAsyncConnection::create(executor, settings_for(url, 20000ms));
+    (void)co_await connection->exec("SELECT 1", {}, asio::use_awaitable);
+    asio::cancellation_signal signal;
+    asio::steady_timer later(executor, 200ms);
+    later.async_wait([&](std::error_code) { signal.emit(asio::cancellation_type::terminal); });
+    PgBatch batch;  // built outside the co_await (GCC 12 mis-compiles the braced list in it)
+    batch.emplace_back("SELECT 'first'", PgParams{});
+    batch.emplace_back(PgStatement("SELECT pg_sleep(10)").with_next(), PgParams{});
+    batch.emplace_back("SELECT 'after'", PgParams{});
+    const auto started = Clock::now();
+    PgBatchEnds ends = co_await connection->exec_batch(
+        std::move(batch), asio::bind_cancellation_slot(signal.slot(), asio::use_awaitable));
+    EXPECT_LT(Clock::now() - started, 3s) << "the batch was not cancelled";
+    EXPECT_FALSE(ends.at(0).first) << test::what(ends.at(0).first);
+    EXPECT_EQ(value(ends.at(0).second), "first");
+    EXPECT_TRUE(test::is<Cancelled>(ends.at(1).first)) << test::what(ends.at(1).first);
+    EXPECT_TRUE(test::is<Cancelled>(ends.at(2).first)) << test::what(ends.at(2).first);
+    PgResultPtr after = co_await connection->exec("SELECT 'still here'", {}, asio::use_awaitable);
+    EXPECT_EQ(value(after), "still here");
+    EXPECT_EQ(connection->connects(), 1u);
+  });
+}
+
 TEST(PgAsync, CancellationCancelsTheRunningStatementAsCancelled) {
   IDEM_REQUIRE_SERVICE(url, "IDEM_TEST_PG_URL");
   run_coroutine([&](auto executor) -> asio::awaitable<void> {
