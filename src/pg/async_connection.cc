@@ -106,7 +106,8 @@ void PgAsyncConnection::enqueue(std::unique_ptr<Op> op, PgStatement statement, P
   after_enqueue();
 }
 
-void PgAsyncConnection::enqueue(std::unique_ptr<BatchOp> op, PgBatch statements) {
+void PgAsyncConnection::enqueue(std::unique_ptr<BatchOp> op, PgBatch statements,
+                                bool with_the_turn) {
   if (statements.empty()) {
     BatchOp* raw = op.get();
     return raw->post_complete(
@@ -127,13 +128,14 @@ void PgAsyncConnection::enqueue(std::unique_ptr<BatchOp> op, PgBatch statements)
   }
   op->entry = batch.get();
   batch->op = std::move(op);
-  after_enqueue();
+  after_enqueue(with_the_turn);
 }
 
-void PgAsyncConnection::after_enqueue() {
+void PgAsyncConnection::after_enqueue(bool with_the_turn) {
   if (state_ == State::kIdle) {
     connect();
-  } else if (state_ == State::kReady && !pending_.back().sync_with_next && !pending_.front().sent) {
+  } else if (state_ == State::kReady && !with_the_turn && !pending_.back().sync_with_next &&
+             !pending_.front().sent) {
     // It ends its flight and nothing is on the wire: nothing to wait for. A failure to send
     // fails the connection on the loop's next turn, not inside the caller's initiation.
     if (std::exception_ptr error = send_all_unsent()) {

@@ -171,13 +171,16 @@ class PgAsyncConnection : public std::enable_shared_from_this<PgAsyncConnection>
   /// completes with PgBatchSignature once every one ended. A cancellation reaches every statement
   /// not ended yet (each ends with idem::Cancelled; a running one is cancelled on the server as
   /// exec()'s is). `batch` is moved into the operation.
+  /// `with_the_turn`: sent with what else is issued in this turn of the loop even when nothing
+  /// is on the wire (for a batch that hands the connection to a statement issued next, as a
+  /// COMMIT ahead of the next transaction's BEGIN: one write for both).
   template <typename Token>
-  auto exec_batch(PgBatch batch, Token&& token) {
+  auto exec_batch(PgBatch batch, Token&& token, bool with_the_turn = false) {
     return asio::async_initiate<Token, PgBatchSignature>(
-        [self = shared_from_this()](auto handler, PgBatch statements) {
+        [self = shared_from_this(), with_the_turn](auto handler, PgBatch statements) {
           self->enqueue(
               make_pending_op<PgBatchEnds>(std::move(handler), self->executor_, &on_cancel_batch),
-              std::move(statements));
+              std::move(statements), with_the_turn);
         },
         token, std::move(batch));
   }
@@ -236,14 +239,15 @@ class PgAsyncConnection : public std::enable_shared_from_this<PgAsyncConnection>
   PgStatement resolved(PgStatement statement);
   void enqueue(std::unique_ptr<Op> op, PgStatement statement, PgParams params,
                std::chrono::milliseconds timeout);
-  void enqueue(std::unique_ptr<BatchOp> op, PgBatch statements);
+  void enqueue(std::unique_ptr<BatchOp> op, PgBatch statements, bool with_the_turn);
   // Whether the statement's prepared index exists (else `op` was completed with the error).
   template <typename Result>
   bool refused(std::unique_ptr<PendingOp<Result>>& op, const PgStatement& statement);
   // Queues a statement (its op, if any, is set by the caller).
   Pending& push(PgStatement statement, PgParams params, std::chrono::milliseconds timeout);
-  // Once statements are queued: connects, sends them at once or schedules the send.
-  void after_enqueue();
+  // Once statements are queued: connects, sends them at once or schedules the send (always
+  // with `with_the_turn`).
+  void after_enqueue(bool with_the_turn = false);
   void connect();
   void poll_connect();
   void wait(bool for_write);

@@ -419,14 +419,15 @@ asio::awaitable<void> AsyncPgTransaction::commit() {
   // as COMMIT is queued: the next holder's statements queue behind this COMMIT and leave with it,
   // one round trip fewer per transaction. COMMIT then has a sync point of its own, so it runs
   // whatever failed before it (in a failed transaction it answers ROLLBACK) and the session has
-  // left the transaction before the next holder's first statement. With nobody waiting, the
+  // left the transaction before the next holder's first statement; and it leaves with the turn,
+  // so that the next holder's first flight goes in the same write. With nobody waiting, the
   // connection is kept until the answers, and one sync point (one write) serves the batch.
   const bool hand_over = sink_.someone_waiting();
   const std::shared_ptr<PgAsyncConnection> connection = connection_;
   if (hand_over) give_back();
   PgBatchEnds ends = co_await connection->exec_batch(
       synced(std::move(batch), hand_over ? Syncs::kLastAlone : Syncs::kOne),
-      asio::bind_cancellation_slot(asio::cancellation_slot(), asio::use_awaitable));
+      asio::bind_cancellation_slot(asio::cancellation_slot(), asio::use_awaitable), hand_over);
   begun_ = false;
   for (std::size_t i = 0; i + 1 < ends.size(); ++i) {
     // A staged statement the server refused: the transaction cannot have committed (COMMIT was

@@ -414,6 +414,44 @@ TEST(PgAsync, ABatchIsSentWholeWhenIssuedAndEndsEachStatementInOrder) {
   pqxx::nontransaction(admin).exec0("DROP TABLE " + table);
 }
 
+// A batch that hands its connection over (a COMMIT with the next transaction waiting) goes with
+// the turn, not at once: the next holder's first statements, issued later in the same turn,
+// leave in the same write instead of one of their own.
+TEST(PgAsync, ABatchSentWithTheTurnWaitsForItAndLeavesWithWhatFollows) {
+  IDEM_REQUIRE_SERVICE(url, "IDEM_TEST_PG_URL");
+  const std::string table = test::unique_name("t");
+  pqxx::connection admin(url);
+  pqxx::nontransaction(admin).exec0("CREATE TABLE " + table + " (x int)");
+  const auto rows = [&] {
+    return pqxx::nontransaction(admin).exec1("SELECT count(*) FROM " + table)[0].as<int>();
+  };
+  asio::io_context io;
+  auto connection = PgAsyncConnection::create(io.get_executor(), settings_for(url));
+  connection->exec("SELECT 1", {}, [](std::exception_ptr, PgResultPtr) {});
+  io.run();  // connected, and idle
+  io.restart();
+  int ended = 0;
+  connection->exec_batch(
+      {{"INSERT INTO " + table + " VALUES (1)", {}}, {"INSERT INTO " + table + " VALUES (2)", {}}},
+      [&](std::exception_ptr error, PgBatchEnds ends) {
+        ASSERT_FALSE(error);
+        for (const auto& end : ends) EXPECT_FALSE(end.first) << test::what(end.first);
+        ++ended;
+      },
+      true);
+  std::this_thread::sleep_for(200ms);
+  EXPECT_EQ(rows(), 0) << "a batch sent with the turn went at once";
+  connection->exec("INSERT INTO " + table + " VALUES (3)", {},
+                   [&](std::exception_ptr error, PgResultPtr) {
+                     EXPECT_FALSE(error) << test::what(error);
+                     ++ended;
+                   });
+  io.run();
+  EXPECT_EQ(ended, 2);
+  EXPECT_EQ(rows(), 3);
+  pqxx::nontransaction(admin).exec0("DROP TABLE " + table);
+}
+
 // A cancelled batch ends at once: what ended keeps its result, the running statement is
 // cancelled on the server, and every statement not ended is idem::Cancelled.
 TEST(PgAsync, ACancelledBatchEndsItsStatementsNotEndedAsCancelled) {
