@@ -1,6 +1,7 @@
 // The asynchronous PostgreSQL connection (src/pg/async_connection.h) against real servers:
-// parameters, pipelined concurrent statements, statements sharing a sync point, errors with
-// their SQLSTATE, cancellation of a running statement (57014 as idem::Cancelled), a loop that
+// parameters, pipelined concurrent statements, statements sharing a sync point, batches sent
+// and completed as one operation, errors with their SQLSTATE, cancellation of a running
+// statement or a batch (57014 as idem::Cancelled), a loop that
 // keeps running while PostgreSQL is SIGSTOPped, and TLS (sslmode=verify-full) for both the
 // async connection and libpqxx.
 #include <gtest/gtest.h>
@@ -46,6 +47,41 @@ PgAsyncSettings settings_for(const std::string& conninfo,
 }
 
 using test::run_coroutine;
+
+// A table of the test's own on the server (dropped at the end), and a connection that is
+// connected and idle, on a loop that is not running.
+struct IdleConnection {
+  IdleConnection(const std::string& url, const std::string& name)
+      : table(test::unique_name(name)),
+        admin(url),
+        connection(PgAsyncConnection::create(io.get_executor(), settings_for(url))) {
+    pqxx::nontransaction(admin).exec0("CREATE TABLE " + table + " (x int)");
+    connection->exec("SELECT 1", {}, [](std::exception_ptr, PgResultPtr) {});
+    io.run();
+    io.restart();
+  }
+  ~IdleConnection() {
+    try {
+      pqxx::nontransaction(admin).exec0("DROP TABLE " + table);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << e.what();
+    }
+  }
+  IdleConnection(const IdleConnection&) = delete;
+  IdleConnection& operator=(const IdleConnection&) = delete;
+
+  // The table's rows `where`, as another session sees them.
+  int rows(const std::string& where = "true") {
+    return pqxx::nontransaction(admin)
+        .exec1("SELECT count(*) FROM " + table + " WHERE " + where)[0]
+        .as<int>();
+  }
+
+  std::string table;
+  pqxx::connection admin;
+  asio::io_context io;
+  std::shared_ptr<PgAsyncConnection> connection;
+};
 
 TEST(PgAsync, ParametersNullsAndErrorsWithTheirSqlstate) {
   IDEM_REQUIRE_SERVICE(url, "IDEM_TEST_PG_URL");
@@ -203,19 +239,8 @@ TEST(PgAsync, ConcurrentStatementsArePipelinedAndAnsweredInOrder) {
 // statement after it, or for the loop.
 TEST(PgAsync, AFlightIssuedWithNothingOnTheWireIsSentWhenIssued) {
   IDEM_REQUIRE_SERVICE(url, "IDEM_TEST_PG_URL");
-  const std::string table = test::unique_name("idem_sent_at_once");
-  pqxx::connection admin(url);
-  pqxx::nontransaction(admin).exec0("CREATE TABLE " + table + " (x int)");
-  const auto count = [&](int x) {
-    return pqxx::nontransaction(admin)
-        .exec1("SELECT count(*) FROM " + table + " WHERE x = " + std::to_string(x))[0]
-        .as<int>();
-  };
-  asio::io_context io;
-  auto connection = PgAsyncConnection::create(io.get_executor(), settings_for(url));
-  connection->exec("SELECT 1", {}, [](std::exception_ptr, PgResultPtr) {});
-  io.run();  // connected, and idle
-  io.restart();
+  IdleConnection idle(url, "idem_sent_at_once");
+  auto& [table, admin, io, connection] = idle;
   int answered = 0;
   const auto done = [&](std::exception_ptr error, PgResultPtr) {
     EXPECT_FALSE(error) << test::what(error);
@@ -224,7 +249,7 @@ TEST(PgAsync, AFlightIssuedWithNothingOnTheWireIsSentWhenIssued) {
   connection->exec("INSERT INTO " + table + " VALUES (1)", {}, done);
   int seen = 0;
   for (const auto until = Clock::now() + 2s; seen == 0 && Clock::now() < until;) {
-    seen = count(1);
+    seen = idle.rows("x = 1");
     if (seen == 0) std::this_thread::sleep_for(10ms);
   }
   EXPECT_EQ(seen, 1) << "the statement waited for the loop";
@@ -233,11 +258,10 @@ TEST(PgAsync, AFlightIssuedWithNothingOnTheWireIsSentWhenIssued) {
   EXPECT_EQ(answered, 1);
   connection->exec(PgStatement("INSERT INTO " + table + " VALUES (2)").with_next(), {}, done);
   std::this_thread::sleep_for(200ms);
-  EXPECT_EQ(count(2), 0) << "a statement sharing the next one's sync point went alone";
+  EXPECT_EQ(idle.rows("x = 2"), 0) << "a statement sharing the next one's sync point went alone";
   io.run();
   EXPECT_EQ(answered, 2);
-  EXPECT_EQ(count(2), 1);
-  pqxx::nontransaction(admin).exec0("DROP TABLE " + table);
+  EXPECT_EQ(idle.rows("x = 2"), 1);
 }
 
 // libpq 15's PQpipelineSync writes to the socket at once, so statements issued in one turn of
@@ -339,17 +363,8 @@ TEST(PgAsync, StatementsSharingASyncPointAreAnsweredInOneWriteAndAnErrorSkipsThe
 // handed-over COMMIT went so), and it completes once with the end of each, in order.
 TEST(PgAsync, ABatchIsSentWholeWhenIssuedAndEndsEachStatementInOrder) {
   IDEM_REQUIRE_SERVICE(url, "IDEM_TEST_PG_URL");
-  const std::string table = test::unique_name("b");
-  pqxx::connection admin(url);
-  pqxx::nontransaction(admin).exec0("CREATE TABLE " + table + " (x int)");
-  const auto rows = [&] {
-    return pqxx::nontransaction(admin).exec1("SELECT count(*) FROM " + table)[0].as<int>();
-  };
-  asio::io_context io;
-  auto connection = PgAsyncConnection::create(io.get_executor(), settings_for(url));
-  connection->exec("SELECT 1", {}, [](std::exception_ptr, PgResultPtr) {});
-  io.run();  // connected, and idle
-  io.restart();
+  IdleConnection idle(url, "b");
+  auto& [table, admin, io, connection] = idle;
   std::vector<std::string> ends;
   int completions = 0;
   const auto record = [&](std::exception_ptr error, PgBatchEnds batch) {
@@ -372,7 +387,7 @@ TEST(PgAsync, ABatchIsSentWholeWhenIssuedAndEndsEachStatementInOrder) {
                          record);
   int seen = 0;
   for (const auto until = Clock::now() + 2s; seen < 2 && Clock::now() < until;) {
-    seen = rows();
+    seen = idle.rows();
     if (seen < 2) std::this_thread::sleep_for(10ms);
   }
   EXPECT_EQ(seen, 2) << "the batch did not leave whole when issued";
@@ -409,9 +424,8 @@ TEST(PgAsync, ABatchIsSentWholeWhenIssuedAndEndsEachStatementInOrder) {
   ASSERT_EQ(refusals.size(), 2u);
   EXPECT_NE(refusals[0].find("empty"), std::string::npos) << refusals[0];
   EXPECT_NE(refusals[1].find("no prepared statement 7"), std::string::npos) << refusals[1];
-  EXPECT_EQ(rows(), 2);
+  EXPECT_EQ(idle.rows(), 2);
   EXPECT_EQ(connection->connects(), 1u);
-  pqxx::nontransaction(admin).exec0("DROP TABLE " + table);
 }
 
 // A batch that hands its connection over (a COMMIT with the next transaction waiting) goes with
@@ -419,20 +433,11 @@ TEST(PgAsync, ABatchIsSentWholeWhenIssuedAndEndsEachStatementInOrder) {
 // leave in the same write instead of one of their own.
 TEST(PgAsync, ABatchSentWithTheTurnWaitsForItAndLeavesWithWhatFollows) {
   IDEM_REQUIRE_SERVICE(url, "IDEM_TEST_PG_URL");
-  const std::string table = test::unique_name("t");
-  pqxx::connection admin(url);
-  pqxx::nontransaction(admin).exec0("CREATE TABLE " + table + " (x int)");
-  const auto rows = [&] {
-    return pqxx::nontransaction(admin).exec1("SELECT count(*) FROM " + table)[0].as<int>();
-  };
-  asio::io_context io;
-  auto connection = PgAsyncConnection::create(io.get_executor(), settings_for(url));
-  connection->exec("SELECT 1", {}, [](std::exception_ptr, PgResultPtr) {});
-  io.run();  // connected, and idle
-  io.restart();
+  IdleConnection idle(url, "t");
   int ended = 0;
-  connection->exec_batch(
-      {{"INSERT INTO " + table + " VALUES (1)", {}}, {"INSERT INTO " + table + " VALUES (2)", {}}},
+  idle.connection->exec_batch(
+      {{"INSERT INTO " + idle.table + " VALUES (1)", {}},
+       {"INSERT INTO " + idle.table + " VALUES (2)", {}}},
       [&](std::exception_ptr error, PgBatchEnds ends) {
         ASSERT_FALSE(error);
         for (const auto& end : ends) EXPECT_FALSE(end.first) << test::what(end.first);
@@ -440,33 +445,49 @@ TEST(PgAsync, ABatchSentWithTheTurnWaitsForItAndLeavesWithWhatFollows) {
       },
       true);
   std::this_thread::sleep_for(200ms);
-  EXPECT_EQ(rows(), 0) << "a batch sent with the turn went at once";
-  connection->exec("INSERT INTO " + table + " VALUES (3)", {},
-                   [&](std::exception_ptr error, PgResultPtr) {
-                     EXPECT_FALSE(error) << test::what(error);
-                     ++ended;
-                   });
-  io.run();
+  EXPECT_EQ(idle.rows(), 0) << "a batch sent with the turn went at once";
+  idle.connection->exec("INSERT INTO " + idle.table + " VALUES (3)", {},
+                        [&](std::exception_ptr error, PgResultPtr) {
+                          EXPECT_FALSE(error) << test::what(error);
+                          ++ended;
+                        });
+  idle.io.run();
   EXPECT_EQ(ended, 2);
-  EXPECT_EQ(rows(), 3);
-  pqxx::nontransaction(admin).exec0("DROP TABLE " + table);
+  EXPECT_EQ(idle.rows(), 3);
 }
 
-// A cancelled batch ends at once: what ended keeps its result, the running statement is
-// cancelled on the server, and every statement not ended is idem::Cancelled.
-TEST(PgAsync, ACancelledBatchEndsItsStatementsNotEndedAsCancelled) {
+// A cancelled statement ends at once, cancelled on the server when it runs (57014, reported as
+// idem::Cancelled, not a business failure). So does a cancelled batch: what ended keeps its
+// result, and every statement not ended is idem::Cancelled. The connection goes on.
+TEST(PgAsync, CancellationCancelsTheRunningStatementAndABatchsRestAsCancelled) {
   IDEM_REQUIRE_SERVICE(url, "IDEM_TEST_PG_URL");
   run_coroutine([&](auto executor) -> asio::awaitable<void> {
     auto connection = PgAsyncConnection::create(executor, settings_for(url, 20000ms));
     (void)co_await connection->exec("SELECT 1", {}, asio::use_awaitable);
     asio::cancellation_signal signal;
-    asio::steady_timer later(executor, 200ms);
-    later.async_wait([&](std::error_code) { signal.emit(asio::cancellation_type::terminal); });
+    asio::steady_timer later(executor);
+    const auto cancel_soon = [&] {
+      later.expires_after(200ms);
+      later.async_wait([&](std::error_code) { signal.emit(asio::cancellation_type::terminal); });
+      return Clock::now();
+    };
+    auto started = cancel_soon();
+    try {
+      (void)co_await connection->exec(
+          "SELECT pg_sleep(10)", {},
+          asio::bind_cancellation_slot(signal.slot(), asio::use_awaitable));
+      ADD_FAILURE() << "pg_sleep(10) must be cancelled";
+    } catch (const Cancelled&) {
+    }
+    EXPECT_LT(Clock::now() - started, 3s) << "the statement was not cancelled on the server";
+    PgResultPtr after = co_await connection->exec("SELECT 'still here'", {}, asio::use_awaitable);
+    EXPECT_EQ(value(after), "still here");
+
     PgBatch batch;  // built outside the co_await (GCC 12 mis-compiles the braced list in it)
     batch.emplace_back("SELECT 'first'", PgParams{});
     batch.emplace_back(PgStatement("SELECT pg_sleep(10)").with_next(), PgParams{});
     batch.emplace_back("SELECT 'after'", PgParams{});
-    const auto started = Clock::now();
+    started = cancel_soon();
     PgBatchEnds ends = co_await connection->exec_batch(
         std::move(batch), asio::bind_cancellation_slot(signal.slot(), asio::use_awaitable));
     EXPECT_LT(Clock::now() - started, 3s) << "the batch was not cancelled";
@@ -474,31 +495,7 @@ TEST(PgAsync, ACancelledBatchEndsItsStatementsNotEndedAsCancelled) {
     EXPECT_EQ(value(ends.at(0).second), "first");
     EXPECT_TRUE(test::is<Cancelled>(ends.at(1).first)) << test::what(ends.at(1).first);
     EXPECT_TRUE(test::is<Cancelled>(ends.at(2).first)) << test::what(ends.at(2).first);
-    PgResultPtr after = co_await connection->exec("SELECT 'still here'", {}, asio::use_awaitable);
-    EXPECT_EQ(value(after), "still here");
-    EXPECT_EQ(connection->connects(), 1u);
-  });
-}
-
-TEST(PgAsync, CancellationCancelsTheRunningStatementAsCancelled) {
-  IDEM_REQUIRE_SERVICE(url, "IDEM_TEST_PG_URL");
-  run_coroutine([&](auto executor) -> asio::awaitable<void> {
-    auto connection = PgAsyncConnection::create(executor, settings_for(url, 20000ms));
-    (void)co_await connection->exec("SELECT 1", {}, asio::use_awaitable);
-    asio::cancellation_signal signal;
-    asio::steady_timer later(executor, 200ms);
-    later.async_wait([&](std::error_code) { signal.emit(asio::cancellation_type::terminal); });
-    const auto started = Clock::now();
-    try {
-      (void)co_await connection->exec(
-          "SELECT pg_sleep(10)", {},
-          asio::bind_cancellation_slot(signal.slot(), asio::use_awaitable));
-      ADD_FAILURE() << "pg_sleep(10) must be cancelled";
-    } catch (const Cancelled&) {
-      // 57014 from the server, reported as a cancellation, not a business failure.
-    }
-    EXPECT_LT(Clock::now() - started, 3s) << "the statement was not cancelled on the server";
-    PgResultPtr after = co_await connection->exec("SELECT 'still here'", {}, asio::use_awaitable);
+    after = co_await connection->exec("SELECT 'still here'", {}, asio::use_awaitable);
     EXPECT_EQ(value(after), "still here");
     EXPECT_EQ(connection->connects(), 1u);
   });
