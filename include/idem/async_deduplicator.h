@@ -239,27 +239,42 @@ namespace detail {
 class AsyncCompletion {
  public:
   virtual ~AsyncCompletion() = default;
-  /// Completes exactly once, dispatched to the handler's associated executor.
+  /// Completes exactly once, dispatched to the handler's associated executor. Called on the
+  /// deduplicator's executor (`fallback` below), from a handler it runs.
   virtual void complete(std::exception_ptr error, Outcome outcome) = 0;
 };
 
 template <typename Handler>
 class AsyncCompletionOf final : public AsyncCompletion {
  public:
+  using Executor = asio::associated_executor_t<Handler, asio::any_io_executor>;
+
   AsyncCompletionOf(Handler handler, const asio::any_io_executor& fallback)
       : handler_(std::move(handler)),
-        work_(asio::make_work_guard(asio::get_associated_executor(handler_, fallback))) {}
+        work_(asio::make_work_guard(asio::get_associated_executor(handler_, fallback))) {
+    if constexpr (std::is_same_v<Executor, asio::any_io_executor>) {
+      same_executor_ = work_.get_executor() == fallback;
+    }
+  }
   void complete(std::exception_ptr error, Outcome outcome) override {
     auto work = std::move(work_);
+    Handler handler = std::move(handler_);
+    if (same_executor_) {
+      // Already running on the handler's executor: called as dispatch() would call it, without
+      // wrapping it in a type-erased function (an allocation per call). `work` outlives it.
+      std::move(handler)(error, std::move(outcome));
+      return;
+    }
     asio::dispatch(work.get_executor(),
-                   [h = std::move(handler_), error, o = std::move(outcome)]() mutable {
+                   [h = std::move(handler), error, o = std::move(outcome)]() mutable {
                      std::move(h)(error, std::move(o));
                    });
   }
 
  private:
   Handler handler_;
-  asio::executor_work_guard<asio::associated_executor_t<Handler, asio::any_io_executor>> work_;
+  asio::executor_work_guard<Executor> work_;
+  bool same_executor_ = false;  // the handler's executor is the deduplicator's
 };
 
 /// A handler, its type erased: run() passes no transaction.
