@@ -15,13 +15,12 @@
 // delivered to a later statement. A COMMIT that fails that way has an unknown outcome.
 //
 // Cancellation: when a statement's (or a batch's) cancellation slot is emitted, it completes at
-// once with
-// idem::Cancelled (not a business failure), and when it is the one running with nothing sent
-// behind its sync point, it is cancelled on the server too (PQcancel, on a helper thread since
-// libpq 15's cancel blocks; it ends with SQLSTATE 57014, its result dropped), so the statements
-// queued behind it go on. PostgreSQL cancels whatever its backend runs when the request arrives:
-// nothing more is sent until PQcancel returned, when the server has the request (one that has
-// not in connect_timeout closes the connection), so it cannot cancel the next statement; and a
+// once with idem::Cancelled (not a business failure), and when it is the one running with
+// nothing sent behind its sync point, it is cancelled on the server too (PQcancel, on a helper
+// thread since libpq 15's cancel blocks; it ends with SQLSTATE 57014, its result dropped), so the
+// statements queued behind it go on. PostgreSQL cancels whatever its backend runs when the request
+// arrives: nothing more is sent until PQcancel returned, when the server has the request (one that
+// has not in connect_timeout closes the connection), so it cannot cancel the next statement; and a
 // statement already sent behind another sync point waits for the one running to end. A cancelled
 // statement still waiting behind others may still run; its result is dropped. A stopped server
 // never holds a cancelled call.
