@@ -1,5 +1,8 @@
 #include "allocations.h"
 
+#include <dlfcn.h>
+
+#include <atomic>
 #include <cstddef>
 #include <cstdlib>
 
@@ -26,23 +29,50 @@ thread_local long long counted = 0;
 }  // namespace
 
 #if IDEM_BENCH_COUNTS_ALLOCATIONS
-// glibc's allocator under its own names; free() and the aligned allocations stay glibc's.
-extern "C" {
-void* __libc_malloc(std::size_t size) noexcept;
-void* __libc_calloc(std::size_t count, std::size_t size) noexcept;
-void* __libc_realloc(void* pointer, std::size_t size) noexcept;
+// The counting wrappers forward to the allocator that comes next in the symbol search order:
+// glibc's, or one preloaded (LD_PRELOAD=libjemalloc.so.2), whose free() and aligned
+// allocations then serve this program too. Resolved at the first call: glibc's dlsym() does
+// not allocate when the symbol exists.
+namespace {
+using Malloc = void* (*)(std::size_t) noexcept;
+using Calloc = void* (*)(std::size_t, std::size_t) noexcept;
+using Realloc = void* (*)(void*, std::size_t) noexcept;
 
+template <typename F>
+F next(const char* name) noexcept {
+  void* found = dlsym(RTLD_NEXT, name);
+  if (found == nullptr) std::abort();
+  return reinterpret_cast<F>(found);
+}
+// Resolved into atomics, not function-local statics, whose guarded initialization would be
+// entered again if dlsym() allocated. Two threads resolving one at once store the same value.
+std::atomic<Malloc> next_malloc{nullptr};
+std::atomic<Calloc> next_calloc{nullptr};
+std::atomic<Realloc> next_realloc{nullptr};
+
+template <typename F>
+F resolved(std::atomic<F>& slot, const char* name) noexcept {
+  F f = slot.load(std::memory_order_relaxed);
+  if (f == nullptr) {
+    f = next<F>(name);
+    slot.store(f, std::memory_order_relaxed);
+  }
+  return f;
+}
+}  // namespace
+
+extern "C" {
 void* malloc(std::size_t size) noexcept {
   ++counted;
-  return __libc_malloc(size);
+  return resolved(next_malloc, "malloc")(size);
 }
 void* calloc(std::size_t count, std::size_t size) noexcept {
   ++counted;
-  return __libc_calloc(count, size);
+  return resolved(next_calloc, "calloc")(count, size);
 }
 void* realloc(void* pointer, std::size_t size) noexcept {
   if (pointer == nullptr) ++counted;
-  return __libc_realloc(pointer, size);
+  return resolved(next_realloc, "realloc")(pointer, size);
 }
 }
 #endif
