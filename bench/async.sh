@@ -324,16 +324,15 @@ if [[ -n $jemalloc ]]; then
   je_tx_kernel_us="$(med tx_async_je_runs 7)" je_tx_pg_us="$(med tx_async_je_runs 10)"
   je_hand_s="$(med tx_hand_je_runs 1)" je_hand_loop_us="$(med tx_hand_je_runs 4)"
   je_hand_pg_us="$(med tx_hand_je_runs 10)"
-  allocator_json="{\"preloaded\": \"$jemalloc\", \"run_with_sink\": {\"async_per_s\": $je_s,"
-  allocator_json+=" \"of_glibc\": $(ratio "$je_s" "$async_s"),"
-  allocator_json+=" \"async_loop_cpu_us_per_call\": $je_loop_us,"
-  allocator_json+=" \"async_loop_kernel_us_per_call\": $je_kernel_us,"
-  allocator_json+=" \"async_of_pool_floor\": $(ratio "$je_s" "$pool_floor_s")},"
-  allocator_json+=" \"run_transactional\": {\"async_per_s\": $je_tx_s,"
-  allocator_json+=" \"of_glibc\": $(ratio "$je_tx_s" "$tx_async_s"),"
-  allocator_json+=" \"async_loop_cpu_us_per_call\": $je_tx_loop_us,"
-  allocator_json+=" \"async_loop_kernel_us_per_call\": $je_tx_kernel_us,"
-  allocator_json+=" \"async_of_pool_floor\": $(ratio "$je_tx_s" "$tx_floor_s"),"
+  # allocator_keys PER_S GLIBC_PER_S LOOP_US KERNEL_US FLOOR_PER_S: what both fronts report.
+  allocator_keys() {
+    echo "\"async_per_s\": $1, \"of_glibc\": $(ratio "$1" "$2"), \"async_loop_cpu_us_per_call\": $3," \
+      "\"async_loop_kernel_us_per_call\": $4, \"async_of_pool_floor\": $(ratio "$1" "$5")"
+  }
+  allocator_json="{\"preloaded\": \"$jemalloc\", \"run_with_sink\": {$(allocator_keys "$je_s" \
+    "$async_s" "$je_loop_us" "$je_kernel_us" "$pool_floor_s")},"
+  allocator_json+=" \"run_transactional\": {$(allocator_keys "$je_tx_s" "$tx_async_s" \
+    "$je_tx_loop_us" "$je_tx_kernel_us" "$tx_floor_s"),"
   allocator_json+=" \"hand_written_per_s\": $je_hand_s,"
   allocator_json+=" \"hand_written_loop_cpu_us_per_call\": $je_hand_loop_us,"
   allocator_json+=" \"of_hand_written\": $(ratio "$je_tx_s" "$je_hand_s"),"
