@@ -32,11 +32,13 @@
 #              pgbench -c 8 running those 2 flights
 #   with PostgreSQL's CPU per call for tx_async, tx_hand, tx_staged and the pgbench floors (its
 #   server processes' user + system time from /proc over the slice, over the calls made)
-# With another allocator (allocator): async, tx_async and tx_hand once more with jemalloc preloaded
-#   (LD_PRELOAD=libjemalloc.so.2, Debian's libjemalloc2; none found: "allocator": null), against
-#   the same slices on glibc's malloc (`of_glibc`): with 1 000 calls in flight, most of the loop's
-#   frees overflow glibc's small per-thread caches (docs/async.md). Heap bytes and allocation
-#   counts come from the glibc runs only (jemalloc's own operator new is not counted).
+# Other allocator settings (allocator): async, tx_async and tx_hand once more with jemalloc
+#   preloaded (LD_PRELOAD=libjemalloc.so.2, Debian's libjemalloc2; not found: "jemalloc": null)
+#   and with glibc's per-thread cache enlarged (GLIBC_TUNABLES=glibc.malloc.tcache_count=1000),
+#   against the same slices on glibc's defaults (`of_glibc`): with 1 000 calls in flight, most
+#   of the loop's frees overflow glibc's per-thread cache (docs/async.md). Heap bytes and
+#   allocation counts come from the default runs only (jemalloc's own operator new is not
+#   counted).
 # One call in flight (single_in_flight), the way a Function Compute instance of concurrency 1
 # serves: run() with the guard alone and run_transactional(), one call after the other on the
 # loop, their loop CPU per call against the floor of their round trips: a round trip that wakes
@@ -82,13 +84,12 @@
 #                          "allocations_per_call", "floors": {…}, "of_hand_written",
 #                          "pg_cpu_us_per_call": {"async", "pgbench_tx"},
 #                          "pg_cpu_of_hand_written", "per_run": {…}}},
-#    "allocator": {"preloaded", "run_with_sink": {"async_per_s", "of_glibc",
+#    "allocator": {"jemalloc": {"preloaded", SETTING} or null, "glibc_tuned": {"tunables",
+#                  SETTING}}, where SETTING is "run_with_sink": {"async_per_s", "of_glibc",
 #                  "async_loop_cpu_us_per_call", "async_loop_kernel_us_per_call",
-#                  "async_of_pool_floor"}, "run_transactional": {"async_per_s", "of_glibc",
-#                  "async_loop_cpu_us_per_call", "async_loop_kernel_us_per_call",
-#                  "async_of_pool_floor", "hand_written_per_s",
-#                  "hand_written_loop_cpu_us_per_call", "of_hand_written",
-#                  "pg_cpu_us_per_call": {"async", "hand_written"}, "pg_cpu_of_hand_written"}},
+#                  "async_of_pool_floor"}, "run_transactional": {the same, "hand_written_per_s",
+#                  "hand_written_loop_cpu_us_per_call", "of_hand_written", "pg_cpu_us_per_call":
+#                  {"async", "hand_written"}, "pg_cpu_of_hand_written"},
 #    "single_in_flight": {"trip_floor_us", "run": {"calls_per_s", "cpu_us_per_call",
 #                         "round_trips", "floor_us", "cpu_over_floor", "kernel_us_per_call",
 #                         "allocations_per_call"}, "run_transactional": {…},
@@ -112,8 +113,10 @@ psql -q "$pg_url" -c "CREATE SCHEMA \"$schema\"" >/dev/null
 in_flight=1000
 requests=400000
 # The allocator of the "allocator" section, preloaded into the harness (none: the section is null).
-jemalloc="$(ldconfig -p | awk '$1 == "libjemalloc.so.2" { print $NF; exit }')"
-[[ -n $jemalloc ]] || echo "async.sh: libjemalloc.so.2 not found (Debian: libjemalloc2): no allocator figures" >&2
+# (awk reads all of ldconfig's output: leaving early would fail the pipeline with SIGPIPE.)
+jemalloc="$(ldconfig -p | awk '$1 == "libjemalloc.so.2" && !found { print $NF; found = 1 }')"
+[[ -n $jemalloc ]] || echo "async.sh: libjemalloc.so.2 not found (Debian: libjemalloc2): no jemalloc figures" >&2
+tunables=glibc.malloc.tcache_count=1000
 run_async() {  # method [min replicas] → "<per s> <p99 µs> <bytes per call>"
   fresh
   "$harness" --url "$redis_url" --method "$1" --in-flight "$in_flight" --requests "$requests" \
@@ -163,6 +166,7 @@ sink_slice() {
   local common=(--redis-url "$redis_url" --pg-url "$pg_url" --schema "$schema" --seconds "$seconds")
   case "$1" in
     *_je) LD_PRELOAD="$jemalloc" sink_slice "${1%_je}" ;;
+    *_tc) GLIBC_TUNABLES="$tunables" sink_slice "${1%_tc}" ;;
     async) "$run_harness" "${common[@]}" --mode async --in-flight "$in_flight" --pool "$pg_connections" ;;
     blocking) "$run_harness" "${common[@]}" --mode blocking --threads "$blocking_threads" ;;
     tx_async | tx_hand)
@@ -230,6 +234,7 @@ tx_async_runs=() tx_blocking_runs=() tx_floor_runs=() tx_hand_runs=()
 tx_staged_runs=() tx_staged_floor_runs=()
 single_run_runs=() single_tx_runs=() single_staged_runs=() trip_runs=()
 async_je_runs=() tx_async_je_runs=() tx_hand_je_runs=()
+async_tc_runs=() tx_async_tc_runs=() tx_hand_tc_runs=()
 for ((r = 0; r < runs; r++)); do
   set_runs+=("$(run_async set)")
   if ((durable)); then wait1_runs+=("$(run_async set 1)"); fi
@@ -239,6 +244,7 @@ for ((r = 0; r < runs; r++)); do
   # The order rotates from run to run: all see the same load on a shared machine.
   sink_scenarios=(async blocking pg_floor pg_floor_pool tx_async tx_blocking tx_floor tx_hand
     tx_staged tx_staged_floor single_run single_tx single_staged)
+  sink_scenarios+=(async_tc tx_async_tc tx_hand_tc)
   [[ -z $jemalloc ]] || sink_scenarios+=(async_je tx_async_je tx_hand_je)
   for ((k = 0; k < ${#sink_scenarios[@]}; k++)); do
     case "${sink_scenarios[$(((k + r) % ${#sink_scenarios[@]}))]}" in
@@ -258,6 +264,9 @@ for ((r = 0; r < runs; r++)); do
       async_je) async_je_runs+=("$(sink_slice async_je)") ;;
       tx_async_je) tx_async_je_runs+=("$(sink_slice tx_async_je)") ;;
       tx_hand_je) tx_hand_je_runs+=("$(sink_slice tx_hand_je)") ;;
+      async_tc) async_tc_runs+=("$(sink_slice async_tc)") ;;
+      tx_async_tc) tx_async_tc_runs+=("$(sink_slice tx_async_tc)") ;;
+      tx_hand_tc) tx_hand_tc_runs+=("$(sink_slice tx_hand_tc)") ;;
     esac
   done
   trip_runs+=("$(trip_floor)")
@@ -317,28 +326,30 @@ single_staged_s="$(med single_staged_runs 1)" single_staged_us="$(med single_sta
 single_staged_kernel_us="$(med single_staged_runs 7)"
 single_staged_allocations="$(med single_staged_runs 8)"
 single_staged_floor="$(awk -v t="$trip_us" 'BEGIN {printf "%.1f", 4 * t}')"
-allocator_json=null
+# allocator_keys PER_S DEFAULT_PER_S LOOP_US KERNEL_US FLOOR_PER_S: what both fronts report.
+allocator_keys() {
+  echo "\"async_per_s\": $1, \"of_glibc\": $(ratio "$1" "$2"), \"async_loop_cpu_us_per_call\": $3," \
+    "\"async_loop_kernel_us_per_call\": $4, \"async_of_pool_floor\": $(ratio "$1" "$5")"
+}
+# allocator_setting ASYNC_RUNS TX_RUNS HAND_RUNS: one setting's "run_with_sink" and
+# "run_transactional" keys, from the runs of its three slices.
+allocator_setting() {
+  local s tx_s tx_pg hand_s hand_pg
+  s="$(med "$1" 1)" tx_s="$(med "$2" 1)" tx_pg="$(med "$2" 10)"
+  hand_s="$(med "$3" 1)" hand_pg="$(med "$3" 10)"
+  echo "\"run_with_sink\": {$(allocator_keys "$s" "$async_s" "$(med "$1" 4)" "$(med "$1" 7)" \
+    "$pool_floor_s")}, \"run_transactional\": {$(allocator_keys "$tx_s" "$tx_async_s" \
+    "$(med "$2" 4)" "$(med "$2" 7)" "$tx_floor_s"), \"hand_written_per_s\": $hand_s," \
+    "\"hand_written_loop_cpu_us_per_call\": $(med "$3" 4)," \
+    "\"of_hand_written\": $(ratio "$tx_s" "$hand_s")," \
+    "\"pg_cpu_us_per_call\": {\"async\": $tx_pg, \"hand_written\": $hand_pg}," \
+    "\"pg_cpu_of_hand_written\": $(ratio "$tx_pg" "$hand_pg")}"
+}
+jemalloc_json=null
 if [[ -n $jemalloc ]]; then
-  je_s="$(med async_je_runs 1)" je_loop_us="$(med async_je_runs 4)" je_kernel_us="$(med async_je_runs 7)"
-  je_tx_s="$(med tx_async_je_runs 1)" je_tx_loop_us="$(med tx_async_je_runs 4)"
-  je_tx_kernel_us="$(med tx_async_je_runs 7)" je_tx_pg_us="$(med tx_async_je_runs 10)"
-  je_hand_s="$(med tx_hand_je_runs 1)" je_hand_loop_us="$(med tx_hand_je_runs 4)"
-  je_hand_pg_us="$(med tx_hand_je_runs 10)"
-  # allocator_keys PER_S GLIBC_PER_S LOOP_US KERNEL_US FLOOR_PER_S: what both fronts report.
-  allocator_keys() {
-    echo "\"async_per_s\": $1, \"of_glibc\": $(ratio "$1" "$2"), \"async_loop_cpu_us_per_call\": $3," \
-      "\"async_loop_kernel_us_per_call\": $4, \"async_of_pool_floor\": $(ratio "$1" "$5")"
-  }
-  allocator_json="{\"preloaded\": \"$jemalloc\", \"run_with_sink\": {$(allocator_keys "$je_s" \
-    "$async_s" "$je_loop_us" "$je_kernel_us" "$pool_floor_s")},"
-  allocator_json+=" \"run_transactional\": {$(allocator_keys "$je_tx_s" "$tx_async_s" \
-    "$je_tx_loop_us" "$je_tx_kernel_us" "$tx_floor_s"),"
-  allocator_json+=" \"hand_written_per_s\": $je_hand_s,"
-  allocator_json+=" \"hand_written_loop_cpu_us_per_call\": $je_hand_loop_us,"
-  allocator_json+=" \"of_hand_written\": $(ratio "$je_tx_s" "$je_hand_s"),"
-  allocator_json+=" \"pg_cpu_us_per_call\": {\"async\": $je_tx_pg_us, \"hand_written\": $je_hand_pg_us},"
-  allocator_json+=" \"pg_cpu_of_hand_written\": $(ratio "$je_tx_pg_us" "$je_hand_pg_us")}}"
+  jemalloc_json="{\"preloaded\": \"$jemalloc\", $(allocator_setting async_je_runs tx_async_je_runs tx_hand_je_runs)}"
 fi
+tuned_json="{\"tunables\": \"$tunables\", $(allocator_setting async_tc_runs tx_async_tc_runs tx_hand_tc_runs)}"
 
 printf '%-22s %12s %12s %8s %10s %10s %8s\n' claim idem_per_s rb_p16_per_s ratio p99_us rb_p99_us bytes
 printf '%-22s %12.0f %12.0f %8s %10.1f %10.1f %8.0f\n' "SET NX GET / SET NX" "$set_s" "$rb_set_s" \
@@ -385,19 +396,23 @@ printf 'of the pool floor %s, of by hand %s; CPU µs per call: async loop %.1f (
 printf 'PostgreSQL CPU µs per call: async %.1f (%s of by hand), pgbench %.1f\n' \
   "$staged_pg_us" "$staged_pg_of_hand" "$staged_floor_pg_us"
 
-if [[ -n $jemalloc ]]; then
-  printf '\n%-36s %12s %8s %10s %10s\n' "with jemalloc preloaded" calls_per_s of_glibc loop_us kernel_us
-  printf '%-36s %12.0f %8s %10.1f %10.1f\n' "run() with guard and sink, async" "$je_s" \
-    "$(ratio "$je_s" "$async_s")" "$je_loop_us" "$je_kernel_us"
-  printf '%-36s %12.0f %8s %10.1f %10.1f\n' "run_transactional(), async" "$je_tx_s" \
-    "$(ratio "$je_tx_s" "$tx_async_s")" "$je_tx_loop_us" "$je_tx_kernel_us"
-  printf '%-36s %12.0f %8s %10.1f %10s\n' "run_transactional(), by hand" "$je_hand_s" \
-    "$(ratio "$je_hand_s" "$tx_hand_s")" "$je_hand_loop_us" -
+# allocator_table TITLE ASYNC_RUNS TX_RUNS HAND_RUNS: one setting's lines.
+allocator_table() {
+  local s tx_s hand_s
+  s="$(med "$2" 1)" tx_s="$(med "$3" 1)" hand_s="$(med "$4" 1)"
+  printf '\n%-36s %12s %8s %10s %10s\n' "$1" calls_per_s of_glibc loop_us kernel_us
+  printf '%-36s %12.0f %8s %10.1f %10.1f\n' "run() with guard and sink, async" "$s" \
+    "$(ratio "$s" "$async_s")" "$(med "$2" 4)" "$(med "$2" 7)"
+  printf '%-36s %12.0f %8s %10.1f %10.1f\n' "run_transactional(), async" "$tx_s" \
+    "$(ratio "$tx_s" "$tx_async_s")" "$(med "$3" 4)" "$(med "$3" 7)"
+  printf '%-36s %12.0f %8s %10.1f %10s\n' "run_transactional(), by hand" "$hand_s" \
+    "$(ratio "$hand_s" "$tx_hand_s")" "$(med "$4" 4)" -
   printf 'of the pool floor: run() %s, run_transactional() %s; run_transactional() of by hand %s; PostgreSQL CPU µs per call: async %.1f, by hand %.1f (%s)\n' \
-    "$(ratio "$je_s" "$pool_floor_s")" "$(ratio "$je_tx_s" "$tx_floor_s")" \
-    "$(ratio "$je_tx_s" "$je_hand_s")" "$je_tx_pg_us" "$je_hand_pg_us" \
-    "$(ratio "$je_tx_pg_us" "$je_hand_pg_us")"
-fi
+    "$(ratio "$s" "$pool_floor_s")" "$(ratio "$tx_s" "$tx_floor_s")" "$(ratio "$tx_s" "$hand_s")" \
+    "$(med "$3" 10)" "$(med "$4" 10)" "$(ratio "$(med "$3" 10)" "$(med "$4" 10)")"
+}
+[[ -z $jemalloc ]] || allocator_table "with jemalloc preloaded" async_je_runs tx_async_je_runs tx_hand_je_runs
+allocator_table "glibc, $tunables" async_tc_runs tx_async_tc_runs tx_hand_tc_runs
 
 printf '\n%-24s %12s %8s %10s %8s %10s %8s %8s\n' "one call in flight" calls_per_s cpu_us kernel_us trips floor_us ratio allocs
 printf '%-24s %12.0f %8.1f %10.1f %8d %10.1f %8s %8.1f\n' "run(), guard only" "$single_run_s" \
@@ -471,7 +486,7 @@ single_json() {  # per_s cpu_us trips floor_us kernel_us allocations
     "\"cpu_over_floor\": $(ratio "$2" "$4"), \"kernel_us_per_call\": $5," \
     "\"allocations_per_call\": $6}"
 }
-json+=" \"allocator\": $allocator_json,"
+json+=" \"allocator\": {\"jemalloc\": $jemalloc_json, \"glibc_tuned\": $tuned_json},"
 json+=" \"single_in_flight\": {\"trip_floor_us\": $trip_us,"
 json+=" \"run\": $(single_json "$single_run_s" "$single_run_us" 2 "$single_run_floor" \
   "$single_run_kernel_us" "$single_run_allocations"),"
