@@ -38,12 +38,6 @@ using Malloc = void* (*)(std::size_t) noexcept;
 using Calloc = void* (*)(std::size_t, std::size_t) noexcept;
 using Realloc = void* (*)(void*, std::size_t) noexcept;
 
-template <typename F>
-F next(const char* name) noexcept {
-  void* found = dlsym(RTLD_NEXT, name);
-  if (found == nullptr) std::abort();
-  return reinterpret_cast<F>(found);
-}
 // Resolved into atomics, not function-local statics, whose guarded initialization would be
 // entered again if dlsym() allocated. Two threads resolving one at once store the same value.
 std::atomic<Malloc> next_malloc{nullptr};
@@ -54,7 +48,9 @@ template <typename F>
 F resolved(std::atomic<F>& slot, const char* name) noexcept {
   F f = slot.load(std::memory_order_relaxed);
   if (f == nullptr) {
-    f = next<F>(name);
+    void* found = dlsym(RTLD_NEXT, name);
+    if (found == nullptr) std::abort();
+    f = reinterpret_cast<F>(found);
     slot.store(f, std::memory_order_relaxed);
   }
   return f;

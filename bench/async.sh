@@ -112,8 +112,9 @@ psql -q "$pg_url" -c "CREATE SCHEMA \"$schema\"" >/dev/null
 
 in_flight=1000
 requests=400000
-# The allocator of the "allocator" section, preloaded into the harness (none: the section is null).
-# (awk reads all of ldconfig's output: leaving early would fail the pipeline with SIGPIPE.)
+# The allocator section's settings: jemalloc preloaded into the harness (not found: its setting is
+# null; awk reads all of ldconfig's output, since leaving early would fail the pipeline with
+# SIGPIPE), and glibc's tunables.
 jemalloc="$(ldconfig -p | awk '$1 == "libjemalloc.so.2" && !found { print $NF; found = 1 }')"
 [[ -n $jemalloc ]] || echo "async.sh: libjemalloc.so.2 not found (Debian: libjemalloc2): no jemalloc figures" >&2
 tunables=glibc.malloc.tcache_count=1000
@@ -326,30 +327,39 @@ single_staged_s="$(med single_staged_runs 1)" single_staged_us="$(med single_sta
 single_staged_kernel_us="$(med single_staged_runs 7)"
 single_staged_allocations="$(med single_staged_runs 8)"
 single_staged_floor="$(awk -v t="$trip_us" 'BEGIN {printf "%.1f", 4 * t}')"
+# allocator_medians NAME ASYNC_RUNS TX_RUNS HAND_RUNS: one setting's medians into the associative
+# array NAME (s, loop, kernel; tx_s, tx_loop, tx_kernel, tx_pg; hand_s, hand_loop, hand_pg).
+allocator_medians() {
+  local -n m=$1
+  m=([s]="$(med "$2" 1)" [loop]="$(med "$2" 4)" [kernel]="$(med "$2" 7)"
+    [tx_s]="$(med "$3" 1)" [tx_loop]="$(med "$3" 4)" [tx_kernel]="$(med "$3" 7)"
+    [tx_pg]="$(med "$3" 10)" [hand_s]="$(med "$4" 1)" [hand_loop]="$(med "$4" 4)"
+    [hand_pg]="$(med "$4" 10)")
+}
 # allocator_keys PER_S DEFAULT_PER_S LOOP_US KERNEL_US FLOOR_PER_S: what both fronts report.
 allocator_keys() {
   echo "\"async_per_s\": $1, \"of_glibc\": $(ratio "$1" "$2"), \"async_loop_cpu_us_per_call\": $3," \
     "\"async_loop_kernel_us_per_call\": $4, \"async_of_pool_floor\": $(ratio "$1" "$5")"
 }
-# allocator_setting ASYNC_RUNS TX_RUNS HAND_RUNS: one setting's "run_with_sink" and
-# "run_transactional" keys, from the runs of its three slices.
+# allocator_setting NAME: the "run_with_sink" and "run_transactional" keys of the medians NAME.
 allocator_setting() {
-  local s tx_s tx_pg hand_s hand_pg
-  s="$(med "$1" 1)" tx_s="$(med "$2" 1)" tx_pg="$(med "$2" 10)"
-  hand_s="$(med "$3" 1)" hand_pg="$(med "$3" 10)"
-  echo "\"run_with_sink\": {$(allocator_keys "$s" "$async_s" "$(med "$1" 4)" "$(med "$1" 7)" \
-    "$pool_floor_s")}, \"run_transactional\": {$(allocator_keys "$tx_s" "$tx_async_s" \
-    "$(med "$2" 4)" "$(med "$2" 7)" "$tx_floor_s"), \"hand_written_per_s\": $hand_s," \
-    "\"hand_written_loop_cpu_us_per_call\": $(med "$3" 4)," \
-    "\"of_hand_written\": $(ratio "$tx_s" "$hand_s")," \
-    "\"pg_cpu_us_per_call\": {\"async\": $tx_pg, \"hand_written\": $hand_pg}," \
-    "\"pg_cpu_of_hand_written\": $(ratio "$tx_pg" "$hand_pg")}"
+  local -n m=$1
+  echo "\"run_with_sink\": {$(allocator_keys "${m[s]}" "$async_s" "${m[loop]}" "${m[kernel]}" \
+    "$pool_floor_s")}, \"run_transactional\": {$(allocator_keys "${m[tx_s]}" "$tx_async_s" \
+    "${m[tx_loop]}" "${m[tx_kernel]}" "$tx_floor_s"), \"hand_written_per_s\": ${m[hand_s]}," \
+    "\"hand_written_loop_cpu_us_per_call\": ${m[hand_loop]}," \
+    "\"of_hand_written\": $(ratio "${m[tx_s]}" "${m[hand_s]}")," \
+    "\"pg_cpu_us_per_call\": {\"async\": ${m[tx_pg]}, \"hand_written\": ${m[hand_pg]}}," \
+    "\"pg_cpu_of_hand_written\": $(ratio "${m[tx_pg]}" "${m[hand_pg]}")}"
 }
+declare -A je_medians=() tc_medians=()
 jemalloc_json=null
 if [[ -n $jemalloc ]]; then
-  jemalloc_json="{\"preloaded\": \"$jemalloc\", $(allocator_setting async_je_runs tx_async_je_runs tx_hand_je_runs)}"
+  allocator_medians je_medians async_je_runs tx_async_je_runs tx_hand_je_runs
+  jemalloc_json="{\"preloaded\": \"$jemalloc\", $(allocator_setting je_medians)}"
 fi
-tuned_json="{\"tunables\": \"$tunables\", $(allocator_setting async_tc_runs tx_async_tc_runs tx_hand_tc_runs)}"
+allocator_medians tc_medians async_tc_runs tx_async_tc_runs tx_hand_tc_runs
+tuned_json="{\"tunables\": \"$tunables\", $(allocator_setting tc_medians)}"
 
 printf '%-22s %12s %12s %8s %10s %10s %8s\n' claim idem_per_s rb_p16_per_s ratio p99_us rb_p99_us bytes
 printf '%-22s %12.0f %12.0f %8s %10.1f %10.1f %8.0f\n' "SET NX GET / SET NX" "$set_s" "$rb_set_s" \
@@ -396,23 +406,23 @@ printf 'of the pool floor %s, of by hand %s; CPU µs per call: async loop %.1f (
 printf 'PostgreSQL CPU µs per call: async %.1f (%s of by hand), pgbench %.1f\n' \
   "$staged_pg_us" "$staged_pg_of_hand" "$staged_floor_pg_us"
 
-# allocator_table TITLE ASYNC_RUNS TX_RUNS HAND_RUNS: one setting's lines.
+# allocator_table TITLE NAME: the lines of the medians NAME.
 allocator_table() {
-  local s tx_s hand_s
-  s="$(med "$2" 1)" tx_s="$(med "$3" 1)" hand_s="$(med "$4" 1)"
+  local -n m=$2
   printf '\n%-36s %12s %8s %10s %10s\n' "$1" calls_per_s of_glibc loop_us kernel_us
-  printf '%-36s %12.0f %8s %10.1f %10.1f\n' "run() with guard and sink, async" "$s" \
-    "$(ratio "$s" "$async_s")" "$(med "$2" 4)" "$(med "$2" 7)"
-  printf '%-36s %12.0f %8s %10.1f %10.1f\n' "run_transactional(), async" "$tx_s" \
-    "$(ratio "$tx_s" "$tx_async_s")" "$(med "$3" 4)" "$(med "$3" 7)"
-  printf '%-36s %12.0f %8s %10.1f %10s\n' "run_transactional(), by hand" "$hand_s" \
-    "$(ratio "$hand_s" "$tx_hand_s")" "$(med "$4" 4)" -
+  printf '%-36s %12.0f %8s %10.1f %10.1f\n' "run() with guard and sink, async" "${m[s]}" \
+    "$(ratio "${m[s]}" "$async_s")" "${m[loop]}" "${m[kernel]}"
+  printf '%-36s %12.0f %8s %10.1f %10.1f\n' "run_transactional(), async" "${m[tx_s]}" \
+    "$(ratio "${m[tx_s]}" "$tx_async_s")" "${m[tx_loop]}" "${m[tx_kernel]}"
+  printf '%-36s %12.0f %8s %10.1f %10s\n' "run_transactional(), by hand" "${m[hand_s]}" \
+    "$(ratio "${m[hand_s]}" "$tx_hand_s")" "${m[hand_loop]}" -
   printf 'of the pool floor: run() %s, run_transactional() %s; run_transactional() of by hand %s; PostgreSQL CPU µs per call: async %.1f, by hand %.1f (%s)\n' \
-    "$(ratio "$s" "$pool_floor_s")" "$(ratio "$tx_s" "$tx_floor_s")" "$(ratio "$tx_s" "$hand_s")" \
-    "$(med "$3" 10)" "$(med "$4" 10)" "$(ratio "$(med "$3" 10)" "$(med "$4" 10)")"
+    "$(ratio "${m[s]}" "$pool_floor_s")" "$(ratio "${m[tx_s]}" "$tx_floor_s")" \
+    "$(ratio "${m[tx_s]}" "${m[hand_s]}")" "${m[tx_pg]}" "${m[hand_pg]}" \
+    "$(ratio "${m[tx_pg]}" "${m[hand_pg]}")"
 }
-[[ -z $jemalloc ]] || allocator_table "with jemalloc preloaded" async_je_runs tx_async_je_runs tx_hand_je_runs
-allocator_table "glibc, $tunables" async_tc_runs tx_async_tc_runs tx_hand_tc_runs
+[[ -z $jemalloc ]] || allocator_table "with jemalloc preloaded" je_medians
+allocator_table "glibc, $tunables" tc_medians
 
 printf '\n%-24s %12s %8s %10s %8s %10s %8s %8s\n' "one call in flight" calls_per_s cpu_us kernel_us trips floor_us ratio allocs
 printf '%-24s %12.0f %8.1f %10.1f %8d %10.1f %8s %8.1f\n' "run(), guard only" "$single_run_s" \
