@@ -25,12 +25,9 @@
 
 #include <asio/any_io_executor.hpp>
 #include <asio/associated_cancellation_slot.hpp>
-#include <asio/associated_executor.hpp>
 #include <asio/async_result.hpp>
 #include <asio/awaitable.hpp>
 #include <asio/cancellation_signal.hpp>
-#include <asio/dispatch.hpp>
-#include <asio/executor_work_guard.hpp>
 #include <chrono>
 #include <cstddef>
 #include <exception>
@@ -43,6 +40,7 @@
 #include <utility>
 #include <vector>
 
+#include "idem/async_handler.h"
 #include "idem/deduplicator.h"
 #include "idem/export.h"
 #include "idem/outcome.h"
@@ -247,34 +245,14 @@ class AsyncCompletion {
 template <typename Handler>
 class AsyncCompletionOf final : public AsyncCompletion {
  public:
-  using Executor = asio::associated_executor_t<Handler, asio::any_io_executor>;
-
   AsyncCompletionOf(Handler handler, const asio::any_io_executor& fallback)
-      : handler_(std::move(handler)),
-        work_(asio::make_work_guard(asio::get_associated_executor(handler_, fallback))) {
-    if constexpr (std::is_same_v<Executor, asio::any_io_executor>) {
-      same_executor_ = work_.get_executor() == fallback;
-    }
-  }
+      : held_(std::move(handler), fallback) {}
   void complete(std::exception_ptr error, Outcome outcome) override {
-    auto work = std::move(work_);
-    Handler handler = std::move(handler_);
-    if (same_executor_) {
-      // Already running on the handler's executor: called as dispatch() would call it, without
-      // wrapping it in a type-erased function (an allocation per call). `work` outlives it.
-      std::move(handler)(error, std::move(outcome));
-      return;
-    }
-    asio::dispatch(work.get_executor(),
-                   [h = std::move(handler), error, o = std::move(outcome)]() mutable {
-                     std::move(h)(error, std::move(o));
-                   });
+    held_.call(true, error, std::move(outcome));
   }
 
  private:
-  Handler handler_;
-  asio::executor_work_guard<Executor> work_;
-  bool same_executor_ = false;  // the handler's executor is the deduplicator's
+  HeldHandler<Handler> held_;
 };
 
 /// A handler, its type erased: run() passes no transaction.

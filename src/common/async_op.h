@@ -7,9 +7,6 @@
 
 #include <asio/any_io_executor.hpp>
 #include <asio/associated_cancellation_slot.hpp>
-#include <asio/associated_executor.hpp>
-#include <asio/dispatch.hpp>
-#include <asio/executor_work_guard.hpp>
 #include <asio/post.hpp>
 #include <asio/steady_timer.hpp>
 #include <chrono>
@@ -17,6 +14,8 @@
 #include <memory>
 #include <type_traits>
 #include <utility>
+
+#include "idem/async_handler.h"
 
 namespace idem::detail {
 
@@ -61,41 +60,26 @@ void finish_in_handler(std::unique_ptr<PendingOp<Result>> op, std::exception_ptr
 template <typename Result, typename Handler>
 class HandlerOp final : public PendingOp<Result> {
  public:
-  using Executor = asio::associated_executor_t<Handler, asio::any_io_executor>;
-
   HandlerOp(Handler handler, const asio::any_io_executor& fallback,
             void (*on_cancel)(PendingOp<Result>&))
-      : handler_(std::move(handler)),
-        work_(asio::make_work_guard(asio::get_associated_executor(handler_, fallback))) {
-    if constexpr (std::is_same_v<Executor, asio::any_io_executor>) {
-      same_executor_ = work_.get_executor() == fallback;
-    }
+      : held_(std::move(handler), fallback) {
     this->on_cancel = on_cancel;
-    auto slot = asio::get_associated_cancellation_slot(handler_);
+    auto slot = asio::get_associated_cancellation_slot(held_.handler());
     if (slot.is_connected()) slot.template emplace<Canceller>(this);
   }
 
   void complete(std::unique_ptr<PendingOp<Result>> self, std::exception_ptr error, Result result,
                 bool in_owner_handler) override {
-    auto slot = asio::get_associated_cancellation_slot(handler_);
+    auto slot = asio::get_associated_cancellation_slot(held_.handler());
     if (slot.is_connected()) slot.clear();
-    Handler handler = std::move(handler_);
-    auto work = std::move(work_);
-    const bool direct = in_owner_handler && same_executor_;
+    HeldHandler<Handler> held = std::move(held_);
     self.reset();
-    if (direct) {
-      std::move(handler)(error, std::move(result));  // `work` outlives it
-      return;
-    }
-    asio::dispatch(work.get_executor(),
-                   [h = std::move(handler), error, r = std::move(result)]() mutable {
-                     std::move(h)(error, std::move(r));
-                   });
+    held.call(in_owner_handler, error, std::move(result));
   }
 
   void post_complete(std::unique_ptr<PendingOp<Result>> self, std::exception_ptr error,
                      Result result) override {
-    const Executor executor = work_.get_executor();
+    const auto executor = held_.executor();
     asio::post(executor, [self = std::move(self), error, r = std::move(result)]() mutable {
       finish(std::move(self), error, std::move(r));
     });
@@ -113,9 +97,7 @@ class HandlerOp final : public PendingOp<Result> {
     HandlerOp* op;
   };
 
-  Handler handler_;
-  asio::executor_work_guard<Executor> work_;
-  bool same_executor_ = false;  // the handler's executor is the owner's (`fallback`)
+  HeldHandler<Handler> held_;
 };
 
 /// A PendingOp for `handler`; `on_cancel` reacts to its cancellation (see PendingOp).
