@@ -36,6 +36,10 @@
 #               the bare transaction through libpqxx (the client library's share), with the
 #               guard's claim and complete around it without the facade (Redis' round trips),
 #               and with the claim only (what the completion after the commit costs)
+#   client_guard_sink_sql
+#               the guard's claim and complete around floor_claim's statements, sent through
+#               libpq's pipeline mode as the sink sends them, without the facade: every round trip
+#               of a guard_sink call (guard_sink against it: idem's client-side share)
 # A tps is the median over --runs runs (default 3) of the mean of a run's --seconds one-second
 # slices (default 5); a ratio is the median over every round of the ratio within the round
 # (client_bare_guard against client_bare, the rest against bare). Prints a table; --report-json writes
@@ -121,13 +125,14 @@ slice() {  # scenario clients secs
   case "$1" in
     bare | floor_*) "${pgb[@]}" -M prepared -f "$work/${1#floor_}.sql" "$url" 2>/dev/null | tps ;;
     client_bare) "$harness" --pg-url "$url" --schema "$schema" --mode bare --clients "$2" --seconds "$3" ;;
-    client_bare_guard | client_bare_claim) "$harness" --pg-url "$url" --redis-url "$redis" --schema "$schema" --mode "${1#client_}" --clients "$2" --seconds "$3" ;;
+    client_bare_guard | client_bare_claim | client_guard_sink_sql) "$harness" --pg-url "$url" --redis-url "$redis" --schema "$schema" --mode "${1#client_}" --clients "$2" --seconds "$3" ;;
     *) "$harness" --pg-url "$url" --redis-url "$redis" --schema "$schema" --mode "$1" --clients "$2" --seconds "$3" ;;
   esac
 }
 tps() { sed -n 's/^tps = \([0-9.]*\) (without initial connection time)$/\1/p'; }
 
-scenarios=(bare sink sink_staged guard_sink guard_sink_staged key_sink key_guard_sink floor_record floor_claim floor_claim_staged floor_read floor_insert_first client_bare client_bare_guard client_bare_claim)
+scenarios=(bare sink sink_staged guard_sink guard_sink_staged key_sink key_guard_sink floor_record floor_claim floor_claim_staged floor_read floor_insert_first client_bare client_bare_guard client_bare_claim
+  client_guard_sink_sql)
 # What each scenario's ratio is taken against.
 base_of() {
   case "$1" in
@@ -197,7 +202,9 @@ for clients in 8 1; do
   json+=" \"client_bare_guard_tps\": ${med[client_bare_guard]},"
   json+=" \"client_guard_ratio\": ${rat[client_bare_guard]},"
   json+=" \"client_bare_claim_tps\": ${med[client_bare_claim]},"
-  json+=" \"client_claim_only_ratio\": ${rat[client_bare_claim]}},"
+  json+=" \"client_claim_only_ratio\": ${rat[client_bare_claim]},"
+  json+=" \"client_guard_sink_sql_tps\": ${med[client_guard_sink_sql]},"
+  json+=" \"client_guard_sink_sql_ratio\": ${rat[client_guard_sink_sql]}},"
   json+=" \"tps_per_run\": {$runs_json}}, "
   unset per_run ratios med rat
 done

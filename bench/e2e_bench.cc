@@ -18,10 +18,15 @@
 //   bare_guard      the bare transaction plus the guard's two calls (RedisGuard::claim() before,
 //                   complete() after) without the facade: the floor of the guard's round trips
 //   bare_claim      the same without complete(): what the guard's completion costs a call
+//   guard_sink_sql  the guard's two calls (as bare_guard) around the statements of a sink call,
+//                   sent through libpq's pipeline mode as bench/e2e.sh's floor_claim sends them
+//                   (BEGIN, lock and read in one flight; the two business statements; the record
+//                   and COMMIT in one flight), no facade: the floor of guard_sink
 // Every call is a first execution (a new key). The Deduplicator keeps its defaults (local cache,
 // fingerprint of the payload); the business statements are prepared, as pgbench -M prepared
 // sends them. Every client first makes one untimed call (its connections open then, as pgbench
 // excludes connection time).
+#include <libpq-fe.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -54,11 +59,13 @@ struct Mode {
   bool complete = false;  // bare: RedisGuard::complete() after the commit
   bool staged = false;    // the handler stages its statements (Context::stage())
   bool business_key = false;  // TransactionalClaim::kBusinessKey
+  bool sink_sql = false;      // bare: the sink's statements through libpq (guard_sink_sql)
 };
-constexpr std::array<Mode, 9> kModes = {{
+constexpr std::array<Mode, 10> kModes = {{
     {.name = "bare"},
     {.name = "bare_guard", .guard = true, .complete = true},
     {.name = "bare_claim", .guard = true},
+    {.name = "guard_sink_sql", .guard = true, .complete = true, .sink_sql = true},
     {.name = "sink", .facade = true},
     {.name = "sink_staged", .facade = true, .staged = true},
     {.name = "guard_sink", .facade = true, .guard = true},
@@ -103,6 +110,93 @@ void business_write(pqxx::transaction_base& tx, const BusinessSql& sql, const st
   tx.exec_prepared0("bench_ledger", key, account, 500);
   tx.exec_prepared0("bench_account", 500, account);
 }
+
+// The statements of a sink call with the business transaction, on one libpq connection in
+// pipeline mode, each flight ended by a sync point as the sink sends it (src/sink/pg_sink.cc's
+// texts; bench/e2e.sh's floor_claim.sql). Throws std::runtime_error on any error.
+class SinkSql {
+ public:
+  SinkSql(const std::string& url, const std::string& schema) : conn_(PQconnectdb(url.c_str())) {
+    if (PQstatus(conn_.get()) != CONNECTION_OK) fail("connect");
+    const BusinessSql business = business_sql(schema);
+    const std::string table = "\"" + schema + "\".idem_records";
+    prepare("begin", "BEGIN");
+    prepare("lock",
+            "SELECT WHERE pg_advisory_xact_lock(hashtextextended($2, hashtext($1))) IS NULL");
+    prepare("lookup",
+            "SELECT state, fingerprint, request_id, response, response_sha256, expires_at <= "
+            "now() FROM " +
+                table + " WHERE ns = $1 AND key = $2");
+    prepare("ledger", business.ledger);
+    prepare("account", business.account);
+    prepare("record", "INSERT INTO " + table +
+                          " (ns, key, request_id, fingerprint, state, response, response_sha256,"
+                          " expires_at) VALUES ($1, $2, $3, $4, 'completed', $5, NULL, now() +"
+                          " $6::float8 * interval '1 ms')");
+    prepare("commit", "COMMIT");
+    if (PQenterPipelineMode(conn_.get()) != 1) fail("pipeline mode");
+  }
+
+  void call(const std::string& key, int account) {
+    const std::string idem_key = "u|refund|" + key;
+    const std::string request_id = "req-" + key;
+    const std::string a = std::to_string(account);
+    flight({{"begin", {}}, {"lock", {"bench", idem_key}}, {"lookup", {"bench", idem_key}}});
+    flight({{"ledger", {key, a, "500"}}});
+    flight({{"account", {"500", a}}});
+    flight(
+        {{"record",
+          {"bench", idem_key, request_id, std::string(64, 'f'),
+           R"(\x7b22737461747573223a22726566756e646564222c22616d6f756e745f63656e7473223a3530307d)",
+           "86400000"}},
+         {"commit", {}}});
+  }
+
+ private:
+  struct Statement {
+    const char* name;
+    std::vector<std::string> params;
+  };
+
+  void prepare(const char* name, const std::string& sql) {
+    const Result result(PQprepare(conn_.get(), name, sql.c_str(), 0, nullptr));
+    if (PQresultStatus(result.get()) != PGRES_COMMAND_OK) fail(name);
+  }
+
+  // Sends `statements` and a sync point, then reads every result up to the sync's.
+  void flight(std::initializer_list<Statement> statements) {
+    for (const Statement& statement : statements) {
+      std::vector<const char*> values;
+      for (const std::string& param : statement.params) values.push_back(param.c_str());
+      if (PQsendQueryPrepared(conn_.get(), statement.name, static_cast<int>(values.size()),
+                              values.data(), nullptr, nullptr, 0) != 1) {
+        fail(statement.name);
+      }
+    }
+    if (PQpipelineSync(conn_.get()) != 1) fail("sync");
+    for (;;) {
+      const Result result(PQgetResult(conn_.get()));
+      if (result == nullptr) continue;  // the end of one statement's results
+      const ExecStatusType status = PQresultStatus(result.get());
+      if (status == PGRES_PIPELINE_SYNC) return;
+      if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK) fail("statement");
+    }
+  }
+
+  [[noreturn]] void fail(const char* what) const {
+    throw std::runtime_error(std::string("guard_sink_sql: ") + what + ": " +
+                             PQerrorMessage(conn_.get()));
+  }
+
+  struct Finish {
+    void operator()(PGconn* conn) const { PQfinish(conn); }
+  };
+  struct Clear {
+    void operator()(PGresult* result) const { PQclear(result); }
+  };
+  using Result = std::unique_ptr<PGresult, Clear>;
+  std::unique_ptr<PGconn, Finish> conn_;
+};
 
 idem::PgSinkOptions sink_options(const Args& args) {
   idem::PgSinkOptions options;
@@ -176,7 +270,12 @@ double run(const Args& args) {
         "o" + std::to_string(::getpid()) + "-" + std::to_string(c) + "-" +
         std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()) + "-";
     std::unique_ptr<pqxx::connection> own;  // bare: one connection per client
-    if (!dedup) own = std::make_unique<pqxx::connection>(args.pg_url);
+    std::unique_ptr<SinkSql> sink_sql;      // guard_sink_sql: the same, through libpq
+    if (mode.sink_sql) {
+      sink_sql = std::make_unique<SinkSql>(args.pg_url, args.schema);
+    } else if (!dedup) {
+      own = std::make_unique<pqxx::connection>(args.pg_url);
+    }
     long n = 0;
     const auto once = [&] {
       const std::string key = prefix + std::to_string(n++);
@@ -184,9 +283,13 @@ double run(const Args& args) {
       if (!dedup) {
         idem::ClaimResult claim;
         if (guard) claim = guard->claim("u:refund:" + key, "req-" + key, "");
-        pqxx::work tx(*own);
-        business_write(tx, sql, key, a);
-        tx.commit();
+        if (sink_sql) {
+          sink_sql->call(key, a);
+        } else {
+          pqxx::work tx(*own);
+          business_write(tx, sql, key, a);
+          tx.commit();
+        }
         if (mode.complete)
           (void)guard->complete("u:refund:" + key, claim.owner_token, R"({"status":"refunded"})");
         return;
