@@ -142,7 +142,7 @@ base_of() {
 }
 
 json="{"
-printf '%7s %-20s %10s %7s\n' clients scenario tps ratio
+printf '%7s %-22s %10s %7s\n' clients scenario tps ratio
 for clients in 8 1; do
   declare -A per_run=() ratios=()
   for ((r = 0; r < runs; r++)); do
@@ -175,7 +175,7 @@ for clients in 8 1; do
     med[$sc]="$(median ${per_run[$sc]})"
     # shellcheck disable=SC2086
     rat[$sc]="$(median ${ratios[$sc]})"
-    printf '%7d %-20s %10.1f %7s\n' "$clients" "$sc" "${med[$sc]}" "${rat[$sc]}"
+    printf '%7d %-22s %10.1f %7s\n' "$clients" "$sc" "${med[$sc]}" "${rat[$sc]}"
   done
   runs_json=""
   for sc in "${scenarios[@]}"; do
