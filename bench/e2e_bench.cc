@@ -46,6 +46,7 @@
 
 #include "clients.h"
 #include "idem/deduplicator.h"
+#include "sink/statements.h"
 
 namespace {
 
@@ -112,27 +113,22 @@ void business_write(pqxx::transaction_base& tx, const BusinessSql& sql, const st
 }
 
 // The statements of a sink call with the business transaction, on one libpq connection in
-// pipeline mode, each flight ended by a sync point as the sink sends it (src/sink/pg_sink.cc's
-// texts; bench/e2e.sh's floor_claim.sql). Throws std::runtime_error on any error.
+// pipeline mode, each flight ended by a sync point as the sink sends it (the sink's own texts,
+// idem::detail::sink_statements(); bench/e2e.sh's floor_claim.sql). Throws std::runtime_error on
+// any error.
 class SinkSql {
  public:
-  SinkSql(const std::string& url, const std::string& schema) : conn_(PQconnectdb(url.c_str())) {
+  SinkSql(const std::string& url, const std::string& schema,
+          const idem::detail::SinkStatements& sink)
+      : conn_(PQconnectdb(url.c_str())) {
     if (PQstatus(conn_.get()) != CONNECTION_OK) fail("connect");
     const BusinessSql business = business_sql(schema);
-    const std::string table = "\"" + schema + "\".idem_records";
     prepare("begin", "BEGIN");
-    prepare("lock",
-            "SELECT WHERE pg_advisory_xact_lock(hashtextextended($2, hashtext($1))) IS NULL");
-    prepare("lookup",
-            "SELECT state, fingerprint, request_id, response, response_sha256, expires_at <= "
-            "now() FROM " +
-                table + " WHERE ns = $1 AND key = $2");
+    prepare("lock", sink.lock);
+    prepare("lookup", sink.lookup);
     prepare("ledger", business.ledger);
     prepare("account", business.account);
-    prepare("record", "INSERT INTO " + table +
-                          " (ns, key, request_id, fingerprint, state, response, response_sha256,"
-                          " expires_at) VALUES ($1, $2, $3, $4, 'completed', $5, NULL, now() +"
-                          " $6::float8 * interval '1 ms')");
+    prepare("record", sink.record);
     prepare("commit", "COMMIT");
     if (PQenterPipelineMode(conn_.get()) != 1) fail("pipeline mode");
   }
@@ -141,21 +137,25 @@ class SinkSql {
     const std::string idem_key = "u|refund|" + key;
     const std::string request_id = "req-" + key;
     const std::string a = std::to_string(account);
-    flight({{"begin", {}}, {"lock", {"bench", idem_key}}, {"lookup", {"bench", idem_key}}});
-    flight({{"ledger", {key, a, "500"}}});
-    flight({{"account", {"500", a}}});
+    const char* k = idem_key.c_str();
+    flight({{"begin", {}}, {"lock", {"bench", k}}, {"lookup", {"bench", k}}});
+    flight({{"ledger", {key.c_str(), a.c_str(), "500"}}});
+    flight({{"account", {"500", a.c_str()}}});
     flight(
-        {{"record",
-          {"bench", idem_key, request_id, std::string(64, 'f'),
-           R"(\x7b22737461747573223a22726566756e646564222c22616d6f756e745f63656e7473223a3530307d)",
-           "86400000"}},
+        {{"record", {"bench", k, request_id.c_str(), kFingerprint, kResponse, nullptr, "86400000"}},
          {"commit", {}}});
   }
 
  private:
+  // A fingerprint's 64 hex digits, and a 40-byte JSON response in bytea's hex form.
+  static constexpr const char* kFingerprint =
+      "f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f00";
+  static constexpr const char* kResponse =
+      R"(\x7b22737461747573223a22726566756e646564222c22616d6f756e745f63656e7473223a3530307d)";
+
   struct Statement {
     const char* name;
-    std::vector<std::string> params;
+    std::vector<const char*> values;  // null: SQL NULL
   };
 
   void prepare(const char* name, const std::string& sql) {
@@ -166,10 +166,9 @@ class SinkSql {
   // Sends `statements` and a sync point, then reads every result up to the sync's.
   void flight(std::initializer_list<Statement> statements) {
     for (const Statement& statement : statements) {
-      std::vector<const char*> values;
-      for (const std::string& param : statement.params) values.push_back(param.c_str());
-      if (PQsendQueryPrepared(conn_.get(), statement.name, static_cast<int>(values.size()),
-                              values.data(), nullptr, nullptr, 0) != 1) {
+      if (PQsendQueryPrepared(conn_.get(), statement.name,
+                              static_cast<int>(statement.values.size()), statement.values.data(),
+                              nullptr, nullptr, 0) != 1) {
         fail(statement.name);
       }
     }
@@ -272,7 +271,8 @@ double run(const Args& args) {
     std::unique_ptr<pqxx::connection> own;  // bare: one connection per client
     std::unique_ptr<SinkSql> sink_sql;      // guard_sink_sql: the same, through libpq
     if (mode.sink_sql) {
-      sink_sql = std::make_unique<SinkSql>(args.pg_url, args.schema);
+      sink_sql = std::make_unique<SinkSql>(args.pg_url, args.schema,
+                                           idem::detail::sink_statements(sink_options(args)));
     } else if (!dedup) {
       own = std::make_unique<pqxx::connection>(args.pg_url);
     }
