@@ -19,6 +19,10 @@
 #   pg_floor   pgbench -c 50 -M prepared running the sink's two statements of a call (the claim
 #              row's INSERT, the completion's UPDATE) alone: PostgreSQL's own rate for them
 #   pg_floor_pool  the same at -c 8, the async front's PostgreSQL connections
+#   clients    run()'s commands and statements with no idem around them (--mode clients): the
+#              guard's SET NX GET and complete.lua, the sink's claim INSERT and completion
+#              UPDATE, on the same async clients, connections and loop: what the clients alone
+#              cost the loop per call, the floor of async's loop CPU
 #   tx_async / tx_blocking  run_transactional() instead (--transactional: one business INSERT in
 #              the call's transaction), the same front, threads and connections as async/blocking
 #   tx_floor   pgbench -c 8 -M prepared running the same transaction's statements in the same
@@ -68,7 +72,10 @@
 #                      "async_loop_cpu_us_per_call", "async_loop_core_share",
 #                      "async_loop_runqueue_share",
 #                      "async_per_loop_core_s", "async_loop_kernel_us_per_call",
-#                      "blocking_cpu_us_per_call"}, "allocations_per_call",
+#                      "blocking_cpu_us_per_call", "clients_per_s",
+#                      "clients_loop_cpu_us_per_call", "clients_loop_kernel_us_per_call",
+#                      "clients_allocations_per_call", "async_loop_cpu_of_clients"},
+#                      "allocations_per_call",
 #                      "bytes_per_in_flight_call", "payload_bytes", "per_run": {…}},
 #    "run_transactional": {"in_flight", "async_per_s", "blocking_per_s", "blocking_threads",
 #                          "ratio", "pg_connections", "async_loop_cpu_us_per_call",
@@ -168,7 +175,9 @@ sink_slice() {
   case "$1" in
     *_je) LD_PRELOAD="$jemalloc" sink_slice "${1%_je}" ;;
     *_tc) GLIBC_TUNABLES="$tunables" sink_slice "${1%_tc}" ;;
-    async) "$run_harness" "${common[@]}" --mode async --in-flight "$in_flight" --pool "$pg_connections" ;;
+    async | clients)
+      "$run_harness" "${common[@]}" --mode "$1" --in-flight "$in_flight" --pool "$pg_connections"
+      ;;
     blocking) "$run_harness" "${common[@]}" --mode blocking --threads "$blocking_threads" ;;
     tx_async | tx_hand)
       local mode=async
@@ -230,6 +239,7 @@ trip_floor() {
 }
 
 set_runs=() lua_runs=() rb_set=() rb_eval=() async_runs=() blocking_runs=() floor_runs=() pool_runs=()
+clients_runs=()
 wait1_runs=()
 tx_async_runs=() tx_blocking_runs=() tx_floor_runs=() tx_hand_runs=()
 tx_staged_runs=() tx_staged_floor_runs=()
@@ -243,7 +253,7 @@ for ((r = 0; r < runs; r++)); do
   lua_runs+=("$(run_async lua)")
   rb_eval+=("$(run_rb 50 "$requests" 16 EVALSHA "$sha" 1 key:__rand_int__ "$bench_record" 30000)")
   # The order rotates from run to run: all see the same load on a shared machine.
-  sink_scenarios=(async blocking pg_floor pg_floor_pool tx_async tx_blocking tx_floor tx_hand
+  sink_scenarios=(async blocking pg_floor pg_floor_pool clients tx_async tx_blocking tx_floor tx_hand
     tx_staged tx_staged_floor single_run single_tx single_staged)
   sink_scenarios+=(async_tc tx_async_tc tx_hand_tc)
   [[ -z $jemalloc ]] || sink_scenarios+=(async_je tx_async_je tx_hand_je)
@@ -253,6 +263,7 @@ for ((r = 0; r < runs; r++)); do
       blocking) blocking_runs+=("$(sink_slice blocking)") ;;
       pg_floor) floor_runs+=("$(sink_slice pg_floor)") ;;
       pg_floor_pool) pool_runs+=("$(sink_slice pg_floor_pool)") ;;
+      clients) clients_runs+=("$(sink_slice clients)") ;;
       tx_async) tx_async_runs+=("$(sink_slice tx_async)") ;;
       tx_blocking) tx_blocking_runs+=("$(sink_slice tx_blocking)") ;;
       tx_floor) tx_floor_runs+=("$(sink_slice tx_floor)") ;;
@@ -297,6 +308,9 @@ floor_s="$(med floor_runs 1)" pool_floor_s="$(med pool_runs 1)"
 sink_ratio="$(ratio "$async_s" "$blocking_s")" floor_ratio="$(ratio "$async_s" "$floor_s")"
 pool_floor_ratio="$(ratio "$async_s" "$pool_floor_s")"
 loop_core_s="$(awk -v us="$loop_us" 'BEGIN {printf "%.0f", 1e6 / us}')"
+clients_s="$(med clients_runs 1)" clients_loop_us="$(med clients_runs 4)"
+clients_kernel_us="$(med clients_runs 7)" clients_allocations="$(med clients_runs 8)"
+loop_of_clients="$(ratio "$loop_us" "$clients_loop_us")"
 tx_async_s="$(med tx_async_runs 1)" tx_loop_us="$(med tx_async_runs 4)"
 tx_kernel_us="$(med tx_async_runs 7)" tx_allocations="$(med tx_async_runs 8)"
 tx_blocking_s="$(med tx_blocking_runs 1)" tx_blocking_us="$(med tx_blocking_runs 2)"
@@ -378,9 +392,13 @@ printf '%-36s %12.0f %8s\n' "pgbench -c $pg_connections, sink statements" "$pool
   "$(ratio "$pool_floor_s" "$blocking_s")"
 printf '%-36s %12.0f %8s\n' "async loop on a core of its own" "$loop_core_s" \
   "$(ratio "$loop_core_s" "$blocking_s")"
+printf '%-36s %12.0f %8s\n' "its commands on the clients, no idem" "$clients_s" \
+  "$(ratio "$clients_s" "$blocking_s")"
 percent() { awk -v s="$1" 'BEGIN {printf "%.0f", s * 100}'; }
 printf 'CPU µs per call: async loop %.1f (%.1f in the kernel; it ran %s %% of the time, waited for a core %s %%), blocking %.1f (all threads)\n' \
   "$loop_us" "$loop_kernel_us" "$(percent "$loop_share")" "$(percent "$loop_waited")" "$blocking_us"
+printf 'the clients alone: loop %.1f µs per call (%.1f in the kernel), %.1f heap allocations; async loop CPU %s of theirs\n' \
+  "$clients_loop_us" "$clients_kernel_us" "$clients_allocations" "$loop_of_clients"
 printf 'heap allocations per call: async %.1f\n' "$run_allocations"
 printf 'heap bytes per in-flight run() call: %.0f (payload %d)\n' "$run_bytes" "$payload_bytes"
 
@@ -461,12 +479,16 @@ json+=" \"async_of_pool_floor\": $pool_floor_ratio, \"async_loop_cpu_us_per_call
 json+=" \"async_loop_core_share\": $loop_share, \"async_loop_runqueue_share\": $loop_waited,"
 json+=" \"async_per_loop_core_s\": $loop_core_s,"
 json+=" \"async_loop_kernel_us_per_call\": $loop_kernel_us,"
-json+=" \"blocking_cpu_us_per_call\": $blocking_us},"
+json+=" \"blocking_cpu_us_per_call\": $blocking_us, \"clients_per_s\": $clients_s,"
+json+=" \"clients_loop_cpu_us_per_call\": $clients_loop_us,"
+json+=" \"clients_loop_kernel_us_per_call\": $clients_kernel_us,"
+json+=" \"clients_allocations_per_call\": $clients_allocations,"
+json+=" \"async_loop_cpu_of_clients\": $loop_of_clients},"
 json+=" \"allocations_per_call\": $run_allocations,"
 json+=" \"bytes_per_in_flight_call\": $run_bytes, \"payload_bytes\": $payload_bytes,"
 json+=" \"seconds_per_slice\": $seconds, \"per_run\": {\"async\": $(per_run async_runs),"
 json+=" \"blocking\": $(per_run blocking_runs), \"pg_floor\": $(per_run floor_runs),"
-json+=" \"pg_floor_pool\": $(per_run pool_runs)}},"
+json+=" \"pg_floor_pool\": $(per_run pool_runs), \"clients\": $(per_run clients_runs)}},"
 json+=" \"run_transactional\": {\"in_flight\": $in_flight, \"async_per_s\": $tx_async_s,"
 json+=" \"blocking_per_s\": $tx_blocking_s, \"blocking_threads\": $blocking_threads,"
 json+=" \"ratio\": $tx_ratio, \"pg_connections\": $pg_connections,"

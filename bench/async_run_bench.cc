@@ -48,6 +48,10 @@
 // on the same internal clients as the async front (one pipelined Redis connection,
 // PgAsyncConnection in pipeline mode) with --in-flight coroutines on one loop thread, and
 // prints what async prints (0 bytes).
+//
+// --mode clients: run()'s backend work with no idem around it (the floor of async's loop CPU for
+// run() with guard and sink): the guard's claim and completion and the sink's claim and
+// completion statements, as the async front sends them, on the same clients; see ClientsRun.
 #include <malloc.h>
 #include <sys/resource.h>
 #include <time.h>
@@ -80,8 +84,11 @@
 #include "idem/deduplicator.h"
 #include "idem/errors.h"
 #include "pg/async_connection.h"
+#include "guard/record.h"
+#include "guard/redis_protocol.h"
 #include "redis/async_client.h"
 #include "redis/url.h"
+#include "sink/statements.h"
 
 namespace {
 
@@ -522,6 +529,126 @@ class HandWrittenRun : LoopBench {
   std::deque<asio::steady_timer*> waiters_;
 };
 
+// --mode clients: run()'s backend work with no idem around it, the floor of run() with guard and
+// sink on these clients: the guard's claim (SET NX GET) and completion (complete.lua by EVALSHA)
+// on one pipelined Redis connection, and the sink's claim and completion statements (prepared,
+// in pipeline mode) on the least busy of --pool connections, with the texts, keys and parameters
+// the async front sends. No call plan, driver, fingerprint, layer-1 cache, deadline or
+// cancellation wiring. Prints what AsyncRun prints (0 bytes).
+class ClientsRun : LoopBench {
+ public:
+  explicit ClientsRun(const Args& args)
+      : LoopBench(args),
+        guard_(guard_options(args, 1)),
+        protocol_(guard_),
+        sink_(sink_options(args, static_cast<std::size_t>(args.pool))),
+        lease_ms_(std::to_string(sink_.lease.count())),
+        retention_(idem::detail::sink_retention(sink_, std::chrono::milliseconds(0))),
+        guard_retention_(protocol_.retention_text(std::chrono::milliseconds(0))),
+        response_field_(protocol_.response_field(kResponse)) {
+    const auto& complete = idem::detail::GuardScripts::get().complete;
+    complete_ = {complete.body, complete.sha};
+    idem::detail::AsyncClientSettings redis;
+    redis.connection.endpoint = idem::detail::parse_redis_url(args.redis_url);
+    redis_ = idem::detail::AsyncClient::create(io_.get_executor(), redis);
+    const idem::detail::SinkStatements sql = idem::detail::sink_statements(sink_);
+    idem::detail::PgAsyncSettings pg;
+    pg.conninfo = args.pg_url;
+    pg.prepared = {sql.claim, sql.complete};
+    for (int i = 0; i < args.pool; ++i) {
+      pool_.push_back(idem::detail::PgAsyncConnection::create(io_.get_executor(), pg));
+    }
+  }
+
+  // Prints what AsyncRun prints (0 bytes); throws on a failed call.
+  void run() {
+    // Open every connection, untimed: one round of --in-flight calls.
+    int opening = 0;
+    for (int i = 0; i < args_.in_flight; ++i, ++opening) {
+      asio::co_spawn(io_, call(next_key()), [&](std::exception_ptr error) {
+        --opening;
+        ++done_;
+        fail(error);
+      });
+    }
+    while (opening > 0 && failed_ == nullptr) io_.run_one();
+    const Timed t = timed([this](const bool& stop) { return caller(stop); });
+    redis_->close();
+    for (const auto& connection : pool_) connection->close();
+    io_.run();
+    report(t, 0, 0);
+  }
+
+ private:
+  using Connection = std::shared_ptr<idem::detail::PgAsyncConnection>;
+  enum Statement : std::size_t { kClaim, kComplete };
+
+  // The connection with the fewest statements under way, as the sink picks one for run().
+  const Connection& least_busy() const {
+    const Connection* best = &pool_.front();
+    for (const Connection& connection : pool_) {
+      if (connection->in_flight() < (*best)->in_flight()) best = &connection;
+    }
+    return *best;
+  }
+
+  static void expect_one_row(const idem::detail::PgResultPtr& result) {
+    if (std::string_view(PQcmdTuples(result.get())) != "1") {
+      throw std::runtime_error("a new key's row was not written");
+    }
+  }
+
+  asio::awaitable<void> call(std::string key) {
+    const std::string redis_key = protocol_.redis_key(key);
+    const std::string owner = idem::detail::new_owner_token();
+    const std::string request_id = "req-" + key;
+    const std::string record = idem::detail::encode_claim(owner, request_id, kFingerprint);
+    const auto claim = protocol_.set_nx_get(redis_key, record);
+    const idem::detail::ReplyPtr claimed =
+        co_await redis_->exec(redis_key, claim, asio::use_awaitable);
+    if (claimed->type != REDIS_REPLY_NIL) throw std::runtime_error("a new key was claimed");
+    idem::detail::PgParams row =
+        idem::detail::pg_params(sink_.ns, key, request_id, kFingerprint, lease_ms_, owner);
+    expect_one_row(co_await least_busy()->exec(idem::detail::PgStatement::prepared(kClaim),
+                                               std::move(row), asio::use_awaitable));
+    idem::detail::PgParams done =
+        idem::detail::complete_params(sink_, key, kResponse, retention_, owner);
+    expect_one_row(co_await least_busy()->exec(idem::detail::PgStatement::prepared(kComplete),
+                                               std::move(done), asio::use_awaitable));
+    const std::array<std::string_view, 1> keys{redis_key};
+    const std::array<std::string_view, 3> args{owner, response_field_, guard_retention_};
+    const idem::detail::ReplyPtr completed = idem::detail::checked(
+        co_await redis_->evalsha(complete_, keys, args, asio::use_awaitable), "complete");
+    if (!idem::detail::integer_flag(*completed, "complete")) {
+      throw std::runtime_error("a claim was not completed");
+    }
+  }
+
+  asio::awaitable<void> caller(const bool& stop) {
+    ++callers_;
+    while (!stop) {
+      co_await call(next_key());
+      ++done_;
+    }
+    --callers_;
+  }
+
+  // A payload's fingerprint as the front computes it: 64 hex digits (computing it is idem's).
+  static constexpr std::string_view kFingerprint =
+      "5f2b1c0d9e8a7f6b5c4d3e2f1a0b9c8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f3a2b";
+
+  idem::RedisGuardOptions guard_;
+  idem::detail::GuardProtocol protocol_;
+  idem::PgSinkOptions sink_;
+  std::string lease_ms_;
+  std::chrono::milliseconds retention_;
+  std::string guard_retention_;
+  std::string response_field_;
+  idem::detail::LuaScript complete_;
+  std::shared_ptr<idem::detail::AsyncClient> redis_;
+  std::vector<Connection> pool_;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -540,8 +667,10 @@ int main(int argc, char** argv) {
   app.add_flag("--staged", args.staged,
                "async, --transactional: the handler stages its INSERT (AsyncTransaction::stage())");
   app.add_flag("--guard-only", args.guard_only, "run() with the Redis guard alone, no sink");
-  app.add_option("--mode", args.mode, "async, blocking or hand (the seed's method, no idem)")
-      ->check(CLI::IsMember({"async", "blocking", "hand"}))
+  app.add_option("--mode", args.mode,
+                 "async, blocking, hand (the seed's method, no idem) or clients (run()'s commands "
+                 "and statements on the async clients, no idem around them)")
+      ->check(CLI::IsMember({"async", "blocking", "hand", "clients"}))
       ->capture_default_str();
   app.add_option("--statement-cache", args.statement_cache,
                  "async: PgSinkOptions::statement_cache (0: the handler's statements unnamed)")
@@ -559,6 +688,9 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
     if (args.guard_only && (args.transactional || args.mode == "hand")) {
       throw CLI::ValidationError("--guard-only", "is for run(): not with --transactional or hand");
+    }
+    if (args.mode == "clients" && (args.transactional || args.guard_only)) {
+      throw CLI::ValidationError("--mode clients", "is run() with guard and sink");
     }
     if (args.staged && (!args.transactional || args.mode != "async")) {
       throw CLI::ValidationError("--staged", "is for --transactional --mode async");
@@ -579,6 +711,8 @@ int main(int argc, char** argv) {
       run_blocking(args);
     } else if (args.mode == "hand") {
       HandWrittenRun(args).run();
+    } else if (args.mode == "clients") {
+      ClientsRun(args).run();
     } else {
       AsyncRun(args).run();
     }
