@@ -259,6 +259,24 @@ class AsyncCompletionOf final : public AsyncCompletion {
 using AsyncHandler =
     std::function<asio::awaitable<std::string>(AsyncTransaction* tx, AsyncContext& context)>;
 
+/// `handler` as an AsyncHandler that calls `call(handler, tx, context)` (`call` captures nothing).
+/// A handler that can be copied (std::function needs it) is kept inside the AsyncHandler: no
+/// allocation when it is small and trivially copyable, as a function pointer is; one that cannot
+/// is shared. Either way it lives, at one address, as long as the AsyncHandler.
+template <typename Handler, typename Call>
+AsyncHandler erase_handler(Handler handler, Call call) {
+  if constexpr (std::is_copy_constructible_v<Handler>) {
+    return [h = std::move(handler), call](AsyncTransaction* tx, AsyncContext& context) mutable {
+      return call(h, tx, context);
+    };
+  } else {
+    auto shared = std::make_shared<Handler>(std::move(handler));
+    return [shared, call](AsyncTransaction* tx, AsyncContext& context) {
+      return call(*shared, tx, context);
+    };
+  }
+}
+
 }  // namespace detail
 
 /// The asynchronous idempotency facade: run() drives the call plan of Deduplicator (the outcome
@@ -303,15 +321,15 @@ class IDEM_EXPORT AsyncDeduplicator {
   /// Outcome)`.
   template <typename Handler, typename Token>
   auto run(Request request, Handler handler, Token&& token) {
-    auto shared = std::make_shared<Handler>(std::move(handler));
-    detail::AsyncHandler erased = [shared](AsyncTransaction*,
-                                           AsyncContext& context) -> asio::awaitable<std::string> {
-      if constexpr (std::is_invocable_v<Handler&, AsyncContext&>) {
-        return (*shared)(context);
-      } else {
-        return (*shared)();
-      }
-    };
+    detail::AsyncHandler erased = detail::erase_handler(
+        std::move(handler),
+        [](Handler& h, AsyncTransaction*, AsyncContext& context) -> asio::awaitable<std::string> {
+          if constexpr (std::is_invocable_v<Handler&, AsyncContext&>) {
+            return h(context);
+          } else {
+            return h();
+          }
+        });
     return initiate(std::move(request), std::move(erased), false, std::forward<Token>(token));
   }
 
@@ -331,15 +349,15 @@ class IDEM_EXPORT AsyncDeduplicator {
   /// Completes with `void(std::exception_ptr, Outcome)`, as run().
   template <typename Handler, typename Token>
   auto run_transactional(Request request, Handler handler, Token&& token) {
-    auto shared = std::make_shared<Handler>(std::move(handler));
-    detail::AsyncHandler erased = [shared](AsyncTransaction* tx,
-                                           AsyncContext& context) -> asio::awaitable<std::string> {
-      if constexpr (std::is_invocable_v<Handler&, AsyncTransaction&, AsyncContext&>) {
-        return (*shared)(*tx, context);
-      } else {
-        return (*shared)(*tx);
-      }
-    };
+    detail::AsyncHandler erased = detail::erase_handler(
+        std::move(handler),
+        [](Handler& h, AsyncTransaction* tx, AsyncContext& context) -> asio::awaitable<std::string> {
+          if constexpr (std::is_invocable_v<Handler&, AsyncTransaction&, AsyncContext&>) {
+            return h(*tx, context);
+          } else {
+            return h(*tx);
+          }
+        });
     return initiate(std::move(request), std::move(erased), true, std::forward<Token>(token));
   }
 

@@ -760,6 +760,44 @@ TEST(AsyncDeduplicatorMemory, InMemoryBackendsAndBlockingOnesRefused) {
   EXPECT_THROW(AsyncDeduplicator(io.get_executor(), blocking), ConfigError);
 }
 
+// A handler is kept, at one address, until its call completes: a copyable one inside the call's
+// type-erased handler (no allocation of its own), a move-only one shared. Each reads its captures
+// after a suspension, when only the kept handler still holds them (under ASan a handler that did
+// not live on would be a use after free).
+TEST(AsyncDeduplicatorHandlers, CopyableAndMoveOnlyHandlersLiveUntilTheirCallCompletes) {
+  asio::io_context io;
+  AsyncDeduplicatorOptions o;
+  o.base.guard = std::make_shared<InMemoryGuard>();
+  AsyncDeduplicator dedup(io.get_executor(), o);
+  std::vector<std::string> responses;
+  const auto record = [&](std::exception_ptr error, Outcome outcome) {
+    EXPECT_FALSE(error);
+    responses.push_back(outcome.response.value_or("(none)"));
+  };
+  std::string copyable_text(64, 'c');  // beyond the small-string buffer: its bytes on the heap
+  dedup.run(
+      request_for("handler-copyable"),
+      [text = copyable_text, &io]() -> asio::awaitable<std::string> {
+        asio::steady_timer later(io, 5ms);
+        co_await later.async_wait(asio::use_awaitable);
+        co_return text;
+      },
+      record);
+  auto owned = std::make_unique<std::string>(64, 'm');
+  dedup.run(
+      request_for("handler-move-only"),
+      [text = std::move(owned), &io]() -> asio::awaitable<std::string> {
+        asio::steady_timer later(io, 5ms);
+        co_await later.async_wait(asio::use_awaitable);
+        co_return *text;
+      },
+      record);
+  io.run();
+  ASSERT_EQ(responses.size(), 2u);
+  EXPECT_EQ(responses[0], copyable_text);
+  EXPECT_EQ(responses[1], std::string(64, 'm'));
+}
+
 // The guard options are checked by one rule: what RedisGuard refuses, the async front refuses
 // too, the pool's options included (it has no pool; they were taken unchecked, so a
 // configuration shared with a blocking service failed only there).
