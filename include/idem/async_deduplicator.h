@@ -351,7 +351,8 @@ class IDEM_EXPORT AsyncDeduplicator {
   auto run_transactional(Request request, Handler handler, Token&& token) {
     detail::AsyncHandler erased = detail::erase_handler(
         std::move(handler),
-        [](Handler& h, AsyncTransaction* tx, AsyncContext& context) -> asio::awaitable<std::string> {
+        [](Handler& h, AsyncTransaction* tx,
+           AsyncContext& context) -> asio::awaitable<std::string> {
           if constexpr (std::is_invocable_v<Handler&, AsyncTransaction&, AsyncContext&>) {
             return h(*tx, context);
           } else {
