@@ -3,6 +3,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/key_text.h"
 #include "idem/errors.h"
 
 namespace idem {
@@ -61,12 +62,14 @@ void validate_key_name(std::string_view name, std::string_view what) {
   }
 }
 
-std::string escape_key_component(std::string_view component, std::string_view what) {
+namespace {
+
+// Appends `component` escaped (escape_key_component()) to `out`, with its checks.
+void append_escaped(std::string& out, std::string_view component, std::string_view what) {
   if (component.empty()) {
     throw InvalidKey("idem: idempotency key component '" + std::string(what) + "' is empty");
   }
-  std::string out;
-  out.reserve(component.size());
+  const std::size_t start = out.size();
   for (const char c : component) {
     const auto byte = static_cast<unsigned char>(c);
     if (is_safe_byte(byte)) {
@@ -77,11 +80,19 @@ std::string escape_key_component(std::string_view component, std::string_view wh
       out.push_back(kHex[byte & 0x0F]);
     }
   }
-  if (out.size() > kMaxKeyComponentBytes) {
+  if (const std::size_t escaped = out.size() - start; escaped > kMaxKeyComponentBytes) {
     throw InvalidKey("idem: idempotency key component '" + std::string(what) + "' is " +
-                     std::to_string(out.size()) + " bytes escaped, over the limit of " +
+                     std::to_string(escaped) + " bytes escaped, over the limit of " +
                      std::to_string(kMaxKeyComponentBytes));
   }
+}
+
+}  // namespace
+
+std::string escape_key_component(std::string_view component, std::string_view what) {
+  std::string out;
+  out.reserve(component.size());
+  append_escaped(out, component, what);
   return out;
 }
 
@@ -113,12 +124,7 @@ std::string unescape_key_component(std::string_view escaped, std::string_view wh
 }
 
 std::string IdempotencyKey::encode() const {
-  std::string out = escape_key_component(user, "user");
-  out += ':';
-  out += escape_key_component(intent, "intent");
-  out += ':';
-  out += escape_key_component(biz_key, "biz_key");
-  return out;
+  return detail::encode_key(KeyForm::kBusiness, user, intent, biz_key);
 }
 
 namespace {
@@ -154,21 +160,45 @@ IdempotencyKey IdempotencyKey::decode(std::string_view text) {
                         unescape_key_component(parts[2], "biz_key")};
 }
 
-std::string KeyText::encode() const {
+std::string KeyText::encode() const { return detail::encode_key(form, user, intent, value); }
+
+namespace detail {
+
+std::string encode_key(KeyForm form, std::string_view user, std::string_view intent,
+                       std::string_view value) {
+  std::string_view prefix;
+  std::string_view value_name;
   switch (form) {
     case KeyForm::kBusiness:
-      return IdempotencyKey{user, intent, value}.encode();
+      value_name = "biz_key";
+      break;
     case KeyForm::kRequestId:
-      return std::string(kRequestIdPrefix) + ':' + escape_key_component(user, "user") + ':' +
-             escape_key_component(intent, "intent") + ':' +
-             escape_key_component(value, "request_id");
+      prefix = kRequestIdPrefix;
+      value_name = "request_id";
+      break;
     case KeyForm::kFallback:
-      return std::string(kFallbackPrefix) + ':' + escape_key_component(user, "user") + ':' +
-             escape_key_component(intent, "intent") + ':' +
-             escape_key_component(value, "fingerprint");
+      prefix = kFallbackPrefix;
+      value_name = "fingerprint";
+      break;
+    default:
+      throw InvalidKey("idem: unknown key form");
   }
-  throw InvalidKey("idem: unknown key form");
+  // Exact when no byte needs escaping, the usual case.
+  std::string out;
+  out.reserve(prefix.size() + 3 + user.size() + intent.size() + value.size());
+  if (!prefix.empty()) {
+    out += prefix;
+    out += ':';
+  }
+  append_escaped(out, user, "user");
+  out += ':';
+  append_escaped(out, intent, "intent");
+  out += ':';
+  append_escaped(out, value, value_name);
+  return out;
 }
+
+}  // namespace detail
 
 KeyText KeyText::decode(std::string_view text) {
   const std::vector<std::string_view> parts = split_components(text);
@@ -219,9 +249,7 @@ void validate_key_text(std::string_view text) {
 
 std::string fallback_key(std::string_view user, std::string_view intent,
                          std::string_view fingerprint_hex) {
-  return KeyText{KeyForm::kFallback, std::string(user), std::string(intent),
-                 std::string(fingerprint_hex)}
-      .encode();
+  return detail::encode_key(KeyForm::kFallback, user, intent, fingerprint_hex);
 }
 
 }  // namespace idem

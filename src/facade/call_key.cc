@@ -1,5 +1,6 @@
 #include "facade/call_key.h"
 
+#include "common/key_text.h"
 #include "facade/plan.h"
 #include "idem/key.h"
 #include "idem/request_id.h"
@@ -10,9 +11,9 @@ namespace {
 // The key of a request with a business key or a request ID.
 std::string named_key(const Request& request) {
   if (!request.biz_key.empty()) {
-    return KeyText{KeyForm::kBusiness, request.user, request.intent, request.biz_key}.encode();
+    return encode_key(KeyForm::kBusiness, request.user, request.intent, request.biz_key);
   }
-  return KeyText{KeyForm::kRequestId, request.user, request.intent, request.request_id}.encode();
+  return encode_key(KeyForm::kRequestId, request.user, request.intent, request.request_id);
 }
 
 }  // namespace
