@@ -419,27 +419,14 @@ class AsyncRun : LoopBench {
   int pending_ = 0;
 };
 
-// --mode hand: the second seed's method by hand over idem's internal async clients, no idem.
-class HandWrittenRun : LoopBench {
+// The loops with no idem around the clients (--mode hand and clients): one pipelined Redis
+// connection and --pool PostgreSQL connections with `pg`'s settings, on the loop thread; run()
+// opens them with one untimed round of --in-flight calls, times --in-flight callers of call()
+// and prints what AsyncRun prints (0 bytes).
+class ClientsLoop : protected LoopBench {
  public:
-  explicit HandWrittenRun(const Args& args)
-      : LoopBench(args),
-        insert_key_("INSERT INTO \"" + args.schema + "\".bench_dedup (idem_key) VALUES ($1)"),
-        insert_ledger_(ledger_insert(args)) {
-    idem::detail::AsyncClientSettings redis;
-    redis.connection.endpoint = idem::detail::parse_redis_url(args.redis_url);
-    redis_ = idem::detail::AsyncClient::create(io_.get_executor(), redis);
-    idem::detail::PgAsyncSettings pg;
-    pg.conninfo = args.pg_url;
-    pg.statement_cache = 2;  // the two INSERTs, prepared as asyncpg prepares them
-    for (int i = 0; i < args.pool; ++i) {
-      idle_.push_back(idem::detail::PgAsyncConnection::create(io_.get_executor(), pg));
-    }
-  }
-
-  // Prints what AsyncRun prints (0 bytes); throws on a failed call.
+  // Prints the nine numbers; throws on a failed call.
   void run() {
-    // Open every connection, untimed: one round of --in-flight calls.
     int opening = 0;
     for (int i = 0; i < args_.in_flight; ++i, ++opening) {
       asio::co_spawn(io_, call(next_key()), [&](std::exception_ptr error) {
@@ -451,29 +438,75 @@ class HandWrittenRun : LoopBench {
     while (opening > 0 && failed_ == nullptr) io_.run_one();
     const Timed t = timed([this](const bool& stop) { return caller(stop); });
     redis_->close();
-    for (const auto& connection : idle_) connection->close();
+    for (const auto& connection : connections_) connection->close();
     io_.run();
     report(t, 0, 0);
   }
 
- private:
+ protected:
   using Connection = std::shared_ptr<idem::detail::PgAsyncConnection>;
+
+  ClientsLoop(const Args& args, const idem::detail::PgAsyncSettings& pg) : LoopBench(args) {
+    idem::detail::AsyncClientSettings redis;
+    redis.connection.endpoint = idem::detail::parse_redis_url(args.redis_url);
+    redis_ = idem::detail::AsyncClient::create(io_.get_executor(), redis);
+    for (int i = 0; i < args.pool; ++i) {
+      connections_.push_back(idem::detail::PgAsyncConnection::create(io_.get_executor(), pg));
+    }
+  }
+  virtual ~ClientsLoop() = default;
+  ClientsLoop(const ClientsLoop&) = delete;
+  ClientsLoop& operator=(const ClientsLoop&) = delete;
+
+  // One call of the method, for a fresh `key`.
+  virtual asio::awaitable<void> call(std::string key) = 0;
+
+  std::shared_ptr<idem::detail::AsyncClient> redis_;
+  std::vector<Connection> connections_;
+
+ private:
+  asio::awaitable<void> caller(const bool& stop) {
+    ++callers_;
+    while (!stop) {
+      co_await call(next_key());
+      ++done_;
+    }
+    --callers_;
+  }
+};
+
+// --mode hand: the second seed's method by hand over idem's internal async clients, no idem.
+// Held connections leave connections_ (the idle ones) until given back.
+class HandWrittenRun final : public ClientsLoop {
+ public:
+  explicit HandWrittenRun(const Args& args)
+      : ClientsLoop(args, settings(args)),
+        insert_key_("INSERT INTO \"" + args.schema + "\".bench_dedup (idem_key) VALUES ($1)"),
+        insert_ledger_(ledger_insert(args)) {}
+
+ private:
+  static idem::detail::PgAsyncSettings settings(const Args& args) {
+    idem::detail::PgAsyncSettings pg;
+    pg.conninfo = args.pg_url;
+    pg.statement_cache = 2;  // the two INSERTs, prepared as asyncpg prepares them
+    return pg;
+  }
 
   // A connection of the call's own, waiting on the loop while all are held.
   asio::awaitable<Connection> hold() {
-    while (idle_.empty()) {
+    while (connections_.empty()) {
       asio::steady_timer wake(io_, asio::steady_timer::time_point::max());
       waiters_.push_back(&wake);
       asio::error_code woken;  // give_back() cancels the wait
       co_await wake.async_wait(asio::redirect_error(asio::use_awaitable, woken));
     }
-    Connection connection = std::move(idle_.back());
-    idle_.pop_back();
+    Connection connection = std::move(connections_.back());
+    connections_.pop_back();
     co_return connection;
   }
 
   void give_back(Connection connection) {
-    idle_.push_back(std::move(connection));
+    connections_.push_back(std::move(connection));
     if (!waiters_.empty()) {
       waiters_.front()->cancel();
       waiters_.pop_front();
@@ -487,7 +520,7 @@ class HandWrittenRun : LoopBench {
   }
 
   // One message: the Redis marker, then the transaction; a duplicate is skipped.
-  asio::awaitable<void> call(std::string key) {
+  asio::awaitable<void> call(std::string key) override {
     const std::string marker = "hand:" + key;
     const std::array<std::string_view, 6> set{"SET", marker, "1", "NX", "EX", "30"};
     const idem::detail::ReplyPtr reply = co_await redis_->exec(marker, set, asio::use_awaitable);
@@ -513,19 +546,8 @@ class HandWrittenRun : LoopBench {
     give_back(std::move(connection));
   }
 
-  asio::awaitable<void> caller(const bool& stop) {
-    ++callers_;
-    while (!stop) {
-      co_await call(next_key());
-      ++done_;
-    }
-    --callers_;
-  }
-
   std::string insert_key_;
   std::string insert_ledger_;
-  std::shared_ptr<idem::detail::AsyncClient> redis_;
-  std::vector<Connection> idle_;
   std::deque<asio::steady_timer*> waiters_;
 };
 
@@ -535,10 +557,10 @@ class HandWrittenRun : LoopBench {
 // in pipeline mode) on the least busy of --pool connections, with the texts, keys and parameters
 // the async front sends. No call plan, driver, fingerprint, layer-1 cache, deadline or
 // cancellation wiring. Prints what AsyncRun prints (0 bytes).
-class ClientsRun : LoopBench {
+class ClientsRun final : public ClientsLoop {
  public:
   explicit ClientsRun(const Args& args)
-      : LoopBench(args),
+      : ClientsLoop(args, settings(args)),
         guard_(guard_options(args, 1)),
         protocol_(guard_),
         sink_(sink_options(args, static_cast<std::size_t>(args.pool))),
@@ -548,45 +570,25 @@ class ClientsRun : LoopBench {
         response_field_(protocol_.response_field(kResponse)) {
     const auto& complete = idem::detail::GuardScripts::get().complete;
     complete_ = {complete.body, complete.sha};
-    idem::detail::AsyncClientSettings redis;
-    redis.connection.endpoint = idem::detail::parse_redis_url(args.redis_url);
-    redis_ = idem::detail::AsyncClient::create(io_.get_executor(), redis);
-    const idem::detail::SinkStatements sql = idem::detail::sink_statements(sink_);
-    idem::detail::PgAsyncSettings pg;
-    pg.conninfo = args.pg_url;
-    pg.prepared = {sql.claim, sql.complete};
-    for (int i = 0; i < args.pool; ++i) {
-      pool_.push_back(idem::detail::PgAsyncConnection::create(io_.get_executor(), pg));
-    }
-  }
-
-  // Prints what AsyncRun prints (0 bytes); throws on a failed call.
-  void run() {
-    // Open every connection, untimed: one round of --in-flight calls.
-    int opening = 0;
-    for (int i = 0; i < args_.in_flight; ++i, ++opening) {
-      asio::co_spawn(io_, call(next_key()), [&](std::exception_ptr error) {
-        --opening;
-        ++done_;
-        fail(error);
-      });
-    }
-    while (opening > 0 && failed_ == nullptr) io_.run_one();
-    const Timed t = timed([this](const bool& stop) { return caller(stop); });
-    redis_->close();
-    for (const auto& connection : pool_) connection->close();
-    io_.run();
-    report(t, 0, 0);
   }
 
  private:
-  using Connection = std::shared_ptr<idem::detail::PgAsyncConnection>;
   enum Statement : std::size_t { kClaim, kComplete };
+
+  // The sink's claim and completion statements, prepared on each connection.
+  static idem::detail::PgAsyncSettings settings(const Args& args) {
+    const idem::detail::SinkStatements sql =
+        idem::detail::sink_statements(sink_options(args, static_cast<std::size_t>(args.pool)));
+    idem::detail::PgAsyncSettings pg;
+    pg.conninfo = args.pg_url;
+    pg.prepared = {sql.claim, sql.complete};
+    return pg;
+  }
 
   // The connection with the fewest statements under way, as the sink picks one for run().
   const Connection& least_busy() const {
-    const Connection* best = &pool_.front();
-    for (const Connection& connection : pool_) {
+    const Connection* best = &connections_.front();
+    for (const Connection& connection : connections_) {
       if (connection->in_flight() < (*best)->in_flight()) best = &connection;
     }
     return *best;
@@ -598,7 +600,7 @@ class ClientsRun : LoopBench {
     }
   }
 
-  asio::awaitable<void> call(std::string key) {
+  asio::awaitable<void> call(std::string key) override {
     const std::string redis_key = protocol_.redis_key(key);
     const std::string owner = idem::detail::new_owner_token();
     const std::string request_id = "req-" + key;
@@ -624,15 +626,6 @@ class ClientsRun : LoopBench {
     }
   }
 
-  asio::awaitable<void> caller(const bool& stop) {
-    ++callers_;
-    while (!stop) {
-      co_await call(next_key());
-      ++done_;
-    }
-    --callers_;
-  }
-
   // A payload's fingerprint as the front computes it: 64 hex digits (computing it is idem's).
   static constexpr std::string_view kFingerprint =
       "5f2b1c0d9e8a7f6b5c4d3e2f1a0b9c8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f3a2b";
@@ -645,8 +638,6 @@ class ClientsRun : LoopBench {
   std::string guard_retention_;
   std::string response_field_;
   idem::detail::LuaScript complete_;
-  std::shared_ptr<idem::detail::AsyncClient> redis_;
-  std::vector<Connection> pool_;
 };
 
 }  // namespace
