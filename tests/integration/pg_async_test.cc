@@ -516,7 +516,7 @@ TEST(PgAsync, ServerSideStatementTimeoutIsARetryableErrorNotACancellation) {
   });
 }
 
-// The loop never blocks on a stopped server: a 1 ms timer keeps firing (no gap over 10 ms)
+// The loop never blocks on a stopped server: a 1 ms timer keeps firing (no gap over kMaxLoopGap)
 // while 1 000 statements wait on a SIGSTOPped PostgreSQL, and they end at their timeout.
 TEST(PgAsync, LoopKeepsRunningWhilePostgresIsStopped) {
   test::PgServer server;

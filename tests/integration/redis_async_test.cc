@@ -425,7 +425,7 @@ TEST(RedisAsync, AnIdleConnectionOutlivesItsLastCommandsDeadline) {
       server.url(), 100ms, 400ms, [] {}, 1);
 }
 
-// The loop never blocks on a stopped server: a 1 ms timer keeps firing (no gap over 10 ms)
+// The loop never blocks on a stopped server: a 1 ms timer keeps firing (no gap over kMaxLoopGap)
 // while 1 000 commands wait on a SIGSTOPped redis-server, and they end at their timeout.
 TEST(RedisAsync, LoopKeepsRunningWhileRedisIsStopped) {
   test::RedisServer server;
